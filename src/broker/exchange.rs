@@ -1,0 +1,239 @@
+//! Routing: which queues a message published to an exchange reaches.
+//!
+//! Direct, fanout, topic and headers matching, exchange-to-exchange bindings (followed with a
+//! visited set so cycles terminate) and alternate exchanges for unroutable messages.
+
+use std::collections::BTreeSet;
+
+use amq_protocol::types::{AMQPValue, FieldTable};
+
+use crate::meta::{Binding, Destination, ExchangeKind, Vhost};
+
+/// Routes a message; returns the destination queue names, sorted and without duplicates.
+///
+/// The default exchange (`""`) routes to the queue named by the routing key.
+pub fn route(
+    vhost: &Vhost,
+    exchange: &str,
+    routing_key: &str,
+    headers: Option<&FieldTable>,
+) -> Vec<String> {
+    let mut queues = BTreeSet::new();
+    let mut visited = BTreeSet::new();
+    let mut current = Some(exchange.to_string());
+    // Alternate exchanges chain: an exchange that routes nowhere hands the message to its AE.
+    while let Some(name) = current.take() {
+        route_from(vhost, &name, routing_key, headers, &mut queues, &mut visited);
+        if !queues.is_empty() {
+            break;
+        }
+        current = vhost
+            .exchanges
+            .get(&name)
+            .and_then(|e| e.alternate_exchange())
+            .filter(|ae| !visited.contains(ae) && vhost.exchanges.contains_key(ae));
+    }
+    queues.into_iter().collect()
+}
+
+fn route_from(
+    vhost: &Vhost,
+    exchange: &str,
+    routing_key: &str,
+    headers: Option<&FieldTable>,
+    queues: &mut BTreeSet<String>,
+    visited: &mut BTreeSet<String>,
+) {
+    let mut pending = vec![exchange.to_string()];
+    while let Some(name) = pending.pop() {
+        if !visited.insert(name.clone()) {
+            continue;
+        }
+        if name.is_empty() {
+            if vhost.queues.contains_key(routing_key) {
+                queues.insert(routing_key.to_string());
+            }
+            continue;
+        }
+        let Some(def) = vhost.exchanges.get(&name) else {
+            continue;
+        };
+        for b in vhost.bindings_from(&name) {
+            if matches(def.kind, b, routing_key, headers) {
+                match &b.destination {
+                    Destination::Queue(q) => {
+                        queues.insert(q.clone());
+                    }
+                    Destination::Exchange(e) => pending.push(e.clone()),
+                }
+            }
+        }
+    }
+}
+
+fn matches(kind: ExchangeKind, b: &Binding, routing_key: &str, headers: Option<&FieldTable>) -> bool {
+    match kind {
+        ExchangeKind::Direct => b.routing_key == routing_key,
+        ExchangeKind::Fanout => true,
+        ExchangeKind::Topic => topic_matches(&b.routing_key, routing_key),
+        ExchangeKind::Headers => headers_match(&b.arguments, headers),
+    }
+}
+
+/// AMQP topic matching: words split on `.`, `*` matches one word, `#` zero or more.
+pub fn topic_matches(pattern: &str, key: &str) -> bool {
+    let p: Vec<&str> = pattern.split('.').collect();
+    let k: Vec<&str> = key.split('.').collect();
+    topic_words(&p, &k)
+}
+
+fn topic_words(p: &[&str], k: &[&str]) -> bool {
+    match p.first() {
+        None => k.is_empty(),
+        Some(&"#") => {
+            // `#` absorbs zero or more words; collapse repeated `#`s first.
+            let rest = &p[1..];
+            (0..=k.len()).any(|i| topic_words(rest, &k[i..]))
+        }
+        Some(&"*") => !k.is_empty() && topic_words(&p[1..], &k[1..]),
+        Some(w) => k.first() == Some(w) && topic_words(&p[1..], &k[1..]),
+    }
+}
+
+/// Headers-exchange matching with RabbitMQ's `x-match` values: `all` (default), `any`,
+/// `all-with-x`, `any-with-x`. Binding arguments whose value is void match on presence.
+pub fn headers_match(binding_args: &FieldTable, headers: Option<&FieldTable>) -> bool {
+    let args = binding_args.inner();
+    let mode = match args.get("x-match") {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        Some(AMQPValue::ShortString(s)) => s.to_string(),
+        _ => "all".to_string(),
+    };
+    let (any, with_x) = match mode.as_str() {
+        "any" => (true, false),
+        "any-with-x" => (true, true),
+        "all-with-x" => (false, true),
+        _ => (false, false),
+    };
+    let empty = FieldTable::default();
+    let headers = headers.unwrap_or(&empty).inner();
+    let mut considered = 0;
+    let mut matched = 0;
+    for (k, v) in args {
+        if k.as_str() == "x-match" || (!with_x && k.as_str().starts_with("x-")) {
+            continue;
+        }
+        considered += 1;
+        let ok = match (v, headers.get(k.as_str())) {
+            (AMQPValue::Void, Some(_)) => true,
+            (v, Some(h)) => values_equal(v, h),
+            (_, None) => false,
+        };
+        if ok {
+            matched += 1;
+            if any {
+                return true;
+            }
+        } else if !any {
+            return false;
+        }
+    }
+    if any {
+        matched > 0
+    } else {
+        considered == matched
+    }
+}
+
+fn values_equal(a: &AMQPValue, b: &AMQPValue) -> bool {
+    // Clients encode the same string as short or long string, and integers at any width.
+    match (crate::meta::args::string(a), crate::meta::args::string(b)) {
+        (Some(x), Some(y)) => return x == y,
+        (Some(_), None) | (None, Some(_)) => return false,
+        _ => {}
+    }
+    match (as_int(a), as_int(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+fn as_int(v: &AMQPValue) -> Option<i128> {
+    Some(match v {
+        AMQPValue::ShortShortInt(x) => *x as i128,
+        AMQPValue::ShortShortUInt(x) => *x as i128,
+        AMQPValue::ShortInt(x) => *x as i128,
+        AMQPValue::ShortUInt(x) => *x as i128,
+        AMQPValue::LongInt(x) => *x as i128,
+        AMQPValue::LongUInt(x) => *x as i128,
+        AMQPValue::LongLongInt(x) => *x as i128,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn topic_patterns() {
+        assert!(topic_matches("a.*.c", "a.b.c"));
+        assert!(!topic_matches("a.*.c", "a.c"));
+        assert!(topic_matches("a.#", "a"));
+        assert!(topic_matches("a.#", "a.b.c"));
+        assert!(topic_matches("#", ""));
+        assert!(topic_matches("#.c", "a.b.c"));
+        assert!(!topic_matches("a.b", "a.b.c"));
+        assert!(topic_matches("*.#.*", "a.b"));
+        assert!(!topic_matches("*.#.*", "a"));
+    }
+
+    /// An independent oracle: a bottom-up dynamic programme over (pattern word, key word).
+    fn oracle(pattern: &str, key: &str) -> bool {
+        let p: Vec<&str> = pattern.split('.').collect();
+        let k: Vec<&str> = key.split('.').collect();
+        // m[i][j]: p[i..] matches k[j..]
+        let mut m = vec![vec![false; k.len() + 1]; p.len() + 1];
+        m[p.len()][k.len()] = true;
+        for i in (0..p.len()).rev() {
+            for j in (0..=k.len()).rev() {
+                m[i][j] = match p[i] {
+                    "#" => m[i + 1][j] || (j < k.len() && m[i][j + 1]),
+                    "*" => j < k.len() && m[i + 1][j + 1],
+                    w => j < k.len() && k[j] == w && m[i + 1][j + 1],
+                };
+            }
+        }
+        m[0][0]
+    }
+
+    proptest! {
+        #[test]
+        fn topic_matching_agrees_with_a_regex_oracle(
+            pattern in prop::collection::vec(prop_oneof!["a", "b", "\\*", "#"], 1..5),
+            key in prop::collection::vec(prop_oneof!["a", "b", "c"], 1..5),
+        ) {
+            let pattern = pattern.join(".");
+            let key = key.join(".");
+            prop_assert_eq!(topic_matches(&pattern, &key), oracle(&pattern, &key), "{} vs {}", pattern, key);
+        }
+    }
+
+    #[test]
+    fn headers_all_and_any() {
+        let mut args = FieldTable::default();
+        args.insert("a".into(), AMQPValue::LongString("1".into()));
+        args.insert("b".into(), AMQPValue::LongInt(2));
+        let mut h = FieldTable::default();
+        h.insert("a".into(), AMQPValue::ShortString("1".into()));
+        assert!(!headers_match(&args, Some(&h)));
+        h.insert("b".into(), AMQPValue::LongLongInt(2));
+        assert!(headers_match(&args, Some(&h)));
+        args.insert("x-match".into(), AMQPValue::LongString("any".into()));
+        let mut h2 = FieldTable::default();
+        h2.insert("b".into(), AMQPValue::ShortShortInt(2));
+        assert!(headers_match(&args, Some(&h2)));
+        assert!(!headers_match(&args, None));
+    }
+}

@@ -1,0 +1,53 @@
+//! A published message as the broker holds it: routing info, raw and parsed properties, body.
+
+use amq_protocol::protocol::basic::AMQPProperties;
+use bytes::Bytes;
+
+/// An immutable message, shared by every queue it was routed to.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// The routing key it was published with.
+    pub routing_key: String,
+    /// Property flags and values exactly as received (forwarded unchanged).
+    pub properties_raw: Bytes,
+    /// Parsed properties.
+    pub properties: AMQPProperties,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Message {
+    /// Bytes this message accounts for in memory.
+    pub fn size(&self) -> u64 {
+        (self.body.len() + self.properties_raw.len() + self.routing_key.len() + 64) as u64
+    }
+
+    /// `delivery_mode = 2`.
+    pub fn persistent(&self) -> bool {
+        *self.properties.delivery_mode() == Some(2)
+    }
+
+    /// The per-message TTL from the `expiration` property, if valid.
+    pub fn expiration_ms(&self) -> Option<u64> {
+        self.properties
+            .expiration()
+            .as_ref()
+            .and_then(|e| e.as_str().parse::<u64>().ok())
+    }
+
+    /// The `priority` property.
+    pub fn priority(&self) -> u8 {
+        self.properties.priority().unwrap_or(0)
+    }
+}
+
+/// Checks the `expiration` property as RabbitMQ does: absent, or a non-negative integer.
+pub fn validate_expiration(properties: &AMQPProperties) -> Result<(), String> {
+    match properties.expiration() {
+        None => Ok(()),
+        Some(e) if e.as_str().parse::<u64>().is_ok() => Ok(()),
+        Some(e) => Err(format!("invalid expiration '{}'", e.as_str())),
+    }
+}

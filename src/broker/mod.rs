@@ -1,0 +1,330 @@
+//! The broker domain: metadata snapshots, queue registry, routing and dead-lettering.
+//!
+//! [`Broker`] is shared by every connection of a node. It is sans-IO: it holds state behind
+//! std locks and takes `now` as an argument. Lock order, to rule out deadlock: the metadata
+//! writer lock, then the queue registry, then one queue at a time. No queue lock is held while
+//! another queue is locked: routing results and dead letters are collected first and
+//! published after the lock is released.
+
+pub mod dead_letter;
+pub mod exchange;
+pub mod message;
+pub mod outbox;
+pub mod queue;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::amqp::reply_code::{precondition_failed, resource_locked, AmqpError};
+use crate::config::Config;
+use crate::meta::state::Applied;
+use crate::meta::{Command, MetaError, MetaState, Permission, User, Vhost};
+use crate::time::Instant;
+
+pub use message::Message;
+pub use outbox::{ChannelLink, Delivery, OutItem, Outbox};
+pub use queue::{Consumer, DeadLetter, Queue, QueueHandle};
+
+/// How a publish went.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PublishOutcome {
+    /// Queues the message was routed to.
+    pub routed: usize,
+    /// Whether some queue refused it (overflow reject-publish): the confirm is a nack.
+    pub rejected: bool,
+}
+
+/// The node's broker state.
+pub struct Broker {
+    meta: Mutex<MetaState>,
+    snapshot: RwLock<Arc<MetaState>>,
+    version: AtomicU64,
+    queues: RwLock<HashMap<(String, String), Arc<QueueHandle>>>,
+    memory: Arc<AtomicI64>,
+    memory_high_watermark: u64,
+    rng: Mutex<StdRng>,
+    next_conn_id: AtomicU64,
+    epoch_unix_ms: u64,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").finish_non_exhaustive()
+    }
+}
+
+impl Broker {
+    /// A broker with the vhosts, users and permissions of `config`.
+    ///
+    /// `seed` drives server-generated names; `memory_high_watermark` is in bytes;
+    /// `epoch_unix_ms` is the wall-clock time at `Instant` 0 (for x-death timestamps).
+    pub fn new(config: &Config, seed: u64, memory_high_watermark: u64, epoch_unix_ms: u64) -> Broker {
+        let mut meta = MetaState::default();
+        let mut commands = Vec::new();
+        for v in &config.vhosts {
+            commands.push(Command::AddVhost { name: v.name.clone() });
+        }
+        for u in &config.users {
+            commands.push(Command::PutUser(User {
+                name: u.name.clone(),
+                password: u.password.clone(),
+                tags: u.tags.clone(),
+            }));
+        }
+        for p in &config.permissions {
+            commands.push(Command::SetPermissions(Permission {
+                user: p.user.clone(),
+                vhost: p.vhost.clone(),
+                configure: p.configure.clone(),
+                write: p.write.clone(),
+                read: p.read.clone(),
+            }));
+        }
+        for c in &commands {
+            if let Err(e) = meta.apply(c) {
+                // The config was validated; a failure here means the config checks missed it.
+                tracing::error!(error = %e, command = ?c, "config command refused");
+            }
+        }
+        let snapshot = Arc::new(meta.clone());
+        Broker {
+            version: AtomicU64::new(meta.version),
+            meta: Mutex::new(meta),
+            snapshot: RwLock::new(snapshot),
+            queues: RwLock::new(HashMap::new()),
+            memory: Arc::new(AtomicI64::new(0)),
+            memory_high_watermark,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            next_conn_id: AtomicU64::new(1),
+            epoch_unix_ms,
+        }
+    }
+
+    /// A fresh connection id.
+    pub fn next_connection_id(&self) -> u64 {
+        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The current metadata snapshot.
+    pub fn snapshot(&self) -> Arc<MetaState> {
+        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The version of the current snapshot; cheap to poll.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Message bytes held by queues.
+    pub fn memory_used(&self) -> u64 {
+        self.memory.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Whether memory use is above the high watermark (publishers must be blocked).
+    pub fn memory_alarm(&self) -> bool {
+        self.memory_used() > self.memory_high_watermark
+    }
+
+    /// A server-generated queue name, `amq.gen-` and 22 URL-safe base64 characters.
+    pub fn generate_queue_name(&self) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let s: String = (0..22)
+            .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+            .collect();
+        format!("amq.gen-{s}")
+    }
+
+    /// A server-generated consumer tag.
+    pub fn generate_consumer_tag(&self) -> String {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        format!("amq.ctag-{:016x}{:06x}", rng.gen::<u64>(), rng.gen::<u32>() & 0xff_ffff)
+    }
+
+    /// The queue `name` in `vhost`.
+    pub fn queue(&self, vhost: &str, name: &str) -> Option<Arc<QueueHandle>> {
+        self.queues
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(vhost.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every queue handle, sorted by (vhost, name).
+    pub fn all_queues(&self) -> Vec<Arc<QueueHandle>> {
+        let mut v: Vec<_> = self
+            .queues
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
+        v
+    }
+
+    /// Applies a metadata command, creating or tearing down queue state to match.
+    pub fn apply(&self, command: &Command, now: Instant) -> Result<Applied, MetaError> {
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let applied = meta.apply(command)?;
+        {
+            let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+            if let Command::DeclareQueue(def) = command {
+                if applied.created {
+                    let args = def.args()?;
+                    let q = Queue::new(args, def.exclusive_owner, def.auto_delete, self.memory.clone(), now);
+                    queues.insert(
+                        (def.vhost.clone(), def.name.clone()),
+                        QueueHandle::new(&def.vhost, &def.name, q),
+                    );
+                }
+            }
+            for key in &applied.removed.queues {
+                if let Some(h) = queues.remove(key) {
+                    h.lock().delete();
+                }
+            }
+        }
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(meta.clone());
+        self.version.store(meta.version, Ordering::Release);
+        Ok(applied)
+    }
+
+    /// queue.delete with RabbitMQ's checks; returns the message count it had.
+    pub fn delete_queue(
+        &self,
+        vhost: &str,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        conn_id: u64,
+        now: Instant,
+    ) -> Result<u32, AmqpError> {
+        let Some(handle) = self.queue(vhost, name) else {
+            // RabbitMQ 3.10 answers delete-ok with 0 for a missing queue.
+            return Ok(0);
+        };
+        let count = {
+            let q = handle.lock();
+            if q.exclusive_owner().is_some_and(|o| o != conn_id) {
+                return Err(resource_locked(format!(
+                    "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
+                )));
+            }
+            if if_unused && q.consumer_count() > 0 {
+                return Err(precondition_failed(format!(
+                    "queue '{name}' in vhost '{vhost}' in use"
+                )));
+            }
+            if if_empty && q.message_count() > 0 {
+                return Err(precondition_failed(format!(
+                    "queue '{name}' in vhost '{vhost}' is not empty"
+                )));
+            }
+            q.message_count()
+        };
+        match self.apply(
+            &Command::DeleteQueue {
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+            },
+            now,
+        ) {
+            Ok(_) | Err(MetaError::NotFound { .. }) => Ok(count),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Routes and enqueues a message. `vhost` is the caller's snapshot of the vhost.
+    pub fn publish(&self, vhost: &Vhost, exchange: &str, message: Arc<Message>, now: Instant) -> PublishOutcome {
+        let targets = exchange::route(
+            vhost,
+            exchange,
+            &message.routing_key,
+            message.properties.headers().as_ref(),
+        );
+        let mut outcome = PublishOutcome::default();
+        let mut dead = Vec::new();
+        for name in &targets {
+            let Some(handle) = self.queue(&vhost.name, name) else { continue };
+            let r = handle.lock().publish(&handle, message.clone(), now);
+            outcome.routed += 1;
+            if !r.accepted {
+                outcome.rejected = true;
+            }
+            if !r.dead.is_empty() {
+                dead.push((handle.clone(), r.dead));
+            }
+        }
+        for (handle, letters) in dead {
+            self.dead_letter(&handle, letters, now);
+        }
+        outcome
+    }
+
+    /// Republishes dead letters of `from` to its dead-letter exchange.
+    pub fn dead_letter(&self, from: &Arc<QueueHandle>, letters: Vec<DeadLetter>, now: Instant) {
+        let mut work = vec![(from.clone(), letters)];
+        // Each round is one hop; bounded so a misconfigured DLX cycle cannot spin.
+        for _ in 0..16 {
+            let Some((queue, letters)) = work.pop() else { return };
+            let (dlx, dlrk) = {
+                let q = queue.lock();
+                let a = q.args();
+                (a.dead_letter_exchange.clone(), a.dead_letter_routing_key.clone())
+            };
+            let Some(dlx) = dlx else { continue };
+            let snapshot = self.snapshot();
+            let Some(vhost) = snapshot.vhost(&queue.vhost) else { continue };
+            if !vhost.exchanges.contains_key(&dlx) {
+                continue;
+            }
+            for letter in letters {
+                let wall_ms = self.epoch_unix_ms + now.as_millis();
+                let message = dead_letter::rewrite(&letter, &queue.name, &dlx, dlrk.as_deref(), wall_ms);
+                let targets = exchange::route(
+                    vhost,
+                    &dlx,
+                    &message.routing_key,
+                    message.properties.headers().as_ref(),
+                );
+                let message = Arc::new(message);
+                for name in targets {
+                    if dead_letter::is_cycle(&message, &name) {
+                        continue;
+                    }
+                    let Some(handle) = self.queue(&vhost.name, &name) else { continue };
+                    let r = handle.lock().publish(&handle, message.clone(), now);
+                    if !r.dead.is_empty() {
+                        work.push((handle.clone(), r.dead));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Periodic work: message TTL at queue heads, `x-expires` queue deletion.
+    pub fn tick(&self, now: Instant) {
+        let mut expired = Vec::new();
+        for handle in self.all_queues() {
+            let mut dead = Vec::new();
+            {
+                let mut q = handle.lock();
+                q.tick(&handle, now, &mut dead);
+                if q.is_expired(now) {
+                    expired.push((handle.vhost.clone(), handle.name.clone()));
+                }
+            }
+            if !dead.is_empty() {
+                self.dead_letter(&handle, dead, now);
+            }
+        }
+        for (vhost, name) in expired {
+            let _ = self.apply(&Command::DeleteQueue { vhost, name }, now);
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! One queue: its messages in order, its consumers, and what is delivered but unacknowledged.
+//!
+//! Sans-IO: every operation takes `now` and returns what happened (dead letters for the broker
+//! to republish, counts); deliveries go into consumers' outboxes. Each queue sits behind its
+//! own mutex, taken by whichever connection publishes to, consumes from or acks on it: a busy
+//! queue holds up exactly the channels that use it.
+//!
+//! Order: every message gets a sequence number on arrival. Requeued messages go back to their
+//! place (RabbitMQ since 2.7): they wait in `returned`, keyed by sequence number, and the next
+//! message is the lower of `returned`'s first and `ready`'s front.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::message::Message;
+use super::outbox::{ChannelLink, Delivery, OutItem};
+use crate::amqp::reply_code::{access_refused, AmqpError};
+use crate::meta::args::{Overflow, QueueArgs};
+use crate::time::Instant;
+
+/// A queue and the lock around it.
+#[derive(Debug)]
+pub struct QueueHandle {
+    /// Vhost.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    state: Mutex<Queue>,
+}
+
+impl QueueHandle {
+    /// Wraps a queue.
+    pub fn new(vhost: &str, name: &str, queue: Queue) -> Arc<QueueHandle> {
+        Arc::new(QueueHandle {
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            state: Mutex::new(queue),
+        })
+    }
+
+    /// Locks the queue. A panic inside a queue operation is a bug; the state stays usable.
+    pub fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A message in the queue.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Arrival order.
+    pub seq: u64,
+    /// The message.
+    pub message: Arc<Message>,
+    /// Delivered before.
+    pub redelivered: bool,
+    /// Expiry in milliseconds on the broker clock (`u64::MAX`: never).
+    pub expires_at_ms: u64,
+}
+
+impl Entry {
+    fn expired(&self, now: Instant) -> bool {
+        // Strictly after: a message with TTL 0 can still go to a consumer that is ready now.
+        now.as_millis() > self.expires_at_ms
+    }
+}
+
+/// Why a message is dead-lettered (RabbitMQ's x-death reasons).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DeathReason {
+    /// basic.reject / basic.nack with requeue=false.
+    Rejected,
+    /// TTL passed.
+    Expired,
+    /// Dropped by a length limit.
+    Maxlen,
+}
+
+impl DeathReason {
+    /// The x-death reason string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Rejected => "rejected",
+            DeathReason::Expired => "expired",
+            DeathReason::Maxlen => "maxlen",
+        }
+    }
+}
+
+/// A message leaving the queue towards its dead-letter exchange.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The message.
+    pub message: Arc<Message>,
+    /// Why.
+    pub reason: DeathReason,
+}
+
+#[derive(Debug)]
+struct Unacked {
+    entry: Entry,
+    /// The consumer's in-flight counter (None for basic.get).
+    consumer_in_flight: Option<Arc<AtomicU32>>,
+    /// The channel, when the delivery counts against its global prefetch.
+    global: Option<Arc<ChannelLink>>,
+}
+
+/// A consumer attached to this queue.
+#[derive(Debug)]
+pub struct Consumer {
+    /// Tag.
+    pub tag: Arc<str>,
+    /// Its channel.
+    pub link: Arc<ChannelLink>,
+    /// no-ack mode.
+    pub no_ack: bool,
+    /// Per-consumer prefetch (0: unlimited).
+    pub prefetch: u32,
+    /// `x-priority`.
+    pub priority: i32,
+    /// Exclusive consumer.
+    pub exclusive: bool,
+    /// Unacknowledged deliveries to this consumer.
+    pub in_flight: Arc<AtomicU32>,
+}
+
+impl Consumer {
+    fn can_take(&self) -> bool {
+        if !self.link.flow_active.load(Ordering::Acquire) {
+            return false;
+        }
+        if !self.no_ack {
+            if self.prefetch != 0 && self.in_flight.load(Ordering::Acquire) >= self.prefetch {
+                return false;
+            }
+            if !self.link.global_has_room() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// What publish did with a message.
+#[derive(Debug, Default)]
+pub struct PublishResult {
+    /// False when the queue refused it (`x-overflow: reject-publish`, or deleted).
+    pub accepted: bool,
+    /// Messages to dead-letter as a consequence.
+    pub dead: Vec<DeadLetter>,
+}
+
+/// The queue state machine.
+#[derive(Debug)]
+pub struct Queue {
+    args: QueueArgs,
+    exclusive_owner: Option<u64>,
+    auto_delete: bool,
+    ready: VecDeque<Entry>,
+    returned: BTreeMap<u64, Entry>,
+    unacked: HashMap<u64, Unacked>,
+    next_seq: u64,
+    consumers: Vec<Consumer>,
+    next_consumer: usize,
+    had_consumer: bool,
+    ready_bytes: u64,
+    memory: Arc<AtomicI64>,
+    deleted: bool,
+    last_used: Instant,
+}
+
+impl Queue {
+    /// An empty queue. `memory` is the node-wide count of message bytes held by queues.
+    pub fn new(
+        args: QueueArgs,
+        exclusive_owner: Option<u64>,
+        auto_delete: bool,
+        memory: Arc<AtomicI64>,
+        now: Instant,
+    ) -> Queue {
+        Queue {
+            args,
+            exclusive_owner,
+            auto_delete,
+            ready: VecDeque::new(),
+            returned: BTreeMap::new(),
+            unacked: HashMap::new(),
+            next_seq: 0,
+            consumers: Vec::new(),
+            next_consumer: 0,
+            had_consumer: false,
+            ready_bytes: 0,
+            memory,
+            deleted: false,
+            last_used: now,
+        }
+    }
+
+    /// The validated arguments.
+    pub fn args(&self) -> &QueueArgs {
+        &self.args
+    }
+
+    /// The owning connection of an exclusive queue.
+    pub fn exclusive_owner(&self) -> Option<u64> {
+        self.exclusive_owner
+    }
+
+    /// Whether the queue was deleted (late publishers find it so).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted
+    }
+
+    /// Ready messages (not counting unacknowledged ones), as queue.declare-ok reports.
+    pub fn message_count(&self) -> u32 {
+        (self.ready.len() + self.returned.len()) as u32
+    }
+
+    /// Delivered but unacknowledged messages.
+    pub fn unacked_count(&self) -> u32 {
+        self.unacked.len() as u32
+    }
+
+    /// Consumers attached.
+    pub fn consumer_count(&self) -> u32 {
+        self.consumers.len() as u32
+    }
+
+    /// When the queue was last used (for `x-expires`).
+    pub fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    fn account(&self, delta: i64) {
+        self.memory.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    fn next_is_returned(&self) -> Option<bool> {
+        match (self.returned.keys().next(), self.ready.front()) {
+            (None, None) => None,
+            (Some(_), None) => Some(true),
+            (None, Some(_)) => Some(false),
+            (Some(r), Some(f)) => Some(*r < f.seq),
+        }
+    }
+
+    fn peek_next(&self) -> Option<&Entry> {
+        match self.next_is_returned()? {
+            true => self.returned.values().next(),
+            false => self.ready.front(),
+        }
+    }
+
+    fn pop_next(&mut self) -> Option<Entry> {
+        let e = match self.next_is_returned()? {
+            true => self.returned.pop_first().map(|(_, e)| e)?,
+            false => self.ready.pop_front()?,
+        };
+        self.ready_bytes -= e.message.body.len() as u64;
+        Some(e)
+    }
+
+    fn drop_entry(&self, e: &Entry) {
+        self.account(-(e.message.size() as i64));
+    }
+
+    /// Drops expired messages at the head (RabbitMQ expires from the head only).
+    fn expire_head(&mut self, now: Instant, dead: &mut Vec<DeadLetter>) {
+        while self.peek_next().is_some_and(|e| e.expired(now)) {
+            if let Some(e) = self.pop_next() {
+                self.drop_entry(&e);
+                self.dead_letter(e.message, DeathReason::Expired, dead);
+            }
+        }
+    }
+
+    fn dead_letter(&self, message: Arc<Message>, reason: DeathReason, dead: &mut Vec<DeadLetter>) {
+        if self.args.dead_letter_exchange.is_some() {
+            dead.push(DeadLetter { message, reason });
+        }
+    }
+
+    /// Enqueues a message and delivers what consumers can take.
+    pub fn publish(&mut self, me: &Arc<QueueHandle>, message: Arc<Message>, now: Instant) -> PublishResult {
+        let mut result = PublishResult::default();
+        if self.deleted {
+            return result;
+        }
+        self.expire_head(now, &mut result.dead);
+        let len = self.message_count() as u64;
+        let body = message.body.len() as u64;
+        let over = |q: &Queue, extra_len: u64, extra_bytes: u64| {
+            q.args.max_length.is_some_and(|m| q.message_count() as u64 + extra_len > m)
+                || q.args
+                    .max_length_bytes
+                    .is_some_and(|m| q.ready_bytes + extra_bytes > m)
+        };
+        if over(self, 1, body) {
+            match self.args.overflow {
+                Overflow::RejectPublish | Overflow::RejectPublishDlx => {
+                    if self.args.overflow == Overflow::RejectPublishDlx {
+                        self.dead_letter(message, DeathReason::Maxlen, &mut result.dead);
+                    }
+                    return result;
+                }
+                Overflow::DropHead => {
+                    // Make room from the head; a zero limit means the message itself goes
+                    // unless a consumer takes it right now.
+                    while len > 0 && over(self, 1, body) {
+                        let Some(e) = self.pop_next() else { break };
+                        self.drop_entry(&e);
+                        self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
+                    }
+                }
+            }
+        }
+        let ttl = match (self.args.message_ttl_ms, message.expiration_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let entry = Entry {
+            seq: self.next_seq,
+            expires_at_ms: ttl.map_or(u64::MAX, |t| now.as_millis().saturating_add(t)),
+            message,
+            redelivered: false,
+        };
+        self.next_seq += 1;
+        self.account(entry.message.size() as i64);
+        self.ready_bytes += body;
+        self.ready.push_back(entry);
+        result.accepted = true;
+        self.deliver(me, now, &mut result.dead);
+        // A message that still exceeds a zero-length limit after delivery is dropped.
+        if self.args.overflow == Overflow::DropHead {
+            while over(self, 0, 0) {
+                let Some(e) = self.pop_next() else { break };
+                self.drop_entry(&e);
+                self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
+            }
+        }
+        result
+    }
+
+    fn pick_consumer(&mut self) -> Option<usize> {
+        let n = self.consumers.len();
+        if n == 0 {
+            return None;
+        }
+        if self.args.single_active_consumer {
+            return self.consumers[0].can_take().then_some(0);
+        }
+        let mut best: Option<(usize, i32)> = None;
+        for i in 0..n {
+            let idx = (self.next_consumer + i) % n;
+            let c = &self.consumers[idx];
+            if best.is_some_and(|(_, p)| c.priority <= p) {
+                continue;
+            }
+            if c.can_take() {
+                best = Some((idx, c.priority));
+            }
+        }
+        let (idx, _) = best?;
+        self.next_consumer = (idx + 1) % n;
+        Some(idx)
+    }
+
+    /// Delivers to consumers while messages and credit last.
+    pub fn deliver(&mut self, me: &Arc<QueueHandle>, now: Instant, dead: &mut Vec<DeadLetter>) {
+        loop {
+            self.expire_head(now, dead);
+            if self.peek_next().is_none() {
+                return;
+            }
+            let Some(idx) = self.pick_consumer() else { return };
+            let c = &self.consumers[idx];
+            if !c.link.outbox.has_room() {
+                c.link.outbox.stall(me);
+                // Other consumers may still have room; try them before giving up.
+                if !self
+                    .consumers
+                    .iter()
+                    .any(|c| c.can_take() && c.link.outbox.has_room())
+                {
+                    return;
+                }
+                continue;
+            }
+            let counts_global = !c.no_ack && c.link.try_acquire_global();
+            if !c.no_ack && !counts_global {
+                return;
+            }
+            let Some(entry) = self.pop_next() else { return };
+            let c = &self.consumers[idx];
+            let delivery = Delivery {
+                channel: c.link.channel,
+                consumer_tag: c.tag.clone(),
+                queue: me.clone(),
+                seq: entry.seq,
+                message: entry.message.clone(),
+                redelivered: entry.redelivered,
+                ack_required: !c.no_ack,
+            };
+            if c.no_ack {
+                self.drop_entry(&entry);
+            } else {
+                c.in_flight.fetch_add(1, Ordering::AcqRel);
+                self.unacked.insert(
+                    entry.seq,
+                    Unacked {
+                        entry,
+                        consumer_in_flight: Some(c.in_flight.clone()),
+                        global: Some(c.link.clone()),
+                    },
+                );
+            }
+            self.last_used = now;
+            if let Err(OutItem::Deliver(d)) = c.link.outbox.push(OutItem::Deliver(delivery)) {
+                // The connection closed under us: put the message back.
+                self.settle(me, &[d.seq], true, now, dead);
+            }
+        }
+    }
+
+    /// basic.get: takes the next message. `ack_required` keeps it unacknowledged.
+    pub fn get(
+        &mut self,
+        now: Instant,
+        ack_required: bool,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Option<(Entry, u32)> {
+        self.last_used = now;
+        self.expire_head(now, dead);
+        let entry = self.pop_next()?;
+        if ack_required {
+            self.unacked.insert(
+                entry.seq,
+                Unacked {
+                    entry: entry.clone(),
+                    consumer_in_flight: None,
+                    global: None,
+                },
+            );
+        } else {
+            self.drop_entry(&entry);
+        }
+        Some((entry, self.message_count()))
+    }
+
+    fn release(&mut self, seq: u64) -> Option<Entry> {
+        let u = self.unacked.remove(&seq)?;
+        if let Some(c) = u.consumer_in_flight {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| Some(x.saturating_sub(1)));
+        }
+        if let Some(link) = u.global {
+            link.release_global(1);
+        }
+        Some(u.entry)
+    }
+
+    /// basic.ack: forgets the messages and delivers more (credit came back).
+    pub fn ack(&mut self, me: &Arc<QueueHandle>, seqs: &[u64], now: Instant, dead: &mut Vec<DeadLetter>) {
+        for &seq in seqs {
+            if let Some(e) = self.release(seq) {
+                self.drop_entry(&e);
+            }
+        }
+        self.deliver(me, now, dead);
+    }
+
+    /// basic.nack / basic.reject / requeue on close: back to their place with
+    /// `redelivered`, or dropped (dead-lettered when the queue has a DLX).
+    pub fn settle(
+        &mut self,
+        me: &Arc<QueueHandle>,
+        seqs: &[u64],
+        requeue: bool,
+        now: Instant,
+        dead: &mut Vec<DeadLetter>,
+    ) {
+        for &seq in seqs {
+            let Some(mut e) = self.release(seq) else { continue };
+            if requeue && !self.deleted {
+                e.redelivered = true;
+                self.ready_bytes += e.message.body.len() as u64;
+                self.returned.insert(e.seq, e);
+            } else {
+                self.drop_entry(&e);
+                self.dead_letter(e.message, DeathReason::Rejected, dead);
+            }
+        }
+        self.deliver(me, now, dead);
+    }
+
+    /// Whether a consumer (exclusive or not) may attach now: 403 when exclusivity forbids it.
+    pub fn check_new_consumer(&self, me: &QueueHandle, exclusive: bool) -> Result<(), AmqpError> {
+        if self.consumers.iter().any(|c| c.exclusive) || (exclusive && !self.consumers.is_empty()) {
+            return Err(access_refused(format!(
+                "queue '{}' in vhost '{}' in exclusive use",
+                me.name, me.vhost
+            )));
+        }
+        Ok(())
+    }
+
+    /// basic.consume: attaches a consumer (after [`Queue::check_new_consumer`]) and delivers.
+    pub fn add_consumer(&mut self, me: &Arc<QueueHandle>, consumer: Consumer, now: Instant) -> Vec<DeadLetter> {
+        self.consumers.push(consumer);
+        self.had_consumer = true;
+        self.last_used = now;
+        let mut dead = Vec::new();
+        self.deliver(me, now, &mut dead);
+        dead
+    }
+
+    /// Removes consumers matching `pred`; returns whether the queue should now auto-delete.
+    pub fn remove_consumers(&mut self, now: Instant, mut pred: impl FnMut(&Consumer) -> bool) -> bool {
+        let before = self.consumers.len();
+        self.consumers.retain(|c| !pred(c));
+        if self.consumers.len() != before {
+            self.next_consumer = 0;
+            self.last_used = now;
+        }
+        self.auto_delete && self.had_consumer && self.consumers.is_empty() && !self.deleted
+    }
+
+    /// queue.purge: drops ready messages (not unacknowledged ones); returns how many.
+    pub fn purge(&mut self) -> u32 {
+        let n = self.message_count();
+        while let Some(e) = self.pop_next() {
+            self.drop_entry(&e);
+        }
+        n
+    }
+
+    /// Marks the queue deleted, cancels its consumers; returns the ready count it had.
+    pub fn delete(&mut self) -> u32 {
+        let n = self.purge();
+        for (_, u) in self.unacked.drain() {
+            self.memory
+                .fetch_sub(u.entry.message.size() as i64, Ordering::Relaxed);
+            if let Some(link) = u.global {
+                link.release_global(1);
+            }
+        }
+        for c in self.consumers.drain(..) {
+            let _ = c.link.outbox.push(OutItem::Cancel {
+                channel: c.link.channel,
+                consumer_tag: c.tag.clone(),
+            });
+        }
+        self.deleted = true;
+        n
+    }
+
+    /// Whether `x-expires` has passed with no consumers and no use.
+    pub fn is_expired(&self, now: Instant) -> bool {
+        match self.args.expires_ms {
+            Some(ms) => self.consumers.is_empty() && now.millis_since(self.last_used) >= ms,
+            None => false,
+        }
+    }
+
+    /// Periodic work: expire messages at the head, deliver.
+    pub fn tick(&mut self, me: &Arc<QueueHandle>, now: Instant, dead: &mut Vec<DeadLetter>) {
+        self.deliver(me, now, dead);
+    }
+
+    /// Marks a queue as used now (declare, get).
+    pub fn touch(&mut self, now: Instant) {
+        self.last_used = now;
+    }
+}

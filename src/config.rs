@@ -1,0 +1,308 @@
+//! Node configuration: loaded from TOML, every table `deny_unknown_fields`, defaults in
+//! `Default` impls. `config/warren.toml` is the documented reference; the same text is
+//! embedded in the binary so a node starts with no flags at all.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The reference configuration, embedded so `warren` starts with no flags.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../config/warren.toml");
+
+/// Errors from loading or validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse, or named a key we do not know.
+    #[error("invalid config {origin}: {message}")]
+    Parse {
+        /// Where the text came from.
+        origin: String,
+        /// The parser's message (names the unknown key).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid config value `{key}`: {reason}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The whole node configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[node]`: identity and data folder.
+    pub node: NodeConfig,
+    /// `[amqp]`: the client listener and connection negotiation.
+    pub amqp: AmqpConfig,
+    /// `[limits]`: memory watermark and flow-control credit.
+    pub limits: LimitsConfig,
+    /// `[[vhosts]]`.
+    pub vhosts: Vec<VhostConfig>,
+    /// `[[users]]`.
+    pub users: Vec<UserConfig>,
+    /// `[[permissions]]`.
+    pub permissions: Vec<PermissionConfig>,
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Node name, shown in `server_properties.cluster_name` and logs.
+    pub name: String,
+    /// Folder for all node data (created when missing).
+    pub data_dir: PathBuf,
+}
+
+/// `[amqp]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpConfig {
+    /// Address the AMQP listener binds.
+    pub listen: SocketAddr,
+    /// Heartbeat interval the server proposes in connection.tune (seconds, 0 = off).
+    pub heartbeat_s: u16,
+    /// Largest frame the server accepts and proposes (bytes).
+    pub frame_max_bytes: u32,
+    /// Highest channel number the server proposes.
+    pub channel_max: u16,
+    /// Time a client has to finish the handshake (milliseconds).
+    pub handshake_timeout_ms: u64,
+    /// Users that may only connect from a loopback address (RabbitMQ's `loopback_users`).
+    pub loopback_users: Vec<String>,
+    /// Largest message body accepted (bytes); larger publishes close the channel with 406.
+    pub max_message_size_bytes: u64,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Bytes of message data held in memory by all queues above which publishing connections
+    /// are blocked (`connection.blocked`). 0 means `memory_high_watermark_fraction` of RAM.
+    pub memory_high_watermark_bytes: u64,
+    /// Fraction of physical memory used when `memory_high_watermark_bytes` is 0.
+    pub memory_high_watermark_fraction: f64,
+    /// Messages a publishing channel may send to one queue before the queue grants more
+    /// (RabbitMQ's credit_flow initial credit).
+    pub queue_credit_initial: u32,
+    /// Bytes queued for a consumer connection's socket above which queues stop delivering to
+    /// it until the socket drains.
+    pub connection_outbound_bytes_max: usize,
+}
+
+/// `[[vhosts]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostConfig {
+    /// Name, e.g. `/`.
+    pub name: String,
+}
+
+/// `[[users]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// User name.
+    pub name: String,
+    /// Password (plain text in config; compared in constant time).
+    pub password: String,
+    /// Tags such as `administrator`.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// `[[permissions]]`: configure/write/read regular expressions, as in RabbitMQ.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionConfig {
+    /// The user.
+    pub user: String,
+    /// The vhost.
+    pub vhost: String,
+    /// Regex of resources the user may declare or delete.
+    pub configure: String,
+    /// Regex of resources the user may publish to or bind to.
+    pub write: String,
+    /// Regex of resources the user may consume from or bind from.
+    pub read: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: "warren@localhost".into(),
+            data_dir: PathBuf::from("warren-data"),
+        }
+    }
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 5672)),
+            heartbeat_s: 60,
+            frame_max_bytes: 131_072,
+            channel_max: 2047,
+            handshake_timeout_ms: 10_000,
+            loopback_users: vec!["guest".into()],
+            max_message_size_bytes: 128 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            memory_high_watermark_bytes: 0,
+            memory_high_watermark_fraction: 0.4,
+            queue_credit_initial: 400,
+            connection_outbound_bytes_max: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node: NodeConfig::default(),
+            amqp: AmqpConfig::default(),
+            limits: LimitsConfig::default(),
+            vhosts: vec![VhostConfig { name: "/".into() }],
+            users: vec![UserConfig {
+                name: "guest".into(),
+                password: "guest".into(),
+                tags: vec!["administrator".into()],
+            }],
+            permissions: vec![PermissionConfig {
+                user: "guest".into(),
+                vhost: "/".into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            }],
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        config.validate()
+    }
+
+    /// Loads and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded() -> Config {
+        Self::parse(EMBEDDED_DEFAULT, "(embedded default)")
+            .expect("the embedded default config is valid (tested)")
+    }
+
+    /// A configuration for tests: listens on 127.0.0.1 port 0, data under `data_dir`.
+    pub fn for_tests(data_dir: &Path) -> Config {
+        let mut config = Config::default();
+        config.amqp.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.node.data_dir = data_dir.to_path_buf();
+        config.limits.memory_high_watermark_bytes = 1 << 30;
+        config
+    }
+
+    /// Checks ranges and cross references.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        if self.amqp.frame_max_bytes != 0 && self.amqp.frame_max_bytes < 4096 {
+            return Err(ConfigError::Invalid {
+                key: "amqp.frame_max_bytes",
+                reason: "must be 0 (no limit) or at least 4096".into(),
+            });
+        }
+        if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
+            return Err(ConfigError::Invalid {
+                key: "limits.memory_high_watermark_fraction",
+                reason: "must be between 0 and 1".into(),
+            });
+        }
+        if self.limits.queue_credit_initial == 0 {
+            return Err(ConfigError::Invalid {
+                key: "limits.queue_credit_initial",
+                reason: "must be at least 1".into(),
+            });
+        }
+        for p in &self.permissions {
+            if !self.users.iter().any(|u| u.name == p.user) {
+                return Err(ConfigError::Invalid {
+                    key: "permissions.user",
+                    reason: format!("unknown user `{}`", p.user),
+                });
+            }
+            if !self.vhosts.iter().any(|v| v.name == p.vhost) {
+                return Err(ConfigError::Invalid {
+                    key: "permissions.vhost",
+                    reason: format!("unknown vhost `{}`", p.vhost),
+                });
+            }
+            for re in [&p.configure, &p.write, &p.read] {
+                if let Err(e) = regex::Regex::new(re) {
+                    return Err(ConfigError::Invalid {
+                        key: "permissions",
+                        reason: format!("bad regex `{re}`: {e}"),
+                    });
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses_and_matches_defaults() {
+        let c = Config::embedded();
+        let d = Config::default();
+        assert_eq!(c.amqp.listen, d.amqp.listen);
+        assert_eq!(c.amqp.heartbeat_s, d.amqp.heartbeat_s);
+        assert_eq!(c.amqp.frame_max_bytes, d.amqp.frame_max_bytes);
+        assert_eq!(c.amqp.channel_max, d.amqp.channel_max);
+        assert_eq!(c.node.data_dir, d.node.data_dir);
+        assert_eq!(c.users.len(), 1);
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_name() {
+        let err = Config::parse("[amqp]\nlisten_port = 5\n", "t").unwrap_err();
+        assert!(err.to_string().contains("listen_port"), "{err}");
+    }
+
+    #[test]
+    fn small_frame_max_is_refused() {
+        let err = Config::parse("[amqp]\nframe_max_bytes = 100\n", "t").unwrap_err();
+        assert!(err.to_string().contains("frame_max_bytes"), "{err}");
+    }
+}

@@ -1,0 +1,24 @@
+//! Warren: a RabbitMQ-compatible AMQP 0-9-1 broker.
+//!
+//! # Layout
+//! - [`amqp`]: the wire codec (frame splitting, method and content-header encoding through
+//!   `amq-protocol`, reply codes). Pure.
+//! - [`session`]: the sans-IO connection and channel state machines. Bytes in, frames out.
+//! - [`broker`]: the sans-IO domain: routing, queues, consumers, deliveries, flow credit.
+//! - [`meta`]: the metadata state machine (vhosts, users, exchanges, bindings, queues). It
+//!   applies validated commands; readers see immutable snapshots. A later step replicates its
+//!   commands with Raft.
+//! - [`runtime`]: the only code that touches tokio, sockets and clocks: listener, connection
+//!   tasks, the node handle, shutdown.
+//! - [`config`], [`time`]: configuration and the time type the cores take as input.
+//!
+//! The sans-IO modules never use tokio, `std::net`, `std::fs`, `Instant::now`,
+//! `SystemTime::now` or `thread_rng`; `tests/layering.rs` enforces it.
+
+pub mod amqp;
+pub mod broker;
+pub mod config;
+pub mod meta;
+pub mod runtime;
+pub mod session;
+pub mod time;

@@ -1,0 +1,52 @@
+//! `warren`: starts a node. With no flags it uses the embedded default config
+//! (127.0.0.1:5672, data under ./warren-data); `--config FILE` reads FILE instead.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use warren::config::Config;
+use warren::runtime::Node;
+
+#[derive(Parser, Debug)]
+#[command(name = "warren", version, about = "A RabbitMQ-compatible AMQP 0-9-1 broker")]
+struct Args {
+    /// Configuration file (TOML); the embedded default when absent.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::embedded(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async move {
+        let node = Node::start(config).await?;
+        wait_for_signal().await?;
+        tracing::info!("shutting down");
+        node.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

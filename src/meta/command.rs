@@ -1,0 +1,58 @@
+//! Metadata commands: plain data, so a later step can replicate them through Raft.
+
+use serde::{Deserialize, Serialize};
+
+use super::state::{Binding, ExchangeDef, Permission, QueueDef, User};
+
+/// One change to the metadata.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create a vhost with its standard exchanges (idempotent).
+    AddVhost {
+        /// Name.
+        name: String,
+    },
+    /// Delete a vhost and everything in it.
+    DeleteVhost {
+        /// Name.
+        name: String,
+    },
+    /// Create or replace a user.
+    PutUser(User),
+    /// Delete a user and their permissions.
+    DeleteUser {
+        /// Name.
+        name: String,
+    },
+    /// Set a user's permissions on a vhost.
+    SetPermissions(Permission),
+    /// Declare an exchange; an existing one must be equivalent.
+    DeclareExchange(ExchangeDef),
+    /// Delete an exchange and every binding to or from it.
+    DeleteExchange {
+        /// Vhost.
+        vhost: String,
+        /// Name.
+        name: String,
+        /// Refuse when it is the source of a binding.
+        if_unused: bool,
+    },
+    /// Declare a queue; an existing one must be equivalent.
+    DeclareQueue(QueueDef),
+    /// Delete a queue and its bindings (emptiness and use are checked by the queue itself).
+    DeleteQueue {
+        /// Vhost.
+        vhost: String,
+        /// Name.
+        name: String,
+    },
+    /// Delete every exclusive queue of a connection (its owner went away).
+    DeleteExclusiveQueues {
+        /// The owning connection.
+        owner: u64,
+    },
+    /// Add a binding (idempotent).
+    Bind(Binding),
+    /// Remove a binding (idempotent, as RabbitMQ).
+    Unbind(Binding),
+}

@@ -1,0 +1,85 @@
+//! Why a metadata command was refused, and the AMQP reply each refusal maps to.
+
+use crate::amqp::{AmqpError, ReplyCode};
+
+/// A refused metadata command. Texts follow RabbitMQ's wording.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// The vhost does not exist.
+    #[error("no vhost '{0}'")]
+    NoVhost(String),
+    /// A named resource does not exist.
+    #[error("no {kind} '{name}' in vhost '{vhost}'")]
+    NotFound {
+        /// `exchange` or `queue`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// Its vhost.
+        vhost: String,
+    },
+    /// A redeclaration differs from what exists.
+    #[error("inequivalent arg '{arg}' for {kind} '{name}' in vhost '{vhost}': received {received} but current is {current}")]
+    Inequivalent {
+        /// `exchange` or `queue`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// Its vhost.
+        vhost: String,
+        /// The differing property.
+        arg: String,
+        /// What the client sent.
+        received: String,
+        /// What exists.
+        current: String,
+    },
+    /// The resource is in use (if-unused / if-empty deletes).
+    #[error("{0}")]
+    InUse(String),
+    /// The name uses a reserved prefix.
+    #[error("{kind} name '{name}' contains reserved prefix 'amq.*'")]
+    Reserved {
+        /// `exchange` or `queue`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// An exclusive queue belongs to another connection.
+    #[error("cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.")]
+    Locked {
+        /// The queue.
+        name: String,
+        /// Its vhost.
+        vhost: String,
+    },
+    /// An argument or value is invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// An exchange type we do not know.
+    #[error("invalid exchange type '{0}'")]
+    UnknownExchangeType(String),
+    /// Binding to or from, declaring or deleting the default exchange.
+    #[error("operation not permitted on the default exchange")]
+    DefaultExchange,
+    /// A user, vhost or permission operation was refused.
+    #[error("{0}")]
+    Admin(String),
+}
+
+impl From<MetaError> for AmqpError {
+    fn from(e: MetaError) -> AmqpError {
+        let code = match &e {
+            MetaError::NoVhost(_) => ReplyCode::NotAllowed,
+            MetaError::NotFound { .. } => ReplyCode::NotFound,
+            MetaError::Inequivalent { .. } | MetaError::InUse(_) | MetaError::Invalid(_) => {
+                ReplyCode::PreconditionFailed
+            }
+            MetaError::Reserved { .. } | MetaError::DefaultExchange => ReplyCode::AccessRefused,
+            MetaError::Locked { .. } => ReplyCode::ResourceLocked,
+            MetaError::UnknownExchangeType(_) => ReplyCode::CommandInvalid,
+            MetaError::Admin(_) => ReplyCode::PreconditionFailed,
+        };
+        AmqpError::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,17 @@
+//! The metadata state machine: vhosts, users, permissions, exchanges, bindings and queues.
+//!
+//! Every change is a [`Command`] that [`MetaState::apply`] validates and applies; a rejected
+//! command changes nothing. The broker reads immutable `Arc<MetaState>` snapshots, swapped
+//! after each applied command. On one node the commands are applied directly; the cluster step
+//! replicates the same commands through Raft, which is why they are plain serialisable data.
+
+pub mod args;
+pub mod command;
+pub mod error;
+pub mod state;
+
+pub use command::Command;
+pub use error::MetaError;
+pub use state::{
+    Binding, Destination, ExchangeDef, ExchangeKind, MetaState, Permission, QueueDef, User, Vhost,
+};

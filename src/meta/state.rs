@@ -1,0 +1,678 @@
+//! The metadata itself and the pure `apply` of commands to it.
+//!
+//! Collections are `BTreeMap`s so every iteration (listing, deletion cascades) is in a fixed
+//! order on every node. Vhosts sit behind `Arc` so a command copies only the vhost it changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use amq_protocol::types::FieldTable;
+use serde::{Deserialize, Serialize};
+
+use super::args::QueueArgs;
+use super::command::Command;
+use super::error::MetaError;
+
+/// The four exchange types (plus RabbitMQ's names for them).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExchangeKind {
+    /// Routes on routing-key equality.
+    Direct,
+    /// Routes to every binding.
+    Fanout,
+    /// Routes on dotted patterns with `*` and `#`.
+    Topic,
+    /// Routes on header values (`x-match` all / any).
+    Headers,
+}
+
+impl ExchangeKind {
+    /// Parses the type name a client sends.
+    pub fn parse(s: &str) -> Option<ExchangeKind> {
+        Some(match s {
+            "direct" => ExchangeKind::Direct,
+            "fanout" => ExchangeKind::Fanout,
+            "topic" => ExchangeKind::Topic,
+            "headers" => ExchangeKind::Headers,
+            _ => return None,
+        })
+    }
+
+    /// The type name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Topic => "topic",
+            ExchangeKind::Headers => "headers",
+        }
+    }
+}
+
+/// An exchange definition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeDef {
+    /// Vhost.
+    pub vhost: String,
+    /// Name (`""` is the default exchange).
+    pub name: String,
+    /// Type.
+    pub kind: ExchangeKind,
+    /// Survives a restart.
+    pub durable: bool,
+    /// Deleted when its last binding (as source) goes.
+    pub auto_delete: bool,
+    /// Clients may not publish to it directly.
+    pub internal: bool,
+    /// Declared arguments (`alternate-exchange`).
+    pub arguments: FieldTable,
+}
+
+impl ExchangeDef {
+    /// The `alternate-exchange` argument, if set to a string.
+    pub fn alternate_exchange(&self) -> Option<String> {
+        match self.arguments.inner().get("alternate-exchange") {
+            Some(amq_protocol::types::AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            Some(amq_protocol::types::AMQPValue::ShortString(s)) => Some(s.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// A queue definition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueDef {
+    /// Vhost.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// Survives a restart.
+    pub durable: bool,
+    /// The connection that owns an exclusive queue.
+    pub exclusive_owner: Option<u64>,
+    /// Deleted when its last consumer goes (after it had one).
+    pub auto_delete: bool,
+    /// Declared arguments.
+    pub arguments: FieldTable,
+}
+
+impl QueueDef {
+    /// The validated `x-` arguments.
+    pub fn args(&self) -> Result<QueueArgs, MetaError> {
+        QueueArgs::parse(&self.arguments)
+    }
+}
+
+/// Where a binding leads.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Destination {
+    /// A queue.
+    Queue(String),
+    /// An exchange (exchange-to-exchange binding).
+    Exchange(String),
+}
+
+impl Destination {
+    /// The destination's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Destination::Queue(n) | Destination::Exchange(n) => n,
+        }
+    }
+
+    /// `queue` or `exchange`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Destination::Queue(_) => "queue",
+            Destination::Exchange(_) => "exchange",
+        }
+    }
+}
+
+/// A binding from an exchange to a queue or exchange.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    /// Vhost.
+    pub vhost: String,
+    /// Source exchange.
+    pub source: String,
+    /// Destination.
+    pub destination: Destination,
+    /// Routing key (pattern for topic exchanges).
+    pub routing_key: String,
+    /// Arguments (header matches for headers exchanges).
+    pub arguments: FieldTable,
+}
+
+impl Binding {
+    fn same_as(&self, other: &Binding) -> bool {
+        self.source == other.source
+            && self.destination == other.destination
+            && self.routing_key == other.routing_key
+            && self.arguments == other.arguments
+    }
+}
+
+/// A user.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    /// Name.
+    pub name: String,
+    /// Password.
+    pub password: String,
+    /// Tags.
+    pub tags: Vec<String>,
+}
+
+/// A user's permissions in one vhost: regexes over resource names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permission {
+    /// User.
+    pub user: String,
+    /// Vhost.
+    pub vhost: String,
+    /// Resources the user may declare and delete.
+    pub configure: String,
+    /// Resources the user may publish or bind to.
+    pub write: String,
+    /// Resources the user may consume from or bind from.
+    pub read: String,
+}
+
+/// One vhost's exchanges, queues and bindings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Vhost {
+    /// Name.
+    pub name: String,
+    /// Exchanges by name.
+    pub exchanges: BTreeMap<String, ExchangeDef>,
+    /// Queues by name.
+    pub queues: BTreeMap<String, QueueDef>,
+    /// Bindings by source exchange, in creation order.
+    pub bindings: BTreeMap<String, Vec<Binding>>,
+}
+
+impl Vhost {
+    fn new(name: &str) -> Vhost {
+        let mut v = Vhost {
+            name: name.to_string(),
+            ..Vhost::default()
+        };
+        let std = [
+            ("", ExchangeKind::Direct, false),
+            ("amq.direct", ExchangeKind::Direct, false),
+            ("amq.fanout", ExchangeKind::Fanout, false),
+            ("amq.topic", ExchangeKind::Topic, false),
+            ("amq.headers", ExchangeKind::Headers, false),
+            ("amq.match", ExchangeKind::Headers, false),
+            ("amq.rabbitmq.trace", ExchangeKind::Topic, true),
+        ];
+        for (n, kind, internal) in std {
+            v.exchanges.insert(
+                n.to_string(),
+                ExchangeDef {
+                    vhost: name.to_string(),
+                    name: n.to_string(),
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal,
+                    arguments: FieldTable::default(),
+                },
+            );
+        }
+        v
+    }
+
+    /// Bindings whose source is `exchange`.
+    pub fn bindings_from(&self, exchange: &str) -> &[Binding] {
+        self.bindings.get(exchange).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Every binding whose destination is `dest`.
+    pub fn bindings_to(&self, dest: &Destination) -> Vec<&Binding> {
+        self.bindings
+            .values()
+            .flatten()
+            .filter(|b| &b.destination == dest)
+            .collect()
+    }
+
+    fn not_found(&self, kind: &'static str, name: &str) -> MetaError {
+        MetaError::NotFound {
+            kind,
+            name: name.to_string(),
+            vhost: self.name.clone(),
+        }
+    }
+
+    /// Removes every binding to `dest`, then auto-delete exchanges left without bindings.
+    fn remove_bindings_to(&mut self, dest: &Destination, removed: &mut Removed) {
+        let mut emptied = Vec::new();
+        for (source, list) in self.bindings.iter_mut() {
+            let before = list.len();
+            list.retain(|b| &b.destination != dest);
+            if list.len() != before && list.is_empty() {
+                emptied.push(source.clone());
+            }
+        }
+        for source in emptied {
+            self.bindings.remove(&source);
+            self.maybe_auto_delete_exchange(&source, removed);
+        }
+    }
+
+    fn maybe_auto_delete_exchange(&mut self, name: &str, removed: &mut Removed) {
+        let auto = self.exchanges.get(name).is_some_and(|e| e.auto_delete);
+        if auto && self.bindings_from(name).is_empty() {
+            self.delete_exchange(name, removed);
+        }
+    }
+
+    fn delete_exchange(&mut self, name: &str, removed: &mut Removed) {
+        self.exchanges.remove(name);
+        self.bindings.remove(name);
+        removed.exchanges.push(name.to_string());
+        self.remove_bindings_to(&Destination::Exchange(name.to_string()), removed);
+    }
+
+    fn delete_queue(&mut self, name: &str, removed: &mut Removed) {
+        if self.queues.remove(name).is_some() {
+            removed.queues.push((self.name.clone(), name.to_string()));
+            self.remove_bindings_to(&Destination::Queue(name.to_string()), removed);
+        }
+    }
+}
+
+/// What an applied command created or removed, for the broker to act on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Queues deleted, as (vhost, name); their runtime state must go too.
+    pub queues: Vec<(String, String)>,
+    /// Exchanges deleted (auto-delete cascades included).
+    pub exchanges: Vec<String>,
+}
+
+/// The outcome of an applied command.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Whether a declare created something new (false: it already existed).
+    pub created: bool,
+    /// Deletions, including cascades.
+    pub removed: Removed,
+}
+
+/// The whole metadata.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetaState {
+    /// Vhosts by name.
+    pub vhosts: BTreeMap<String, Arc<Vhost>>,
+    /// Users by name.
+    pub users: BTreeMap<String, User>,
+    /// Permissions by (user, vhost).
+    pub permissions: BTreeMap<(String, String), Permission>,
+    /// Number of commands applied.
+    pub version: u64,
+}
+
+impl MetaState {
+    /// The vhost named `name`.
+    pub fn vhost(&self, name: &str) -> Option<&Arc<Vhost>> {
+        self.vhosts.get(name)
+    }
+
+    /// The permissions of `user` in `vhost`.
+    pub fn permission(&self, user: &str, vhost: &str) -> Option<&Permission> {
+        self.permissions.get(&(user.to_string(), vhost.to_string()))
+    }
+
+    fn vhost_mut(&mut self, name: &str) -> Result<&mut Vhost, MetaError> {
+        self.vhosts
+            .get_mut(name)
+            .map(Arc::make_mut)
+            .ok_or_else(|| MetaError::NoVhost(name.to_string()))
+    }
+
+    /// Validates and applies one command. A refused command changes nothing.
+    pub fn apply(&mut self, command: &Command) -> Result<Applied, MetaError> {
+        // Validate against a copy of the affected vhost only; commit on success.
+        let applied = self.apply_inner(command)?;
+        self.version += 1;
+        Ok(applied)
+    }
+
+    fn apply_inner(&mut self, command: &Command) -> Result<Applied, MetaError> {
+        let mut applied = Applied::default();
+        match command {
+            Command::AddVhost { name } => {
+                if !self.vhosts.contains_key(name) {
+                    self.vhosts.insert(name.clone(), Arc::new(Vhost::new(name)));
+                    applied.created = true;
+                }
+            }
+            Command::DeleteVhost { name } => {
+                let v = self
+                    .vhosts
+                    .remove(name)
+                    .ok_or_else(|| MetaError::NoVhost(name.clone()))?;
+                for q in v.queues.keys() {
+                    applied.removed.queues.push((name.clone(), q.clone()));
+                }
+                self.permissions.retain(|(_, vh), _| vh != name);
+            }
+            Command::PutUser(user) => {
+                applied.created = self.users.insert(user.name.clone(), user.clone()).is_none();
+            }
+            Command::DeleteUser { name } => {
+                if self.users.remove(name).is_none() {
+                    return Err(MetaError::Admin(format!("no user '{name}'")));
+                }
+                self.permissions.retain(|(u, _), _| u != name);
+            }
+            Command::SetPermissions(p) => {
+                if !self.users.contains_key(&p.user) {
+                    return Err(MetaError::Admin(format!("no user '{}'", p.user)));
+                }
+                if !self.vhosts.contains_key(&p.vhost) {
+                    return Err(MetaError::NoVhost(p.vhost.clone()));
+                }
+                for re in [&p.configure, &p.write, &p.read] {
+                    regex::Regex::new(re)
+                        .map_err(|e| MetaError::Admin(format!("bad regex '{re}': {e}")))?;
+                }
+                self.permissions
+                    .insert((p.user.clone(), p.vhost.clone()), p.clone());
+            }
+            Command::DeclareExchange(def) => {
+                applied.created = self.declare_exchange(def)?;
+            }
+            Command::DeleteExchange {
+                vhost,
+                name,
+                if_unused,
+            } => {
+                let v = self.vhost_mut(vhost)?;
+                if !v.exchanges.contains_key(name) {
+                    return Err(v.not_found("exchange", name));
+                }
+                if *if_unused && !v.bindings_from(name).is_empty() {
+                    return Err(MetaError::InUse(format!(
+                        "exchange '{name}' in vhost '{vhost}' in use"
+                    )));
+                }
+                v.delete_exchange(name, &mut applied.removed);
+            }
+            Command::DeclareQueue(def) => {
+                applied.created = self.declare_queue(def)?;
+            }
+            Command::DeleteQueue { vhost, name } => {
+                let v = self.vhost_mut(vhost)?;
+                if !v.queues.contains_key(name) {
+                    return Err(v.not_found("queue", name));
+                }
+                v.delete_queue(name, &mut applied.removed);
+            }
+            Command::DeleteExclusiveQueues { owner } => {
+                let names: Vec<String> = self.vhosts.keys().cloned().collect();
+                for vname in names {
+                    let owned: Vec<String> = self.vhosts[&vname]
+                        .queues
+                        .values()
+                        .filter(|q| q.exclusive_owner == Some(*owner))
+                        .map(|q| q.name.clone())
+                        .collect();
+                    if owned.is_empty() {
+                        continue;
+                    }
+                    let v = self.vhost_mut(&vname)?;
+                    for q in owned {
+                        v.delete_queue(&q, &mut applied.removed);
+                    }
+                }
+            }
+            Command::Bind(b) => {
+                let v = self.vhost_mut(&b.vhost)?;
+                check_binding_ends(v, b)?;
+                let list = v.bindings.entry(b.source.clone()).or_default();
+                if !list.iter().any(|x| x.same_as(b)) {
+                    list.push(b.clone());
+                    applied.created = true;
+                }
+            }
+            Command::Unbind(b) => {
+                let v = self.vhost_mut(&b.vhost)?;
+                check_binding_ends(v, b)?;
+                let mut emptied = false;
+                if let Some(list) = v.bindings.get_mut(&b.source) {
+                    list.retain(|x| !x.same_as(b));
+                    emptied = list.is_empty();
+                }
+                if emptied {
+                    v.bindings.remove(&b.source);
+                    v.maybe_auto_delete_exchange(&b.source, &mut applied.removed);
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    fn declare_exchange(&mut self, def: &ExchangeDef) -> Result<bool, MetaError> {
+        let v = self.vhost_mut(&def.vhost)?;
+        if let Some(cur) = v.exchanges.get(&def.name) {
+            let checks = [
+                ("type", cur.kind.name().to_string(), def.kind.name().to_string()),
+                ("durable", cur.durable.to_string(), def.durable.to_string()),
+                ("auto_delete", cur.auto_delete.to_string(), def.auto_delete.to_string()),
+                ("internal", cur.internal.to_string(), def.internal.to_string()),
+            ];
+            for (arg, current, received) in checks {
+                if current != received {
+                    return Err(MetaError::Inequivalent {
+                        kind: "exchange",
+                        name: def.name.clone(),
+                        vhost: def.vhost.clone(),
+                        arg: arg.to_string(),
+                        received: format!("'{received}'"),
+                        current: format!("'{current}'"),
+                    });
+                }
+            }
+            return Ok(false);
+        }
+        v.exchanges.insert(def.name.clone(), def.clone());
+        Ok(true)
+    }
+
+    fn declare_queue(&mut self, def: &QueueDef) -> Result<bool, MetaError> {
+        let args = def.args()?;
+        let v = self.vhost_mut(&def.vhost)?;
+        if let Some(cur) = v.queues.get(&def.name) {
+            if cur.exclusive_owner.is_some() && cur.exclusive_owner != def.exclusive_owner {
+                return Err(MetaError::Locked {
+                    name: def.name.clone(),
+                    vhost: def.vhost.clone(),
+                });
+            }
+            let ineq = |arg: &str, received: String, current: String| MetaError::Inequivalent {
+                kind: "queue",
+                name: def.name.clone(),
+                vhost: def.vhost.clone(),
+                arg: arg.to_string(),
+                received,
+                current,
+            };
+            if cur.durable != def.durable {
+                return Err(ineq(
+                    "durable",
+                    format!("'{}'", def.durable),
+                    format!("'{}'", cur.durable),
+                ));
+            }
+            if cur.auto_delete != def.auto_delete {
+                return Err(ineq(
+                    "auto_delete",
+                    format!("'{}'", def.auto_delete),
+                    format!("'{}'", cur.auto_delete),
+                ));
+            }
+            if cur.exclusive_owner.is_none() && def.exclusive_owner.is_some() {
+                return Err(ineq("exclusive", "'true'".into(), "'false'".into()));
+            }
+            let cur_args = cur.args()?;
+            if let Some((arg, received, current)) = args.inequivalence(&cur_args) {
+                return Err(ineq(arg, received, current));
+            }
+            return Ok(false);
+        }
+        v.queues.insert(def.name.clone(), def.clone());
+        Ok(true)
+    }
+}
+
+fn check_binding_ends(v: &Vhost, b: &Binding) -> Result<(), MetaError> {
+    if b.source.is_empty() || b.destination == Destination::Exchange(String::new()) {
+        return Err(MetaError::DefaultExchange);
+    }
+    if !v.exchanges.contains_key(&b.source) {
+        return Err(v.not_found("exchange", &b.source));
+    }
+    let exists = match &b.destination {
+        Destination::Queue(q) => v.queues.contains_key(q),
+        Destination::Exchange(e) => v.exchanges.contains_key(e),
+    };
+    if !exists {
+        return Err(v.not_found(b.destination.kind(), b.destination.name()));
+    }
+    Ok(())
+}
+
+/// Every queue name in the state, sorted, for listings.
+pub fn queue_names(state: &MetaState) -> BTreeSet<(String, String)> {
+    state
+        .vhosts
+        .values()
+        .flat_map(|v| v.queues.keys().map(|q| (v.name.clone(), q.clone())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> MetaState {
+        let mut s = MetaState::default();
+        s.apply(&Command::AddVhost { name: "/".into() }).unwrap();
+        s
+    }
+
+    fn queue(name: &str) -> QueueDef {
+        QueueDef {
+            vhost: "/".into(),
+            name: name.into(),
+            durable: false,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+        }
+    }
+
+    fn exchange(name: &str, auto_delete: bool) -> ExchangeDef {
+        ExchangeDef {
+            vhost: "/".into(),
+            name: name.into(),
+            kind: ExchangeKind::Fanout,
+            durable: false,
+            auto_delete,
+            internal: false,
+            arguments: FieldTable::default(),
+        }
+    }
+
+    fn bind(source: &str, queue: &str) -> Binding {
+        Binding {
+            vhost: "/".into(),
+            source: source.into(),
+            destination: Destination::Queue(queue.into()),
+            routing_key: String::new(),
+            arguments: FieldTable::default(),
+        }
+    }
+
+    #[test]
+    fn new_vhost_has_the_standard_exchanges() {
+        let s = state();
+        let v = s.vhost("/").unwrap();
+        for n in ["", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"] {
+            assert!(v.exchanges.contains_key(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn refused_command_changes_nothing() {
+        let mut s = state();
+        s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
+        let before = s.clone();
+        let mut q = queue("q");
+        q.durable = true;
+        let err = s.apply(&Command::DeclareQueue(q)).unwrap_err();
+        assert!(matches!(err, MetaError::Inequivalent { .. }), "{err:?}");
+        assert_eq!(s, before);
+        let err = s.apply(&Command::Bind(bind("nope", "q"))).unwrap_err();
+        assert!(matches!(err, MetaError::NotFound { kind: "exchange", .. }));
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn exclusive_queue_of_another_owner_is_locked() {
+        let mut s = state();
+        let mut q = queue("x");
+        q.exclusive_owner = Some(1);
+        s.apply(&Command::DeclareQueue(q.clone())).unwrap();
+        q.exclusive_owner = Some(2);
+        let err = s.apply(&Command::DeclareQueue(q)).unwrap_err();
+        assert!(matches!(err, MetaError::Locked { .. }));
+        let applied = s.apply(&Command::DeleteExclusiveQueues { owner: 1 }).unwrap();
+        assert_eq!(applied.removed.queues, vec![("/".to_string(), "x".to_string())]);
+    }
+
+    #[test]
+    fn deleting_a_queue_cascades_to_auto_delete_exchanges() {
+        let mut s = state();
+        s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
+        s.apply(&Command::DeclareExchange(exchange("ad", true))).unwrap();
+        s.apply(&Command::Bind(bind("ad", "q"))).unwrap();
+        let applied = s
+            .apply(&Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+            })
+            .unwrap();
+        assert_eq!(applied.removed.exchanges, vec!["ad".to_string()]);
+        assert!(!s.vhost("/").unwrap().exchanges.contains_key("ad"));
+    }
+
+    #[test]
+    fn delete_exchange_if_unused_refuses_a_bound_exchange() {
+        let mut s = state();
+        s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
+        s.apply(&Command::DeclareExchange(exchange("e", false))).unwrap();
+        s.apply(&Command::Bind(bind("e", "q"))).unwrap();
+        let cmd = Command::DeleteExchange {
+            vhost: "/".into(),
+            name: "e".into(),
+            if_unused: true,
+        };
+        assert!(matches!(s.apply(&cmd), Err(MetaError::InUse(_))));
+    }
+
+    #[test]
+    fn bind_is_idempotent() {
+        let mut s = state();
+        s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
+        assert!(s.apply(&Command::Bind(bind("amq.fanout", "q"))).unwrap().created);
+        assert!(!s.apply(&Command::Bind(bind("amq.fanout", "q"))).unwrap().created);
+        assert_eq!(s.vhost("/").unwrap().bindings_from("amq.fanout").len(), 1);
+    }
+}

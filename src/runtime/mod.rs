@@ -1,0 +1,14 @@
+//! The runtime layer: the only code that uses tokio, sockets, files and clocks.
+//!
+//! - [`transport`]: the `Transport` trait (bind / accept) and its tokio implementation; the
+//!   simulation supplies a turmoil one.
+//! - [`conn_task`]: drives one [`crate::session::Connection`] over a socket.
+//! - [`node`]: starts the listener and the periodic tasks, and shuts them down.
+//! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
+
+pub mod clock;
+pub mod conn_task;
+pub mod node;
+pub mod transport;
+
+pub use node::{Node, NodeError};

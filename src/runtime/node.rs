@@ -1,0 +1,204 @@
+//! A running node: the AMQP listener, the memory monitor, the broker ticker, and shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+use super::clock::Clock;
+use super::conn_task::{self, ConnContext};
+use super::transport::{Listener, TokioTransport, Transport};
+use crate::broker::Broker;
+use crate::config::Config;
+use crate::session::SessionConfig;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The data folder could not be created.
+    #[error("cannot create data folder {path}: {source}")]
+    DataDir {
+        /// The folder.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running node.
+pub struct Node {
+    addr: SocketAddr,
+    broker: Arc<Broker>,
+    shutdown: watch::Sender<bool>,
+    tracker: TaskTracker,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+/// Total physical memory from /proc/meminfo, if readable.
+fn physical_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl Node {
+    /// Starts a node over real TCP.
+    pub async fn start(config: Config) -> Result<Node, NodeError> {
+        Self::start_with(config, TokioTransport).await
+    }
+
+    /// Starts a node over `transport`.
+    pub async fn start_with<T: Transport>(config: Config, transport: T) -> Result<Node, NodeError> {
+        std::fs::create_dir_all(&config.node.data_dir).map_err(|source| NodeError::DataDir {
+            path: config.node.data_dir.clone(),
+            source,
+        })?;
+        let watermark = if config.limits.memory_high_watermark_bytes > 0 {
+            config.limits.memory_high_watermark_bytes
+        } else {
+            let total = physical_memory_bytes().unwrap_or(4 << 30);
+            (total as f64 * config.limits.memory_high_watermark_fraction) as u64
+        };
+        let epoch_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let seed = rand::random::<u64>();
+        let broker = Arc::new(Broker::new(&config, seed, watermark, epoch_unix_ms));
+        let mut listener = transport
+            .bind(config.amqp.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: config.amqp.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| NodeError::Bind {
+            addr: config.amqp.listen,
+            source,
+        })?;
+        let clock = Clock::start();
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (alarm_tx, alarm_rx) = watch::channel(false);
+        let tracker = TaskTracker::new();
+        let ctx = ConnContext {
+            broker: broker.clone(),
+            session: SessionConfig::from_config(&config),
+            clock,
+            shutdown: shutdown_rx.clone(),
+            alarm: alarm_rx,
+            outbound_bytes_max: config.limits.connection_outbound_bytes_max,
+        };
+        tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
+
+        let mut tasks = Vec::new();
+        let accept_tracker = tracker.clone();
+        let mut accept_shutdown = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = accept_shutdown.changed() => break,
+                    r = listener.accept() => match r {
+                        Ok((stream, peer)) => {
+                            let ctx = ctx.clone();
+                            accept_tracker.spawn(conn_task::run(stream, peer, ctx));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        }));
+
+        // The memory monitor: flips the alarm that blocks publishers.
+        let monitor_broker = broker.clone();
+        let mut monitor_shutdown = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = monitor_shutdown.changed() => break,
+                    _ = tick.tick() => {
+                        let on = monitor_broker.memory_alarm();
+                        if *alarm_tx.borrow() != on {
+                            if on {
+                                tracing::warn!(used = monitor_broker.memory_used(), "memory alarm set: blocking publishers");
+                            } else {
+                                tracing::info!(used = monitor_broker.memory_used(), "memory alarm cleared");
+                            }
+                            let _ = alarm_tx.send(on);
+                        }
+                    }
+                }
+            }
+        }));
+
+        // The ticker: message TTL at queue heads, queue expiry.
+        let tick_broker = broker.clone();
+        let mut tick_shutdown = shutdown_rx;
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = tick_shutdown.changed() => break,
+                    _ = tick.tick() => tick_broker.tick(clock.now()),
+                }
+            }
+        }));
+
+        Ok(Node {
+            addr,
+            broker,
+            shutdown: shutdown_tx,
+            tracker,
+            tasks,
+        })
+    }
+
+    /// The AMQP listener's address.
+    pub fn amqp_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The broker (for inspection in tests and admin tools).
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Closes every client connection with 320 CONNECTION_FORCED and stops the node.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.tracker.close();
+        // Clients get a few seconds to answer close-ok; the session's own deadline ends
+        // connections that do not.
+        if tokio::time::timeout(Duration::from_secs(5), self.tracker.wait()).await.is_err() {
+            tracing::warn!("connections still open after 5 s; stopping anyway");
+        }
+        tracing::info!("node stopped");
+    }
+}

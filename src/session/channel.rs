@@ -1,0 +1,932 @@
+//! One channel: its methods, content assembly, delivery tags, confirms and transactions.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use amq_protocol::protocol::{
+    access, basic, channel as chm, confirm, exchange as exm, queue as qm, tx, AMQPClass,
+};
+use amq_protocol::types::{AMQPValue, FieldTable};
+use bytes::BytesMut;
+
+use super::connection::Connection;
+use super::permissions::Access;
+use crate::amqp::frame::{self, ContentHeader, Frame, FrameKind};
+use crate::amqp::reply_code::{
+    access_refused, command_invalid, frame_error, not_allowed, not_found, not_implemented,
+    precondition_failed, resource_locked, unexpected_frame, AmqpError,
+};
+use crate::amqp::{short, ReplyCode};
+use crate::broker::{ChannelLink, Consumer, Delivery, Message, Outbox, QueueHandle};
+use crate::meta::{Binding, Command, Destination, ExchangeDef, ExchangeKind, QueueDef};
+use crate::time::Instant;
+
+#[derive(Debug)]
+struct PendingPublish {
+    exchange: String,
+    routing_key: String,
+    mandatory: bool,
+    header: Option<ContentHeader>,
+    body: BytesMut,
+}
+
+#[derive(Debug)]
+struct UnackedRef {
+    queue: Arc<QueueHandle>,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct ConsumerRef {
+    queue: Arc<QueueHandle>,
+}
+
+#[derive(Debug)]
+enum TxAck {
+    Ack { tag: u64, multiple: bool },
+    Nack { tag: u64, multiple: bool, requeue: bool },
+}
+
+#[derive(Debug, Default)]
+struct Tx {
+    publishes: Vec<(String, Arc<Message>, bool)>,
+    acks: Vec<TxAck>,
+}
+
+/// Confirm results waiting to be sent (coalesced at the end of a read batch).
+#[derive(Debug, Default)]
+struct Confirms {
+    /// (publish seq, ack?) in publish order.
+    pending: Vec<(u64, bool)>,
+}
+
+/// A channel's state.
+#[derive(Debug)]
+pub struct Channel {
+    id: u16,
+    link: Arc<ChannelLink>,
+    closing: bool,
+    content: Option<PendingPublish>,
+    next_delivery_tag: u64,
+    unacked: BTreeMap<u64, UnackedRef>,
+    consumers: BTreeMap<String, ConsumerRef>,
+    prefetch: u16,
+    confirm: bool,
+    next_publish_seq: u64,
+    confirms: Confirms,
+    tx: Option<Tx>,
+    last_queue: Option<String>,
+}
+
+fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
+    if !nowait {
+        c.send_method(ch, m);
+    }
+}
+
+impl Channel {
+    /// A newly opened channel.
+    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>) -> Channel {
+        Channel {
+            id,
+            link: Arc::new(ChannelLink::new(conn_id, id, outbox)),
+            closing: false,
+            content: None,
+            next_delivery_tag: 1,
+            unacked: BTreeMap::new(),
+            consumers: BTreeMap::new(),
+            prefetch: 0,
+            confirm: false,
+            next_publish_seq: 1,
+            confirms: Confirms::default(),
+            tx: None,
+            last_queue: None,
+        }
+    }
+
+    /// Whether we sent channel.close and wait for close-ok.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Marks the channel as closing.
+    pub fn set_closing(&mut self) {
+        self.closing = true;
+    }
+
+    /// Handles a method for this channel.
+    pub fn handle_method(&mut self, c: &mut Connection, method: AMQPClass, now: Instant) -> Result<(), AmqpError> {
+        if self.content.is_some() {
+            return Err(unexpected_frame("expected content header or body, got a method"));
+        }
+        let ch = self.id;
+        match method {
+            AMQPClass::Channel(chm::AMQPMethod::Flow(f)) => {
+                self.link.flow_active.store(f.active, Ordering::Release);
+                c.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::FlowOk(chm::FlowOk { active: f.active })));
+                if f.active {
+                    self.poke_consumed_queues(c, now);
+                }
+                Ok(())
+            }
+            AMQPClass::Channel(chm::AMQPMethod::FlowOk(_)) => Ok(()),
+            AMQPClass::Access(access::AMQPMethod::Request(_)) => {
+                c.send_method(ch, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})));
+                Ok(())
+            }
+            AMQPClass::Exchange(m) => self.handle_exchange(c, m, now),
+            AMQPClass::Queue(m) => self.handle_queue(c, m, now),
+            AMQPClass::Basic(m) => self.handle_basic(c, m, now),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
+                if self.tx.is_some() {
+                    return Err(precondition_failed("cannot switch from tx to confirm mode"));
+                }
+                self.confirm = true;
+                ok_or_nowait(c, ch, s.nowait, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                Ok(())
+            }
+            AMQPClass::Tx(m) => self.handle_tx(c, m, now),
+            other => Err(command_invalid(format!(
+                "method {}.{} is not valid from a client",
+                other.get_amqp_class_id(),
+                other.get_amqp_method_id()
+            ))),
+        }
+    }
+
+    // ---- exchange.* ----
+
+    fn handle_exchange(&mut self, c: &mut Connection, m: exm::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+        let ch = self.id;
+        let vhost = c.vhost.clone();
+        match m {
+            exm::AMQPMethod::Declare(d) => {
+                let name = d.exchange.as_str();
+                let snapshot = c.snapshot();
+                let v = snapshot.vhost(&vhost).ok_or_else(|| not_found("vhost gone"))?;
+                if d.passive {
+                    if name.is_empty() {
+                        ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                        return Ok(());
+                    }
+                    if !v.exchanges.contains_key(name) {
+                        return Err(not_found(format!("no exchange '{name}' in vhost '{vhost}'")));
+                    }
+                    ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                    return Ok(());
+                }
+                let kind = ExchangeKind::parse(d.kind.as_str())
+                    .ok_or_else(|| command_invalid(format!("invalid exchange type '{}'", d.kind)))?;
+                if name.is_empty() {
+                    return Err(access_refused("operation not permitted on the default exchange"));
+                }
+                if name.starts_with("amq.") {
+                    return Err(access_refused(format!(
+                        "exchange name '{name}' contains reserved prefix 'amq.*'"
+                    )));
+                }
+                perms(c)?.check(Access::Configure, "exchange", name)?;
+                if let Some(AMQPValue::LongString(ae)) = d.arguments.inner().get("alternate-exchange") {
+                    let ae = String::from_utf8_lossy(ae.as_bytes()).into_owned();
+                    perms(c)?.check(Access::Write, "exchange", &ae)?;
+                }
+                let def = ExchangeDef {
+                    vhost: vhost.clone(),
+                    name: name.to_string(),
+                    kind,
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    internal: d.internal,
+                    arguments: d.arguments,
+                };
+                c.broker.apply(&Command::DeclareExchange(def), now)?;
+                ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                Ok(())
+            }
+            exm::AMQPMethod::Delete(d) => {
+                let name = d.exchange.as_str();
+                if name.is_empty() {
+                    return Err(access_refused("operation not permitted on the default exchange"));
+                }
+                if name.starts_with("amq.") {
+                    return Err(access_refused(format!(
+                        "deletion of system exchange '{name}' in vhost '{vhost}' not allowed"
+                    )));
+                }
+                perms(c)?.check(Access::Configure, "exchange", name)?;
+                let r = c.broker.apply(
+                    &Command::DeleteExchange {
+                        vhost: vhost.clone(),
+                        name: name.to_string(),
+                        if_unused: d.if_unused,
+                    },
+                    now,
+                );
+                match r {
+                    // RabbitMQ 3.10: deleting a missing exchange is not an error.
+                    Ok(_) | Err(crate::meta::MetaError::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeleteOk(exm::DeleteOk {})));
+                Ok(())
+            }
+            exm::AMQPMethod::Bind(b) => {
+                self.exchange_binding(c, true, b.destination.as_str(), b.source.as_str(), b.routing_key.as_str(), b.arguments, now)?;
+                ok_or_nowait(c, ch, b.nowait, AMQPClass::Exchange(exm::AMQPMethod::BindOk(exm::BindOk {})));
+                Ok(())
+            }
+            exm::AMQPMethod::Unbind(b) => {
+                self.exchange_binding(c, false, b.destination.as_str(), b.source.as_str(), b.routing_key.as_str(), b.arguments, now)?;
+                ok_or_nowait(c, ch, b.nowait, AMQPClass::Exchange(exm::AMQPMethod::UnbindOk(exm::UnbindOk {})));
+                Ok(())
+            }
+            other => Err(command_invalid(format!(
+                "exchange method {} is not valid from a client",
+                AMQPClass::Exchange(other).get_amqp_method_id()
+            ))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_binding(
+        &mut self,
+        c: &mut Connection,
+        bind: bool,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        perms(c)?.check(Access::Write, "exchange", destination)?;
+        perms(c)?.check(Access::Read, "exchange", source)?;
+        let b = Binding {
+            vhost: c.vhost.clone(),
+            source: source.to_string(),
+            destination: Destination::Exchange(destination.to_string()),
+            routing_key: routing_key.to_string(),
+            arguments,
+        };
+        let cmd = if bind { Command::Bind(b) } else { Command::Unbind(b) };
+        c.broker.apply(&cmd, now)?;
+        Ok(())
+    }
+
+    // ---- queue.* ----
+
+    fn resolve_queue_name(&self, name: &str) -> Result<String, AmqpError> {
+        if !name.is_empty() {
+            return Ok(name.to_string());
+        }
+        self.last_queue
+            .clone()
+            .ok_or_else(|| not_found("no previously declared queue"))
+    }
+
+    /// The queue, checking existence (404) and exclusivity (405).
+    fn queue_handle(&self, c: &Connection, name: &str) -> Result<Arc<QueueHandle>, AmqpError> {
+        let h = c
+            .broker
+            .queue(&c.vhost, name)
+            .ok_or_else(|| not_found(format!("no queue '{name}' in vhost '{}'", c.vhost)))?;
+        if h.lock().exclusive_owner().is_some_and(|o| o != c.id) {
+            return Err(resource_locked(format!(
+                "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+                c.vhost
+            )));
+        }
+        Ok(h)
+    }
+
+    fn handle_queue(&mut self, c: &mut Connection, m: qm::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+        let ch = self.id;
+        let vhost = c.vhost.clone();
+        match m {
+            qm::AMQPMethod::Declare(d) => {
+                let mut name = d.queue.as_str().to_string();
+                if d.passive {
+                    let name = self.resolve_queue_name(&name)?;
+                    let h = self.queue_handle(c, &name)?;
+                    let (messages, consumers) = {
+                        let q = h.lock();
+                        (q.message_count(), q.consumer_count())
+                    };
+                    self.last_queue = Some(name.clone());
+                    ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                        queue: short(&name),
+                        message_count: messages,
+                        consumer_count: consumers,
+                    })));
+                    return Ok(());
+                }
+                if name.is_empty() {
+                    name = c.broker.generate_queue_name();
+                } else if name.starts_with("amq.") {
+                    return Err(access_refused(format!(
+                        "queue name '{name}' contains reserved prefix 'amq.*'"
+                    )));
+                }
+                perms(c)?.check(Access::Configure, "queue", &name)?;
+                if let Some(dlx) = d.arguments.inner().get("x-dead-letter-exchange").and_then(crate::meta::args::string) {
+                    perms(c)?.check(Access::Write, "exchange", &dlx)?;
+                }
+                let def = QueueDef {
+                    vhost: vhost.clone(),
+                    name: name.clone(),
+                    durable: d.durable,
+                    exclusive_owner: d.exclusive.then_some(c.id),
+                    auto_delete: d.auto_delete,
+                    arguments: d.arguments,
+                };
+                let applied = c.broker.apply(&Command::DeclareQueue(def), now)?;
+                let h = c
+                    .broker
+                    .queue(&vhost, &name)
+                    .ok_or_else(|| not_found(format!("no queue '{name}' in vhost '{vhost}'")))?;
+                let (messages, consumers) = {
+                    let mut q = h.lock();
+                    if !applied.created && q.exclusive_owner().is_some_and(|o| o != c.id) {
+                        return Err(resource_locked(format!(
+                            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
+                        )));
+                    }
+                    q.touch(now);
+                    (q.message_count(), q.consumer_count())
+                };
+                self.last_queue = Some(name.clone());
+                ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                    queue: short(&name),
+                    message_count: messages,
+                    consumer_count: consumers,
+                })));
+                Ok(())
+            }
+            qm::AMQPMethod::Bind(b) => {
+                let name = self.resolve_queue_name(b.queue.as_str())?;
+                self.queue_binding(c, true, &name, b.exchange.as_str(), b.routing_key.as_str(), b.arguments, now)?;
+                ok_or_nowait(c, ch, b.nowait, AMQPClass::Queue(qm::AMQPMethod::BindOk(qm::BindOk {})));
+                Ok(())
+            }
+            qm::AMQPMethod::Unbind(b) => {
+                let name = self.resolve_queue_name(b.queue.as_str())?;
+                self.queue_binding(c, false, &name, b.exchange.as_str(), b.routing_key.as_str(), b.arguments, now)?;
+                c.send_method(ch, AMQPClass::Queue(qm::AMQPMethod::UnbindOk(qm::UnbindOk {})));
+                Ok(())
+            }
+            qm::AMQPMethod::Purge(p) => {
+                let name = self.resolve_queue_name(p.queue.as_str())?;
+                perms(c)?.check(Access::Read, "queue", &name)?;
+                let h = self.queue_handle(c, &name)?;
+                let n = h.lock().purge();
+                ok_or_nowait(c, ch, p.nowait, AMQPClass::Queue(qm::AMQPMethod::PurgeOk(qm::PurgeOk { message_count: n })));
+                Ok(())
+            }
+            qm::AMQPMethod::Delete(d) => {
+                let name = self.resolve_queue_name(d.queue.as_str())?;
+                perms(c)?.check(Access::Configure, "queue", &name)?;
+                let n = c.broker.delete_queue(&vhost, &name, d.if_unused, d.if_empty, c.id, now)?;
+                ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeleteOk(qm::DeleteOk { message_count: n })));
+                Ok(())
+            }
+            other => Err(command_invalid(format!(
+                "queue method {} is not valid from a client",
+                AMQPClass::Queue(other).get_amqp_method_id()
+            ))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue_binding(
+        &mut self,
+        c: &mut Connection,
+        bind: bool,
+        queue: &str,
+        exchange: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
+        perms(c)?.check(Access::Write, "queue", queue)?;
+        perms(c)?.check(Access::Read, "exchange", exchange)?;
+        // Existence and exclusivity of the queue first, as RabbitMQ reports them.
+        self.queue_handle(c, queue)?;
+        let b = Binding {
+            vhost: c.vhost.clone(),
+            source: exchange.to_string(),
+            destination: Destination::Queue(queue.to_string()),
+            routing_key: routing_key.to_string(),
+            arguments,
+        };
+        let cmd = if bind { Command::Bind(b) } else { Command::Unbind(b) };
+        c.broker.apply(&cmd, now)?;
+        Ok(())
+    }
+
+    // ---- basic.* ----
+
+    fn handle_basic(&mut self, c: &mut Connection, m: basic::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+        let ch = self.id;
+        match m {
+            basic::AMQPMethod::Qos(q) => {
+                if q.global {
+                    self.link.global_prefetch.store(q.prefetch_count as u32, Ordering::Release);
+                    self.poke_consumed_queues(c, now);
+                } else {
+                    self.prefetch = q.prefetch_count;
+                }
+                c.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                Ok(())
+            }
+            basic::AMQPMethod::Consume(m) => self.consume(c, m, now),
+            basic::AMQPMethod::Cancel(m) => {
+                let tag = m.consumer_tag.as_str().to_string();
+                if let Some(cons) = self.consumers.remove(&tag) {
+                    self.detach_consumer(c, &cons.queue, &tag, now);
+                }
+                ok_or_nowait(c, ch, m.nowait, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                    consumer_tag: m.consumer_tag,
+                })));
+                Ok(())
+            }
+            basic::AMQPMethod::Publish(p) => {
+                if p.immediate {
+                    return Err(not_implemented("immediate=true"));
+                }
+                self.content = Some(PendingPublish {
+                    exchange: p.exchange.as_str().to_string(),
+                    routing_key: p.routing_key.as_str().to_string(),
+                    mandatory: p.mandatory,
+                    header: None,
+                    body: BytesMut::new(),
+                });
+                Ok(())
+            }
+            basic::AMQPMethod::Get(g) => self.get(c, g, now),
+            basic::AMQPMethod::Ack(a) => {
+                if self.tx.is_some() {
+                    self.check_tags(a.delivery_tag, a.multiple)?;
+                    self.tx_acks().push(TxAck::Ack { tag: a.delivery_tag, multiple: a.multiple });
+                    return Ok(());
+                }
+                self.settle(c, a.delivery_tag, a.multiple, None, now)
+            }
+            basic::AMQPMethod::Nack(n) => {
+                if self.tx.is_some() {
+                    self.check_tags(n.delivery_tag, n.multiple)?;
+                    self.tx_acks().push(TxAck::Nack { tag: n.delivery_tag, multiple: n.multiple, requeue: n.requeue });
+                    return Ok(());
+                }
+                self.settle(c, n.delivery_tag, n.multiple, Some(n.requeue), now)
+            }
+            basic::AMQPMethod::Reject(r) => {
+                if self.tx.is_some() {
+                    self.check_tags(r.delivery_tag, false)?;
+                    self.tx_acks().push(TxAck::Nack { tag: r.delivery_tag, multiple: false, requeue: r.requeue });
+                    return Ok(());
+                }
+                self.settle(c, r.delivery_tag, false, Some(r.requeue), now)
+            }
+            basic::AMQPMethod::Recover(r) => {
+                if !r.requeue {
+                    return Err(not_implemented("requeue=false"));
+                }
+                self.requeue_all(c, now);
+                c.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+                Ok(())
+            }
+            basic::AMQPMethod::RecoverAsync(r) => {
+                if !r.requeue {
+                    return Err(not_implemented("requeue=false"));
+                }
+                self.requeue_all(c, now);
+                Ok(())
+            }
+            other => Err(command_invalid(format!(
+                "basic method {} is not valid from a client",
+                AMQPClass::Basic(other).get_amqp_method_id()
+            ))),
+        }
+    }
+
+    fn consume(&mut self, c: &mut Connection, m: basic::Consume, now: Instant) -> Result<(), AmqpError> {
+        let name = self.resolve_queue_name(m.queue.as_str())?;
+        perms(c)?.check(Access::Read, "queue", &name)?;
+        let h = self.queue_handle(c, &name)?;
+        let tag = if m.consumer_tag.as_str().is_empty() {
+            c.broker.generate_consumer_tag()
+        } else {
+            m.consumer_tag.as_str().to_string()
+        };
+        if self.consumers.contains_key(&tag) {
+            return Err(not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
+        }
+        let priority = match m.arguments.inner().get("x-priority") {
+            None => 0,
+            Some(v) => match v {
+                AMQPValue::ShortShortInt(x) => *x as i32,
+                AMQPValue::ShortShortUInt(x) => *x as i32,
+                AMQPValue::ShortInt(x) => *x as i32,
+                AMQPValue::ShortUInt(x) => *x as i32,
+                AMQPValue::LongInt(x) => *x,
+                AMQPValue::LongUInt(x) => *x as i32,
+                AMQPValue::LongLongInt(x) => *x as i32,
+                _ => return Err(precondition_failed("invalid arg 'x-priority': {unacceptable_type}")),
+            },
+        };
+        let consumer = Consumer {
+            tag: Arc::from(tag.as_str()),
+            link: self.link.clone(),
+            no_ack: m.no_ack,
+            prefetch: self.prefetch as u32,
+            priority,
+            exclusive: m.exclusive,
+            in_flight: Arc::new(AtomicU32::new(0)),
+        };
+        // consume-ok must precede the first delivery: check, answer, then attach, all under
+        // the queue's lock so no other consumer can slip in between.
+        let dead = {
+            let mut q = h.lock();
+            q.check_new_consumer(&h, m.exclusive)?;
+            if !m.nowait {
+                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: short(&tag),
+                })));
+            }
+            q.add_consumer(&h, consumer, now)
+        };
+        if !dead.is_empty() {
+            c.broker.dead_letter(&h, dead, now);
+        }
+        self.consumers.insert(tag, ConsumerRef { queue: h });
+        Ok(())
+    }
+
+    fn get(&mut self, c: &mut Connection, g: basic::Get, now: Instant) -> Result<(), AmqpError> {
+        let name = self.resolve_queue_name(g.queue.as_str())?;
+        perms(c)?.check(Access::Read, "queue", &name)?;
+        let h = self.queue_handle(c, &name)?;
+        let mut dead = Vec::new();
+        let got = h.lock().get(now, !g.no_ack, &mut dead);
+        if !dead.is_empty() {
+            c.broker.dead_letter(&h, dead, now);
+        }
+        match got {
+            None => {
+                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})));
+            }
+            Some((entry, remaining)) => {
+                let tag = self.next_delivery_tag;
+                self.next_delivery_tag += 1;
+                if !g.no_ack {
+                    self.unacked.insert(tag, UnackedRef { queue: h.clone(), seq: entry.seq });
+                }
+                let msg = &entry.message;
+                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
+                    delivery_tag: tag,
+                    redelivered: entry.redelivered,
+                    exchange: short(&msg.exchange),
+                    routing_key: short(&msg.routing_key),
+                    message_count: remaining,
+                })));
+                frame::encode_content(&mut c.out, self.id, &msg.properties_raw, &msg.body, c.frame_max);
+            }
+        }
+        Ok(())
+    }
+
+    fn tx_acks(&mut self) -> &mut Vec<TxAck> {
+        &mut self.tx.get_or_insert_with(Tx::default).acks
+    }
+
+    /// Checks that `tag` (and with `multiple`, at least something up to it) is outstanding.
+    fn check_tags(&self, tag: u64, multiple: bool) -> Result<(), AmqpError> {
+        let ok = if multiple {
+            tag == 0 || self.unacked.range(..=tag).next().is_some()
+        } else {
+            self.unacked.contains_key(&tag)
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(precondition_failed(format!("unknown delivery tag {tag}")))
+        }
+    }
+
+    fn take_tags(&mut self, tag: u64, multiple: bool) -> Result<Vec<UnackedRef>, AmqpError> {
+        self.check_tags(tag, multiple)?;
+        if multiple {
+            let keys: Vec<u64> = if tag == 0 {
+                self.unacked.keys().copied().collect()
+            } else {
+                self.unacked.range(..=tag).map(|(k, _)| *k).collect()
+            };
+            Ok(keys.into_iter().filter_map(|k| self.unacked.remove(&k)).collect())
+        } else {
+            Ok(self.unacked.remove(&tag).into_iter().collect())
+        }
+    }
+
+    /// ack (`requeue` None) or nack/reject (`Some(requeue)`).
+    fn settle(&mut self, c: &mut Connection, tag: u64, multiple: bool, requeue: Option<bool>, now: Instant) -> Result<(), AmqpError> {
+        let refs = self.take_tags(tag, multiple)?;
+        settle_refs(c, refs, requeue, now);
+        if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
+            // Channel-wide credit came back: other queues may be waiting on it.
+            self.poke_consumed_queues(c, now);
+        }
+        Ok(())
+    }
+
+    fn requeue_all(&mut self, c: &mut Connection, now: Instant) {
+        let refs: Vec<UnackedRef> = std::mem::take(&mut self.unacked).into_values().collect();
+        settle_refs(c, refs, Some(true), now);
+    }
+
+    fn poke_consumed_queues(&self, c: &Connection, now: Instant) {
+        let mut seen: Vec<*const QueueHandle> = Vec::new();
+        for cons in self.consumers.values() {
+            let p = Arc::as_ptr(&cons.queue);
+            if seen.contains(&p) {
+                continue;
+            }
+            seen.push(p);
+            let mut dead = Vec::new();
+            cons.queue.lock().deliver(&cons.queue, now, &mut dead);
+            if !dead.is_empty() {
+                c.broker.dead_letter(&cons.queue, dead, now);
+            }
+        }
+    }
+
+    fn detach_consumer(&self, c: &Connection, queue: &Arc<QueueHandle>, tag: &str, now: Instant) {
+        let link = &self.link;
+        let auto_delete = queue
+            .lock()
+            .remove_consumers(now, |k| &*k.tag == tag && Arc::ptr_eq(&k.link, link));
+        if auto_delete {
+            let _ = c.broker.delete_queue(&queue.vhost, &queue.name, false, false, c.id, now);
+        }
+    }
+
+    // ---- content ----
+
+    /// Handles a content header or body frame.
+    pub fn handle_content(&mut self, c: &mut Connection, f: Frame<'_>, now: Instant) -> Result<(), AmqpError> {
+        let Some(pending) = self.content.as_mut() else {
+            return Err(unexpected_frame(format!("unexpected content frame on channel {}", self.id)));
+        };
+        match f.kind {
+            FrameKind::Header => {
+                if pending.header.is_some() {
+                    return Err(unexpected_frame("second content header"));
+                }
+                let h = frame::decode_content_header(f.payload)?;
+                if h.class_id != 60 {
+                    return Err(frame_error(format!("content header for class {}", h.class_id)));
+                }
+                if h.body_size > c.cfg.max_message_size {
+                    self.content = None;
+                    return Err(precondition_failed(format!(
+                        "message size {} is larger than configured max size {}",
+                        h.body_size, c.cfg.max_message_size
+                    )));
+                }
+                pending.body.reserve(h.body_size as usize);
+                pending.header = Some(h);
+            }
+            FrameKind::Body => {
+                let Some(h) = &pending.header else {
+                    return Err(unexpected_frame("content body before header"));
+                };
+                if pending.body.len() + f.payload.len() > h.body_size as usize {
+                    return Err(frame_error("content body exceeds the size in its header"));
+                }
+                pending.body.extend_from_slice(f.payload);
+            }
+            _ => return Err(unexpected_frame("not a content frame")),
+        }
+        let complete = pending
+            .header
+            .as_ref()
+            .is_some_and(|h| pending.body.len() as u64 == h.body_size);
+        if complete {
+            let p = self.content.take().expect("checked above");
+            self.publish(c, p, now)?;
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self, c: &mut Connection, p: PendingPublish, now: Instant) -> Result<(), AmqpError> {
+        let header = p.header.expect("complete publish has a header");
+        crate::broker::message::validate_expiration(&header.properties).map_err(precondition_failed)?;
+        let seq = if self.confirm {
+            let s = self.next_publish_seq;
+            self.next_publish_seq += 1;
+            Some(s)
+        } else {
+            None
+        };
+        let snapshot = c.snapshot();
+        let vhost = snapshot
+            .vhost(&c.vhost)
+            .ok_or_else(|| not_found(format!("vhost '{}' gone", c.vhost)))?;
+        let exchange = vhost.exchanges.get(&p.exchange).ok_or_else(|| {
+            not_found(format!("no exchange '{}' in vhost '{}'", p.exchange, c.vhost))
+        })?;
+        if exchange.internal {
+            return Err(access_refused(format!(
+                "cannot publish to internal exchange '{}' in vhost '{}'",
+                p.exchange, c.vhost
+            )));
+        }
+        perms(c)?.check(Access::Write, "exchange", &p.exchange)?;
+        if let Some(uid) = header.properties.user_id() {
+            if uid.as_str() != c.user {
+                return Err(precondition_failed(format!(
+                    "user_id property set to '{}' but authenticated user was '{}'",
+                    uid, c.user
+                )));
+            }
+        }
+        c.has_published = true;
+        let message = Arc::new(Message {
+            exchange: p.exchange,
+            routing_key: p.routing_key,
+            properties_raw: header.raw_properties,
+            properties: header.properties,
+            body: p.body.freeze(),
+        });
+        if let Some(tx) = &mut self.tx {
+            tx.publishes.push((message.exchange.clone(), message, p.mandatory));
+            return Ok(());
+        }
+        let outcome = c.broker.publish(vhost, &message.exchange, message.clone(), now);
+        if outcome.routed == 0 && p.mandatory {
+            self.send_return(c, &message);
+        }
+        if let Some(seq) = seq {
+            self.confirms.pending.push((seq, !outcome.rejected));
+        }
+        Ok(())
+    }
+
+    fn send_return(&self, c: &mut Connection, message: &Message) {
+        c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
+            reply_code: ReplyCode::NoRoute.code(),
+            reply_text: "NO_ROUTE".into(),
+            exchange: short(&message.exchange),
+            routing_key: short(&message.routing_key),
+        })));
+        frame::encode_content(&mut c.out, self.id, &message.properties_raw, &message.body, c.frame_max);
+    }
+
+    /// Emits pending confirms, a run of acks as one `multiple` ack.
+    pub fn flush_confirms(&mut self, out: &mut Vec<u8>) {
+        if self.confirms.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.confirms.pending);
+        let mut i = 0;
+        while i < pending.len() {
+            let (seq, ack) = pending[i];
+            if !ack {
+                frame::encode_method(out, self.id, &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                    delivery_tag: seq,
+                    multiple: false,
+                    requeue: false,
+                })));
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j + 1 < pending.len() && pending[j + 1].1 {
+                j += 1;
+            }
+            // Everything before `seq` is already confirmed, so `multiple` covers exactly the run.
+            frame::encode_basic_ack(out, self.id, pending[j].0, j > i);
+            i = j + 1;
+        }
+    }
+
+    // ---- tx.* ----
+
+    fn handle_tx(&mut self, c: &mut Connection, m: tx::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+        let ch = self.id;
+        match m {
+            tx::AMQPMethod::Select(_) => {
+                if self.confirm {
+                    return Err(precondition_failed("cannot switch from confirm to tx mode"));
+                }
+                if self.tx.is_none() {
+                    self.tx = Some(Tx::default());
+                }
+                c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
+                Ok(())
+            }
+            tx::AMQPMethod::Commit(_) => {
+                let Some(t) = self.tx.take() else {
+                    return Err(precondition_failed("channel is not transactional"));
+                };
+                self.tx = Some(Tx::default());
+                let snapshot = c.snapshot();
+                if let Some(vhost) = snapshot.vhost(&c.vhost) {
+                    for (exchange, message, mandatory) in t.publishes {
+                        let outcome = c.broker.publish(vhost, &exchange, message.clone(), now);
+                        if outcome.routed == 0 && mandatory {
+                            self.send_return(c, &message);
+                        }
+                    }
+                }
+                for a in t.acks {
+                    let r = match a {
+                        TxAck::Ack { tag, multiple } => self.settle(c, tag, multiple, None, now),
+                        TxAck::Nack { tag, multiple, requeue } => self.settle(c, tag, multiple, Some(requeue), now),
+                    };
+                    // A tag acked twice inside one transaction is the client's error.
+                    r?;
+                }
+                c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+                Ok(())
+            }
+            tx::AMQPMethod::Rollback(_) => {
+                if self.tx.is_none() {
+                    return Err(precondition_failed("channel is not transactional"));
+                }
+                self.tx = Some(Tx::default());
+                c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})));
+                Ok(())
+            }
+            other => Err(command_invalid(format!(
+                "tx method {} is not valid from a client",
+                AMQPClass::Tx(other).get_amqp_method_id()
+            ))),
+        }
+    }
+
+    // ---- deliveries ----
+
+    /// Encodes a delivery from the outbox, assigning its delivery tag.
+    pub fn encode_delivery(&mut self, out: &mut Vec<u8>, frame_max: u32, d: Delivery) {
+        let tag = self.next_delivery_tag;
+        self.next_delivery_tag += 1;
+        frame::encode_deliver(out, self.id, &d.consumer_tag, tag, d.redelivered, &d.message.exchange, &d.message.routing_key);
+        frame::encode_content(out, self.id, &d.message.properties_raw, &d.message.body, frame_max);
+        if d.ack_required {
+            self.unacked.insert(tag, UnackedRef { queue: d.queue, seq: d.seq });
+        }
+    }
+
+    /// The broker cancelled a consumer (queue deleted).
+    pub fn handle_broker_cancel(&mut self, out: &mut Vec<u8>, tag: &str, notify: bool) {
+        if self.consumers.remove(tag).is_some() && notify {
+            frame::encode_method(out, self.id, &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                consumer_tag: short(tag),
+                nowait: true,
+            })));
+        }
+    }
+
+    /// Releases what the channel holds: consumers detached, unacked messages requeued.
+    pub fn teardown(&mut self, c: &mut Connection, now: Instant) {
+        let consumers = std::mem::take(&mut self.consumers);
+        for (tag, cons) in consumers {
+            self.detach_consumer(c, &cons.queue, &tag, now);
+        }
+        self.requeue_all(c, now);
+        self.content = None;
+        self.tx = None;
+        self.confirms.pending.clear();
+        self.link.flow_active.store(false, Ordering::Release);
+    }
+}
+
+fn perms(c: &Connection) -> Result<&super::permissions::Permissions, AmqpError> {
+    c.permissions
+        .as_ref()
+        .ok_or_else(|| access_refused("no permissions in this vhost"))
+}
+
+/// Settles unacked references, grouped by queue, in tag order.
+fn settle_refs(c: &Connection, refs: Vec<UnackedRef>, requeue: Option<bool>, now: Instant) {
+    let mut by_queue: Vec<(Arc<QueueHandle>, Vec<u64>)> = Vec::new();
+    for r in refs {
+        match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &r.queue)) {
+            Some((_, seqs)) => seqs.push(r.seq),
+            None => by_queue.push((r.queue, vec![r.seq])),
+        }
+    }
+    for (q, seqs) in by_queue {
+        let mut dead = Vec::new();
+        {
+            let mut g = q.lock();
+            match requeue {
+                None => g.ack(&q, &seqs, now, &mut dead),
+                Some(requeue) => g.settle(&q, &seqs, requeue, now, &mut dead),
+            }
+        }
+        if !dead.is_empty() {
+            c.broker.dead_letter(&q, dead, now);
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! The connection state machine.
+//!
+//! # Contract
+//! - Inputs: [`Connection::handle_bytes`] (returns how many bytes it consumed; the caller
+//!   keeps the rest and calls again with more), [`Connection::handle_timeout`],
+//!   [`Connection::handle_outbox`] (deliveries queued by the broker), [`Connection::handle_alarm`]
+//!   (memory watermark), [`Connection::handle_shutdown`].
+//! - Outputs: [`Connection::poll_transmit`] (bytes to write), [`Connection::poll_timeout`]
+//!   (when to call `handle_timeout`), [`Connection::wants_read`] (false while blocked by the
+//!   memory alarm), [`Connection::is_finished`] (close the socket after writing what is left).
+//! - Call order after any input: `handle_outbox`, then `poll_transmit`, then `poll_timeout`.
+//!
+//! Errors never escape: a soft error closes the channel with `channel.close`, a hard one the
+//! connection with `connection.close`, both with the spec's reply code.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use amq_protocol::protocol::{channel as chm, connection as conn, AMQPClass};
+
+use super::channel::Channel;
+use super::handshake::{self, ClientCapabilities};
+use super::permissions::Permissions;
+use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER};
+use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
+use crate::amqp::{short, AmqpError, ReplyCode};
+use crate::broker::{Broker, OutItem, Outbox};
+use crate::meta::{Command, MetaState};
+use crate::time::Instant;
+
+/// Negotiation limits and policies for sessions, from the node config.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Heartbeat proposed (seconds).
+    pub heartbeat_s: u16,
+    /// frame_max proposed and enforced.
+    pub frame_max: u32,
+    /// channel_max proposed.
+    pub channel_max: u16,
+    /// Handshake deadline (ms).
+    pub handshake_timeout_ms: u64,
+    /// Users allowed only from loopback.
+    pub loopback_users: Vec<String>,
+    /// Largest message body.
+    pub max_message_size: u64,
+    /// Node name for server_properties.
+    pub node_name: String,
+}
+
+impl SessionConfig {
+    /// Session settings from the node config.
+    pub fn from_config(c: &crate::config::Config) -> SessionConfig {
+        SessionConfig {
+            heartbeat_s: c.amqp.heartbeat_s,
+            frame_max: c.amqp.frame_max_bytes,
+            channel_max: c.amqp.channel_max,
+            handshake_timeout_ms: c.amqp.handshake_timeout_ms,
+            loopback_users: c.amqp.loopback_users.clone(),
+            max_message_size: c.amqp.max_message_size_bytes,
+            node_name: c.node.name.clone(),
+        }
+    }
+}
+
+/// What the session knows of the peer.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// Address text for logs.
+    pub addr: String,
+    /// Whether the peer is on a loopback address.
+    pub is_loopback: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    AwaitHeader,
+    AwaitStartOk,
+    AwaitTuneOk,
+    AwaitOpen,
+    Open,
+    /// We sent connection.close and wait for close-ok (or the deadline).
+    Closing,
+    /// Nothing more to do: write what is left and close the socket.
+    Finished,
+}
+
+/// Time allowed for the peer's close-ok after we close.
+const CLOSE_TIMEOUT_MS: u64 = 3_000;
+/// Outbound bytes above which deliveries wait in the outbox.
+const OUT_HIGH_BYTES: usize = 1 << 20;
+
+/// One client connection.
+pub struct Connection {
+    pub(crate) id: u64,
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) cfg: SessionConfig,
+    peer: PeerInfo,
+    state: State,
+    pub(crate) out: Vec<u8>,
+    pub(crate) frame_max: u32,
+    channel_max: u16,
+    heartbeat_ms: u64,
+    last_recv: Instant,
+    last_sent: Instant,
+    deadline: Option<Instant>,
+    pub(crate) user: String,
+    pub(crate) vhost: String,
+    pub(crate) caps: ClientCapabilities,
+    pub(crate) permissions: Option<Permissions>,
+    channels: BTreeMap<u16, Channel>,
+    pub(crate) outbox: Arc<Outbox>,
+    snapshot: Arc<MetaState>,
+    alarm: bool,
+    blocked_sent: bool,
+    pub(crate) has_published: bool,
+    items: Vec<OutItem>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.id)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// A new connection in the handshake. `outbox` is this connection's delivery queue.
+    pub fn new(
+        broker: Arc<Broker>,
+        cfg: SessionConfig,
+        peer: PeerInfo,
+        outbox: Arc<Outbox>,
+        now: Instant,
+    ) -> Connection {
+        let snapshot = broker.snapshot();
+        Connection {
+            id: broker.next_connection_id(),
+            deadline: Some(now.plus_millis(cfg.handshake_timeout_ms)),
+            broker,
+            cfg,
+            peer,
+            state: State::AwaitHeader,
+            out: Vec::with_capacity(4096),
+            frame_max: FRAME_MIN_SIZE,
+            channel_max: 0,
+            heartbeat_ms: 0,
+            last_recv: now,
+            last_sent: now,
+            user: String::new(),
+            vhost: String::new(),
+            caps: ClientCapabilities::default(),
+            permissions: None,
+            channels: BTreeMap::new(),
+            outbox,
+            snapshot,
+            alarm: false,
+            blocked_sent: false,
+            has_published: false,
+            items: Vec::new(),
+        }
+    }
+
+    /// The connection id (unique in the node).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The peer.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    /// The current metadata snapshot, refreshed when the broker's version moved.
+    pub(crate) fn snapshot(&mut self) -> Arc<MetaState> {
+        if self.snapshot.version != self.broker.version() {
+            self.snapshot = self.broker.snapshot();
+            if self.permissions.is_some() {
+                self.permissions = Some(Permissions::new(
+                    &self.user,
+                    &self.vhost,
+                    self.snapshot.permission(&self.user, &self.vhost),
+                ));
+            }
+        }
+        self.snapshot.clone()
+    }
+
+    /// Feeds received bytes; returns how many were consumed.
+    pub fn handle_bytes(&mut self, data: &[u8], now: Instant) -> usize {
+        if !data.is_empty() {
+            self.last_recv = now;
+        }
+        let mut used = 0;
+        if self.state == State::AwaitHeader {
+            match handshake::check_protocol_header(data) {
+                None => return 0,
+                Some(Ok(())) => {
+                    used = PROTOCOL_HEADER.len();
+                    handshake::send_start(self);
+                    self.state = State::AwaitStartOk;
+                }
+                Some(Err(())) => {
+                    // Spec: answer with the header we support and close.
+                    self.out.extend_from_slice(PROTOCOL_HEADER);
+                    self.state = State::Finished;
+                    return data.len();
+                }
+            }
+        }
+        while used < data.len() && self.state != State::Finished {
+            if !self.wants_read() {
+                break;
+            }
+            let limit = if self.state == State::Open || self.state == State::Closing {
+                self.frame_max
+            } else {
+                // Before tune-ok the peer may not exceed the spec minimum, or our own frame_max.
+                self.cfg.frame_max.max(FRAME_MIN_SIZE)
+            };
+            match frame::split(&data[used..], limit) {
+                Ok(None) => break,
+                Ok(Some((f, n))) => {
+                    used += n;
+                    self.handle_frame(f, now);
+                }
+                Err(e) => {
+                    let err = e.to_amqp();
+                    if self.state == State::Closing {
+                        self.state = State::Finished;
+                    } else {
+                        self.close_connection(err, now);
+                        // The stream is unreadable from here on: wait only for the deadline.
+                    }
+                    return data.len();
+                }
+            }
+        }
+        self.flush_confirms();
+        used
+    }
+
+    fn handle_frame(&mut self, f: Frame<'_>, now: Instant) {
+        if self.state == State::Closing {
+            // After connection.close only close / close-ok count (spec 2.2.4).
+            if f.kind == FrameKind::Method && f.channel == 0 {
+                if let Ok(AMQPClass::Connection(m)) = frame::decode_method(f.payload) {
+                    match m {
+                        conn::AMQPMethod::CloseOk(_) => self.state = State::Finished,
+                        conn::AMQPMethod::Close(_) => {
+                            self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::CloseOk(
+                                conn::CloseOk {},
+                            )));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            return;
+        }
+        let result = match f.kind {
+            FrameKind::Heartbeat => {
+                if f.channel != 0 {
+                    Err(frame_error("heartbeat frame on a non-zero channel"))
+                } else {
+                    Ok(())
+                }
+            }
+            FrameKind::Method => self.handle_method_frame(f, now),
+            FrameKind::Header | FrameKind::Body => self.handle_content_frame(f, now),
+        };
+        if let Err(e) = result {
+            self.fail(f.channel, e, now);
+        }
+    }
+
+    /// Routes an error to the right scope.
+    pub(crate) fn fail(&mut self, channel: u16, e: AmqpError, now: Instant) {
+        if e.is_hard() || channel == 0 {
+            self.close_connection(e, now);
+        } else {
+            self.close_channel_with_error(channel, e, now);
+        }
+    }
+
+    fn handle_method_frame(&mut self, f: Frame<'_>, now: Instant) -> Result<(), AmqpError> {
+        let method = frame::decode_method(f.payload)?;
+        // amq-protocol's Qos drops prefetch_size; RabbitMQ refuses a non-zero one with 540.
+        if frame::method_ids(f.payload) == Some((60, 10)) && f.payload.len() >= 8 && f.payload[4..8] != [0, 0, 0, 0] {
+            return Err(crate::amqp::reply_code::not_implemented("prefetch_size!=0").at(60, 10));
+        }
+        let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
+        tracing::trace!(conn = self.id, channel = f.channel, class_id, method_id, "method");
+        let at = |e: AmqpError| e.at(class_id, method_id);
+        if f.channel == 0 {
+            let AMQPClass::Connection(m) = method else {
+                return Err(at(command_invalid("only connection methods are allowed on channel 0")));
+            };
+            return self.handle_connection_method(m, now).map_err(at);
+        }
+        if self.state != State::Open {
+            return Err(at(channel_error("channel used before connection.open")));
+        }
+        if matches!(method, AMQPClass::Connection(_)) {
+            return Err(at(command_invalid("connection methods must be sent on channel 0")));
+        }
+        if f.channel > self.channel_max && self.channel_max != 0 {
+            return Err(at(channel_error(format!(
+                "channel {} exceeds channel_max {}",
+                f.channel, self.channel_max
+            ))));
+        }
+        self.handle_channel_method(f.channel, method, now).map_err(at)
+    }
+
+    fn handle_connection_method(&mut self, m: conn::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+        match (self.state, m) {
+            (State::AwaitStartOk, conn::AMQPMethod::StartOk(s)) => {
+                handshake::handle_start_ok(self, s)?;
+                self.state = State::AwaitTuneOk;
+                Ok(())
+            }
+            (State::AwaitTuneOk, conn::AMQPMethod::TuneOk(t)) => {
+                let (channel_max, frame_max, heartbeat_s) = handshake::negotiate_tune(&self.cfg, &t)?;
+                self.channel_max = channel_max;
+                self.frame_max = frame_max;
+                self.heartbeat_ms = heartbeat_s as u64 * 1000;
+                self.state = State::AwaitOpen;
+                Ok(())
+            }
+            (State::AwaitOpen, conn::AMQPMethod::Open(o)) => {
+                let snapshot = self.snapshot();
+                handshake::handle_open(self, &snapshot, o.virtual_host.as_str())?;
+                self.state = State::Open;
+                self.deadline = None;
+                tracing::info!(conn = self.id, peer = %self.peer.addr, user = %self.user, vhost = %self.vhost, "connection opened");
+                // A connection opened while the alarm is on learns it now.
+                if self.alarm {
+                    self.handle_alarm(true, now);
+                }
+                Ok(())
+            }
+            (_, conn::AMQPMethod::Close(c)) => {
+                tracing::debug!(conn = self.id, code = c.reply_code, text = %c.reply_text, "client closed connection");
+                self.teardown(now);
+                self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})));
+                self.state = State::Finished;
+                Ok(())
+            }
+            (_, conn::AMQPMethod::CloseOk(_)) => {
+                // A close-ok we did not ask for: RabbitMQ treats it as the end.
+                self.teardown(now);
+                self.state = State::Finished;
+                Ok(())
+            }
+            (State::Open, conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_)) => {
+                Err(command_invalid("connection.blocked is sent by the server"))
+            }
+            (State::Open, conn::AMQPMethod::UpdateSecret(_)) => {
+                // Passwords are static; accept the refresh as RabbitMQ does for internal users.
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::UpdateSecretOk(conn::UpdateSecretOk {})),
+                );
+                Ok(())
+            }
+            (_, m) => Err(command_invalid(format!(
+                "unexpected method connection.{} in this state",
+                handshake::connection_method_name(&m)
+            ))),
+        }
+    }
+
+    fn handle_channel_method(&mut self, ch: u16, method: AMQPClass, now: Instant) -> Result<(), AmqpError> {
+        if let AMQPClass::Channel(m) = &method {
+            match m {
+                chm::AMQPMethod::Open(_) => {
+                    if self.channels.contains_key(&ch) {
+                        return Err(channel_error(format!("second 'channel.open' seen on channel {ch}")));
+                    }
+                    self.channels.insert(ch, Channel::new(self.id, ch, self.outbox.clone()));
+                    self.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::OpenOk(chm::OpenOk {})));
+                    return Ok(());
+                }
+                chm::AMQPMethod::CloseOk(_) => {
+                    if let Some(c) = self.channels.get(&ch) {
+                        if c.is_closing() {
+                            self.channels.remove(&ch);
+                            return Ok(());
+                        }
+                    }
+                    return Err(channel_error(format!("unexpected channel.close-ok on channel {ch}")));
+                }
+                chm::AMQPMethod::Close(_) => {
+                    let Some(mut c) = self.channels.remove(&ch) else {
+                        return Err(channel_error(format!("channel {ch} is not open")));
+                    };
+                    c.teardown(self, now);
+                    self.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::CloseOk(chm::CloseOk {})));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        let Some(mut c) = self.channels.remove(&ch) else {
+            return Err(channel_error(format!("expected 'channel.open' on channel {ch}")));
+        };
+        if c.is_closing() {
+            // Everything but close / close-ok is dropped while a channel closes.
+            self.channels.insert(ch, c);
+            return Ok(());
+        }
+        let r = c.handle_method(self, method, now);
+        self.channels.insert(ch, c);
+        r
+    }
+
+    fn handle_content_frame(&mut self, f: Frame<'_>, now: Instant) -> Result<(), AmqpError> {
+        if f.channel == 0 {
+            return Err(unexpected_frame("content frame on channel 0"));
+        }
+        let Some(mut c) = self.channels.remove(&f.channel) else {
+            return Err(channel_error(format!("content on channel {} which is not open", f.channel)));
+        };
+        if c.is_closing() {
+            self.channels.insert(f.channel, c);
+            return Ok(());
+        }
+        let r = c.handle_content(self, f, now);
+        self.channels.insert(f.channel, c);
+        r
+    }
+
+    /// Closes one channel with an error (soft errors).
+    pub(crate) fn close_channel_with_error(&mut self, ch: u16, e: AmqpError, now: Instant) {
+        tracing::debug!(conn = self.id, channel = ch, code = e.code.code(), text = %e.text, "channel error");
+        let Some(mut c) = self.channels.remove(&ch) else {
+            self.close_connection(channel_error(format!("channel {ch} is not open")), now);
+            return;
+        };
+        c.teardown(self, now);
+        c.set_closing();
+        self.channels.insert(ch, c);
+        self.send_method(
+            ch,
+            AMQPClass::Channel(chm::AMQPMethod::Close(chm::Close {
+                reply_code: e.code.code(),
+                reply_text: short(&e.reply_text()),
+                class_id: e.class_id,
+                method_id: e.method_id,
+            })),
+        );
+    }
+
+    /// Closes the connection with an error (hard errors, auth failures, shutdown).
+    pub(crate) fn close_connection(&mut self, e: AmqpError, now: Instant) {
+        if matches!(self.state, State::Closing | State::Finished) {
+            return;
+        }
+        if e.code != ReplyCode::ConnectionForced {
+            tracing::info!(conn = self.id, code = e.code.code(), text = %e.text, "closing connection on error");
+        }
+        self.teardown(now);
+        self.send_method(
+            0,
+            AMQPClass::Connection(conn::AMQPMethod::Close(conn::Close {
+                reply_code: e.code.code(),
+                reply_text: short(&e.reply_text()),
+                class_id: e.class_id,
+                method_id: e.method_id,
+            })),
+        );
+        self.state = State::Closing;
+        self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
+    }
+
+    /// Releases everything the connection holds in the broker: requeues unacked messages,
+    /// cancels consumers, deletes exclusive queues. Idempotent.
+    fn teardown(&mut self, now: Instant) {
+        let channels = std::mem::take(&mut self.channels);
+        for (_, mut c) in channels {
+            c.teardown(self, now);
+        }
+        for item in self.outbox.close() {
+            if let OutItem::Deliver(d) = item {
+                if d.ack_required {
+                    let mut dead = Vec::new();
+                    d.queue.lock().settle(&d.queue, &[d.seq], true, now, &mut dead);
+                }
+            }
+        }
+        if self.state == State::Open {
+            if let Err(e) = self.broker.apply(&Command::DeleteExclusiveQueues { owner: self.id }, now) {
+                tracing::warn!(conn = self.id, error = %e, "cannot delete exclusive queues");
+            }
+        }
+    }
+
+    /// Takes deliveries from the outbox and encodes them (unless the socket is backed up).
+    pub fn handle_outbox(&mut self, now: Instant) {
+        if self.state != State::Open || self.out.len() > OUT_HIGH_BYTES {
+            return;
+        }
+        let mut items = std::mem::take(&mut self.items);
+        self.outbox.drain(&mut items);
+        if items.is_empty() {
+            self.items = items;
+            return;
+        }
+        let mut released = 0usize;
+        for item in items.drain(..) {
+            match item {
+                OutItem::Deliver(d) => {
+                    released += d.message.size() as usize;
+                    match self.channels.get_mut(&d.channel) {
+                        Some(c) if !c.is_closing() => {
+                            c.encode_delivery(&mut self.out, self.frame_max, d);
+                        }
+                        _ => {
+                            if d.ack_required {
+                                let mut dead = Vec::new();
+                                d.queue.lock().settle(&d.queue, &[d.seq], true, now, &mut dead);
+                            }
+                        }
+                    }
+                }
+                OutItem::Cancel { channel, consumer_tag } => {
+                    let notify = self.caps.consumer_cancel_notify;
+                    if let Some(c) = self.channels.get_mut(&channel) {
+                        c.handle_broker_cancel(&mut self.out, &consumer_tag, notify);
+                    }
+                }
+            }
+        }
+        self.items = items;
+        for q in self.outbox.release(released) {
+            let mut dead = Vec::new();
+            q.lock().deliver(&q, now, &mut dead);
+            if !dead.is_empty() {
+                self.broker.dead_letter(&q, dead, now);
+            }
+        }
+    }
+
+    /// The memory alarm went on or off.
+    pub fn handle_alarm(&mut self, on: bool, _now: Instant) {
+        self.alarm = on;
+        if self.state != State::Open {
+            return;
+        }
+        if on && !self.blocked_sent && self.caps.connection_blocked {
+            self.blocked_sent = true;
+            self.send_method(
+                0,
+                AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                    reason: "low on memory".into(),
+                })),
+            );
+        } else if !on && self.blocked_sent {
+            self.blocked_sent = false;
+            self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})));
+        }
+    }
+
+    /// The node is shutting down: close with 320 CONNECTION_FORCED.
+    pub fn handle_shutdown(&mut self, now: Instant) {
+        match self.state {
+            State::Open => self.close_connection(
+                AmqpError::new(
+                    ReplyCode::ConnectionForced,
+                    "broker forced connection closure with reason 'shutdown'",
+                ),
+                now,
+            ),
+            State::Closing | State::Finished => {}
+            _ => self.state = State::Finished,
+        }
+    }
+
+    /// The socket closed or failed: release everything.
+    pub fn handle_disconnect(&mut self, now: Instant) {
+        if self.state != State::Finished || !self.channels.is_empty() {
+            self.teardown(now);
+        }
+        self.state = State::Finished;
+    }
+
+    /// Timers: heartbeats, handshake and close deadlines.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(d) = self.deadline {
+            if now >= d {
+                if self.state != State::Finished {
+                    tracing::info!(conn = self.id, state = ?self.state, "deadline passed, closing socket");
+                }
+                self.handle_disconnect(now);
+                return;
+            }
+        }
+        if self.heartbeat_ms == 0 || self.state != State::Open {
+            return;
+        }
+        if now.millis_since(self.last_recv) >= 2 * self.heartbeat_ms {
+            tracing::info!(conn = self.id, "missed heartbeats from client, closing");
+            self.handle_disconnect(now);
+            return;
+        }
+        if now.millis_since(self.last_sent) >= self.heartbeat_ms / 2 {
+            frame::encode_heartbeat(&mut self.out);
+            self.last_sent = now;
+        }
+    }
+
+    /// Bytes to write; the caller takes them all.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        if self.out.is_empty() {
+            return None;
+        }
+        self.last_sent = now;
+        Some(std::mem::replace(&mut self.out, Vec::with_capacity(4096)))
+    }
+
+    /// Appends pending bytes to `buf` (avoids an allocation per write).
+    pub fn poll_transmit_into(&mut self, buf: &mut Vec<u8>, now: Instant) {
+        if !self.out.is_empty() {
+            self.last_sent = now;
+            if buf.is_empty() {
+                std::mem::swap(buf, &mut self.out);
+            } else {
+                buf.extend_from_slice(&self.out);
+                self.out.clear();
+            }
+        }
+    }
+
+    /// When `handle_timeout` must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next = self.deadline;
+        if self.heartbeat_ms > 0 && self.state == State::Open {
+            let send = self.last_sent.plus_millis((self.heartbeat_ms / 2).max(1));
+            let dead = self.last_recv.plus_millis(2 * self.heartbeat_ms);
+            for t in [send, dead] {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        next
+    }
+
+    /// Whether the socket should be read (false while publishing is blocked by the alarm).
+    pub fn wants_read(&self) -> bool {
+        !(self.alarm && self.has_published && self.state == State::Open)
+    }
+
+    /// Whether the connection is done; the caller writes what is left and closes.
+    pub fn is_finished(&self) -> bool {
+        self.state == State::Finished
+    }
+
+    /// Queues a method frame.
+    pub(crate) fn send_method(&mut self, ch: u16, m: AMQPClass) {
+        frame::encode_method(&mut self.out, ch, &m);
+    }
+
+    fn flush_confirms(&mut self) {
+        for c in self.channels.values_mut() {
+            c.flush_confirms(&mut self.out);
+        }
+    }
+}

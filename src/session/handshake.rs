@@ -1,0 +1,216 @@
+//! The connection handshake: protocol header, start / start-ok (PLAIN, AMQPLAIN), tune /
+//! tune-ok negotiation as RabbitMQ does it, and open.
+
+use amq_protocol::protocol::{connection as conn, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable};
+
+use super::connection::{Connection, SessionConfig};
+use super::permissions::Permissions;
+use crate::amqp::frame::{FRAME_MIN_SIZE, PROTOCOL_HEADER};
+use crate::amqp::reply_code::{access_refused, command_invalid, not_allowed, syntax_error};
+use crate::amqp::AmqpError;
+use crate::meta::MetaState;
+
+/// Capabilities the client announced in `client_properties.capabilities`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientCapabilities {
+    /// Understands broker-sent basic.cancel.
+    pub consumer_cancel_notify: bool,
+    /// Understands connection.blocked / unblocked.
+    pub connection_blocked: bool,
+}
+
+/// `None`: need more bytes; `Some(Ok)`: a 0-9-1 header; `Some(Err)`: anything else.
+pub fn check_protocol_header(data: &[u8]) -> Option<Result<(), ()>> {
+    let n = data.len().min(PROTOCOL_HEADER.len());
+    if data[..n] != PROTOCOL_HEADER[..n] {
+        return Some(Err(()));
+    }
+    if n < PROTOCOL_HEADER.len() {
+        return None;
+    }
+    Some(Ok(()))
+}
+
+fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(k.into(), v);
+    }
+    t
+}
+
+fn lstr(s: &str) -> AMQPValue {
+    AMQPValue::LongString(s.as_bytes().to_vec().into())
+}
+
+/// Sends connection.start with Warren's server properties.
+pub fn send_start(c: &mut Connection) {
+    let caps = table(
+        [
+            "publisher_confirms",
+            "exchange_exchange_bindings",
+            "basic.nack",
+            "consumer_cancel_notify",
+            "connection.blocked",
+            "authentication_failure_close",
+            "per_consumer_qos",
+            "consumer_priorities",
+        ]
+        .into_iter()
+        .map(|k| (k, AMQPValue::Boolean(true)))
+        .collect(),
+    );
+    let props = table(vec![
+        ("capabilities", AMQPValue::FieldTable(caps)),
+        ("product", lstr("Warren")),
+        ("version", lstr(env!("CARGO_PKG_VERSION"))),
+        ("platform", lstr("Rust")),
+        ("cluster_name", lstr(&c.cfg.node_name)),
+        ("copyright", lstr("The Warren authors")),
+        ("information", lstr("A RabbitMQ-compatible AMQP 0-9-1 broker")),
+    ]);
+    c.send_method(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::Start(conn::Start {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: props,
+            mechanisms: "PLAIN AMQPLAIN".into(),
+            locales: "en_US".into(),
+        })),
+    );
+}
+
+fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), AmqpError> {
+    match mechanism {
+        "PLAIN" => {
+            // authzid \0 authcid \0 password
+            let mut parts = response.split(|b| *b == 0);
+            let (_, user, pass) = (parts.next(), parts.next(), parts.next());
+            match (user, pass, parts.next()) {
+                (Some(u), Some(p), None) => Ok((
+                    String::from_utf8_lossy(u).into_owned(),
+                    String::from_utf8_lossy(p).into_owned(),
+                )),
+                _ => Err(syntax_error("malformed PLAIN response")),
+            }
+        }
+        "AMQPLAIN" => {
+            // A field table without its length prefix.
+            let mut buf = (response.len() as u32).to_be_bytes().to_vec();
+            buf.extend_from_slice(response);
+            let t = amq_protocol::types::parsing::parse_field_table(&buf[..])
+                .map_err(|_| syntax_error("malformed AMQPLAIN response"))?
+                .1;
+            let get = |k: &str| t.inner().get(k).and_then(crate::meta::args::string);
+            match (get("LOGIN"), get("PASSWORD")) {
+                (Some(u), Some(p)) => Ok((u, p)),
+                _ => Err(syntax_error("AMQPLAIN response lacks LOGIN or PASSWORD")),
+            }
+        }
+        other => Err(command_invalid(format!("unknown authentication mechanism '{other}'"))),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Authenticates start-ok and sends tune.
+pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpError> {
+    if let Some(AMQPValue::FieldTable(caps)) = s.client_properties.inner().get("capabilities") {
+        let flag = |k: &str| matches!(caps.inner().get(k), Some(AMQPValue::Boolean(true)));
+        c.caps.consumer_cancel_notify = flag("consumer_cancel_notify");
+        c.caps.connection_blocked = flag("connection.blocked");
+    }
+    let mechanism = s.mechanism.as_str().to_string();
+    let (user, password) = credentials(&mechanism, s.response.as_bytes())?;
+    let snapshot = c.snapshot();
+    let ok = snapshot
+        .users
+        .get(&user)
+        .is_some_and(|u| constant_time_eq(u.password.as_bytes(), password.as_bytes()));
+    if !ok {
+        tracing::warn!(conn = c.id, user = %user, "authentication failed");
+        return Err(access_refused(format!(
+            "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+        )));
+    }
+    if c.cfg.loopback_users.iter().any(|u| u == &user) && !c.peer().is_loopback {
+        return Err(access_refused(format!("user '{user}' can only connect via localhost")));
+    }
+    c.user = user;
+    c.send_method(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::Tune(conn::Tune {
+            channel_max: c.cfg.channel_max,
+            frame_max: c.cfg.frame_max,
+            heartbeat: c.cfg.heartbeat_s,
+        })),
+    );
+    Ok(())
+}
+
+/// RabbitMQ's tune-ok rules: 0 means "no limit" and takes the server's value; a client may
+/// ask for less but not more than the server offered.
+pub fn negotiate_tune(cfg: &SessionConfig, t: &conn::TuneOk) -> Result<(u16, u32, u16), AmqpError> {
+    let channel_max = if t.channel_max == 0 { cfg.channel_max } else { t.channel_max };
+    if cfg.channel_max != 0 && channel_max > cfg.channel_max {
+        return Err(not_allowed(format!(
+            "negotiated channel_max = {channel_max} is higher than the maximum allowed value ({})",
+            cfg.channel_max
+        )));
+    }
+    let frame_max = if t.frame_max == 0 { cfg.frame_max } else { t.frame_max };
+    if cfg.frame_max != 0 && frame_max > cfg.frame_max {
+        return Err(not_allowed(format!(
+            "frame_max={frame_max} > {} max size",
+            cfg.frame_max
+        )));
+    }
+    if frame_max != 0 && frame_max < FRAME_MIN_SIZE {
+        return Err(not_allowed(format!("frame_max={frame_max} < {FRAME_MIN_SIZE} min size")));
+    }
+    Ok((channel_max, frame_max, t.heartbeat))
+}
+
+/// connection.open: the vhost must exist and the user must have permissions there.
+pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Result<(), AmqpError> {
+    if snapshot.vhost(vhost).is_none() {
+        return Err(not_allowed(format!("vhost {vhost} not found")));
+    }
+    let Some(p) = snapshot.permission(&c.user, vhost) else {
+        return Err(not_allowed(format!(
+            "access to vhost '{vhost}' refused for user '{}'",
+            c.user
+        )));
+    };
+    c.permissions = Some(Permissions::new(&c.user, vhost, Some(p)));
+    c.vhost = vhost.to_string();
+    c.send_method(0, AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})));
+    Ok(())
+}
+
+/// A connection method's name for error texts.
+pub fn connection_method_name(m: &conn::AMQPMethod) -> &'static str {
+    match m {
+        conn::AMQPMethod::Start(_) => "start",
+        conn::AMQPMethod::StartOk(_) => "start_ok",
+        conn::AMQPMethod::Secure(_) => "secure",
+        conn::AMQPMethod::SecureOk(_) => "secure_ok",
+        conn::AMQPMethod::Tune(_) => "tune",
+        conn::AMQPMethod::TuneOk(_) => "tune_ok",
+        conn::AMQPMethod::Open(_) => "open",
+        conn::AMQPMethod::OpenOk(_) => "open_ok",
+        conn::AMQPMethod::Close(_) => "close",
+        conn::AMQPMethod::CloseOk(_) => "close_ok",
+        conn::AMQPMethod::Blocked(_) => "blocked",
+        conn::AMQPMethod::Unblocked(_) => "unblocked",
+        conn::AMQPMethod::UpdateSecret(_) => "update_secret",
+        conn::AMQPMethod::UpdateSecretOk(_) => "update_secret_ok",
+    }
+}

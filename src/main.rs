@@ -9,7 +9,11 @@ use warren::config::Config;
 use warren::runtime::Node;
 
 #[derive(Parser, Debug)]
-#[command(name = "warren", version, about = "A RabbitMQ-compatible AMQP 0-9-1 broker")]
+#[command(
+    name = "warren",
+    version,
+    about = "A RabbitMQ-compatible AMQP 0-9-1 broker"
+)]
 struct Args {
     /// Configuration file (TOML); the embedded default when absent.
     #[arg(long)]

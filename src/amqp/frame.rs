@@ -5,7 +5,7 @@
 //! would wait forever for a 4 GiB frame), and returns the payload as a borrowed slice so
 //! bodies are never copied twice.
 
-use amq_protocol::protocol::{AMQPClass, basic};
+use amq_protocol::protocol::{basic, AMQPClass};
 use cookie_factory::WriteContext;
 
 use super::reply_code::{AmqpError, ReplyCode};
@@ -234,14 +234,33 @@ pub fn method_ids(payload: &[u8]) -> Option<(u16, u16)> {
 /// Whether `(class, method)` names a method of AMQP 0-9-1 with RabbitMQ's extensions.
 pub fn is_known_method(class_id: u16, method_id: u16) -> bool {
     match class_id {
-        10 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51 | 60 | 61 | 70 | 71),
+        10 => matches!(
+            method_id,
+            10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51 | 60 | 61 | 70 | 71
+        ),
         20 => matches!(method_id, 10 | 11 | 20 | 21 | 40 | 41),
         30 => matches!(method_id, 10 | 11),
         40 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 51),
         50 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31 | 40 | 41 | 50 | 51),
         60 => matches!(
             method_id,
-            10 | 11 | 20 | 21 | 30 | 31 | 40 | 50 | 60 | 70 | 71 | 72 | 80 | 90 | 100 | 110 | 111 | 120
+            10 | 11
+                | 20
+                | 21
+                | 30
+                | 31
+                | 40
+                | 50
+                | 60
+                | 70
+                | 71
+                | 72
+                | 80
+                | 90
+                | 100
+                | 110
+                | 111
+                | 120
         ),
         85 => matches!(method_id, 10 | 11),
         90 => matches!(method_id, 10 | 11 | 20 | 21 | 30 | 31),
@@ -252,7 +271,10 @@ pub fn is_known_method(class_id: u16, method_id: u16) -> bool {
 /// Decodes a method payload; unknown methods get 540, undecodable ones 501 as in RabbitMQ.
 pub fn decode_method(payload: &[u8]) -> Result<AMQPClass, AmqpError> {
     let Some((class_id, method_id)) = method_ids(payload) else {
-        return Err(AmqpError::new(ReplyCode::FrameError, "method frame too short"));
+        return Err(AmqpError::new(
+            ReplyCode::FrameError,
+            "method frame too short",
+        ));
     };
     if !is_known_method(class_id, method_id) {
         return Err(AmqpError::new(
@@ -262,10 +284,14 @@ pub fn decode_method(payload: &[u8]) -> Result<AMQPClass, AmqpError> {
     }
     match amq_protocol::protocol::parse_class(payload) {
         Ok((rest, method)) if rest.is_empty() => Ok(method),
-        Ok(_) => Err(AmqpError::new(ReplyCode::FrameError, "trailing bytes in method frame")
-            .at(class_id, method_id)),
-        Err(_) => Err(AmqpError::new(ReplyCode::FrameError, "cannot decode method frame")
-            .at(class_id, method_id)),
+        Ok(_) => Err(
+            AmqpError::new(ReplyCode::FrameError, "trailing bytes in method frame")
+                .at(class_id, method_id),
+        ),
+        Err(_) => Err(
+            AmqpError::new(ReplyCode::FrameError, "cannot decode method frame")
+                .at(class_id, method_id),
+        ),
     }
 }
 
@@ -285,7 +311,10 @@ pub struct ContentHeader {
 /// Decodes a content header payload.
 pub fn decode_content_header(payload: &[u8]) -> Result<ContentHeader, AmqpError> {
     if payload.len() < 14 {
-        return Err(AmqpError::new(ReplyCode::FrameError, "content header too short"));
+        return Err(AmqpError::new(
+            ReplyCode::FrameError,
+            "content header too short",
+        ));
     }
     let class_id = u16::from_be_bytes([payload[0], payload[1]]);
     let body_size = u64::from_be_bytes(payload[4..12].try_into().unwrap_or([0; 8]));
@@ -297,7 +326,10 @@ pub fn decode_content_header(payload: &[u8]) -> Result<ContentHeader, AmqpError>
             raw_properties: bytes::Bytes::copy_from_slice(raw),
             properties,
         }),
-        _ => Err(AmqpError::new(ReplyCode::FrameError, "cannot decode content header")),
+        _ => Err(AmqpError::new(
+            ReplyCode::FrameError,
+            "cannot decode content header",
+        )),
     }
 }
 
@@ -330,7 +362,10 @@ mod tests {
     #[test]
     fn split_refuses_oversized_frames_before_buffering_them() {
         let header = [3u8, 0, 1, 0x7f, 0xff, 0xff, 0xff];
-        assert!(matches!(split(&header, 131072), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            split(&header, 131072),
+            Err(FrameError::TooLarge { .. })
+        ));
         assert_eq!(split(&[9], 4096), Err(FrameError::UnknownType(9)));
     }
 
@@ -387,7 +422,13 @@ mod tests {
 
     #[test]
     fn unknown_method_is_540_and_garbage_is_501() {
-        assert_eq!(decode_method(&[0, 99, 0, 1]).unwrap_err().code, ReplyCode::NotImplemented);
-        assert_eq!(decode_method(&[0, 50, 0, 10, 0]).unwrap_err().code, ReplyCode::FrameError);
+        assert_eq!(
+            decode_method(&[0, 99, 0, 1]).unwrap_err().code,
+            ReplyCode::NotImplemented
+        );
+        assert_eq!(
+            decode_method(&[0, 50, 0, 10, 0]).unwrap_err().code,
+            ReplyCode::FrameError
+        );
     }
 }

@@ -18,7 +18,13 @@ fn field_str(t: &FieldTable, k: &str) -> Option<String> {
 }
 
 /// Builds the dead-lettered copy of a message leaving `queue` for `dlx`.
-pub fn rewrite(letter: &DeadLetter, queue: &str, dlx: &str, dlrk: Option<&str>, wall_ms: u64) -> Message {
+pub fn rewrite(
+    letter: &DeadLetter,
+    queue: &str,
+    dlx: &str,
+    dlrk: Option<&str>,
+    wall_ms: u64,
+) -> Message {
     let original = &letter.message;
     let mut props = original.properties.clone();
     let mut headers = props.headers().clone().unwrap_or_default();
@@ -32,7 +38,9 @@ pub fn rewrite(letter: &DeadLetter, queue: &str, dlx: &str, dlrk: Option<&str>, 
     let mut count: i64 = 1;
     deaths.retain(|d| {
         if let AMQPValue::FieldTable(t) = d {
-            if field_str(t, "queue").as_deref() == Some(queue) && field_str(t, "reason").as_deref() == Some(reason) {
+            if field_str(t, "queue").as_deref() == Some(queue)
+                && field_str(t, "reason").as_deref() == Some(reason)
+            {
                 if let Some(AMQPValue::LongLongInt(c)) = t.inner().get("count") {
                     count = c + 1;
                 }
@@ -55,7 +63,10 @@ pub fn rewrite(letter: &DeadLetter, queue: &str, dlx: &str, dlrk: Option<&str>, 
         entry.insert("original-expiration".into(), lstr(exp.as_str()));
     }
     deaths.insert(0, AMQPValue::FieldTable(entry));
-    headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(deaths)));
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(FieldArray::from(deaths)),
+    );
     if !headers.contains_key("x-first-death-reason") {
         headers.insert("x-first-death-reason".into(), lstr(reason));
         headers.insert("x-first-death-queue".into(), lstr(queue));
@@ -108,7 +119,9 @@ fn clear_expiration(
 /// Whether routing a dead letter to `target` would loop without a client in between: the
 /// message already died in `target` and never by rejection (RabbitMQ's cycle rule).
 pub fn is_cycle(message: &Arc<Message>, target: &str) -> bool {
-    let Some(headers) = message.properties.headers() else { return false };
+    let Some(headers) = message.properties.headers() else {
+        return false;
+    };
     let Some(AMQPValue::FieldArray(deaths)) = headers.inner().get("x-death") else {
         return false;
     };
@@ -128,8 +141,8 @@ pub fn is_cycle(message: &Arc<Message>, target: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::queue::DeathReason;
+    use super::*;
     use amq_protocol::protocol::basic::AMQPProperties;
 
     fn message() -> Arc<Message> {
@@ -154,7 +167,10 @@ mod tests {
         assert_eq!(m.routing_key, "rk");
         assert!(m.properties.expiration().is_none());
         let h = m.properties.headers().clone().unwrap();
-        assert_eq!(field_str(&h, "x-first-death-reason").as_deref(), Some("expired"));
+        assert_eq!(
+            field_str(&h, "x-first-death-reason").as_deref(),
+            Some("expired")
+        );
         let again = rewrite(
             &DeadLetter {
                 message: Arc::new(m),
@@ -166,11 +182,21 @@ mod tests {
             6_000,
         );
         assert_eq!(again.routing_key, "other");
-        let Some(AMQPValue::FieldArray(d)) = again.properties.headers().clone().unwrap().inner().get("x-death").cloned() else {
+        let Some(AMQPValue::FieldArray(d)) = again
+            .properties
+            .headers()
+            .clone()
+            .unwrap()
+            .inner()
+            .get("x-death")
+            .cloned()
+        else {
             panic!("no x-death")
         };
         assert_eq!(d.as_slice().len(), 1);
-        let AMQPValue::FieldTable(t) = &d.as_slice()[0] else { panic!() };
+        let AMQPValue::FieldTable(t) = &d.as_slice()[0] else {
+            panic!()
+        };
         assert_eq!(t.inner().get("count"), Some(&AMQPValue::LongLongInt(2)));
         assert!(is_cycle(&Arc::new(again), "q1"));
     }

@@ -62,11 +62,18 @@ impl Broker {
     ///
     /// `seed` drives server-generated names; `memory_high_watermark` is in bytes;
     /// `epoch_unix_ms` is the wall-clock time at `Instant` 0 (for x-death timestamps).
-    pub fn new(config: &Config, seed: u64, memory_high_watermark: u64, epoch_unix_ms: u64) -> Broker {
+    pub fn new(
+        config: &Config,
+        seed: u64,
+        memory_high_watermark: u64,
+        epoch_unix_ms: u64,
+    ) -> Broker {
         let mut meta = MetaState::default();
         let mut commands = Vec::new();
         for v in &config.vhosts {
-            commands.push(Command::AddVhost { name: v.name.clone() });
+            commands.push(Command::AddVhost {
+                name: v.name.clone(),
+            });
         }
         for u in &config.users {
             commands.push(Command::PutUser(User {
@@ -111,7 +118,10 @@ impl Broker {
 
     /// The current metadata snapshot.
     pub fn snapshot(&self) -> Arc<MetaState> {
-        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The version of the current snapshot; cheap to poll.
@@ -142,7 +152,11 @@ impl Broker {
     /// A server-generated consumer tag.
     pub fn generate_consumer_tag(&self) -> String {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        format!("amq.ctag-{:016x}{:06x}", rng.gen::<u64>(), rng.gen::<u32>() & 0xff_ffff)
+        format!(
+            "amq.ctag-{:016x}{:06x}",
+            rng.gen::<u64>(),
+            rng.gen::<u32>() & 0xff_ffff
+        )
     }
 
     /// The queue `name` in `vhost`.
@@ -176,7 +190,13 @@ impl Broker {
             if let Command::DeclareQueue(def) = command {
                 if applied.created {
                     let args = def.args()?;
-                    let q = Queue::new(args, def.exclusive_owner, def.auto_delete, self.memory.clone(), now);
+                    let q = Queue::new(
+                        args,
+                        def.exclusive_owner,
+                        def.auto_delete,
+                        self.memory.clone(),
+                        now,
+                    );
                     queues.insert(
                         (def.vhost.clone(), def.name.clone()),
                         QueueHandle::new(&def.vhost, &def.name, q),
@@ -240,7 +260,13 @@ impl Broker {
     }
 
     /// Routes and enqueues a message. `vhost` is the caller's snapshot of the vhost.
-    pub fn publish(&self, vhost: &Vhost, exchange: &str, message: Arc<Message>, now: Instant) -> PublishOutcome {
+    pub fn publish(
+        &self,
+        vhost: &Vhost,
+        exchange: &str,
+        message: Arc<Message>,
+        now: Instant,
+    ) -> PublishOutcome {
         let targets = exchange::route(
             vhost,
             exchange,
@@ -250,7 +276,9 @@ impl Broker {
         let mut outcome = PublishOutcome::default();
         let mut dead = Vec::new();
         for name in &targets {
-            let Some(handle) = self.queue(&vhost.name, name) else { continue };
+            let Some(handle) = self.queue(&vhost.name, name) else {
+                continue;
+            };
             let r = handle.lock().publish(&handle, message.clone(), now);
             outcome.routed += 1;
             if !r.accepted {
@@ -271,21 +299,29 @@ impl Broker {
         let mut work = vec![(from.clone(), letters)];
         // Each round is one hop; bounded so a misconfigured DLX cycle cannot spin.
         for _ in 0..16 {
-            let Some((queue, letters)) = work.pop() else { return };
+            let Some((queue, letters)) = work.pop() else {
+                return;
+            };
             let (dlx, dlrk) = {
                 let q = queue.lock();
                 let a = q.args();
-                (a.dead_letter_exchange.clone(), a.dead_letter_routing_key.clone())
+                (
+                    a.dead_letter_exchange.clone(),
+                    a.dead_letter_routing_key.clone(),
+                )
             };
             let Some(dlx) = dlx else { continue };
             let snapshot = self.snapshot();
-            let Some(vhost) = snapshot.vhost(&queue.vhost) else { continue };
+            let Some(vhost) = snapshot.vhost(&queue.vhost) else {
+                continue;
+            };
             if !vhost.exchanges.contains_key(&dlx) {
                 continue;
             }
             for letter in letters {
                 let wall_ms = self.epoch_unix_ms + now.as_millis();
-                let message = dead_letter::rewrite(&letter, &queue.name, &dlx, dlrk.as_deref(), wall_ms);
+                let message =
+                    dead_letter::rewrite(&letter, &queue.name, &dlx, dlrk.as_deref(), wall_ms);
                 let targets = exchange::route(
                     vhost,
                     &dlx,
@@ -297,7 +333,9 @@ impl Broker {
                     if dead_letter::is_cycle(&message, &name) {
                         continue;
                     }
-                    let Some(handle) = self.queue(&vhost.name, &name) else { continue };
+                    let Some(handle) = self.queue(&vhost.name, &name) else {
+                        continue;
+                    };
                     let r = handle.lock().publish(&handle, message.clone(), now);
                     if !r.dead.is_empty() {
                         work.push((handle.clone(), r.dead));

@@ -63,7 +63,9 @@ pub struct Outbox {
 
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outbox").field("bytes_max", &self.bytes_max).finish()
+        f.debug_struct("Outbox")
+            .field("bytes_max", &self.bytes_max)
+            .finish()
     }
 }
 
@@ -91,11 +93,7 @@ impl Outbox {
     /// Records that `queue` stopped delivering here for lack of room.
     pub fn stall(&self, queue: &Arc<QueueHandle>) {
         let mut g = self.lock();
-        if !g
-            .stalled
-            .iter()
-            .any(|w| w.as_ptr() == Arc::as_ptr(queue))
-        {
+        if !g.stalled.iter().any(|w| w.as_ptr() == Arc::as_ptr(queue)) {
             g.stalled.push(Arc::downgrade(queue));
         }
     }

@@ -281,7 +281,12 @@ impl Queue {
     }
 
     /// Enqueues a message and delivers what consumers can take.
-    pub fn publish(&mut self, me: &Arc<QueueHandle>, message: Arc<Message>, now: Instant) -> PublishResult {
+    pub fn publish(
+        &mut self,
+        me: &Arc<QueueHandle>,
+        message: Arc<Message>,
+        now: Instant,
+    ) -> PublishResult {
         let mut result = PublishResult::default();
         if self.deleted {
             return result;
@@ -290,7 +295,9 @@ impl Queue {
         let len = self.message_count() as u64;
         let body = message.body.len() as u64;
         let over = |q: &Queue, extra_len: u64, extra_bytes: u64| {
-            q.args.max_length.is_some_and(|m| q.message_count() as u64 + extra_len > m)
+            q.args
+                .max_length
+                .is_some_and(|m| q.message_count() as u64 + extra_len > m)
                 || q.args
                     .max_length_bytes
                     .is_some_and(|m| q.ready_bytes + extra_bytes > m)
@@ -372,7 +379,9 @@ impl Queue {
             if self.peek_next().is_none() {
                 return;
             }
-            let Some(idx) = self.pick_consumer() else { return };
+            let Some(idx) = self.pick_consumer() else {
+                return;
+            };
             let c = &self.consumers[idx];
             if !c.link.outbox.has_room() {
                 c.link.outbox.stall(me);
@@ -450,7 +459,9 @@ impl Queue {
     fn release(&mut self, seq: u64) -> Option<Entry> {
         let u = self.unacked.remove(&seq)?;
         if let Some(c) = u.consumer_in_flight {
-            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| Some(x.saturating_sub(1)));
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+                Some(x.saturating_sub(1))
+            });
         }
         if let Some(link) = u.global {
             link.release_global(1);
@@ -459,7 +470,13 @@ impl Queue {
     }
 
     /// basic.ack: forgets the messages and delivers more (credit came back).
-    pub fn ack(&mut self, me: &Arc<QueueHandle>, seqs: &[u64], now: Instant, dead: &mut Vec<DeadLetter>) {
+    pub fn ack(
+        &mut self,
+        me: &Arc<QueueHandle>,
+        seqs: &[u64],
+        now: Instant,
+        dead: &mut Vec<DeadLetter>,
+    ) {
         for &seq in seqs {
             if let Some(e) = self.release(seq) {
                 self.drop_entry(&e);
@@ -479,7 +496,9 @@ impl Queue {
         dead: &mut Vec<DeadLetter>,
     ) {
         for &seq in seqs {
-            let Some(mut e) = self.release(seq) else { continue };
+            let Some(mut e) = self.release(seq) else {
+                continue;
+            };
             if requeue && !self.deleted {
                 e.redelivered = true;
                 self.ready_bytes += e.message.body.len() as u64;
@@ -504,7 +523,12 @@ impl Queue {
     }
 
     /// basic.consume: attaches a consumer (after [`Queue::check_new_consumer`]) and delivers.
-    pub fn add_consumer(&mut self, me: &Arc<QueueHandle>, consumer: Consumer, now: Instant) -> Vec<DeadLetter> {
+    pub fn add_consumer(
+        &mut self,
+        me: &Arc<QueueHandle>,
+        consumer: Consumer,
+        now: Instant,
+    ) -> Vec<DeadLetter> {
         self.consumers.push(consumer);
         self.had_consumer = true;
         self.last_used = now;
@@ -514,7 +538,11 @@ impl Queue {
     }
 
     /// Removes consumers matching `pred`; returns whether the queue should now auto-delete.
-    pub fn remove_consumers(&mut self, now: Instant, mut pred: impl FnMut(&Consumer) -> bool) -> bool {
+    pub fn remove_consumers(
+        &mut self,
+        now: Instant,
+        mut pred: impl FnMut(&Consumer) -> bool,
+    ) -> bool {
         let before = self.consumers.len();
         self.consumers.retain(|c| !pred(c));
         if self.consumers.len() != before {
@@ -569,5 +597,194 @@ impl Queue {
     /// Marks a queue as used now (declare, get).
     pub fn touch(&mut self, now: Instant) {
         self.last_used = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::outbox::Outbox;
+    use amq_protocol::protocol::basic::AMQPProperties;
+    use bytes::Bytes;
+
+    fn msg(body: &str) -> Arc<Message> {
+        Arc::new(Message {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties_raw: Bytes::from_static(&[0, 0]),
+            properties: AMQPProperties::default(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        })
+    }
+
+    fn queue(args: QueueArgs) -> (Arc<QueueHandle>, Arc<AtomicI64>) {
+        let memory = Arc::new(AtomicI64::new(0));
+        let q = Queue::new(args, None, false, memory.clone(), Instant::from_millis(0));
+        (QueueHandle::new("/", "q", q), memory)
+    }
+
+    fn consumer(link: &Arc<ChannelLink>, tag: &str, prefetch: u32) -> Consumer {
+        Consumer {
+            tag: Arc::from(tag),
+            link: link.clone(),
+            no_ack: false,
+            prefetch,
+            priority: 0,
+            exclusive: false,
+            in_flight: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    fn drain(outbox: &Outbox) -> Vec<(String, String, bool, u64)> {
+        let mut items = Vec::new();
+        outbox.drain(&mut items);
+        items
+            .into_iter()
+            .filter_map(|i| match i {
+                OutItem::Deliver(d) => Some((
+                    d.consumer_tag.to_string(),
+                    String::from_utf8_lossy(&d.message.body).into_owned(),
+                    d.redelivered,
+                    d.seq,
+                )),
+                OutItem::Cancel { .. } => None,
+            })
+            .collect()
+    }
+
+    fn now() -> Instant {
+        Instant::from_millis(1)
+    }
+
+    #[test]
+    fn requeued_message_returns_to_its_place_with_redelivered() {
+        let (h, _) = queue(QueueArgs::default());
+        for b in ["m1", "m2", "m3"] {
+            h.lock().publish(&h, msg(b), now());
+        }
+        let mut dead = Vec::new();
+        let (e1, left) = h.lock().get(now(), true, &mut dead).unwrap();
+        assert_eq!((&e1.message.body[..], left), (&b"m1"[..], 2));
+        h.lock().settle(&h, &[e1.seq], true, now(), &mut dead);
+        let (again, _) = h.lock().get(now(), true, &mut dead).unwrap();
+        assert_eq!(&again.message.body[..], b"m1");
+        assert!(again.redelivered);
+        let (next, _) = h.lock().get(now(), true, &mut dead).unwrap();
+        assert_eq!(&next.message.body[..], b"m2");
+        assert!(!next.redelivered);
+    }
+
+    #[test]
+    fn round_robin_within_prefetch() {
+        let (h, _) = queue(QueueArgs::default());
+        let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+        let link = Arc::new(ChannelLink::new(1, 1, outbox.clone()));
+        h.lock().add_consumer(&h, consumer(&link, "a", 2), now());
+        h.lock().add_consumer(&h, consumer(&link, "b", 2), now());
+        for i in 0..6 {
+            h.lock().publish(&h, msg(&format!("m{i}")), now());
+        }
+        let got = drain(&outbox);
+        let tags: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+        assert_eq!(tags, ["a", "b", "a", "b"], "prefetch 2 each");
+        assert_eq!(h.lock().message_count(), 2);
+        let mut dead = Vec::new();
+        h.lock().ack(&h, &[got[0].3], now(), &mut dead);
+        let more = drain(&outbox);
+        assert_eq!(more.len(), 1);
+        assert_eq!(more[0].0, "a");
+        assert_eq!(more[0].1, "m4");
+    }
+
+    #[test]
+    fn global_prefetch_is_shared_by_the_channel() {
+        let (h, _) = queue(QueueArgs::default());
+        let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+        let link = Arc::new(ChannelLink::new(1, 1, outbox.clone()));
+        link.global_prefetch.store(3, Ordering::Release);
+        h.lock().add_consumer(&h, consumer(&link, "a", 0), now());
+        h.lock().add_consumer(&h, consumer(&link, "b", 0), now());
+        for i in 0..10 {
+            h.lock().publish(&h, msg(&format!("m{i}")), now());
+        }
+        assert_eq!(drain(&outbox).len(), 3);
+    }
+
+    #[test]
+    fn full_outbox_stalls_the_queue_until_released() {
+        let (h, _) = queue(QueueArgs::default());
+        let outbox = Arc::new(Outbox::new(200, Box::new(|| {})));
+        let link = Arc::new(ChannelLink::new(1, 1, outbox.clone()));
+        h.lock().add_consumer(&h, consumer(&link, "a", 0), now());
+        for i in 0..10 {
+            h.lock().publish(&h, msg(&format!("m{i}")), now());
+        }
+        let first = drain(&outbox);
+        assert!(first.len() < 10 && !first.is_empty(), "{}", first.len());
+        assert_eq!(h.lock().message_count() as usize, 10 - first.len());
+        let stalled = outbox.release(10_000);
+        assert_eq!(stalled.len(), 1, "the queue registered itself as stalled");
+        let mut dead = Vec::new();
+        stalled[0].lock().deliver(&stalled[0], now(), &mut dead);
+        assert!(!drain(&outbox).is_empty());
+    }
+
+    #[test]
+    fn max_length_drop_head_and_reject_publish() {
+        let (h, _) = queue(QueueArgs {
+            max_length: Some(2),
+            ..QueueArgs::default()
+        });
+        for b in ["a", "b", "c"] {
+            assert!(h.lock().publish(&h, msg(b), now()).accepted);
+        }
+        let mut dead = Vec::new();
+        let (e, _) = h.lock().get(now(), false, &mut dead).unwrap();
+        assert_eq!(&e.message.body[..], b"b", "the head was dropped");
+
+        let (h, _) = queue(QueueArgs {
+            max_length: Some(1),
+            overflow: Overflow::RejectPublish,
+            ..QueueArgs::default()
+        });
+        assert!(h.lock().publish(&h, msg("a"), now()).accepted);
+        assert!(!h.lock().publish(&h, msg("b"), now()).accepted);
+        assert_eq!(h.lock().message_count(), 1);
+    }
+
+    #[test]
+    fn ttl_expires_from_the_head_and_dead_letters() {
+        let (h, memory) = queue(QueueArgs {
+            message_ttl_ms: Some(10),
+            dead_letter_exchange: Some("dlx".into()),
+            ..QueueArgs::default()
+        });
+        h.lock().publish(&h, msg("a"), Instant::from_millis(0));
+        assert!(memory.load(Ordering::Relaxed) > 0);
+        let mut dead = Vec::new();
+        h.lock().tick(&h, Instant::from_millis(5), &mut dead);
+        assert_eq!(h.lock().message_count(), 1);
+        h.lock().tick(&h, Instant::from_millis(11), &mut dead);
+        assert_eq!(h.lock().message_count(), 0);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, DeathReason::Expired);
+        assert_eq!(
+            memory.load(Ordering::Relaxed),
+            0,
+            "memory accounting returns to zero"
+        );
+    }
+
+    #[test]
+    fn exclusive_consumer_refuses_others() {
+        let (h, _) = queue(QueueArgs::default());
+        let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+        let link = Arc::new(ChannelLink::new(1, 1, outbox));
+        let mut c = consumer(&link, "a", 0);
+        c.exclusive = true;
+        h.lock().check_new_consumer(&h, true).unwrap();
+        h.lock().add_consumer(&h, c, now());
+        let err = h.lock().check_new_consumer(&h, false).unwrap_err();
+        assert_eq!(err.code, crate::amqp::ReplyCode::AccessRefused);
     }
 }

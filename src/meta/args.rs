@@ -199,8 +199,11 @@ mod tests {
     fn accepts_rabbitmq_arguments() {
         let a = QueueArgs::parse(&table("x-max-length", AMQPValue::LongInt(10))).unwrap();
         assert_eq!(a.max_length, Some(10));
-        let a = QueueArgs::parse(&table("x-overflow", AMQPValue::LongString("reject-publish".into())))
-            .unwrap();
+        let a = QueueArgs::parse(&table(
+            "x-overflow",
+            AMQPValue::LongString("reject-publish".into()),
+        ))
+        .unwrap();
         assert_eq!(a.overflow, Overflow::RejectPublish);
     }
 
@@ -213,7 +216,10 @@ mod tests {
             ("x-max-priority", AMQPValue::LongInt(300)),
             ("x-overflow", AMQPValue::LongString("sideways".into())),
             ("x-queue-type", AMQPValue::LongString("stream".into())),
-            ("x-dead-letter-routing-key", AMQPValue::LongString("k".into())),
+            (
+                "x-dead-letter-routing-key",
+                AMQPValue::LongString("k".into()),
+            ),
         ] {
             assert!(QueueArgs::parse(&table(k, v)).is_err(), "{k}");
         }

@@ -228,7 +228,10 @@ impl Vhost {
 
     /// Bindings whose source is `exchange`.
     pub fn bindings_from(&self, exchange: &str) -> &[Binding] {
-        self.bindings.get(exchange).map(Vec::as_slice).unwrap_or(&[])
+        self.bindings
+            .get(exchange)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// Every binding whose destination is `dest`.
@@ -462,10 +465,22 @@ impl MetaState {
         let v = self.vhost_mut(&def.vhost)?;
         if let Some(cur) = v.exchanges.get(&def.name) {
             let checks = [
-                ("type", cur.kind.name().to_string(), def.kind.name().to_string()),
+                (
+                    "type",
+                    cur.kind.name().to_string(),
+                    def.kind.name().to_string(),
+                ),
                 ("durable", cur.durable.to_string(), def.durable.to_string()),
-                ("auto_delete", cur.auto_delete.to_string(), def.auto_delete.to_string()),
-                ("internal", cur.internal.to_string(), def.internal.to_string()),
+                (
+                    "auto_delete",
+                    cur.auto_delete.to_string(),
+                    def.auto_delete.to_string(),
+                ),
+                (
+                    "internal",
+                    cur.internal.to_string(),
+                    def.internal.to_string(),
+                ),
             ];
             for (arg, current, received) in checks {
                 if current != received {
@@ -604,7 +619,14 @@ mod tests {
     fn new_vhost_has_the_standard_exchanges() {
         let s = state();
         let v = s.vhost("/").unwrap();
-        for n in ["", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"] {
+        for n in [
+            "",
+            "amq.direct",
+            "amq.fanout",
+            "amq.topic",
+            "amq.headers",
+            "amq.match",
+        ] {
             assert!(v.exchanges.contains_key(n), "{n}");
         }
     }
@@ -620,7 +642,13 @@ mod tests {
         assert!(matches!(err, MetaError::Inequivalent { .. }), "{err:?}");
         assert_eq!(s, before);
         let err = s.apply(&Command::Bind(bind("nope", "q"))).unwrap_err();
-        assert!(matches!(err, MetaError::NotFound { kind: "exchange", .. }));
+        assert!(matches!(
+            err,
+            MetaError::NotFound {
+                kind: "exchange",
+                ..
+            }
+        ));
         assert_eq!(s, before);
     }
 
@@ -633,15 +661,21 @@ mod tests {
         q.exclusive_owner = Some(2);
         let err = s.apply(&Command::DeclareQueue(q)).unwrap_err();
         assert!(matches!(err, MetaError::Locked { .. }));
-        let applied = s.apply(&Command::DeleteExclusiveQueues { owner: 1 }).unwrap();
-        assert_eq!(applied.removed.queues, vec![("/".to_string(), "x".to_string())]);
+        let applied = s
+            .apply(&Command::DeleteExclusiveQueues { owner: 1 })
+            .unwrap();
+        assert_eq!(
+            applied.removed.queues,
+            vec![("/".to_string(), "x".to_string())]
+        );
     }
 
     #[test]
     fn deleting_a_queue_cascades_to_auto_delete_exchanges() {
         let mut s = state();
         s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
-        s.apply(&Command::DeclareExchange(exchange("ad", true))).unwrap();
+        s.apply(&Command::DeclareExchange(exchange("ad", true)))
+            .unwrap();
         s.apply(&Command::Bind(bind("ad", "q"))).unwrap();
         let applied = s
             .apply(&Command::DeleteQueue {
@@ -657,7 +691,8 @@ mod tests {
     fn delete_exchange_if_unused_refuses_a_bound_exchange() {
         let mut s = state();
         s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
-        s.apply(&Command::DeclareExchange(exchange("e", false))).unwrap();
+        s.apply(&Command::DeclareExchange(exchange("e", false)))
+            .unwrap();
         s.apply(&Command::Bind(bind("e", "q"))).unwrap();
         let cmd = Command::DeleteExchange {
             vhost: "/".into(),
@@ -671,8 +706,16 @@ mod tests {
     fn bind_is_idempotent() {
         let mut s = state();
         s.apply(&Command::DeclareQueue(queue("q"))).unwrap();
-        assert!(s.apply(&Command::Bind(bind("amq.fanout", "q"))).unwrap().created);
-        assert!(!s.apply(&Command::Bind(bind("amq.fanout", "q"))).unwrap().created);
+        assert!(
+            s.apply(&Command::Bind(bind("amq.fanout", "q")))
+                .unwrap()
+                .created
+        );
+        assert!(
+            !s.apply(&Command::Bind(bind("amq.fanout", "q")))
+                .unwrap()
+                .created
+        );
         assert_eq!(s.vhost("/").unwrap().bindings_from("amq.fanout").len(), 1);
     }
 }

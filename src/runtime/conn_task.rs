@@ -48,7 +48,13 @@ where
         addr: peer.to_string(),
         is_loopback: peer.ip().is_loopback(),
     };
-    let mut session = Connection::new(ctx.broker.clone(), ctx.session.clone(), info, outbox, clock.now());
+    let mut session = Connection::new(
+        ctx.broker.clone(),
+        ctx.session.clone(),
+        info,
+        outbox,
+        clock.now(),
+    );
     let span = tracing::info_span!("conn", id = session.id(), peer = %peer);
     async move {
         let (mut rd, mut wr) = tokio::io::split(stream);
@@ -56,6 +62,9 @@ where
         let mut wbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut wpos = 0usize;
         let mut eof = false;
+        // A watch whose sender is gone answers `changed()` at once forever: stop polling it.
+        let mut shutdown_open = true;
+        let mut alarm_open = true;
         if *ctx.alarm.borrow() {
             session.handle_alarm(true, clock.now());
         }
@@ -80,17 +89,21 @@ where
             let can_read = !finished && session.wants_read();
             tokio::select! {
                 biased;
-                r = ctx.shutdown.changed() => {
-                    if r.is_ok() && *ctx.shutdown.borrow() {
+                r = ctx.shutdown.changed(), if shutdown_open => {
+                    if r.is_err() {
+                        shutdown_open = false;
                         session.handle_shutdown(clock.now());
-                    } else if r.is_err() {
+                    } else if *ctx.shutdown.borrow_and_update() {
                         session.handle_shutdown(clock.now());
                     }
                 }
-                r = ctx.alarm.changed() => {
-                    if r.is_ok() {
-                        let on = *ctx.alarm.borrow();
-                        session.handle_alarm(on, clock.now());
+                r = ctx.alarm.changed(), if alarm_open => {
+                    match r {
+                        Ok(()) => {
+                            let on = *ctx.alarm.borrow_and_update();
+                            session.handle_alarm(on, clock.now());
+                        }
+                        Err(_) => alarm_open = false,
                     }
                 }
                 r = wr.write(&wbuf[wpos..]), if wpos < wbuf.len() => {

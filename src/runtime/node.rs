@@ -47,7 +47,9 @@ pub struct Node {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Node").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Node")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,13 +85,14 @@ impl Node {
             .unwrap_or(0);
         let seed = rand::random::<u64>();
         let broker = Arc::new(Broker::new(&config, seed, watermark, epoch_unix_ms));
-        let mut listener = transport
-            .bind(config.amqp.listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                addr: config.amqp.listen,
-                source,
-            })?;
+        let mut listener =
+            transport
+                .bind(config.amqp.listen)
+                .await
+                .map_err(|source| NodeError::Bind {
+                    addr: config.amqp.listen,
+                    source,
+                })?;
         let addr = listener.local_addr().map_err(|source| NodeError::Bind {
             addr: config.amqp.listen,
             source,
@@ -196,7 +199,10 @@ impl Node {
         self.tracker.close();
         // Clients get a few seconds to answer close-ok; the session's own deadline ends
         // connections that do not.
-        if tokio::time::timeout(Duration::from_secs(5), self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), self.tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("connections still open after 5 s; stopping anyway");
         }
         tracing::info!("node stopped");

@@ -44,8 +44,15 @@ struct ConsumerRef {
 
 #[derive(Debug)]
 enum TxAck {
-    Ack { tag: u64, multiple: bool },
-    Nack { tag: u64, multiple: bool, requeue: bool },
+    Ack {
+        tag: u64,
+        multiple: bool,
+    },
+    Nack {
+        tag: u64,
+        multiple: bool,
+        requeue: bool,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -116,15 +123,25 @@ impl Channel {
     }
 
     /// Handles a method for this channel.
-    pub fn handle_method(&mut self, c: &mut Connection, method: AMQPClass, now: Instant) -> Result<(), AmqpError> {
+    pub fn handle_method(
+        &mut self,
+        c: &mut Connection,
+        method: AMQPClass,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         if self.content.is_some() {
-            return Err(unexpected_frame("expected content header or body, got a method"));
+            return Err(unexpected_frame(
+                "expected content header or body, got a method",
+            ));
         }
         let ch = self.id;
         match method {
             AMQPClass::Channel(chm::AMQPMethod::Flow(f)) => {
                 self.link.flow_active.store(f.active, Ordering::Release);
-                c.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::FlowOk(chm::FlowOk { active: f.active })));
+                c.send_method(
+                    ch,
+                    AMQPClass::Channel(chm::AMQPMethod::FlowOk(chm::FlowOk { active: f.active })),
+                );
                 if f.active {
                     self.poke_consumed_queues(c, now);
                 }
@@ -132,7 +149,10 @@ impl Channel {
             }
             AMQPClass::Channel(chm::AMQPMethod::FlowOk(_)) => Ok(()),
             AMQPClass::Access(access::AMQPMethod::Request(_)) => {
-                c.send_method(ch, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})));
+                c.send_method(
+                    ch,
+                    AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})),
+                );
                 Ok(())
             }
             AMQPClass::Exchange(m) => self.handle_exchange(c, m, now),
@@ -143,7 +163,12 @@ impl Channel {
                     return Err(precondition_failed("cannot switch from tx to confirm mode"));
                 }
                 self.confirm = true;
-                ok_or_nowait(c, ch, s.nowait, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    s.nowait,
+                    AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                );
                 Ok(())
             }
             AMQPClass::Tx(m) => self.handle_tx(c, m, now),
@@ -157,29 +182,51 @@ impl Channel {
 
     // ---- exchange.* ----
 
-    fn handle_exchange(&mut self, c: &mut Connection, m: exm::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+    fn handle_exchange(
+        &mut self,
+        c: &mut Connection,
+        m: exm::AMQPMethod,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let ch = self.id;
         let vhost = c.vhost.clone();
         match m {
             exm::AMQPMethod::Declare(d) => {
                 let name = d.exchange.as_str();
                 let snapshot = c.snapshot();
-                let v = snapshot.vhost(&vhost).ok_or_else(|| not_found("vhost gone"))?;
+                let v = snapshot
+                    .vhost(&vhost)
+                    .ok_or_else(|| not_found("vhost gone"))?;
                 if d.passive {
                     if name.is_empty() {
-                        ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                        ok_or_nowait(
+                            c,
+                            ch,
+                            d.nowait,
+                            AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
+                        );
                         return Ok(());
                     }
                     if !v.exchanges.contains_key(name) {
-                        return Err(not_found(format!("no exchange '{name}' in vhost '{vhost}'")));
+                        return Err(not_found(format!(
+                            "no exchange '{name}' in vhost '{vhost}'"
+                        )));
                     }
-                    ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                    ok_or_nowait(
+                        c,
+                        ch,
+                        d.nowait,
+                        AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
+                    );
                     return Ok(());
                 }
-                let kind = ExchangeKind::parse(d.kind.as_str())
-                    .ok_or_else(|| command_invalid(format!("invalid exchange type '{}'", d.kind)))?;
+                let kind = ExchangeKind::parse(d.kind.as_str()).ok_or_else(|| {
+                    command_invalid(format!("invalid exchange type '{}'", d.kind))
+                })?;
                 if name.is_empty() {
-                    return Err(access_refused("operation not permitted on the default exchange"));
+                    return Err(access_refused(
+                        "operation not permitted on the default exchange",
+                    ));
                 }
                 if name.starts_with("amq.") {
                     return Err(access_refused(format!(
@@ -187,7 +234,9 @@ impl Channel {
                     )));
                 }
                 perms(c)?.check(Access::Configure, "exchange", name)?;
-                if let Some(AMQPValue::LongString(ae)) = d.arguments.inner().get("alternate-exchange") {
+                if let Some(AMQPValue::LongString(ae)) =
+                    d.arguments.inner().get("alternate-exchange")
+                {
                     let ae = String::from_utf8_lossy(ae.as_bytes()).into_owned();
                     perms(c)?.check(Access::Write, "exchange", &ae)?;
                 }
@@ -201,13 +250,20 @@ impl Channel {
                     arguments: d.arguments,
                 };
                 c.broker.apply(&Command::DeclareExchange(def), now)?;
-                ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    d.nowait,
+                    AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
+                );
                 Ok(())
             }
             exm::AMQPMethod::Delete(d) => {
                 let name = d.exchange.as_str();
                 if name.is_empty() {
-                    return Err(access_refused("operation not permitted on the default exchange"));
+                    return Err(access_refused(
+                        "operation not permitted on the default exchange",
+                    ));
                 }
                 if name.starts_with("amq.") {
                     return Err(access_refused(format!(
@@ -228,17 +284,48 @@ impl Channel {
                     Ok(_) | Err(crate::meta::MetaError::NotFound { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
-                ok_or_nowait(c, ch, d.nowait, AMQPClass::Exchange(exm::AMQPMethod::DeleteOk(exm::DeleteOk {})));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    d.nowait,
+                    AMQPClass::Exchange(exm::AMQPMethod::DeleteOk(exm::DeleteOk {})),
+                );
                 Ok(())
             }
             exm::AMQPMethod::Bind(b) => {
-                self.exchange_binding(c, true, b.destination.as_str(), b.source.as_str(), b.routing_key.as_str(), b.arguments, now)?;
-                ok_or_nowait(c, ch, b.nowait, AMQPClass::Exchange(exm::AMQPMethod::BindOk(exm::BindOk {})));
+                self.exchange_binding(
+                    c,
+                    true,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    b.arguments,
+                    now,
+                )?;
+                ok_or_nowait(
+                    c,
+                    ch,
+                    b.nowait,
+                    AMQPClass::Exchange(exm::AMQPMethod::BindOk(exm::BindOk {})),
+                );
                 Ok(())
             }
             exm::AMQPMethod::Unbind(b) => {
-                self.exchange_binding(c, false, b.destination.as_str(), b.source.as_str(), b.routing_key.as_str(), b.arguments, now)?;
-                ok_or_nowait(c, ch, b.nowait, AMQPClass::Exchange(exm::AMQPMethod::UnbindOk(exm::UnbindOk {})));
+                self.exchange_binding(
+                    c,
+                    false,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    b.arguments,
+                    now,
+                )?;
+                ok_or_nowait(
+                    c,
+                    ch,
+                    b.nowait,
+                    AMQPClass::Exchange(exm::AMQPMethod::UnbindOk(exm::UnbindOk {})),
+                );
                 Ok(())
             }
             other => Err(command_invalid(format!(
@@ -268,7 +355,11 @@ impl Channel {
             routing_key: routing_key.to_string(),
             arguments,
         };
-        let cmd = if bind { Command::Bind(b) } else { Command::Unbind(b) };
+        let cmd = if bind {
+            Command::Bind(b)
+        } else {
+            Command::Unbind(b)
+        };
         c.broker.apply(&cmd, now)?;
         Ok(())
     }
@@ -299,7 +390,12 @@ impl Channel {
         Ok(h)
     }
 
-    fn handle_queue(&mut self, c: &mut Connection, m: qm::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+    fn handle_queue(
+        &mut self,
+        c: &mut Connection,
+        m: qm::AMQPMethod,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let ch = self.id;
         let vhost = c.vhost.clone();
         match m {
@@ -313,11 +409,16 @@ impl Channel {
                         (q.message_count(), q.consumer_count())
                     };
                     self.last_queue = Some(name.clone());
-                    ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
-                        queue: short(&name),
-                        message_count: messages,
-                        consumer_count: consumers,
-                    })));
+                    ok_or_nowait(
+                        c,
+                        ch,
+                        d.nowait,
+                        AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                            queue: short(&name),
+                            message_count: messages,
+                            consumer_count: consumers,
+                        })),
+                    );
                     return Ok(());
                 }
                 if name.is_empty() {
@@ -328,7 +429,12 @@ impl Channel {
                     )));
                 }
                 perms(c)?.check(Access::Configure, "queue", &name)?;
-                if let Some(dlx) = d.arguments.inner().get("x-dead-letter-exchange").and_then(crate::meta::args::string) {
+                if let Some(dlx) = d
+                    .arguments
+                    .inner()
+                    .get("x-dead-letter-exchange")
+                    .and_then(crate::meta::args::string)
+                {
                     perms(c)?.check(Access::Write, "exchange", &dlx)?;
                 }
                 let def = QueueDef {
@@ -355,23 +461,52 @@ impl Channel {
                     (q.message_count(), q.consumer_count())
                 };
                 self.last_queue = Some(name.clone());
-                ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
-                    queue: short(&name),
-                    message_count: messages,
-                    consumer_count: consumers,
-                })));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    d.nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                        queue: short(&name),
+                        message_count: messages,
+                        consumer_count: consumers,
+                    })),
+                );
                 Ok(())
             }
             qm::AMQPMethod::Bind(b) => {
                 let name = self.resolve_queue_name(b.queue.as_str())?;
-                self.queue_binding(c, true, &name, b.exchange.as_str(), b.routing_key.as_str(), b.arguments, now)?;
-                ok_or_nowait(c, ch, b.nowait, AMQPClass::Queue(qm::AMQPMethod::BindOk(qm::BindOk {})));
+                self.queue_binding(
+                    c,
+                    true,
+                    &name,
+                    b.exchange.as_str(),
+                    b.routing_key.as_str(),
+                    b.arguments,
+                    now,
+                )?;
+                ok_or_nowait(
+                    c,
+                    ch,
+                    b.nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::BindOk(qm::BindOk {})),
+                );
                 Ok(())
             }
             qm::AMQPMethod::Unbind(b) => {
                 let name = self.resolve_queue_name(b.queue.as_str())?;
-                self.queue_binding(c, false, &name, b.exchange.as_str(), b.routing_key.as_str(), b.arguments, now)?;
-                c.send_method(ch, AMQPClass::Queue(qm::AMQPMethod::UnbindOk(qm::UnbindOk {})));
+                self.queue_binding(
+                    c,
+                    false,
+                    &name,
+                    b.exchange.as_str(),
+                    b.routing_key.as_str(),
+                    b.arguments,
+                    now,
+                )?;
+                c.send_method(
+                    ch,
+                    AMQPClass::Queue(qm::AMQPMethod::UnbindOk(qm::UnbindOk {})),
+                );
                 Ok(())
             }
             qm::AMQPMethod::Purge(p) => {
@@ -379,14 +514,26 @@ impl Channel {
                 perms(c)?.check(Access::Read, "queue", &name)?;
                 let h = self.queue_handle(c, &name)?;
                 let n = h.lock().purge();
-                ok_or_nowait(c, ch, p.nowait, AMQPClass::Queue(qm::AMQPMethod::PurgeOk(qm::PurgeOk { message_count: n })));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    p.nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::PurgeOk(qm::PurgeOk { message_count: n })),
+                );
                 Ok(())
             }
             qm::AMQPMethod::Delete(d) => {
                 let name = self.resolve_queue_name(d.queue.as_str())?;
                 perms(c)?.check(Access::Configure, "queue", &name)?;
-                let n = c.broker.delete_queue(&vhost, &name, d.if_unused, d.if_empty, c.id, now)?;
-                ok_or_nowait(c, ch, d.nowait, AMQPClass::Queue(qm::AMQPMethod::DeleteOk(qm::DeleteOk { message_count: n })));
+                let n = c
+                    .broker
+                    .delete_queue(&vhost, &name, d.if_unused, d.if_empty, c.id, now)?;
+                ok_or_nowait(
+                    c,
+                    ch,
+                    d.nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::DeleteOk(qm::DeleteOk { message_count: n })),
+                );
                 Ok(())
             }
             other => Err(command_invalid(format!(
@@ -418,24 +565,38 @@ impl Channel {
             routing_key: routing_key.to_string(),
             arguments,
         };
-        let cmd = if bind { Command::Bind(b) } else { Command::Unbind(b) };
+        let cmd = if bind {
+            Command::Bind(b)
+        } else {
+            Command::Unbind(b)
+        };
         c.broker.apply(&cmd, now)?;
         Ok(())
     }
 
     // ---- basic.* ----
 
-    fn handle_basic(&mut self, c: &mut Connection, m: basic::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+    fn handle_basic(
+        &mut self,
+        c: &mut Connection,
+        m: basic::AMQPMethod,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let ch = self.id;
         match m {
             basic::AMQPMethod::Qos(q) => {
                 if q.global {
-                    self.link.global_prefetch.store(q.prefetch_count as u32, Ordering::Release);
+                    self.link
+                        .global_prefetch
+                        .store(q.prefetch_count as u32, Ordering::Release);
                     self.poke_consumed_queues(c, now);
                 } else {
                     self.prefetch = q.prefetch_count;
                 }
-                c.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                c.send_method(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
                 Ok(())
             }
             basic::AMQPMethod::Consume(m) => self.consume(c, m, now),
@@ -444,9 +605,14 @@ impl Channel {
                 if let Some(cons) = self.consumers.remove(&tag) {
                     self.detach_consumer(c, &cons.queue, &tag, now);
                 }
-                ok_or_nowait(c, ch, m.nowait, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
-                    consumer_tag: m.consumer_tag,
-                })));
+                ok_or_nowait(
+                    c,
+                    ch,
+                    m.nowait,
+                    AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                        consumer_tag: m.consumer_tag,
+                    })),
+                );
                 Ok(())
             }
             basic::AMQPMethod::Publish(p) => {
@@ -466,7 +632,10 @@ impl Channel {
             basic::AMQPMethod::Ack(a) => {
                 if self.tx.is_some() {
                     self.check_tags(a.delivery_tag, a.multiple)?;
-                    self.tx_acks().push(TxAck::Ack { tag: a.delivery_tag, multiple: a.multiple });
+                    self.tx_acks().push(TxAck::Ack {
+                        tag: a.delivery_tag,
+                        multiple: a.multiple,
+                    });
                     return Ok(());
                 }
                 self.settle(c, a.delivery_tag, a.multiple, None, now)
@@ -474,7 +643,11 @@ impl Channel {
             basic::AMQPMethod::Nack(n) => {
                 if self.tx.is_some() {
                     self.check_tags(n.delivery_tag, n.multiple)?;
-                    self.tx_acks().push(TxAck::Nack { tag: n.delivery_tag, multiple: n.multiple, requeue: n.requeue });
+                    self.tx_acks().push(TxAck::Nack {
+                        tag: n.delivery_tag,
+                        multiple: n.multiple,
+                        requeue: n.requeue,
+                    });
                     return Ok(());
                 }
                 self.settle(c, n.delivery_tag, n.multiple, Some(n.requeue), now)
@@ -482,7 +655,11 @@ impl Channel {
             basic::AMQPMethod::Reject(r) => {
                 if self.tx.is_some() {
                     self.check_tags(r.delivery_tag, false)?;
-                    self.tx_acks().push(TxAck::Nack { tag: r.delivery_tag, multiple: false, requeue: r.requeue });
+                    self.tx_acks().push(TxAck::Nack {
+                        tag: r.delivery_tag,
+                        multiple: false,
+                        requeue: r.requeue,
+                    });
                     return Ok(());
                 }
                 self.settle(c, r.delivery_tag, false, Some(r.requeue), now)
@@ -492,7 +669,10 @@ impl Channel {
                     return Err(not_implemented("requeue=false"));
                 }
                 self.requeue_all(c, now);
-                c.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+                c.send_method(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                );
                 Ok(())
             }
             basic::AMQPMethod::RecoverAsync(r) => {
@@ -509,7 +689,12 @@ impl Channel {
         }
     }
 
-    fn consume(&mut self, c: &mut Connection, m: basic::Consume, now: Instant) -> Result<(), AmqpError> {
+    fn consume(
+        &mut self,
+        c: &mut Connection,
+        m: basic::Consume,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let name = self.resolve_queue_name(m.queue.as_str())?;
         perms(c)?.check(Access::Read, "queue", &name)?;
         let h = self.queue_handle(c, &name)?;
@@ -519,7 +704,9 @@ impl Channel {
             m.consumer_tag.as_str().to_string()
         };
         if self.consumers.contains_key(&tag) {
-            return Err(not_allowed(format!("attempt to reuse consumer tag '{tag}'")));
+            return Err(not_allowed(format!(
+                "attempt to reuse consumer tag '{tag}'"
+            )));
         }
         let priority = match m.arguments.inner().get("x-priority") {
             None => 0,
@@ -531,7 +718,11 @@ impl Channel {
                 AMQPValue::LongInt(x) => *x,
                 AMQPValue::LongUInt(x) => *x as i32,
                 AMQPValue::LongLongInt(x) => *x as i32,
-                _ => return Err(precondition_failed("invalid arg 'x-priority': {unacceptable_type}")),
+                _ => {
+                    return Err(precondition_failed(
+                        "invalid arg 'x-priority': {unacceptable_type}",
+                    ))
+                }
             },
         };
         let consumer = Consumer {
@@ -549,9 +740,12 @@ impl Channel {
             let mut q = h.lock();
             q.check_new_consumer(&h, m.exclusive)?;
             if !m.nowait {
-                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
-                    consumer_tag: short(&tag),
-                })));
+                c.send_method(
+                    self.id,
+                    AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                        consumer_tag: short(&tag),
+                    })),
+                );
             }
             q.add_consumer(&h, consumer, now)
         };
@@ -573,23 +767,41 @@ impl Channel {
         }
         match got {
             None => {
-                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})));
+                c.send_method(
+                    self.id,
+                    AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+                );
             }
             Some((entry, remaining)) => {
                 let tag = self.next_delivery_tag;
                 self.next_delivery_tag += 1;
                 if !g.no_ack {
-                    self.unacked.insert(tag, UnackedRef { queue: h.clone(), seq: entry.seq });
+                    self.unacked.insert(
+                        tag,
+                        UnackedRef {
+                            queue: h.clone(),
+                            seq: entry.seq,
+                        },
+                    );
                 }
                 let msg = &entry.message;
-                c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
-                    delivery_tag: tag,
-                    redelivered: entry.redelivered,
-                    exchange: short(&msg.exchange),
-                    routing_key: short(&msg.routing_key),
-                    message_count: remaining,
-                })));
-                frame::encode_content(&mut c.out, self.id, &msg.properties_raw, &msg.body, c.frame_max);
+                c.send_method(
+                    self.id,
+                    AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
+                        delivery_tag: tag,
+                        redelivered: entry.redelivered,
+                        exchange: short(&msg.exchange),
+                        routing_key: short(&msg.routing_key),
+                        message_count: remaining,
+                    })),
+                );
+                frame::encode_content(
+                    &mut c.out,
+                    self.id,
+                    &msg.properties_raw,
+                    &msg.body,
+                    c.frame_max,
+                );
             }
         }
         Ok(())
@@ -621,14 +833,24 @@ impl Channel {
             } else {
                 self.unacked.range(..=tag).map(|(k, _)| *k).collect()
             };
-            Ok(keys.into_iter().filter_map(|k| self.unacked.remove(&k)).collect())
+            Ok(keys
+                .into_iter()
+                .filter_map(|k| self.unacked.remove(&k))
+                .collect())
         } else {
             Ok(self.unacked.remove(&tag).into_iter().collect())
         }
     }
 
     /// ack (`requeue` None) or nack/reject (`Some(requeue)`).
-    fn settle(&mut self, c: &mut Connection, tag: u64, multiple: bool, requeue: Option<bool>, now: Instant) -> Result<(), AmqpError> {
+    fn settle(
+        &mut self,
+        c: &mut Connection,
+        tag: u64,
+        multiple: bool,
+        requeue: Option<bool>,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let refs = self.take_tags(tag, multiple)?;
         settle_refs(c, refs, requeue, now);
         if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
@@ -665,16 +887,26 @@ impl Channel {
             .lock()
             .remove_consumers(now, |k| &*k.tag == tag && Arc::ptr_eq(&k.link, link));
         if auto_delete {
-            let _ = c.broker.delete_queue(&queue.vhost, &queue.name, false, false, c.id, now);
+            let _ = c
+                .broker
+                .delete_queue(&queue.vhost, &queue.name, false, false, c.id, now);
         }
     }
 
     // ---- content ----
 
     /// Handles a content header or body frame.
-    pub fn handle_content(&mut self, c: &mut Connection, f: Frame<'_>, now: Instant) -> Result<(), AmqpError> {
+    pub fn handle_content(
+        &mut self,
+        c: &mut Connection,
+        f: Frame<'_>,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let Some(pending) = self.content.as_mut() else {
-            return Err(unexpected_frame(format!("unexpected content frame on channel {}", self.id)));
+            return Err(unexpected_frame(format!(
+                "unexpected content frame on channel {}",
+                self.id
+            )));
         };
         match f.kind {
             FrameKind::Header => {
@@ -683,7 +915,10 @@ impl Channel {
                 }
                 let h = frame::decode_content_header(f.payload)?;
                 if h.class_id != 60 {
-                    return Err(frame_error(format!("content header for class {}", h.class_id)));
+                    return Err(frame_error(format!(
+                        "content header for class {}",
+                        h.class_id
+                    )));
                 }
                 if h.body_size > c.cfg.max_message_size {
                     self.content = None;
@@ -692,7 +927,8 @@ impl Channel {
                         h.body_size, c.cfg.max_message_size
                     )));
                 }
-                pending.body.reserve(h.body_size as usize);
+                // Reserve what is announced only up to 1 MiB: the announcement is not the data.
+                pending.body.reserve((h.body_size as usize).min(1 << 20));
                 pending.header = Some(h);
             }
             FrameKind::Body => {
@@ -717,9 +953,15 @@ impl Channel {
         Ok(())
     }
 
-    fn publish(&mut self, c: &mut Connection, p: PendingPublish, now: Instant) -> Result<(), AmqpError> {
+    fn publish(
+        &mut self,
+        c: &mut Connection,
+        p: PendingPublish,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let header = p.header.expect("complete publish has a header");
-        crate::broker::message::validate_expiration(&header.properties).map_err(precondition_failed)?;
+        crate::broker::message::validate_expiration(&header.properties)
+            .map_err(precondition_failed)?;
         let seq = if self.confirm {
             let s = self.next_publish_seq;
             self.next_publish_seq += 1;
@@ -732,7 +974,10 @@ impl Channel {
             .vhost(&c.vhost)
             .ok_or_else(|| not_found(format!("vhost '{}' gone", c.vhost)))?;
         let exchange = vhost.exchanges.get(&p.exchange).ok_or_else(|| {
-            not_found(format!("no exchange '{}' in vhost '{}'", p.exchange, c.vhost))
+            not_found(format!(
+                "no exchange '{}' in vhost '{}'",
+                p.exchange, c.vhost
+            ))
         })?;
         if exchange.internal {
             return Err(access_refused(format!(
@@ -758,10 +1003,13 @@ impl Channel {
             body: p.body.freeze(),
         });
         if let Some(tx) = &mut self.tx {
-            tx.publishes.push((message.exchange.clone(), message, p.mandatory));
+            tx.publishes
+                .push((message.exchange.clone(), message, p.mandatory));
             return Ok(());
         }
-        let outcome = c.broker.publish(vhost, &message.exchange, message.clone(), now);
+        let outcome = c
+            .broker
+            .publish(vhost, &message.exchange, message.clone(), now);
         if outcome.routed == 0 && p.mandatory {
             self.send_return(c, &message);
         }
@@ -772,13 +1020,22 @@ impl Channel {
     }
 
     fn send_return(&self, c: &mut Connection, message: &Message) {
-        c.send_method(self.id, AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
-            reply_code: ReplyCode::NoRoute.code(),
-            reply_text: "NO_ROUTE".into(),
-            exchange: short(&message.exchange),
-            routing_key: short(&message.routing_key),
-        })));
-        frame::encode_content(&mut c.out, self.id, &message.properties_raw, &message.body, c.frame_max);
+        c.send_method(
+            self.id,
+            AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
+                reply_code: ReplyCode::NoRoute.code(),
+                reply_text: "NO_ROUTE".into(),
+                exchange: short(&message.exchange),
+                routing_key: short(&message.routing_key),
+            })),
+        );
+        frame::encode_content(
+            &mut c.out,
+            self.id,
+            &message.properties_raw,
+            &message.body,
+            c.frame_max,
+        );
     }
 
     /// Emits pending confirms, a run of acks as one `multiple` ack.
@@ -791,11 +1048,15 @@ impl Channel {
         while i < pending.len() {
             let (seq, ack) = pending[i];
             if !ack {
-                frame::encode_method(out, self.id, &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                    delivery_tag: seq,
-                    multiple: false,
-                    requeue: false,
-                })));
+                frame::encode_method(
+                    out,
+                    self.id,
+                    &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                        delivery_tag: seq,
+                        multiple: false,
+                        requeue: false,
+                    })),
+                );
                 i += 1;
                 continue;
             }
@@ -811,7 +1072,12 @@ impl Channel {
 
     // ---- tx.* ----
 
-    fn handle_tx(&mut self, c: &mut Connection, m: tx::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+    fn handle_tx(
+        &mut self,
+        c: &mut Connection,
+        m: tx::AMQPMethod,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         let ch = self.id;
         match m {
             tx::AMQPMethod::Select(_) => {
@@ -841,7 +1107,11 @@ impl Channel {
                 for a in t.acks {
                     let r = match a {
                         TxAck::Ack { tag, multiple } => self.settle(c, tag, multiple, None, now),
-                        TxAck::Nack { tag, multiple, requeue } => self.settle(c, tag, multiple, Some(requeue), now),
+                        TxAck::Nack {
+                            tag,
+                            multiple,
+                            requeue,
+                        } => self.settle(c, tag, multiple, Some(requeue), now),
                     };
                     // A tag acked twice inside one transaction is the client's error.
                     r?;
@@ -854,7 +1124,10 @@ impl Channel {
                     return Err(precondition_failed("channel is not transactional"));
                 }
                 self.tx = Some(Tx::default());
-                c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})));
+                c.send_method(
+                    ch,
+                    AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+                );
                 Ok(())
             }
             other => Err(command_invalid(format!(
@@ -870,20 +1143,44 @@ impl Channel {
     pub fn encode_delivery(&mut self, out: &mut Vec<u8>, frame_max: u32, d: Delivery) {
         let tag = self.next_delivery_tag;
         self.next_delivery_tag += 1;
-        frame::encode_deliver(out, self.id, &d.consumer_tag, tag, d.redelivered, &d.message.exchange, &d.message.routing_key);
-        frame::encode_content(out, self.id, &d.message.properties_raw, &d.message.body, frame_max);
+        frame::encode_deliver(
+            out,
+            self.id,
+            &d.consumer_tag,
+            tag,
+            d.redelivered,
+            &d.message.exchange,
+            &d.message.routing_key,
+        );
+        frame::encode_content(
+            out,
+            self.id,
+            &d.message.properties_raw,
+            &d.message.body,
+            frame_max,
+        );
         if d.ack_required {
-            self.unacked.insert(tag, UnackedRef { queue: d.queue, seq: d.seq });
+            self.unacked.insert(
+                tag,
+                UnackedRef {
+                    queue: d.queue,
+                    seq: d.seq,
+                },
+            );
         }
     }
 
     /// The broker cancelled a consumer (queue deleted).
     pub fn handle_broker_cancel(&mut self, out: &mut Vec<u8>, tag: &str, notify: bool) {
         if self.consumers.remove(tag).is_some() && notify {
-            frame::encode_method(out, self.id, &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-                consumer_tag: short(tag),
-                nowait: true,
-            })));
+            frame::encode_method(
+                out,
+                self.id,
+                &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                    consumer_tag: short(tag),
+                    nowait: true,
+                })),
+            );
         }
     }
 

@@ -249,9 +249,10 @@ impl Connection {
                     match m {
                         conn::AMQPMethod::CloseOk(_) => self.state = State::Finished,
                         conn::AMQPMethod::Close(_) => {
-                            self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::CloseOk(
-                                conn::CloseOk {},
-                            )));
+                            self.send_method(
+                                0,
+                                AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+                            );
                         }
                         _ => {}
                     }
@@ -287,15 +288,26 @@ impl Connection {
     fn handle_method_frame(&mut self, f: Frame<'_>, now: Instant) -> Result<(), AmqpError> {
         let method = frame::decode_method(f.payload)?;
         // amq-protocol's Qos drops prefetch_size; RabbitMQ refuses a non-zero one with 540.
-        if frame::method_ids(f.payload) == Some((60, 10)) && f.payload.len() >= 8 && f.payload[4..8] != [0, 0, 0, 0] {
+        if frame::method_ids(f.payload) == Some((60, 10))
+            && f.payload.len() >= 8
+            && f.payload[4..8] != [0, 0, 0, 0]
+        {
             return Err(crate::amqp::reply_code::not_implemented("prefetch_size!=0").at(60, 10));
         }
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
-        tracing::trace!(conn = self.id, channel = f.channel, class_id, method_id, "method");
+        tracing::trace!(
+            conn = self.id,
+            channel = f.channel,
+            class_id,
+            method_id,
+            "method"
+        );
         let at = |e: AmqpError| e.at(class_id, method_id);
         if f.channel == 0 {
             let AMQPClass::Connection(m) = method else {
-                return Err(at(command_invalid("only connection methods are allowed on channel 0")));
+                return Err(at(command_invalid(
+                    "only connection methods are allowed on channel 0",
+                )));
             };
             return self.handle_connection_method(m, now).map_err(at);
         }
@@ -303,7 +315,9 @@ impl Connection {
             return Err(at(channel_error("channel used before connection.open")));
         }
         if matches!(method, AMQPClass::Connection(_)) {
-            return Err(at(command_invalid("connection methods must be sent on channel 0")));
+            return Err(at(command_invalid(
+                "connection methods must be sent on channel 0",
+            )));
         }
         if f.channel > self.channel_max && self.channel_max != 0 {
             return Err(at(channel_error(format!(
@@ -311,10 +325,15 @@ impl Connection {
                 f.channel, self.channel_max
             ))));
         }
-        self.handle_channel_method(f.channel, method, now).map_err(at)
+        self.handle_channel_method(f.channel, method, now)
+            .map_err(at)
     }
 
-    fn handle_connection_method(&mut self, m: conn::AMQPMethod, now: Instant) -> Result<(), AmqpError> {
+    fn handle_connection_method(
+        &mut self,
+        m: conn::AMQPMethod,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         match (self.state, m) {
             (State::AwaitStartOk, conn::AMQPMethod::StartOk(s)) => {
                 handshake::handle_start_ok(self, s)?;
@@ -322,7 +341,8 @@ impl Connection {
                 Ok(())
             }
             (State::AwaitTuneOk, conn::AMQPMethod::TuneOk(t)) => {
-                let (channel_max, frame_max, heartbeat_s) = handshake::negotiate_tune(&self.cfg, &t)?;
+                let (channel_max, frame_max, heartbeat_s) =
+                    handshake::negotiate_tune(&self.cfg, &t)?;
                 self.channel_max = channel_max;
                 self.frame_max = frame_max;
                 self.heartbeat_ms = heartbeat_s as u64 * 1000;
@@ -344,7 +364,10 @@ impl Connection {
             (_, conn::AMQPMethod::Close(c)) => {
                 tracing::debug!(conn = self.id, code = c.reply_code, text = %c.reply_text, "client closed connection");
                 self.teardown(now);
-                self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})));
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+                );
                 self.state = State::Finished;
                 Ok(())
             }
@@ -361,7 +384,9 @@ impl Connection {
                 // Passwords are static; accept the refresh as RabbitMQ does for internal users.
                 self.send_method(
                     0,
-                    AMQPClass::Connection(conn::AMQPMethod::UpdateSecretOk(conn::UpdateSecretOk {})),
+                    AMQPClass::Connection(conn::AMQPMethod::UpdateSecretOk(
+                        conn::UpdateSecretOk {},
+                    )),
                 );
                 Ok(())
             }
@@ -372,15 +397,26 @@ impl Connection {
         }
     }
 
-    fn handle_channel_method(&mut self, ch: u16, method: AMQPClass, now: Instant) -> Result<(), AmqpError> {
+    fn handle_channel_method(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+        now: Instant,
+    ) -> Result<(), AmqpError> {
         if let AMQPClass::Channel(m) = &method {
             match m {
                 chm::AMQPMethod::Open(_) => {
                     if self.channels.contains_key(&ch) {
-                        return Err(channel_error(format!("second 'channel.open' seen on channel {ch}")));
+                        return Err(channel_error(format!(
+                            "second 'channel.open' seen on channel {ch}"
+                        )));
                     }
-                    self.channels.insert(ch, Channel::new(self.id, ch, self.outbox.clone()));
-                    self.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::OpenOk(chm::OpenOk {})));
+                    self.channels
+                        .insert(ch, Channel::new(self.id, ch, self.outbox.clone()));
+                    self.send_method(
+                        ch,
+                        AMQPClass::Channel(chm::AMQPMethod::OpenOk(chm::OpenOk {})),
+                    );
                     return Ok(());
                 }
                 chm::AMQPMethod::CloseOk(_) => {
@@ -390,21 +426,28 @@ impl Connection {
                             return Ok(());
                         }
                     }
-                    return Err(channel_error(format!("unexpected channel.close-ok on channel {ch}")));
+                    return Err(channel_error(format!(
+                        "unexpected channel.close-ok on channel {ch}"
+                    )));
                 }
                 chm::AMQPMethod::Close(_) => {
                     let Some(mut c) = self.channels.remove(&ch) else {
                         return Err(channel_error(format!("channel {ch} is not open")));
                     };
                     c.teardown(self, now);
-                    self.send_method(ch, AMQPClass::Channel(chm::AMQPMethod::CloseOk(chm::CloseOk {})));
+                    self.send_method(
+                        ch,
+                        AMQPClass::Channel(chm::AMQPMethod::CloseOk(chm::CloseOk {})),
+                    );
                     return Ok(());
                 }
                 _ => {}
             }
         }
         let Some(mut c) = self.channels.remove(&ch) else {
-            return Err(channel_error(format!("expected 'channel.open' on channel {ch}")));
+            return Err(channel_error(format!(
+                "expected 'channel.open' on channel {ch}"
+            )));
         };
         if c.is_closing() {
             // Everything but close / close-ok is dropped while a channel closes.
@@ -421,7 +464,10 @@ impl Connection {
             return Err(unexpected_frame("content frame on channel 0"));
         }
         let Some(mut c) = self.channels.remove(&f.channel) else {
-            return Err(channel_error(format!("content on channel {} which is not open", f.channel)));
+            return Err(channel_error(format!(
+                "content on channel {} which is not open",
+                f.channel
+            )));
         };
         if c.is_closing() {
             self.channels.insert(f.channel, c);
@@ -486,12 +532,17 @@ impl Connection {
             if let OutItem::Deliver(d) = item {
                 if d.ack_required {
                     let mut dead = Vec::new();
-                    d.queue.lock().settle(&d.queue, &[d.seq], true, now, &mut dead);
+                    d.queue
+                        .lock()
+                        .settle(&d.queue, &[d.seq], true, now, &mut dead);
                 }
             }
         }
         if self.state == State::Open {
-            if let Err(e) = self.broker.apply(&Command::DeleteExclusiveQueues { owner: self.id }, now) {
+            if let Err(e) = self
+                .broker
+                .apply(&Command::DeleteExclusiveQueues { owner: self.id }, now)
+            {
                 tracing::warn!(conn = self.id, error = %e, "cannot delete exclusive queues");
             }
         }
@@ -520,12 +571,17 @@ impl Connection {
                         _ => {
                             if d.ack_required {
                                 let mut dead = Vec::new();
-                                d.queue.lock().settle(&d.queue, &[d.seq], true, now, &mut dead);
+                                d.queue
+                                    .lock()
+                                    .settle(&d.queue, &[d.seq], true, now, &mut dead);
                             }
                         }
                     }
                 }
-                OutItem::Cancel { channel, consumer_tag } => {
+                OutItem::Cancel {
+                    channel,
+                    consumer_tag,
+                } => {
                     let notify = self.caps.consumer_cancel_notify;
                     if let Some(c) = self.channels.get_mut(&channel) {
                         c.handle_broker_cancel(&mut self.out, &consumer_tag, notify);
@@ -559,7 +615,10 @@ impl Connection {
             );
         } else if !on && self.blocked_sent {
             self.blocked_sent = false;
-            self.send_method(0, AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})));
+            self.send_method(
+                0,
+                AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+            );
         }
     }
 

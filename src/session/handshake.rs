@@ -68,7 +68,10 @@ pub fn send_start(c: &mut Connection) {
         ("platform", lstr("Rust")),
         ("cluster_name", lstr(&c.cfg.node_name)),
         ("copyright", lstr("The Warren authors")),
-        ("information", lstr("A RabbitMQ-compatible AMQP 0-9-1 broker")),
+        (
+            "information",
+            lstr("A RabbitMQ-compatible AMQP 0-9-1 broker"),
+        ),
     ]);
     c.send_method(
         0,
@@ -109,7 +112,9 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
                 _ => Err(syntax_error("AMQPLAIN response lacks LOGIN or PASSWORD")),
             }
         }
-        other => Err(command_invalid(format!("unknown authentication mechanism '{other}'"))),
+        other => Err(command_invalid(format!(
+            "unknown authentication mechanism '{other}'"
+        ))),
     }
 }
 
@@ -141,7 +146,9 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         )));
     }
     if c.cfg.loopback_users.iter().any(|u| u == &user) && !c.peer().is_loopback {
-        return Err(access_refused(format!("user '{user}' can only connect via localhost")));
+        return Err(access_refused(format!(
+            "user '{user}' can only connect via localhost"
+        )));
     }
     c.user = user;
     c.send_method(
@@ -158,14 +165,22 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
 /// RabbitMQ's tune-ok rules: 0 means "no limit" and takes the server's value; a client may
 /// ask for less but not more than the server offered.
 pub fn negotiate_tune(cfg: &SessionConfig, t: &conn::TuneOk) -> Result<(u16, u32, u16), AmqpError> {
-    let channel_max = if t.channel_max == 0 { cfg.channel_max } else { t.channel_max };
+    let channel_max = if t.channel_max == 0 {
+        cfg.channel_max
+    } else {
+        t.channel_max
+    };
     if cfg.channel_max != 0 && channel_max > cfg.channel_max {
         return Err(not_allowed(format!(
             "negotiated channel_max = {channel_max} is higher than the maximum allowed value ({})",
             cfg.channel_max
         )));
     }
-    let frame_max = if t.frame_max == 0 { cfg.frame_max } else { t.frame_max };
+    let frame_max = if t.frame_max == 0 {
+        cfg.frame_max
+    } else {
+        t.frame_max
+    };
     if cfg.frame_max != 0 && frame_max > cfg.frame_max {
         return Err(not_allowed(format!(
             "frame_max={frame_max} > {} max size",
@@ -173,7 +188,9 @@ pub fn negotiate_tune(cfg: &SessionConfig, t: &conn::TuneOk) -> Result<(u16, u32
         )));
     }
     if frame_max != 0 && frame_max < FRAME_MIN_SIZE {
-        return Err(not_allowed(format!("frame_max={frame_max} < {FRAME_MIN_SIZE} min size")));
+        return Err(not_allowed(format!(
+            "frame_max={frame_max} < {FRAME_MIN_SIZE} min size"
+        )));
     }
     Ok((channel_max, frame_max, t.heartbeat))
 }
@@ -191,7 +208,10 @@ pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Res
     };
     c.permissions = Some(Permissions::new(&c.user, vhost, Some(p)));
     c.vhost = vhost.to_string();
-    c.send_method(0, AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})));
+    c.send_method(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})),
+    );
     Ok(())
 }
 

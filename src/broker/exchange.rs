@@ -94,9 +94,16 @@ fn matches(
 
 /// AMQP topic matching: words split on `.`, `*` matches one word, `#` zero or more.
 pub fn topic_matches(pattern: &str, key: &str) -> bool {
-    let p: Vec<&str> = pattern.split('.').collect();
-    let k: Vec<&str> = key.split('.').collect();
-    topic_words(&p, &k)
+    topic_words(&words(pattern), &words(key))
+}
+
+/// The words of a key or pattern; the empty string has none (so `*` does not match it).
+fn words(s: &str) -> Vec<&str> {
+    if s.is_empty() {
+        Vec::new()
+    } else {
+        s.split('.').collect()
+    }
 }
 
 fn topic_words(p: &[&str], k: &[&str]) -> bool {
@@ -199,6 +206,8 @@ mod tests {
         assert!(!topic_matches("a.b", "a.b.c"));
         assert!(topic_matches("*.#.*", "a.b"));
         assert!(!topic_matches("*.#.*", "a"));
+        assert!(!topic_matches("*", ""));
+        assert!(topic_matches("#", ""));
     }
 
     /// An independent oracle: a bottom-up dynamic programme over (pattern word, key word).

@@ -43,7 +43,8 @@ pub struct Broker {
     meta: Mutex<MetaState>,
     snapshot: RwLock<Arc<MetaState>>,
     version: AtomicU64,
-    queues: RwLock<HashMap<(String, String), Arc<QueueHandle>>>,
+    /// vhost → name → queue; nested so a lookup by `&str` allocates nothing.
+    queues: RwLock<HashMap<String, HashMap<String, Arc<QueueHandle>>>>,
     memory: Arc<AtomicI64>,
     memory_high_watermark: u64,
     rng: Mutex<StdRng>,
@@ -164,7 +165,8 @@ impl Broker {
         self.queues
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(vhost.to_string(), name.to_string()))
+            .get(vhost)
+            .and_then(|v| v.get(name))
             .cloned()
     }
 
@@ -175,7 +177,7 @@ impl Broker {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .cloned()
+            .flat_map(|v| v.values().cloned())
             .collect();
         v.sort_by(|a, b| (&a.vhost, &a.name).cmp(&(&b.vhost, &b.name)));
         v
@@ -197,14 +199,14 @@ impl Broker {
                         self.memory.clone(),
                         now,
                     );
-                    queues.insert(
-                        (def.vhost.clone(), def.name.clone()),
-                        QueueHandle::new(&def.vhost, &def.name, q),
-                    );
+                    queues
+                        .entry(def.vhost.clone())
+                        .or_default()
+                        .insert(def.name.clone(), QueueHandle::new(&def.vhost, &def.name, q));
                 }
             }
-            for key in &applied.removed.queues {
-                if let Some(h) = queues.remove(key) {
+            for (vhost, name) in &applied.removed.queues {
+                if let Some(h) = queues.get_mut(vhost).and_then(|v| v.remove(name)) {
                     h.lock().delete();
                 }
             }

@@ -197,16 +197,13 @@ impl Channel {
                 let v = snapshot
                     .vhost(&vhost)
                     .ok_or_else(|| not_found("vhost gone"))?;
+                if name.is_empty() {
+                    // RabbitMQ refuses every declare of the default exchange, passive included.
+                    return Err(access_refused(
+                        "operation not permitted on the default exchange",
+                    ));
+                }
                 if d.passive {
-                    if name.is_empty() {
-                        ok_or_nowait(
-                            c,
-                            ch,
-                            d.nowait,
-                            AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
-                        );
-                        return Ok(());
-                    }
                     if !v.exchanges.contains_key(name) {
                         return Err(not_found(format!(
                             "no exchange '{name}' in vhost '{vhost}'"
@@ -994,7 +991,7 @@ impl Channel {
                 )));
             }
         }
-        c.has_published = true;
+        c.note_publish();
         let message = Arc::new(Message {
             exchange: p.exchange,
             routing_key: p.routing_key,

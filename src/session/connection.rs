@@ -80,6 +80,9 @@ enum State {
     Open,
     /// We sent connection.close and wait for close-ok (or the deadline).
     Closing,
+    /// We answered the client's close with close-ok; the client closes the socket (as with
+    /// RabbitMQ), or the deadline does.
+    ClosedByPeer,
     /// Nothing more to do: write what is left and close the socket.
     Finished,
 }
@@ -111,8 +114,8 @@ pub struct Connection {
     pub(crate) outbox: Arc<Outbox>,
     snapshot: Arc<MetaState>,
     alarm: bool,
-    blocked_sent: bool,
-    pub(crate) has_published: bool,
+    /// A publish arrived while the alarm was on: the socket is not read until it clears.
+    blocked: bool,
     items: Vec<OutItem>,
 }
 
@@ -156,8 +159,7 @@ impl Connection {
             outbox,
             snapshot,
             alarm: false,
-            blocked_sent: false,
-            has_published: false,
+            blocked: false,
             items: Vec::new(),
         }
     }
@@ -208,6 +210,10 @@ impl Connection {
                     return data.len();
                 }
             }
+        }
+        if self.state == State::ClosedByPeer {
+            // Nothing after close-ok means anything.
+            return data.len();
         }
         while used < data.len() && self.state != State::Finished {
             if !self.wants_read() {
@@ -319,12 +325,6 @@ impl Connection {
                 "connection methods must be sent on channel 0",
             )));
         }
-        if f.channel > self.channel_max && self.channel_max != 0 {
-            return Err(at(channel_error(format!(
-                "channel {} exceeds channel_max {}",
-                f.channel, self.channel_max
-            ))));
-        }
         self.handle_channel_method(f.channel, method, now)
             .map_err(at)
     }
@@ -355,10 +355,6 @@ impl Connection {
                 self.state = State::Open;
                 self.deadline = None;
                 tracing::info!(conn = self.id, peer = %self.peer.addr, user = %self.user, vhost = %self.vhost, "connection opened");
-                // A connection opened while the alarm is on learns it now.
-                if self.alarm {
-                    self.handle_alarm(true, now);
-                }
                 Ok(())
             }
             (_, conn::AMQPMethod::Close(c)) => {
@@ -368,7 +364,8 @@ impl Connection {
                     0,
                     AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
                 );
-                self.state = State::Finished;
+                self.state = State::ClosedByPeer;
+                self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
                 Ok(())
             }
             (_, conn::AMQPMethod::CloseOk(_)) => {
@@ -409,6 +406,13 @@ impl Connection {
                     if self.channels.contains_key(&ch) {
                         return Err(channel_error(format!(
                             "second 'channel.open' seen on channel {ch}"
+                        )));
+                    }
+                    if self.channel_max != 0 && self.channels.len() >= self.channel_max as usize {
+                        return Err(crate::amqp::reply_code::not_allowed(format!(
+                            "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                            self.channels.len(),
+                            self.channel_max
                         )));
                     }
                     self.channels
@@ -501,7 +505,10 @@ impl Connection {
 
     /// Closes the connection with an error (hard errors, auth failures, shutdown).
     pub(crate) fn close_connection(&mut self, e: AmqpError, now: Instant) {
-        if matches!(self.state, State::Closing | State::Finished) {
+        if matches!(
+            self.state,
+            State::Closing | State::ClosedByPeer | State::Finished
+        ) {
             return;
         }
         if e.code != ReplyCode::ConnectionForced {
@@ -599,26 +606,33 @@ impl Connection {
         }
     }
 
-    /// The memory alarm went on or off.
+    /// The memory alarm went on or off. As in RabbitMQ, only connections that publish while
+    /// it is on are blocked (see [`Connection::note_publish`]); consumers keep draining.
     pub fn handle_alarm(&mut self, on: bool, _now: Instant) {
         self.alarm = on;
-        if self.state != State::Open {
-            return;
+        if !on && self.blocked {
+            self.blocked = false;
+            if self.caps.connection_blocked && self.state == State::Open {
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+                );
+            }
         }
-        if on && !self.blocked_sent && self.caps.connection_blocked {
-            self.blocked_sent = true;
-            self.send_method(
-                0,
-                AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
-                    reason: "low on memory".into(),
-                })),
-            );
-        } else if !on && self.blocked_sent {
-            self.blocked_sent = false;
-            self.send_method(
-                0,
-                AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
-            );
+    }
+
+    /// A message was published: under the alarm this blocks the connection.
+    pub(crate) fn note_publish(&mut self) {
+        if self.alarm && !self.blocked {
+            self.blocked = true;
+            if self.caps.connection_blocked {
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                        reason: "low on memory".into(),
+                    })),
+                );
+            }
         }
     }
 
@@ -632,7 +646,7 @@ impl Connection {
                 ),
                 now,
             ),
-            State::Closing | State::Finished => {}
+            State::Closing | State::ClosedByPeer | State::Finished => {}
             _ => self.state = State::Finished,
         }
     }
@@ -707,7 +721,7 @@ impl Connection {
 
     /// Whether the socket should be read (false while publishing is blocked by the alarm).
     pub fn wants_read(&self) -> bool {
-        !(self.alarm && self.has_published && self.state == State::Open)
+        !(self.blocked && self.state == State::Open)
     }
 
     /// Whether the connection is done; the caller writes what is left and closes.

@@ -283,7 +283,7 @@ pub fn decode_method(payload: &[u8]) -> Result<AMQPClass, AmqpError> {
         ));
     }
     match amq_protocol::protocol::parse_class(payload) {
-        Ok((rest, method)) if rest.is_empty() => Ok(method),
+        Ok(([], method)) => Ok(method),
         Ok(_) => Err(
             AmqpError::new(ReplyCode::FrameError, "trailing bytes in method frame")
                 .at(class_id, method_id),
@@ -320,7 +320,7 @@ pub fn decode_content_header(payload: &[u8]) -> Result<ContentHeader, AmqpError>
     let body_size = u64::from_be_bytes(payload[4..12].try_into().unwrap_or([0; 8]));
     let raw = &payload[12..];
     match basic::parse_properties(raw) {
-        Ok((rest, properties)) if rest.is_empty() => Ok(ContentHeader {
+        Ok(([], properties)) => Ok(ContentHeader {
             class_id,
             body_size,
             raw_properties: bytes::Bytes::copy_from_slice(raw),

@@ -543,15 +543,13 @@ impl Deliveries {
 
     /// Waits for the consumer to be cancelled (by the server or the client).
     pub async fn expect_cancelled(&mut self) {
-        loop {
-            match self.next_event().await {
-                Ok(None) => return,
-                Ok(Some(d)) => panic!(
-                    "expected cancel, got delivery {:?}",
-                    String::from_utf8_lossy(&d.data)
-                ),
-                Err(e) => panic!("expected a plain cancel, got error {e}"),
-            }
+        match self.next_event().await {
+            Ok(None) => {}
+            Ok(Some(d)) => panic!(
+                "expected cancel, got delivery {:?}",
+                String::from_utf8_lossy(&d.data)
+            ),
+            Err(e) => panic!("expected a plain cancel, got error {e}"),
         }
     }
 

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Run the third-party AMQP client suites (py-amqp, kombu) against a broker that is
+# already listening. Used by .ci/run against a Warren node, and by hand against
+# RabbitMQ for the baseline (see tests/interop/README.md).
+#
+#   .ci/interop.sh [--host H] [--port P] [--suite py-amqp|kombu]... [--no-deselect]
+#                  [--reruns N] [-- PYTEST_ARGS...]
+#
+# Defaults: host $RABBITMQ_HOST or 127.0.0.1, port $RABBITMQ_5672_TCP or 5672, both
+# suites, the tests listed in tests/interop/deselected.txt deselected, every test
+# rerun at most once (INTEROP_RERUNS) whatever its @flaky marker says, each test
+# bounded to INTEROP_TEST_TIMEOUT seconds (60).
+# Ends with the line `interop: N passed, M failed`; exits non-zero when M > 0.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="$ROOT/.ci/work"
+DESELECT_FILE="$ROOT/tests/interop/deselected.txt"
+
+HOST="${RABBITMQ_HOST:-127.0.0.1}"
+PORT="${RABBITMQ_5672_TCP:-5672}"
+RERUNS="${INTEROP_RERUNS:-1}"
+TEST_TIMEOUT="${INTEROP_TEST_TIMEOUT:-60}"
+SUITE_TIMEOUT="${INTEROP_SUITE_TIMEOUT:-1500}"
+DESELECT=1
+SELECTED=()
+EXTRA=()
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --host) HOST="$2"; shift 2 ;;
+        --port) PORT="$2"; shift 2 ;;
+        --suite) SELECTED+=("$2"); shift 2 ;;
+        --no-deselect) DESELECT=0; shift ;;
+        --reruns) RERUNS="$2"; shift 2 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "interop.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+# name | folder under .ci/work/suites | test file
+SUITES=(
+    "py-amqp|amqp-5.4.2|t/integration/test_rmq.py"
+    "kombu|kombu-5.7.0|t/integration/test_py_amqp.py"
+)
+[[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=(py-amqp kombu)
+for name in "${SELECTED[@]}"; do
+    case "$name" in
+        py-amqp | kombu) ;;
+        *) echo "interop.sh: unknown suite $name (py-amqp, kombu)" >&2; exit 2 ;;
+    esac
+done
+
+# deselected.txt: `NODE_ID  # TAG: explanation`, TAG one of the later-work features.
+ALLOWED_TAGS='^(TLS|message-ttl|queue-expires|priority|dead-letter|failover):'
+DESELECTED=()
+if [[ $DESELECT -eq 1 && -f "$DESELECT_FILE" ]]; then
+    n=0
+    while IFS= read -r line || [[ -n "$line" ]]; do
+        n=$((n + 1))
+        [[ "$line" =~ ^[[:space:]]*(#.*)?$ ]] && continue
+        id="$(sed -E 's/[[:space:]]*#.*$//; s/^[[:space:]]+//' <<<"$line")"
+        reason="$(sed -nE 's/^[^#]*#[[:space:]]*//p' <<<"$line")"
+        if ! [[ "$reason" =~ $ALLOWED_TAGS ]]; then
+            echo "interop.sh: $DESELECT_FILE:$n: reason must start with one of" \
+                 "TLS: message-ttl: queue-expires: priority: dead-letter: failover:" >&2
+            exit 2
+        fi
+        case "$id" in
+            t/integration/test_rmq.py::* | t/integration/test_py_amqp.py::*) ;;
+            *)
+                echo "interop.sh: $DESELECT_FILE:$n: not a node id of either suite: $id" >&2
+                exit 2
+                ;;
+        esac
+        DESELECTED+=("$id")
+    done <"$DESELECT_FILE"
+fi
+
+bash "$ROOT/.ci/interop-setup.sh"
+PY="$WORK/venv/bin/python"
+
+# The broker must already be up: fail at once rather than through every fixture.
+if ! "$PY" - "$HOST" "$PORT" <<'PYEOF'
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
+except OSError as exc:
+    sys.exit(f"interop.sh: nothing accepts connections on {sys.argv[1]}:{sys.argv[2]}: {exc}")
+PYEOF
+then
+    echo "interop: 0 passed, 1 failed"
+    exit 1
+fi
+
+mkdir -p "$WORK/results"
+export RABBITMQ_HOST="$HOST" RABBITMQ_5672_TCP="$PORT"
+export PYTHONPATH="$ROOT/.ci${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
+PYTEST=("$PY" -m pytest -p interop_plugin -p no:cacheprovider)
+REPORT_ARGS=()
+rc=0
+
+# Deselect each suite's listed ids. Every listed id must name a collected test: a stale
+# list would silently deselect nothing. Checked for all suites before any runs.
+declare -A DESELECT_ARGS=()
+for spec in "${SUITES[@]}"; do
+    IFS='|' read -r name dir file <<<"$spec"
+    [[ " ${SELECTED[*]} " == *" $name "* ]] || continue
+    collected="$(cd "$WORK/suites/$dir" && "${PYTEST[@]}" --collect-only -q "$file" | grep '::' || true)"
+    args=""
+    for id in ${DESELECTED[@]+"${DESELECTED[@]}"}; do
+        [[ "$id" == "$file::"* ]] || continue
+        if ! grep -qxF -- "$id" <<<"$collected"; then
+            echo "interop.sh: deselected id not collected (stale?): $id" >&2
+            exit 2
+        fi
+        args+="$id"$'\n'
+    done
+    DESELECT_ARGS[$name]="$args"
+done
+
+for spec in "${SUITES[@]}"; do
+    IFS='|' read -r name dir file <<<"$spec"
+    [[ " ${SELECTED[*]} " == *" $name "* ]] || continue
+    cd "$WORK/suites/$dir"
+    args=()
+    while IFS= read -r id; do
+        [[ -n "$id" ]] && args+=(--deselect "$id")
+    done <<<"${DESELECT_ARGS[$name]}"
+
+    results="$WORK/results/$name.json"
+    rm -f "$results"
+    echo "=== interop suite $name ($dir, $file) against $HOST:$PORT," \
+         "$(( ${#args[@]} / 2 )) deselected, reruns $RERUNS ==="
+    set +e
+    INTEROP_RESULTS="$results" timeout -k 10 "$SUITE_TIMEOUT" "${PYTEST[@]}" "$file" \
+        -v -rfE --tb=short --timeout "$TEST_TIMEOUT" \
+        --force-reruns "$RERUNS" --reruns-delay 1 \
+        ${args[@]+"${args[@]}"} ${EXTRA[@]+"${EXTRA[@]}"}
+    st=$?
+    set -e
+    echo "=== interop suite $name: pytest exit $st ==="
+    # 0 = all passed, 1 = some failed (counted by the report); anything else
+    # (5 = no tests ran, 124 = timed out, ...) fails the run by itself.
+    if [[ $st -ne 0 && $st -ne 1 ]]; then rc=1; fi
+    REPORT_ARGS+=("$name=$results")
+done
+
+cd "$ROOT"
+echo "=== interop summary ==="
+"$PY" "$ROOT/.ci/interop_report.py" "${REPORT_ARGS[@]}" || rc=1
+exit $rc

@@ -6,9 +6,12 @@
 //! queue holds up exactly the channels that use it.
 //!
 //! Order: every message gets a sequence number on arrival. Requeued messages go back to their
-//! place (RabbitMQ since 2.7): they wait in `returned`, keyed by sequence number, and the next
-//! message is the lower of `returned`'s first and `ready`'s front.
+//! place (RabbitMQ since 2.7): they wait in `returned`, keyed by (priority, sequence number),
+//! and the next message is the better of `returned`'s first and the front of the highest
+//! non-empty `ready` lane. A queue declared with `x-max-priority` has one lane per priority
+//! (higher first, FIFO within a priority, as RabbitMQ); other queues have one lane.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -56,6 +59,8 @@ pub struct Entry {
     pub redelivered: bool,
     /// Expiry in milliseconds on the broker clock (`u64::MAX`: never).
     pub expires_at_ms: u64,
+    /// Priority lane (0 unless the queue has `x-max-priority`).
+    pub priority: u8,
 }
 
 impl Entry {
@@ -156,8 +161,11 @@ pub struct Queue {
     args: QueueArgs,
     exclusive_owner: Option<u64>,
     auto_delete: bool,
-    ready: VecDeque<Entry>,
-    returned: BTreeMap<u64, Entry>,
+    /// One FIFO lane per priority, index = priority.
+    ready: Vec<VecDeque<Entry>>,
+    ready_len: usize,
+    /// Requeued messages by (higher priority first, then arrival order).
+    returned: BTreeMap<(Reverse<u8>, u64), Entry>,
     unacked: HashMap<u64, Unacked>,
     next_seq: u64,
     consumers: Vec<Consumer>,
@@ -178,11 +186,13 @@ impl Queue {
         memory: Arc<AtomicI64>,
         now: Instant,
     ) -> Queue {
+        let lanes = args.max_priority.map_or(1, |p| p as usize + 1);
         Queue {
+            ready: (0..lanes).map(|_| VecDeque::new()).collect(),
+            ready_len: 0,
             args,
             exclusive_owner,
             auto_delete,
-            ready: VecDeque::new(),
             returned: BTreeMap::new(),
             unacked: HashMap::new(),
             next_seq: 0,
@@ -213,7 +223,7 @@ impl Queue {
 
     /// Ready messages (not counting unacknowledged ones), as queue.declare-ok reports.
     pub fn message_count(&self) -> u32 {
-        (self.ready.len() + self.returned.len()) as u32
+        (self.ready_len + self.returned.len()) as u32
     }
 
     /// Delivered but unacknowledged messages.
@@ -235,26 +245,44 @@ impl Queue {
         self.memory.fetch_add(delta, Ordering::Relaxed);
     }
 
+    /// The highest non-empty ready lane.
+    fn top_lane(&self) -> Option<usize> {
+        if self.ready_len == 0 {
+            return None;
+        }
+        (0..self.ready.len())
+            .rev()
+            .find(|&p| !self.ready[p].is_empty())
+    }
+
     fn next_is_returned(&self) -> Option<bool> {
-        match (self.returned.keys().next(), self.ready.front()) {
+        let lane = self.top_lane();
+        match (self.returned.keys().next(), lane) {
             (None, None) => None,
             (Some(_), None) => Some(true),
             (None, Some(_)) => Some(false),
-            (Some(r), Some(f)) => Some(*r < f.seq),
+            (Some((Reverse(rp), rseq)), Some(l)) => {
+                let front = &self.ready[l][0];
+                Some((*rp, Reverse(*rseq)) > (front.priority, Reverse(front.seq)))
+            }
         }
     }
 
     fn peek_next(&self) -> Option<&Entry> {
         match self.next_is_returned()? {
             true => self.returned.values().next(),
-            false => self.ready.front(),
+            false => self.ready[self.top_lane()?].front(),
         }
     }
 
     fn pop_next(&mut self) -> Option<Entry> {
         let e = match self.next_is_returned()? {
             true => self.returned.pop_first().map(|(_, e)| e)?,
-            false => self.ready.pop_front()?,
+            false => {
+                let lane = self.top_lane()?;
+                self.ready_len -= 1;
+                self.ready[lane].pop_front()?
+            }
         };
         self.ready_bytes -= e.message.body.len() as u64;
         Some(e)
@@ -325,7 +353,12 @@ impl Queue {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let priority = self
+            .args
+            .max_priority
+            .map_or(0, |max| message.priority().min(max));
         let entry = Entry {
+            priority,
             seq: self.next_seq,
             expires_at_ms: ttl.map_or(u64::MAX, |t| now.as_millis().saturating_add(t)),
             message,
@@ -334,7 +367,8 @@ impl Queue {
         self.next_seq += 1;
         self.account(entry.message.size() as i64);
         self.ready_bytes += body;
-        self.ready.push_back(entry);
+        self.ready_len += 1;
+        self.ready[entry.priority as usize].push_back(entry);
         result.accepted = true;
         self.deliver(me, now, &mut result.dead);
         // A message that still exceeds a zero-length limit after delivery is dropped.
@@ -502,7 +536,7 @@ impl Queue {
             if requeue && !self.deleted {
                 e.redelivered = true;
                 self.ready_bytes += e.message.body.len() as u64;
-                self.returned.insert(e.seq, e);
+                self.returned.insert((Reverse(e.priority), e.seq), e);
             } else {
                 self.drop_entry(&e);
                 self.dead_letter(e.message, DeathReason::Rejected, dead);
@@ -773,6 +807,44 @@ mod tests {
             0,
             "memory accounting returns to zero"
         );
+    }
+
+    fn msg_with_priority(body: &str, p: u8) -> Arc<Message> {
+        let props = AMQPProperties::default().with_priority(p);
+        Arc::new(Message {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties_raw: Bytes::from(crate::amqp::frame::encode_properties(&props)),
+            properties: props,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        })
+    }
+
+    #[test]
+    fn priority_queue_serves_higher_priorities_first_and_fifo_within() {
+        let (h, _) = queue(QueueArgs {
+            max_priority: Some(5),
+            ..QueueArgs::default()
+        });
+        for (b, p) in [("a0", 0), ("b3", 3), ("c9", 9), ("d3", 3), ("e1", 1)] {
+            h.lock().publish(&h, msg_with_priority(b, p), now());
+        }
+        let mut dead = Vec::new();
+        let mut order = Vec::new();
+        let mut first = None;
+        while let Some((e, _)) = h.lock().get(now(), true, &mut dead) {
+            order.push(String::from_utf8_lossy(&e.message.body).into_owned());
+            first.get_or_insert(e.seq);
+        }
+        // 9 is capped at the queue's maximum (5): still the highest.
+        assert_eq!(order, ["c9", "b3", "d3", "e1", "a0"]);
+        // A requeued top-priority message comes back before lower ones.
+        h.lock().publish(&h, msg_with_priority("f0", 0), now());
+        h.lock()
+            .settle(&h, &[first.unwrap()], true, now(), &mut dead);
+        let (e, _) = h.lock().get(now(), true, &mut dead).unwrap();
+        assert_eq!(&e.message.body[..], b"c9");
+        assert!(e.redelivered);
     }
 
     #[test]

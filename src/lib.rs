@@ -10,6 +10,8 @@
 //!   commands with Raft.
 //! - [`runtime`]: the only code that touches tokio, sockets and clocks: listener, connection
 //!   tasks, the node handle, shutdown.
+//! - [`store`]: storage (the `Disk` trait, record framing; message store and queue index
+//!   to come).
 //! - [`config`], [`time`]: configuration and the time type the cores take as input.
 //!
 //! The sans-IO modules never use tokio, `std::net`, `std::fs`, `Instant::now`,
@@ -25,4 +27,5 @@ pub mod config;
 pub mod meta;
 pub mod runtime;
 pub mod session;
+pub mod store;
 pub mod time;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-const CORES: &[&str] = &["amqp", "session", "broker", "meta", "time.rs"];
+const CORES: &[&str] = &["amqp", "session", "broker", "meta", "store", "time.rs"];
 const FORBIDDEN: &[&str] = &[
     "tokio",
     "std::net",

@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod conn_task;
+pub mod file_disk;
 pub mod node;
 pub mod transport;
 

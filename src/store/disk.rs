@@ -1,0 +1,94 @@
+//! The `Disk` trait: the only way storage code reaches files.
+//!
+//! The store's bookkeeping is sans-IO; what it decides to write goes through a `Disk`.
+//! [`crate::runtime::file_disk::FileDisk`] is the real one (std files, fsync);
+//! [`super::mem_disk::MemDisk`] keeps files in memory, separates synced from unsynced bytes
+//! and injects faults, for tests and the simulation.
+//!
+//! Durability contract: bytes written by `append`/`write_file` are durable only after
+//! `sync(path)` returns Ok; a new or renamed file's name is durable after `sync_dir(dir)`.
+//! A failed `sync` is fatal for the data it covered: callers must not acknowledge it and must
+//! not retry as if it had succeeded (the kernel may have dropped the dirty pages).
+
+use std::path::{Path, PathBuf};
+
+/// A storage failure, with the file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// An I/O error from the operating system.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The disk (or the configured limit) is full.
+    #[error("{path}: no space left on device")]
+    Full {
+        /// The file being written.
+        path: PathBuf,
+    },
+    /// A write stored fewer bytes than asked.
+    #[error("{path}: short write ({written} of {wanted} bytes)")]
+    ShortWrite {
+        /// The file.
+        path: PathBuf,
+        /// Bytes stored.
+        written: usize,
+        /// Bytes asked for.
+        wanted: usize,
+    },
+    /// The file does not exist.
+    #[error("{0}: not found")]
+    NotFound(PathBuf),
+}
+
+impl DiskError {
+    /// Wraps an OS error.
+    pub fn io(op: &'static str, path: &Path, source: std::io::Error) -> DiskError {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return DiskError::NotFound(path.to_path_buf());
+        }
+        if source.raw_os_error() == Some(28) {
+            return DiskError::Full {
+                path: path.to_path_buf(),
+            };
+        }
+        DiskError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// File operations the store needs. Paths are absolute or relative to the process.
+pub trait Disk: Send + Sync + 'static {
+    /// Creates a folder and its parents.
+    fn create_dir_all(&self, dir: &Path) -> Result<(), DiskError>;
+    /// File names (not paths) in a folder, sorted; empty when the folder is missing.
+    fn list(&self, dir: &Path) -> Result<Vec<String>, DiskError>;
+    /// The whole file.
+    fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError>;
+    /// `len` bytes at `offset` (fewer at the end of the file).
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError>;
+    /// Appends `data` (creating the file); returns the offset it was written at.
+    fn append(&self, path: &Path, data: &[u8]) -> Result<u64, DiskError>;
+    /// Creates or replaces the file with `data` (not durable until `sync`).
+    fn write_file(&self, path: &Path, data: &[u8]) -> Result<(), DiskError>;
+    /// Cuts the file to `len` bytes.
+    fn truncate(&self, path: &Path, len: u64) -> Result<(), DiskError>;
+    /// Renames a file (atomic replace of `to`).
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), DiskError>;
+    /// Removes a file; missing files are not an error.
+    fn remove(&self, path: &Path) -> Result<(), DiskError>;
+    /// Makes the file's written bytes durable (fsync).
+    fn sync(&self, path: &Path) -> Result<(), DiskError>;
+    /// Makes the folder's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> Result<(), DiskError>;
+    /// The file's length, if it exists.
+    fn len(&self, path: &Path) -> Result<Option<u64>, DiskError>;
+}

@@ -1,0 +1,1 @@
+//! The shared, reference-counted message store (being written).

@@ -1,0 +1,1 @@
+//! The per-queue index: journal and segment files (being written).

@@ -21,6 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::amqp::reply_code::{precondition_failed, resource_locked, AmqpError};
 use crate::config::Config;
+use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
 use crate::meta::{Command, MetaError, MetaState, Permission, User, Vhost};
 use crate::time::Instant;
@@ -38,8 +39,14 @@ pub struct PublishOutcome {
     pub rejected: bool,
 }
 
+/// Where durable definitions go after every change that affects them (the runtime writes
+/// them to disk with fsync). An error refuses the command that caused it.
+pub type DefinitionsSink = Box<dyn Fn(&Definitions) -> Result<(), String> + Send + Sync>;
+
 /// The node's broker state.
 pub struct Broker {
+    definitions_sink: Option<DefinitionsSink>,
+    saved_definitions: Mutex<Option<Definitions>>,
     meta: Mutex<MetaState>,
     snapshot: RwLock<Arc<MetaState>>,
     version: AtomicU64,
@@ -100,6 +107,8 @@ impl Broker {
         }
         let snapshot = Arc::new(meta.clone());
         Broker {
+            definitions_sink: None,
+            saved_definitions: Mutex::new(None),
             version: AtomicU64::new(meta.version),
             meta: Mutex::new(meta),
             snapshot: RwLock::new(snapshot),
@@ -110,6 +119,12 @@ impl Broker {
             next_conn_id: AtomicU64::new(1),
             epoch_unix_ms,
         }
+    }
+
+    /// Installs the sink durable definitions are written to (before the broker is shared).
+    pub fn with_definitions_sink(mut self, sink: DefinitionsSink) -> Broker {
+        self.definitions_sink = Some(sink);
+        self
     }
 
     /// A fresh connection id.
@@ -186,7 +201,24 @@ impl Broker {
     /// Applies a metadata command, creating or tearing down queue state to match.
     pub fn apply(&self, command: &Command, now: Instant) -> Result<Applied, MetaError> {
         let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let before = self.definitions_sink.as_ref().map(|_| meta.clone());
         let applied = meta.apply(command)?;
+        if let (Some(sink), Some(before)) = (&self.definitions_sink, before) {
+            // Durable definitions are on disk before the client hears declare-ok; if they
+            // cannot be written the command is undone and refused.
+            let defs = Definitions::from_state(&meta);
+            let mut saved = self
+                .saved_definitions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if saved.as_ref() != Some(&defs) {
+                if let Err(e) = sink(&defs) {
+                    *meta = before;
+                    return Err(MetaError::Storage(e));
+                }
+                *saved = Some(defs);
+            }
+        }
         {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
             if let Command::DeclareQueue(def) = command {
@@ -366,5 +398,58 @@ impl Broker {
         for (vhost, name) in expired {
             let _ = self.apply(&Command::DeleteQueue { vhost, name }, now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::QueueDef;
+    use amq_protocol::types::FieldTable;
+
+    fn durable_queue(name: &str) -> Command {
+        Command::DeclareQueue(QueueDef {
+            vhost: "/".into(),
+            name: name.into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+        })
+    }
+
+    #[test]
+    fn a_definition_that_cannot_be_stored_is_refused_and_undone() {
+        let config = Config::default();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = fail.clone();
+        let broker =
+            Broker::new(&config, 1, 1 << 30, 0).with_definitions_sink(Box::new(move |_| {
+                if f.load(Ordering::SeqCst) {
+                    Err("disk full".into())
+                } else {
+                    Ok(())
+                }
+            }));
+        broker
+            .apply(&durable_queue("kept"), Instant::default())
+            .unwrap();
+        fail.store(true, Ordering::SeqCst);
+        let err = broker
+            .apply(&durable_queue("lost"), Instant::default())
+            .unwrap_err();
+        assert!(matches!(err, MetaError::Storage(_)));
+        assert_eq!(
+            AmqpError::from(err).code,
+            crate::amqp::ReplyCode::InternalError
+        );
+        let snap = broker.snapshot();
+        let v = snap.vhost("/").unwrap();
+        assert!(v.queues.contains_key("kept"));
+        assert!(
+            !v.queues.contains_key("lost"),
+            "the refused declare left no trace"
+        );
+        assert!(broker.queue("/", "lost").is_none());
     }
 }

@@ -62,6 +62,9 @@ pub enum MetaError {
     /// Binding to or from, declaring or deleting the default exchange.
     #[error("operation not permitted on the default exchange")]
     DefaultExchange,
+    /// The change could not be made durable.
+    #[error("cannot store definitions: {0}")]
+    Storage(String),
     /// A user, vhost or permission operation was refused.
     #[error("{0}")]
     Admin(String),
@@ -79,6 +82,7 @@ impl From<MetaError> for AmqpError {
             MetaError::Locked { .. } => ReplyCode::ResourceLocked,
             MetaError::UnknownExchangeType(_) => ReplyCode::CommandInvalid,
             MetaError::Admin(_) => ReplyCode::PreconditionFailed,
+            MetaError::Storage(_) => ReplyCode::InternalError,
         };
         AmqpError::new(code, e.to_string())
     }

@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod command;
+pub mod definitions;
 pub mod error;
 pub mod state;
 

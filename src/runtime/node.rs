@@ -10,10 +10,13 @@ use tokio_util::task::TaskTracker;
 
 use super::clock::Clock;
 use super::conn_task::{self, ConnContext};
+use super::file_disk::FileDisk;
 use super::transport::{Listener, TokioTransport, Transport};
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::meta::definitions::Definitions;
 use crate::session::SessionConfig;
+use crate::store::Disk;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +64,51 @@ fn physical_memory_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+const DEFINITIONS_FILE: &str = "definitions";
+
+/// Replays the durable definitions saved in `data_dir`, then installs the sink that keeps
+/// that file current (write to a temporary file, fsync, rename, fsync the folder).
+fn recover_definitions(broker: Broker, data_dir: &std::path::Path) -> Broker {
+    let disk = FileDisk::new();
+    let path = data_dir.join(DEFINITIONS_FILE);
+    match disk.len(&path) {
+        Ok(Some(_)) => match disk
+            .read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| Definitions::decode(&b).map_err(|e| e.to_string()))
+        {
+            Ok(defs) => {
+                let mut applied = 0;
+                for c in defs.commands() {
+                    match broker.apply(&c, crate::time::Instant::from_millis(0)) {
+                        Ok(_) => applied += 1,
+                        Err(e) => tracing::warn!(error = %e, "cannot restore a definition"),
+                    }
+                }
+                tracing::info!(definitions = applied, "durable definitions restored");
+            }
+            // A damaged file must not stop the node: report and start without them.
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "definitions file unreadable; starting without durable definitions")
+            }
+        },
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "cannot stat definitions file")
+        }
+    }
+    let dir = data_dir.to_path_buf();
+    broker.with_definitions_sink(Box::new(move |defs: &Definitions| {
+        let tmp = dir.join("definitions.tmp");
+        let target = dir.join(DEFINITIONS_FILE);
+        disk.write_file(&tmp, &defs.encode())
+            .and_then(|()| disk.sync(&tmp))
+            .and_then(|()| disk.rename(&tmp, &target))
+            .and_then(|()| disk.sync_dir(&dir))
+            .map_err(|e| e.to_string())
+    }))
+}
+
 impl Node {
     /// Starts a node over real TCP.
     pub async fn start(config: Config) -> Result<Node, NodeError> {
@@ -84,7 +132,8 @@ impl Node {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let seed = rand::random::<u64>();
-        let broker = Arc::new(Broker::new(&config, seed, watermark, epoch_unix_ms));
+        let broker = Broker::new(&config, seed, watermark, epoch_unix_ms);
+        let broker = Arc::new(recover_definitions(broker, &config.node.data_dir));
         let mut listener =
             transport
                 .bind(config.amqp.listen)

@@ -160,6 +160,25 @@ impl TestNode {
         (conn, ch)
     }
 
+    /// Stops the node (bounded) and starts a new one on the same data folder.
+    pub async fn restart(mut self) -> TestNode {
+        if let Some(node) = self.node.take() {
+            within("node.shutdown", node.shutdown()).await;
+        }
+        let mut config = Config::for_tests(&self.data_dir);
+        config.node.data_dir = self.data_dir.clone();
+        let node = within("Node::start", Node::start(config))
+            .await
+            .expect("node restarts");
+        let addr = node.amqp_addr();
+        let data_dir = std::mem::take(&mut self.data_dir);
+        TestNode {
+            node: Some(node),
+            addr,
+            data_dir,
+        }
+    }
+
     /// Stops the node (bounded) and removes its data folder.
     pub async fn shutdown(mut self) {
         if let Some(node) = self.node.take() {

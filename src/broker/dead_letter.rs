@@ -24,6 +24,7 @@ pub fn rewrite(
     dlx: &str,
     dlrk: Option<&str>,
     wall_ms: u64,
+    id: u128,
 ) -> Message {
     let original = &letter.message;
     let mut props = original.properties.clone();
@@ -80,6 +81,7 @@ pub fn rewrite(
     props = props.with_headers(headers);
     let raw = encode_properties(&props);
     Message {
+        id,
         exchange: dlx.to_string(),
         routing_key: dlrk.unwrap_or(&original.routing_key).to_string(),
         properties_raw: Bytes::from(raw),
@@ -148,6 +150,7 @@ mod tests {
     fn message() -> Arc<Message> {
         let props = AMQPProperties::default().with_expiration("100".into());
         Arc::new(Message {
+            id: 1,
             exchange: "ex".into(),
             routing_key: "rk".into(),
             properties_raw: Bytes::from(encode_properties(&props)),
@@ -162,7 +165,7 @@ mod tests {
             message: message(),
             reason: DeathReason::Expired,
         };
-        let m = rewrite(&letter, "q1", "dlx", None, 5_000);
+        let m = rewrite(&letter, "q1", "dlx", None, 5_000, 2);
         assert_eq!(m.exchange, "dlx");
         assert_eq!(m.routing_key, "rk");
         assert!(m.properties.expiration().is_none());
@@ -180,6 +183,7 @@ mod tests {
             "dlx",
             Some("other"),
             6_000,
+            3,
         );
         assert_eq!(again.routing_key, "other");
         let Some(AMQPValue::FieldArray(d)) = again

@@ -6,6 +6,8 @@ use bytes::Bytes;
 /// An immutable message, shared by every queue it was routed to.
 #[derive(Debug, Clone)]
 pub struct Message {
+    /// Node-unique id; the message store keys bodies by it (written once, refcounted).
+    pub id: u128,
     /// The exchange it was published to.
     pub exchange: String,
     /// The routing key it was published with.

@@ -7,6 +7,7 @@
 //! published after the lock is released.
 
 pub mod dead_letter;
+pub mod durability;
 pub mod exchange;
 pub mod message;
 pub mod outbox;
@@ -26,6 +27,7 @@ use crate::meta::state::Applied;
 use crate::meta::{Command, MetaError, MetaState, Permission, User, Vhost};
 use crate::time::Instant;
 
+pub use durability::Durability;
 pub use message::Message;
 pub use outbox::{ChannelLink, Delivery, OutItem, Outbox};
 pub use queue::{Consumer, DeadLetter, Queue, QueueHandle};
@@ -37,6 +39,8 @@ pub struct PublishOutcome {
     pub routed: usize,
     /// Whether some queue refused it (overflow reject-publish): the confirm is a nack.
     pub rejected: bool,
+    /// The group-commit ticket its confirm waits for (0: nothing to wait for).
+    pub ticket: u64,
 }
 
 /// Where durable definitions go after every change that affects them (the runtime writes
@@ -46,6 +50,10 @@ pub type DefinitionsSink = Box<dyn Fn(&Definitions) -> Result<(), String> + Send
 /// The node's broker state.
 pub struct Broker {
     definitions_sink: Option<DefinitionsSink>,
+    /// Group commit; `Some` when persistent messages in durable queues are written to disk.
+    durability: Option<Arc<Durability>>,
+    message_id_prefix: u64,
+    next_message_id: AtomicU64,
     saved_definitions: Mutex<Option<Definitions>>,
     meta: Mutex<MetaState>,
     snapshot: RwLock<Arc<MetaState>>,
@@ -108,6 +116,9 @@ impl Broker {
         let snapshot = Arc::new(meta.clone());
         Broker {
             definitions_sink: None,
+            durability: None,
+            message_id_prefix: seed.rotate_left(17) ^ 0x5741_5252_454e,
+            next_message_id: AtomicU64::new(1),
             saved_definitions: Mutex::new(None),
             version: AtomicU64::new(meta.version),
             meta: Mutex::new(meta),
@@ -125,6 +136,37 @@ impl Broker {
     pub fn with_definitions_sink(mut self, sink: DefinitionsSink) -> Broker {
         self.definitions_sink = Some(sink);
         self
+    }
+
+    /// Makes durable queues record persistent messages for the syncer (storage on).
+    pub fn with_durability(mut self, durability: Arc<Durability>) -> Broker {
+        self.durability = Some(durability);
+        self
+    }
+
+    /// The group-commit state, when storage is on.
+    pub fn durability(&self) -> Option<&Arc<Durability>> {
+        self.durability.as_ref()
+    }
+
+    /// A node-unique message id (a per-boot random prefix and a counter).
+    pub fn next_message_id(&self) -> u128 {
+        ((self.message_id_prefix as u128) << 64)
+            | self.next_message_id.fetch_add(1, Ordering::Relaxed) as u128
+    }
+
+    /// Replaces a declared queue's state with one recovered from disk.
+    pub fn install_recovered_queue(
+        &self,
+        vhost: &str,
+        name: &str,
+        queue: Queue,
+    ) -> Option<Arc<QueueHandle>> {
+        let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+        let slot = queues.get_mut(vhost)?.get_mut(name)?;
+        let handle = QueueHandle::new(vhost, name, queue);
+        *slot = handle.clone();
+        Some(handle)
     }
 
     /// A fresh connection id.
@@ -224,13 +266,18 @@ impl Broker {
             if let Command::DeclareQueue(def) = command {
                 if applied.created {
                     let args = def.args()?;
-                    let q = Queue::new(
+                    let mut q = Queue::new(
                         args,
                         def.exclusive_owner,
                         def.auto_delete,
                         self.memory.clone(),
                         now,
                     );
+                    if def.durable && def.exclusive_owner.is_none() {
+                        if let Some(d) = &self.durability {
+                            q = q.with_persistence(d.clone());
+                        }
+                    }
                     queues
                         .entry(def.vhost.clone())
                         .or_default()
@@ -239,7 +286,7 @@ impl Broker {
             }
             for (vhost, name) in &applied.removed.queues {
                 if let Some(h) = queues.get_mut(vhost).and_then(|v| v.remove(name)) {
-                    h.lock().delete();
+                    h.lock().delete(&h);
                 }
             }
         }
@@ -318,6 +365,7 @@ impl Broker {
             if !r.accepted {
                 outcome.rejected = true;
             }
+            outcome.ticket = outcome.ticket.max(r.ticket);
             if !r.dead.is_empty() {
                 dead.push((handle.clone(), r.dead));
             }
@@ -354,8 +402,14 @@ impl Broker {
             }
             for letter in letters {
                 let wall_ms = self.epoch_unix_ms + now.as_millis();
-                let message =
-                    dead_letter::rewrite(&letter, &queue.name, &dlx, dlrk.as_deref(), wall_ms);
+                let message = dead_letter::rewrite(
+                    &letter,
+                    &queue.name,
+                    &dlx,
+                    dlrk.as_deref(),
+                    wall_ms,
+                    self.next_message_id(),
+                );
                 let targets = exchange::route(
                     vhost,
                     &dlx,

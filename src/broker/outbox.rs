@@ -84,6 +84,11 @@ impl Outbox {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the connection (e.g. its confirms became durable).
+    pub fn wake(&self) {
+        (self.wake)();
+    }
+
     /// Whether a queue may push another delivery now.
     pub fn has_room(&self) -> bool {
         let g = self.lock();

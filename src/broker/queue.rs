@@ -14,8 +14,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use super::durability::Durability;
 use super::message::Message;
 use super::outbox::{ChannelLink, Delivery, OutItem};
 use crate::amqp::reply_code::{access_refused, AmqpError};
@@ -35,10 +36,15 @@ pub struct QueueHandle {
 impl QueueHandle {
     /// Wraps a queue.
     pub fn new(vhost: &str, name: &str, queue: Queue) -> Arc<QueueHandle> {
-        Arc::new(QueueHandle {
-            vhost: vhost.to_string(),
-            name: name.to_string(),
-            state: Mutex::new(queue),
+        let mut queue = queue;
+        Arc::new_cyclic(|me| {
+            // The queue names itself when it joins the syncer's dirty list.
+            queue.me = me.clone();
+            QueueHandle {
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+                state: Mutex::new(queue),
+            }
         })
     }
 
@@ -149,6 +155,8 @@ impl Consumer {
 /// What publish did with a message.
 #[derive(Debug, Default)]
 pub struct PublishResult {
+    /// The group-commit ticket the publisher's confirm waits for (0: none).
+    pub ticket: u64,
     /// False when the queue refused it (`x-overflow: reject-publish`, or deleted).
     pub accepted: bool,
     /// Messages to dead-letter as a consequence.
@@ -175,6 +183,45 @@ pub struct Queue {
     memory: Arc<AtomicI64>,
     deleted: bool,
     last_used: Instant,
+    persist: Option<Persist>,
+    me: Weak<QueueHandle>,
+}
+
+/// A change the queue index must record (persistent messages of durable queues only).
+#[derive(Debug, Clone)]
+pub enum IndexOp {
+    /// A message arrived.
+    Publish {
+        /// Its sequence number.
+        seq: u64,
+        /// The message.
+        message: Arc<Message>,
+        /// Expiry (`u64::MAX`: none).
+        expires_at_ms: u64,
+    },
+    /// It was delivered (comes back with `redelivered` after a restart).
+    Deliver {
+        /// Sequence number.
+        seq: u64,
+    },
+    /// It left the queue (ack, drop, expiry, purge).
+    Ack {
+        /// Sequence number.
+        seq: u64,
+        /// Message id (the store's reference goes).
+        message_id: u128,
+        /// Its size.
+        size: usize,
+    },
+    /// The queue was deleted: remove its index.
+    DeleteQueue,
+}
+
+#[derive(Debug)]
+struct Persist {
+    durability: Arc<Durability>,
+    pending: Vec<IndexOp>,
+    dirty: bool,
 }
 
 impl Queue {
@@ -203,7 +250,19 @@ impl Queue {
             memory,
             deleted: false,
             last_used: now,
+            persist: None,
+            me: Weak::new(),
         }
+    }
+
+    /// Records persistent messages for disk through `durability`.
+    pub fn with_persistence(mut self, durability: Arc<Durability>) -> Queue {
+        self.persist = Some(Persist {
+            durability,
+            pending: Vec::new(),
+            dirty: false,
+        });
+        self
     }
 
     /// The validated arguments.
@@ -288,8 +347,59 @@ impl Queue {
         Some(e)
     }
 
-    fn drop_entry(&self, e: &Entry) {
+    fn drop_entry(&mut self, e: &Entry) {
         self.account(-(e.message.size() as i64));
+        if e.message.persistent() {
+            self.record(IndexOp::Ack {
+                seq: e.seq,
+                message_id: e.message.id,
+                size: e.message.size() as usize,
+            });
+        }
+    }
+
+    /// Records an index operation for the syncer; returns its group-commit ticket (0 when
+    /// the queue is not persistent).
+    fn record(&mut self, op: IndexOp) -> u64 {
+        let Some(p) = self.persist.as_mut() else {
+            return 0;
+        };
+        let Some(me) = self.me.upgrade() else {
+            return 0;
+        };
+        let newly_dirty = !p.dirty;
+        p.dirty = true;
+        let t = p.durability.ticket(&me, newly_dirty);
+        p.pending.push(op);
+        t
+    }
+
+    /// Takes the operations waiting for the syncer.
+    pub fn take_pending_ops(&mut self) -> Vec<IndexOp> {
+        match self.persist.as_mut() {
+            Some(p) => {
+                p.dirty = false;
+                std::mem::take(&mut p.pending)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether persistent messages of this queue go to disk.
+    pub fn is_persistent(&self) -> bool {
+        self.persist.is_some()
+    }
+
+    /// Puts back messages recovered from disk (in sequence order), without recording them.
+    pub fn restore(&mut self, entries: Vec<Entry>) {
+        for e in entries {
+            self.next_seq = self.next_seq.max(e.seq + 1);
+            self.account(e.message.size() as i64);
+            self.ready_bytes += e.message.body.len() as u64;
+            self.ready_len += 1;
+            let lane = (e.priority as usize).min(self.ready.len() - 1);
+            self.ready[lane].push_back(e);
+        }
     }
 
     /// Drops expired messages at the head (RabbitMQ expires from the head only).
@@ -368,6 +478,13 @@ impl Queue {
         self.account(entry.message.size() as i64);
         self.ready_bytes += body;
         self.ready_len += 1;
+        if entry.message.persistent() {
+            result.ticket = self.record(IndexOp::Publish {
+                seq: entry.seq,
+                message: entry.message.clone(),
+                expires_at_ms: entry.expires_at_ms,
+            });
+        }
         self.ready[entry.priority as usize].push_back(entry);
         result.accepted = true;
         self.deliver(me, now, &mut result.dead);
@@ -444,9 +561,14 @@ impl Queue {
                 redelivered: entry.redelivered,
                 ack_required: !c.no_ack,
             };
-            if c.no_ack {
+            let no_ack = c.no_ack;
+            if no_ack {
                 self.drop_entry(&entry);
             } else {
+                if entry.message.persistent() {
+                    self.record(IndexOp::Deliver { seq: entry.seq });
+                }
+                let c = &self.consumers[idx];
                 c.in_flight.fetch_add(1, Ordering::AcqRel);
                 self.unacked.insert(
                     entry.seq,
@@ -458,6 +580,7 @@ impl Queue {
                 );
             }
             self.last_used = now;
+            let c = &self.consumers[idx];
             if let Err(OutItem::Deliver(d)) = c.link.outbox.push(OutItem::Deliver(delivery)) {
                 // The connection closed under us: put the message back.
                 self.settle(me, &[d.seq], true, now, dead);
@@ -476,6 +599,9 @@ impl Queue {
         self.expire_head(now, dead);
         let entry = self.pop_next()?;
         if ack_required {
+            if entry.message.persistent() {
+                self.record(IndexOp::Deliver { seq: entry.seq });
+            }
             self.unacked.insert(
                 entry.seq,
                 Unacked {
@@ -596,8 +722,13 @@ impl Queue {
     }
 
     /// Marks the queue deleted, cancels its consumers; returns the ready count it had.
-    pub fn delete(&mut self) -> u32 {
+    pub fn delete(&mut self, _me: &Arc<QueueHandle>) -> u32 {
         let n = self.purge();
+        // The index goes as a whole: the acks purge recorded are moot, only the deletion counts.
+        if let Some(p) = self.persist.as_mut() {
+            p.pending.retain(|op| !matches!(op, IndexOp::Ack { .. }));
+        }
+        self.record(IndexOp::DeleteQueue);
         for (_, u) in self.unacked.drain() {
             self.memory
                 .fetch_sub(u.entry.message.size() as i64, Ordering::Relaxed);
@@ -643,6 +774,7 @@ mod tests {
 
     fn msg(body: &str) -> Arc<Message> {
         Arc::new(Message {
+            id: 7,
             exchange: String::new(),
             routing_key: "q".into(),
             properties_raw: Bytes::from_static(&[0, 0]),
@@ -812,6 +944,7 @@ mod tests {
     fn msg_with_priority(body: &str, p: u8) -> Arc<Message> {
         let props = AMQPProperties::default().with_priority(p);
         Arc::new(Message {
+            id: 7,
             exchange: String::new(),
             routing_key: "q".into(),
             properties_raw: Bytes::from(crate::amqp::frame::encode_properties(&props)),

@@ -18,7 +18,7 @@ use crate::amqp::reply_code::{
     precondition_failed, resource_locked, unexpected_frame, AmqpError,
 };
 use crate::amqp::{short, ReplyCode};
-use crate::broker::{ChannelLink, Consumer, Delivery, Message, Outbox, QueueHandle};
+use crate::broker::{ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle};
 use crate::meta::{Binding, Command, Destination, ExchangeDef, ExchangeKind, QueueDef};
 use crate::time::Instant;
 
@@ -61,11 +61,38 @@ struct Tx {
     acks: Vec<TxAck>,
 }
 
-/// Confirm results waiting to be sent (coalesced at the end of a read batch).
+/// Replies waiting to be sent, in order: sent at the end of a read batch (coalesced), or
+/// once the disk has what they promise.
 #[derive(Debug, Default)]
 struct Confirms {
-    /// (publish seq, ack?) in publish order.
-    pending: Vec<(u64, bool)>,
+    pending: Vec<Waiting>,
+}
+
+/// A reply that may have to wait for a group commit.
+#[derive(Debug, Clone, Copy)]
+enum Waiting {
+    /// basic.ack / basic.nack for a publish.
+    Confirm {
+        /// Publish sequence number.
+        seq: u64,
+        /// Ack (true) or nack.
+        ack: bool,
+        /// Group-commit ticket (0: none).
+        ticket: u64,
+    },
+    /// tx.commit-ok.
+    CommitOk {
+        /// Group-commit ticket (0: none).
+        ticket: u64,
+    },
+}
+
+impl Waiting {
+    fn ticket(&self) -> u64 {
+        match self {
+            Waiting::Confirm { ticket, .. } | Waiting::CommitOk { ticket } => *ticket,
+        }
+    }
 }
 
 /// A channel's state.
@@ -993,6 +1020,7 @@ impl Channel {
         }
         c.note_publish();
         let message = Arc::new(Message {
+            id: c.broker.next_message_id(),
             exchange: p.exchange,
             routing_key: p.routing_key,
             properties_raw: header.raw_properties,
@@ -1011,7 +1039,11 @@ impl Channel {
             self.send_return(c, &message);
         }
         if let Some(seq) = seq {
-            self.confirms.pending.push((seq, !outcome.rejected));
+            self.confirms.pending.push(Waiting::Confirm {
+                seq,
+                ack: !outcome.rejected,
+                ticket: outcome.ticket,
+            });
         }
         Ok(())
     }
@@ -1035,36 +1067,65 @@ impl Channel {
         );
     }
 
-    /// Emits pending confirms, a run of acks as one `multiple` ack.
-    pub fn flush_confirms(&mut self, out: &mut Vec<u8>) {
+    /// Emits what is ready, in order: confirms (a run of acks as one `multiple` ack) and
+    /// tx.commit-ok, each once its group-commit ticket is durable. Returns whether something
+    /// still waits for the disk (the caller registers to be woken).
+    pub fn flush_confirms(&mut self, out: &mut Vec<u8>, durability: Option<&Durability>) -> bool {
         if self.confirms.pending.is_empty() {
-            return;
+            return false;
         }
-        let pending = std::mem::take(&mut self.confirms.pending);
+        let failed = durability.is_some_and(|d| d.has_failed());
+        let ready =
+            |ticket: u64| ticket == 0 || failed || durability.is_none_or(|d| d.is_durable(ticket));
+        let n_ready = self
+            .confirms
+            .pending
+            .iter()
+            .position(|w| !ready(w.ticket()))
+            .unwrap_or(self.confirms.pending.len());
+        let emit: Vec<Waiting> = self.confirms.pending.drain(..n_ready).collect();
         let mut i = 0;
-        while i < pending.len() {
-            let (seq, ack) = pending[i];
-            if !ack {
-                frame::encode_method(
-                    out,
-                    self.id,
-                    &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
-                        delivery_tag: seq,
-                        multiple: false,
-                        requeue: false,
-                    })),
-                );
-                i += 1;
-                continue;
+        while i < emit.len() {
+            match emit[i] {
+                Waiting::CommitOk { .. } => {
+                    frame::encode_method(
+                        out,
+                        self.id,
+                        &AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+                    );
+                    i += 1;
+                }
+                Waiting::Confirm { seq, ack, ticket } if !ack || (failed && ticket != 0) => {
+                    // Refused by a queue, or storage failed before it was durable: the
+                    // publisher must not believe it safe.
+                    frame::encode_method(
+                        out,
+                        self.id,
+                        &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                            delivery_tag: seq,
+                            multiple: false,
+                            requeue: false,
+                        })),
+                    );
+                    i += 1;
+                }
+                Waiting::Confirm { .. } => {
+                    let mut j = i;
+                    while j + 1 < emit.len()
+                        && matches!(emit[j + 1], Waiting::Confirm { ack: true, ticket, .. } if !(failed && ticket != 0))
+                    {
+                        j += 1;
+                    }
+                    let Waiting::Confirm { seq, .. } = emit[j] else {
+                        unreachable!("matched above")
+                    };
+                    // Everything before `seq` is already confirmed, so `multiple` covers the run.
+                    frame::encode_basic_ack(out, self.id, seq, j > i);
+                    i = j + 1;
+                }
             }
-            let mut j = i;
-            while j + 1 < pending.len() && pending[j + 1].1 {
-                j += 1;
-            }
-            // Everything before `seq` is already confirmed, so `multiple` covers exactly the run.
-            frame::encode_basic_ack(out, self.id, pending[j].0, j > i);
-            i = j + 1;
         }
+        !self.confirms.pending.is_empty()
     }
 
     // ---- tx.* ----
@@ -1093,9 +1154,11 @@ impl Channel {
                 };
                 self.tx = Some(Tx::default());
                 let snapshot = c.snapshot();
+                let mut ticket = 0;
                 if let Some(vhost) = snapshot.vhost(&c.vhost) {
                     for (exchange, message, mandatory) in t.publishes {
                         let outcome = c.broker.publish(vhost, &exchange, message.clone(), now);
+                        ticket = ticket.max(outcome.ticket);
                         if outcome.routed == 0 && mandatory {
                             self.send_return(c, &message);
                         }
@@ -1113,7 +1176,8 @@ impl Channel {
                     // A tag acked twice inside one transaction is the client's error.
                     r?;
                 }
-                c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+                // commit-ok promises the persistent messages are on disk: it waits for them.
+                self.confirms.pending.push(Waiting::CommitOk { ticket });
                 Ok(())
             }
             tx::AMQPMethod::Rollback(_) => {

@@ -557,7 +557,12 @@ impl Connection {
 
     /// Takes deliveries from the outbox and encodes them (unless the socket is backed up).
     pub fn handle_outbox(&mut self, now: Instant) {
-        if self.state != State::Open || self.out.len() > OUT_HIGH_BYTES {
+        if self.state != State::Open {
+            return;
+        }
+        // Confirms and commit-oks whose writes became durable.
+        self.flush_confirms();
+        if self.out.len() > OUT_HIGH_BYTES {
             return;
         }
         let mut items = std::mem::take(&mut self.items);
@@ -735,8 +740,17 @@ impl Connection {
     }
 
     fn flush_confirms(&mut self) {
+        let durability = self.broker.durability().cloned();
+        let mut waiting = false;
         for c in self.channels.values_mut() {
-            c.flush_confirms(&mut self.out);
+            waiting |= c.flush_confirms(&mut self.out, durability.as_deref());
+        }
+        if let (true, Some(d)) = (waiting, durability) {
+            d.wait(&self.outbox);
+            // The mark may have moved between the check and the registration.
+            for c in self.channels.values_mut() {
+                c.flush_confirms(&mut self.out, Some(&d));
+            }
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod disk;
 pub mod mem_disk;
+pub mod message_codec;
 pub mod msg_store;
 pub mod queue_index;
 pub mod record;

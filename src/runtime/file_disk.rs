@@ -134,6 +134,14 @@ impl Disk for FileDisk {
         d.sync_all().map_err(|e| DiskError::io("fsync dir", dir, e))
     }
 
+    fn remove_dir(&self, dir: &Path) -> Result<(), DiskError> {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(DiskError::io("rmdir", dir, e)),
+        }
+    }
+
     fn len(&self, path: &Path) -> Result<Option<u64>, DiskError> {
         match std::fs::metadata(path) {
             Ok(m) => Ok(Some(m.len())),

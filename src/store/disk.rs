@@ -91,4 +91,50 @@ pub trait Disk: Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> Result<(), DiskError>;
     /// The file's length, if it exists.
     fn len(&self, path: &Path) -> Result<Option<u64>, DiskError>;
+    /// Removes an empty folder; a missing one is not an error.
+    fn remove_dir(&self, dir: &Path) -> Result<(), DiskError>;
+}
+
+/// A shared disk is a disk: the message store and every queue index use one `Arc`'d
+/// instance (and its open-file cache).
+impl<T: Disk + ?Sized> Disk for std::sync::Arc<T> {
+    fn create_dir_all(&self, dir: &Path) -> Result<(), DiskError> {
+        (**self).create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
+        (**self).list(dir)
+    }
+    fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
+        (**self).read(path)
+    }
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
+        (**self).read_at(path, offset, len)
+    }
+    fn append(&self, path: &Path, data: &[u8]) -> Result<u64, DiskError> {
+        (**self).append(path, data)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> Result<(), DiskError> {
+        (**self).write_file(path, data)
+    }
+    fn truncate(&self, path: &Path, len: u64) -> Result<(), DiskError> {
+        (**self).truncate(path, len)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), DiskError> {
+        (**self).rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> Result<(), DiskError> {
+        (**self).remove(path)
+    }
+    fn sync(&self, path: &Path) -> Result<(), DiskError> {
+        (**self).sync(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> Result<(), DiskError> {
+        (**self).sync_dir(dir)
+    }
+    fn len(&self, path: &Path) -> Result<Option<u64>, DiskError> {
+        (**self).len(path)
+    }
+    fn remove_dir(&self, dir: &Path) -> Result<(), DiskError> {
+        (**self).remove_dir(dir)
+    }
 }

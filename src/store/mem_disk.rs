@@ -222,6 +222,11 @@ impl Disk for MemDisk {
     fn len(&self, path: &Path) -> Result<Option<u64>, DiskError> {
         Ok(self.lock().files.get(path).map(|f| f.data.len() as u64))
     }
+
+    fn remove_dir(&self, _dir: &Path) -> Result<(), DiskError> {
+        // Folders exist implicitly through their files here.
+        Ok(())
+    }
 }
 
 #[cfg(test)]

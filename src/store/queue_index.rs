@@ -1,1 +1,0 @@
-//! The per-queue index: journal and segment files (being written).

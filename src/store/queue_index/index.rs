@@ -1,0 +1,301 @@
+//! [`QueueIndex`]: the I/O shell that carries out what [`IndexState`] decides, through a
+//! [`Disk`]. Records are buffered in RAM and reach the journal file at `sync`, at a flush, or
+//! when the buffer grows past [`WRITE_BUFFER`] (RabbitMQ's file handle cache does the same):
+//! nothing is durable before a sync anyway, and one append per batch saves syscalls.
+
+use std::path::{Path, PathBuf};
+
+use crate::store::disk::{Disk, DiskError};
+
+use super::codec::{self, CleanMarker};
+use super::state::IndexState;
+use super::{
+    segment_number, segment_path, IndexConfig, IndexEntry, Publish, QueueIndexError, CLEAN_FILE,
+    JOURNAL_FILE,
+};
+
+/// Journal bytes buffered before they are written without waiting for a sync.
+pub const WRITE_BUFFER: usize = 64 * 1024;
+
+/// Counters, for tests and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Journal flushes done (each one makes every earlier record durable).
+    pub flushes: u64,
+    /// Journal fsyncs done by [`QueueIndex::sync`].
+    pub syncs: u64,
+    /// Records in the journal since the last flush.
+    pub journal_records: usize,
+    /// Segment files.
+    pub segment_files: usize,
+    /// Un-acked messages.
+    pub unacked: u64,
+}
+
+/// One queue's index over a [`Disk`].
+#[derive(Debug)]
+pub struct QueueIndex<D: Disk> {
+    pub(super) disk: D,
+    pub(super) dir: PathBuf,
+    pub(super) journal: PathBuf,
+    pub(super) config: IndexConfig,
+    pub(super) state: IndexState,
+    /// Encoded records not yet written to the journal file.
+    pub(super) buf: Vec<u8>,
+    /// Bytes written to the journal file since its last truncation.
+    pub(super) journal_len: u64,
+    /// Records were appended since the last journal fsync.
+    pub(super) unsynced: bool,
+    pub(super) poisoned: bool,
+    pub(super) flushes: u64,
+    pub(super) syncs: u64,
+}
+
+impl<D: Disk> QueueIndex<D> {
+    fn usable(&self) -> Result<(), QueueIndexError> {
+        if self.poisoned {
+            return Err(QueueIndexError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Runs disk work; any failure poisons the index, because what reached the disk (and
+    /// what the in-RAM state already assumes) is then unknown.
+    fn guarded<T>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<T, DiskError>,
+    ) -> Result<T, QueueIndexError> {
+        self.usable()?;
+        work(self).map_err(|e| {
+            self.poisoned = true;
+            e.into()
+        })
+    }
+
+    /// Records a message entering the queue. `p.seq` must be at least the next seq.
+    pub fn publish(&mut self, p: Publish) -> Result<(), QueueIndexError> {
+        self.usable()?;
+        if let Some(body) = &p.embedded {
+            if !self.config.embeds(body.len()) {
+                return Err(QueueIndexError::EmbedTooLarge {
+                    len: body.len(),
+                    limit: self.config.embed_below,
+                });
+            }
+        }
+        let mark = self.buf.len();
+        codec::encode_publish(&mut self.buf, &p);
+        if let Err(e) = self.state.publish(p) {
+            self.buf.truncate(mark);
+            return Err(e.into());
+        }
+        self.appended()
+    }
+
+    /// Records that a message was handed to a consumer (idempotent).
+    pub fn deliver(&mut self, seq: u64) -> Result<(), QueueIndexError> {
+        self.usable()?;
+        if self.state.deliver(seq)? {
+            codec::encode_deliver(&mut self.buf, seq);
+            self.appended()?;
+        }
+        Ok(())
+    }
+
+    /// Records acks; the whole batch is refused if any seq is not a live message.
+    pub fn ack(&mut self, seqs: &[u64]) -> Result<(), QueueIndexError> {
+        self.usable()?;
+        self.state.ack(seqs)?;
+        for &seq in seqs {
+            codec::encode_ack(&mut self.buf, seq);
+        }
+        self.appended()
+    }
+
+    fn appended(&mut self) -> Result<(), QueueIndexError> {
+        self.unsynced = true;
+        if self.buf.len() >= WRITE_BUFFER {
+            self.guarded(Self::write_buf)?;
+        }
+        if self.state.needs_flush(self.config.journal_max_entries) {
+            self.flush_journal()?;
+        }
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<(), DiskError> {
+        if !self.buf.is_empty() {
+            self.disk.append(&self.journal, &self.buf)?;
+            self.journal_len += self.buf.len() as u64;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Makes every record so far durable (one journal fsync; a no-op when nothing changed).
+    pub fn sync(&mut self) -> Result<(), QueueIndexError> {
+        self.guarded(|ix| {
+            if !ix.unsynced {
+                return Ok(());
+            }
+            ix.write_buf()?;
+            ix.disk.sync(&ix.journal)?;
+            ix.unsynced = false;
+            ix.syncs += 1;
+            Ok(())
+        })
+    }
+
+    /// Scatters the journal into the segments and empties it. Afterwards every record so
+    /// far is durable.
+    pub fn flush_journal(&mut self) -> Result<(), QueueIndexError> {
+        self.guarded(Self::flush)
+    }
+
+    /// The flush, in crash-safe order: segments are appended and fsynced and fully acked
+    /// ones removed, the folder synced, and only then is the journal truncated (and that
+    /// truncation fsynced, so a later crash cannot bring back records of segments that
+    /// have since been deleted).
+    pub(super) fn flush(&mut self) -> Result<(), DiskError> {
+        let plan = self.state.take_flush();
+        let mut bytes = Vec::new();
+        let mut created = false;
+        for w in &plan.writes {
+            bytes.clear();
+            for r in &w.records {
+                codec::encode_record(&mut bytes, r);
+            }
+            self.disk
+                .append(&segment_path(&self.dir, w.segment), &bytes)?;
+            created |= w.creates;
+        }
+        for w in &plan.writes {
+            self.disk.sync(&segment_path(&self.dir, w.segment))?;
+        }
+        for n in &plan.deletes {
+            self.disk.remove(&segment_path(&self.dir, *n))?;
+        }
+        if created || !plan.deletes.is_empty() {
+            self.disk.sync_dir(&self.dir)?;
+        }
+        self.buf.clear();
+        if self.journal_len > 0 {
+            self.disk.truncate(&self.journal, 0)?;
+            self.disk.sync(&self.journal)?;
+            self.journal_len = 0;
+        }
+        self.unsynced = false;
+        self.flushes += 1;
+        Ok(())
+    }
+
+    /// The un-acked messages of segment `n`, in seq order, read back for paging.
+    pub fn read_segment(&self, n: u64) -> Result<Vec<IndexEntry>, QueueIndexError> {
+        self.usable()?;
+        let Some(summary) = self.state.segment(n) else {
+            return Ok(Vec::new());
+        };
+        let mut found = std::collections::BTreeMap::new();
+        if summary.on_disk {
+            let bytes = self.disk.read(&segment_path(&self.dir, n))?;
+            for r in codec::scan(&bytes).records {
+                if let codec::Record::Publish(p) = r {
+                    if self.state.segment_of(p.seq) == n && self.state.is_live(p.seq) {
+                        found.insert(p.seq, p);
+                    }
+                }
+            }
+        }
+        for p in self.state.pending_publishes(n) {
+            if self.state.is_live(p.seq) {
+                found.insert(p.seq, p.clone());
+            }
+        }
+        if (found.len() as u64) < summary.unacked() {
+            // The file was damaged after open; recovery will report and repair it.
+            tracing::warn!(
+                dir = %self.dir.display(),
+                segment = n,
+                missing = summary.unacked() - found.len() as u64,
+                "queue index segment lacks entries"
+            );
+        }
+        let entries = found.into_values().map(|publish| IndexEntry {
+            delivered: self.state.is_delivered(publish.seq),
+            publish,
+        });
+        Ok(entries.collect())
+    }
+
+    /// Segments holding un-acked messages, in order (what to page through).
+    pub fn segments(&self) -> Vec<u64> {
+        self.state.live_segments()
+    }
+
+    /// `(lowest un-acked seq, next seq)`; the low bound equals the next seq when empty.
+    pub fn bounds(&self) -> (u64, u64) {
+        (self.state.low_seq(), self.state.next_seq())
+    }
+
+    /// Un-acked messages.
+    pub fn len(&self) -> u64 {
+        self.state.unacked()
+    }
+
+    /// No un-acked message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configuration in force (its segment size is the folder's, see `index.meta`).
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    /// The queue's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            flushes: self.flushes,
+            syncs: self.syncs,
+            journal_records: self.state.journal_records(),
+            segment_files: self.state.segments_on_disk(),
+            unacked: self.state.unacked(),
+        }
+    }
+
+    /// Clean shutdown: flushes the journal, then writes `clean.dot` with the next seq and
+    /// the message count.
+    pub fn close(mut self) -> Result<(), QueueIndexError> {
+        self.guarded(|ix| {
+            ix.flush()?;
+            let marker = CleanMarker {
+                next_seq: ix.state.next_seq(),
+                unacked: ix.state.unacked(),
+            };
+            let path = ix.dir.join(CLEAN_FILE);
+            ix.disk.write_file(&path, &codec::encode_clean(marker))?;
+            ix.disk.sync(&path)?;
+            ix.disk.sync_dir(&ix.dir)
+        })
+    }
+
+    /// The queue was deleted: removes every index file (allowed even when poisoned). The
+    /// folder itself stays: the `Disk` trait has no way to remove folders.
+    pub fn delete_all(self) -> Result<(), QueueIndexError> {
+        for name in self.disk.list(&self.dir)? {
+            let ours = segment_number(&name).is_some()
+                || super::is_segment_tmp(&name)
+                || [JOURNAL_FILE, CLEAN_FILE, super::META_FILE].contains(&name.as_str());
+            if ours {
+                self.disk.remove(&self.dir.join(name))?;
+            }
+        }
+        self.disk.sync_dir(&self.dir)?;
+        Ok(())
+    }
+}

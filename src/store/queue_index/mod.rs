@@ -1,0 +1,207 @@
+//! The per-queue index (RabbitMQ's `rabbit_queue_index`, classic v1): which messages a
+//! queue holds, in seq order, whether each was delivered, and its message-store id or, for
+//! a small message, its body.
+//!
+//! Layout of a queue's folder:
+//! - `journal.jif`: every publish, deliver and ack is appended here first; [`QueueIndex::sync`]
+//!   fsyncs it (group commit: the caller batches records, then syncs once);
+//! - `N.idx`: segment `N` holds seqs `[N*E, (N+1)*E)`; a full journal is scattered into the
+//!   segments, which are fsynced before the journal is truncated;
+//! - `index.meta`: the segment size `E` the folder was created with (it wins over the
+//!   configuration, as RabbitMQ keeps 16384 for existing queues);
+//! - `clean.dot`: written by [`QueueIndex::close`]; its absence at open means a crash.
+//!
+//! Split: [`state`] and [`rebuild`] are the sans-IO bookkeeping, [`codec`] the bytes,
+//! `index` and `open` the I/O shell over [`Disk`](crate::store::Disk).
+
+pub mod codec;
+mod index;
+mod open;
+pub mod rebuild;
+pub mod state;
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use crate::store::disk::DiskError;
+
+pub use index::{IndexStats, QueueIndex};
+pub use state::StateError;
+
+/// The journal's file name.
+pub const JOURNAL_FILE: &str = "journal.jif";
+/// The clean-shutdown marker's file name.
+pub const CLEAN_FILE: &str = "clean.dot";
+/// The geometry file's name.
+pub const META_FILE: &str = "index.meta";
+/// Segment files end with this.
+pub const SEGMENT_SUFFIX: &str = ".idx";
+
+/// Tuning of one queue index (RabbitMQ's `queue_index_*` settings).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct IndexConfig {
+    /// Seqs per segment file (`queue_index_segment_entry_count`).
+    pub segment_entry_count: u64,
+    /// Journal records that trigger a flush (`queue_index_max_journal_entries`).
+    pub journal_max_entries: usize,
+    /// Bodies shorter than this are embedded in the index (`queue_index_embed_msgs_below`).
+    pub embed_below: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> IndexConfig {
+        IndexConfig {
+            segment_entry_count: 16384,
+            journal_max_entries: 32768,
+            embed_below: 4096,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// Whether a body of `len` bytes belongs in the index rather than the message store.
+    pub fn embeds(&self, len: usize) -> bool {
+        len < self.embed_below
+    }
+
+    fn validate(&self) -> Result<(), QueueIndexError> {
+        // The upper bound keeps a segment's three bitsets small (128 KiB each at most).
+        if !(1..=1 << 20).contains(&self.segment_entry_count) {
+            return Err(QueueIndexError::Config(
+                "segment_entry_count must be between 1 and 2^20",
+            ));
+        }
+        if self.journal_max_entries == 0 {
+            return Err(QueueIndexError::Config("journal_max_entries must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// A publish record: a message entering the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publish {
+    /// Its seq id, assigned by the queue in arrival order.
+    pub seq: u64,
+    /// Its id in the message store.
+    pub msg_id: [u8; 16],
+    /// Delivery mode 2; transient messages are dropped at recovery.
+    pub persistent: bool,
+    /// Absolute expiry (per-message or queue TTL), if any.
+    pub expires_at_ms: Option<u64>,
+    /// The message's size in bytes (for the queue's byte counts).
+    pub size: u32,
+    /// The body, when shorter than `embed_below`: such a message never reaches the store.
+    pub embedded: Option<Vec<u8>>,
+}
+
+/// An un-acked message as the index knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Its publish record.
+    pub publish: Publish,
+    /// A deliver was recorded: it must go out again with `redelivered = true`.
+    pub delivered: bool,
+}
+
+/// Something found damaged at open. Damage never fails the open: the intact records are
+/// kept, and damaged segments are rewritten from what survived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Damage {
+    /// Unreadable bytes in a segment file (records there are lost).
+    Segment {
+        /// The segment number.
+        segment: u64,
+        /// Where the damaged region starts.
+        offset: u64,
+        /// Its length.
+        bytes: u64,
+    },
+    /// A segment file held a record of a seq outside its range.
+    ForeignRecord {
+        /// The segment number.
+        segment: u64,
+        /// The out-of-range seq.
+        seq: u64,
+    },
+    /// Unreadable bytes in the middle of the journal (a torn tail is not damage).
+    Journal {
+        /// Where the damaged region starts.
+        offset: u64,
+        /// Its length.
+        bytes: u64,
+    },
+    /// `index.meta` was unreadable; the configured segment size was assumed.
+    Meta,
+    /// `clean.dot` was unreadable; the open counts as a crash recovery.
+    CleanMarker,
+    /// The clean marker's message count differs from what the files hold.
+    CleanCountMismatch {
+        /// Count in `clean.dot`.
+        recorded: u64,
+        /// Count found.
+        found: u64,
+    },
+}
+
+/// What [`QueueIndex::open`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Surviving messages in seq order (transient ones dropped).
+    pub entries: Vec<IndexEntry>,
+    /// The index was closed cleanly and its files still match the clean marker (the message
+    /// store may trust its saved state only if every queue was).
+    pub clean: bool,
+    /// Damage found and worked around.
+    pub damage: Vec<Damage>,
+    /// Transient messages dropped.
+    pub dropped_transient: u64,
+    /// Bytes of a partial record cut from the journal's end (normal after a crash).
+    pub journal_torn_bytes: u64,
+}
+
+/// A queue index failure.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueIndexError {
+    /// The disk failed. After a failed write or sync the index is poisoned.
+    #[error("queue index: {0}")]
+    Disk(#[from] DiskError),
+    /// The call breaks the index's rules; nothing was written.
+    #[error("queue index: {0}")]
+    State(#[from] StateError),
+    /// An embedded body must be shorter than `embed_below`.
+    #[error("queue index: embedded body of {len} bytes is not below embed_below ({limit})")]
+    EmbedTooLarge {
+        /// The body length.
+        len: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// Invalid configuration.
+    #[error("queue index: {0}")]
+    Config(&'static str),
+    /// An earlier write or sync failed; what reached the disk is unknown, so the index
+    /// refuses work until it is reopened (recovery rebuilds from the files).
+    #[error("queue index is poisoned by an earlier disk failure; reopen it")]
+    Poisoned,
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("{n}{SEGMENT_SUFFIX}"))
+}
+
+/// Whether `name` is a segment rewrite left behind by a crash before its rename.
+fn is_segment_tmp(name: &str) -> bool {
+    name.strip_suffix(".tmp").and_then(segment_number).is_some()
+}
+
+fn segment_number(name: &str) -> Option<u64> {
+    let n = name.strip_suffix(SEGMENT_SUFFIX)?;
+    // Only canonical names: "007.idx" is not ours and must not shadow "7.idx".
+    n.parse::<u64>().ok().filter(|v| v.to_string() == n)
+}

@@ -49,6 +49,8 @@ pub struct Config {
     pub amqp: AmqpConfig,
     /// `[limits]`: memory watermark and flow-control credit.
     pub limits: LimitsConfig,
+    /// `[storage]`: message store, queue index, fsync policy.
+    pub storage: StorageConfig,
     /// `[[vhosts]]`.
     pub vhosts: Vec<VhostConfig>,
     /// `[[users]]`.
@@ -102,6 +104,39 @@ pub struct LimitsConfig {
     /// Bytes queued for a consumer connection's socket above which queues stop delivering to
     /// it until the socket drains.
     pub connection_outbound_bytes_max: usize,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Write persistent messages of durable queues to disk (false: everything in memory).
+    pub enabled: bool,
+    /// 0: a confirm waits for the fsync of its batch (group commit). N > 0: confirms follow
+    /// the write to the OS and fsync runs every N ms; a crash can lose up to N ms of
+    /// confirmed messages (RocketMQ's async flush).
+    pub fsync_interval_ms: u64,
+    /// Messages (with properties) smaller than this live inside the queue index.
+    pub queue_index_embed_msgs_below: usize,
+    /// Entries per queue index segment file.
+    pub queue_index_segment_entry_count: u64,
+    /// Journal records before they are moved into segments.
+    pub queue_index_journal_max_entries: usize,
+    /// Size at which a message store file is rolled over.
+    pub msg_store_file_size_limit_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            fsync_interval_ms: 0,
+            queue_index_embed_msgs_below: 4096,
+            queue_index_segment_entry_count: 16384,
+            queue_index_journal_max_entries: 32768,
+            msg_store_file_size_limit_bytes: 16 * 1024 * 1024,
+        }
+    }
 }
 
 /// `[[vhosts]]`.
@@ -181,6 +216,7 @@ impl Default for Config {
             node: NodeConfig::default(),
             amqp: AmqpConfig::default(),
             limits: LimitsConfig::default(),
+            storage: StorageConfig::default(),
             vhosts: vec![VhostConfig { name: "/".into() }],
             users: vec![UserConfig {
                 name: "guest".into(),

@@ -41,6 +41,12 @@ fn reference_config_mentions_every_key_of_the_defaults() {
         "memory_high_watermark_bytes",
         "memory_high_watermark_fraction",
         "connection_outbound_bytes_max",
+        "enabled",
+        "fsync_interval_ms",
+        "queue_index_embed_msgs_below",
+        "queue_index_segment_entry_count",
+        "queue_index_journal_max_entries",
+        "msg_store_file_size_limit_bytes",
     ] {
         assert!(
             text.contains(&format!("{key} =")),

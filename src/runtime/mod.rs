@@ -10,6 +10,7 @@ pub mod clock;
 pub mod conn_task;
 pub mod file_disk;
 pub mod node;
+pub mod storage;
 pub mod transport;
 
 pub use node::{Node, NodeError};

@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use super::clock::Clock;
 use super::conn_task::{self, ConnContext};
 use super::file_disk::FileDisk;
+use super::storage::{Storage, StorageError};
 use super::transport::{Listener, TokioTransport, Transport};
 use crate::broker::Broker;
 use crate::config::Config;
@@ -29,6 +30,9 @@ pub enum NodeError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Storage could not be opened.
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
     /// The listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -46,6 +50,8 @@ pub struct Node {
     shutdown: watch::Sender<bool>,
     tracker: TaskTracker,
     tasks: Vec<JoinHandle<()>>,
+    syncer: Option<(Arc<Storage>, std::thread::JoinHandle<()>)>,
+    syncer_stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Node {
@@ -132,8 +138,46 @@ impl Node {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let seed = rand::random::<u64>();
-        let broker = Broker::new(&config, seed, watermark, epoch_unix_ms);
-        let broker = Arc::new(recover_definitions(broker, &config.node.data_dir));
+        let mut broker = Broker::new(&config, seed, watermark, epoch_unix_ms);
+        let durability = config
+            .storage
+            .enabled
+            .then(|| Arc::new(crate::broker::Durability::default()));
+        if let Some(d) = &durability {
+            broker = broker.with_durability(d.clone());
+        }
+        let broker = recover_definitions(broker, &config.node.data_dir);
+        let storage = match &durability {
+            Some(d) => {
+                let (storage, summary) =
+                    Storage::open(&broker, d.clone(), &config.node.data_dir, &config.storage)?;
+                tracing::info!(
+                    queues = summary.queues,
+                    messages = summary.messages,
+                    lost = summary.lost,
+                    clean = summary.clean,
+                    "storage recovered"
+                );
+                Some(storage)
+            }
+            None => None,
+        };
+        let broker = Arc::new(broker);
+        let syncer_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let syncer = match storage {
+            Some(storage) => {
+                let (s, stop) = (storage.clone(), syncer_stop.clone());
+                let thread = std::thread::Builder::new()
+                    .name("warren-syncer".into())
+                    .spawn(move || s.run_syncer(stop))
+                    .map_err(|source| NodeError::DataDir {
+                        path: config.node.data_dir.clone(),
+                        source,
+                    })?;
+                Some((storage, thread))
+            }
+            None => None,
+        };
         let mut listener =
             transport
                 .bind(config.amqp.listen)
@@ -192,7 +236,9 @@ impl Node {
                     biased;
                     _ = monitor_shutdown.changed() => break,
                     _ = tick.tick() => {
-                        let on = monitor_broker.memory_alarm();
+                        // A storage failure (full disk, failed fsync) blocks publishers too.
+                        let on = monitor_broker.memory_alarm()
+                            || monitor_broker.durability().is_some_and(|d| d.has_failed());
                         if *alarm_tx.borrow() != on {
                             if on {
                                 tracing::warn!(used = monitor_broker.memory_used(), "memory alarm set: blocking publishers");
@@ -226,6 +272,8 @@ impl Node {
             shutdown: shutdown_tx,
             tracker,
             tasks,
+            syncer,
+            syncer_stop,
         })
     }
 
@@ -253,6 +301,13 @@ impl Node {
             .is_err()
         {
             tracing::warn!("connections still open after 5 s; stopping anyway");
+        }
+        if let Some((storage, thread)) = self.syncer {
+            // Last round, then clean markers, so the next start skips the scans.
+            self.syncer_stop
+                .store(true, std::sync::atomic::Ordering::Release);
+            storage.wake();
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         tracing::info!("node stopped");
     }

@@ -1,5 +1,6 @@
 //! `warren`: starts a node. With no flags it uses the embedded default config
 //! (127.0.0.1:5672, data under ./warren-data); `--config FILE` reads FILE instead.
+//! `warren inspect-queue` and `warren inspect-message` read a node's storage (read-only).
 
 use std::path::PathBuf;
 
@@ -16,8 +17,35 @@ use warren::runtime::Node;
 )]
 struct Args {
     /// Configuration file (TOML); the embedded default when absent.
-    #[arg(long)]
+    #[arg(long, global = true)]
     config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Lists a durable queue's index entries (seq, message id, delivered, size, where stored).
+    InspectQueue {
+        /// Vhost.
+        #[arg(long, default_value = "/")]
+        vhost: String,
+        /// Queue name.
+        #[arg(long)]
+        queue: String,
+        /// Data folder (default: the config's data_dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Reads a message body by id from the persistent message store.
+    InspectMessage {
+        /// The message id, 32 hex digits, as inspect-queue prints it.
+        #[arg(long)]
+        id: String,
+        /// Data folder (default: the config's data_dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +60,26 @@ fn main() -> anyhow::Result<()> {
         Some(path) => Config::load(path)?,
         None => Config::embedded(),
     };
+    use warren::runtime::inspect;
+    match args.command {
+        None => {}
+        Some(Cmd::InspectQueue {
+            vhost,
+            queue,
+            data_dir,
+        }) => {
+            let dir = data_dir.unwrap_or(config.node.data_dir);
+            let entries = inspect::queue_entries(&dir, &vhost, &queue)?;
+            print!("{}", inspect::format_queue(&entries));
+            return Ok(());
+        }
+        Some(Cmd::InspectMessage { id, data_dir }) => {
+            let dir = data_dir.unwrap_or(config.node.data_dir);
+            let bytes = inspect::message_bytes(&dir, &id)?;
+            print!("{}", inspect::format_message(&id, &bytes)?);
+            return Ok(());
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

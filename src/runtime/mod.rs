@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod conn_task;
 pub mod file_disk;
+pub mod inspect;
 pub mod node;
 pub mod storage;
 pub mod transport;

@@ -160,6 +160,11 @@ impl TestNode {
         (conn, ch)
     }
 
+    /// The node's data folder.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
     /// Stops the node (bounded) and starts a new one on the same data folder.
     pub async fn restart(mut self) -> TestNode {
         if let Some(node) = self.node.take() {

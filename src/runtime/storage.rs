@@ -22,8 +22,6 @@ use crate::store::msg_store::{MsgId, MsgStore, MsgStoreConfig, MsgStoreError};
 use crate::store::queue_index::{IndexConfig, Publish, QueueIndex, QueueIndexError};
 use crate::store::{Disk, DiskError};
 
-type SharedDisk = Arc<FileDisk>;
-
 /// Why storage could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -56,17 +54,17 @@ pub struct RecoverySummary {
     pub clean: bool,
 }
 
-struct State {
-    msg_store: MsgStore<SharedDisk>,
-    indexes: HashMap<(String, String), QueueIndex<SharedDisk>>,
+struct State<D: Disk + Clone> {
+    msg_store: MsgStore<D>,
+    indexes: HashMap<(String, String), QueueIndex<D>>,
 }
 
-/// Storage for one node.
-pub struct Storage {
-    disk: SharedDisk,
+/// Storage for one node, over any [`Disk`] (the node uses `Arc<FileDisk>`; tests `MemDisk`).
+pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
+    disk: D,
     queues_dir: PathBuf,
     index_config: IndexConfig,
-    state: Mutex<Option<State>>,
+    state: Mutex<Option<State<D>>>,
     durability: Arc<Durability>,
     wake: Arc<(Mutex<bool>, Condvar)>,
     fsync_interval_ms: u64,
@@ -95,16 +93,34 @@ fn index_config(c: &StorageConfig) -> IndexConfig {
     }
 }
 
-impl Storage {
-    /// Opens storage under `data_dir` and puts recovered messages back into the broker's
-    /// durable queues (whose definitions were replayed before).
+impl Storage<Arc<FileDisk>> {
+    /// Opens storage on the real file system (see [`Storage::open_with`]).
     pub fn open(
         broker: &Broker,
         durability: Arc<Durability>,
         data_dir: &Path,
         config: &StorageConfig,
-    ) -> Result<(Arc<Storage>, RecoverySummary), StorageError> {
-        let disk: SharedDisk = Arc::new(FileDisk::new());
+    ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
+        Self::open_with(
+            Arc::new(FileDisk::new()),
+            broker,
+            durability,
+            data_dir,
+            config,
+        )
+    }
+}
+
+impl<D: Disk + Clone> Storage<D> {
+    /// Opens storage under `data_dir` and puts recovered messages back into the broker's
+    /// durable queues (whose definitions were replayed before).
+    pub fn open_with(
+        disk: D,
+        broker: &Broker,
+        durability: Arc<Durability>,
+        data_dir: &Path,
+        config: &StorageConfig,
+    ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
         let store_dir = data_dir.join("msg_store_persistent");
         let queues_dir = data_dir.join("queues");
         disk.create_dir_all(&queues_dir)?;
@@ -239,9 +255,7 @@ impl Storage {
                 }
                 *pending = false;
             }
-            if let Err(e) = self.round() {
-                tracing::error!(error = %e, "storage failed: persistent publishes are refused from now on");
-                self.durability.fail();
+            if !self.step() {
                 return;
             }
             if stopping {
@@ -251,8 +265,22 @@ impl Storage {
         }
     }
 
-    /// One group commit: drain every dirty queue, write, fsync, mark durable.
-    fn round(&self) -> Result<(), StorageError> {
+    /// One round; on failure storage stops for good: waiting persistent confirms become
+    /// nacks and the node's alarm blocks publishers. Returns whether storage still works.
+    pub fn step(&self) -> bool {
+        match self.round() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "storage failed: persistent publishes are refused from now on");
+                self.durability.fail();
+                false
+            }
+        }
+    }
+
+    /// One group commit: drain every dirty queue, write, fsync, mark durable. (The syncer
+    /// calls it in a loop; tests call it directly.)
+    pub fn round(&self) -> Result<(), StorageError> {
         let (ticket, dirty) = self.durability.take_dirty();
         if dirty.is_empty() {
             return Ok(());
@@ -297,7 +325,7 @@ impl Storage {
     /// Applies one queue's operations; returns whether its index still exists.
     fn apply(
         &self,
-        state: &mut State,
+        state: &mut State<D>,
         handle: &Arc<QueueHandle>,
         ops: Vec<IndexOp>,
     ) -> Result<bool, StorageError> {
@@ -381,7 +409,7 @@ impl Storage {
     }
 
     /// Clean shutdown: every index and the store write their clean markers.
-    fn close(&self) {
+    pub fn close(&self) {
         let Some(state) = self.state.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
@@ -417,7 +445,7 @@ fn list_dirs(dir: &Path) -> Vec<String> {
     v
 }
 
-fn remove_index_dir(disk: &SharedDisk, dir: &Path) {
+fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     if let Ok(names) = disk.list(dir) {
         for n in names {
             let _ = disk.remove(&dir.join(n));
@@ -437,4 +465,177 @@ fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
         properties,
         body: Bytes::from(stored.body.to_vec()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amqp::frame::encode_properties;
+    use crate::broker::PublishOutcome;
+    use crate::config::Config;
+    use crate::meta::{Command, QueueDef};
+    use crate::store::MemDisk;
+    use crate::time::Instant;
+    use amq_protocol::protocol::basic::AMQPProperties;
+
+    fn data() -> PathBuf {
+        PathBuf::from("/data")
+    }
+
+    fn broker(d: &Arc<Durability>) -> Broker {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_durability(d.clone());
+        broker
+            .apply(
+                &Command::DeclareQueue(QueueDef {
+                    vhost: "/".into(),
+                    name: "q".into(),
+                    durable: true,
+                    exclusive_owner: None,
+                    auto_delete: false,
+                    arguments: Default::default(),
+                }),
+                Instant::default(),
+            )
+            .expect("declare");
+        broker
+    }
+
+    fn publish(broker: &Broker, body: &[u8]) -> PublishOutcome {
+        let props = AMQPProperties::default().with_delivery_mode(2);
+        let m = Arc::new(Message {
+            id: broker.next_message_id(),
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties_raw: Bytes::from(encode_properties(&props)),
+            properties: props,
+            body: Bytes::copy_from_slice(body),
+        });
+        let snap = broker.snapshot();
+        broker.publish(snap.vhost("/").expect("vhost"), "", m, Instant::default())
+    }
+
+    fn open(
+        disk: &MemDisk,
+    ) -> (
+        Broker,
+        Arc<Durability>,
+        Arc<Storage<MemDisk>>,
+        RecoverySummary,
+    ) {
+        let d = Arc::new(Durability::default());
+        let b = broker(&d);
+        let (s, summary) = Storage::open_with(
+            disk.clone(),
+            &b,
+            d.clone(),
+            &data(),
+            &StorageConfig::default(),
+        )
+        .expect("open storage");
+        (b, d, s, summary)
+    }
+
+    fn bodies(b: &Broker) -> Vec<Vec<u8>> {
+        let q = b.queue("/", "q").expect("queue");
+        let mut out = Vec::new();
+        let mut dead = Vec::new();
+        while let Some((e, _)) = q.lock().get(Instant::default(), false, &mut dead) {
+            out.push(e.message.body.to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn confirmed_writes_survive_power_loss_in_order() {
+        let disk = MemDisk::new();
+        let (b, d, s, _) = open(&disk);
+        let big = vec![7u8; 10_000];
+        let tickets: Vec<u64> = [b"one".to_vec(), big.clone(), b"three".to_vec()]
+            .iter()
+            .map(|body| publish(&b, body).ticket)
+            .collect();
+        assert!(tickets.iter().all(|t| *t > 0 && !d.is_durable(*t)));
+        assert!(s.step());
+        assert!(
+            tickets.iter().all(|t| d.is_durable(*t)),
+            "one round makes them durable"
+        );
+        disk.crash();
+        let (b2, _, _, summary) = open(&disk);
+        assert_eq!((summary.messages, summary.lost), (3, 0));
+        assert_eq!(bodies(&b2), vec![b"one".to_vec(), big, b"three".to_vec()]);
+    }
+
+    #[test]
+    fn writes_not_yet_synced_are_lost_but_were_never_confirmed() {
+        let disk = MemDisk::new();
+        let (b, d, s, _) = open(&disk);
+        let t = publish(&b, b"kept").ticket;
+        assert!(s.step() && d.is_durable(t));
+        let t2 = publish(&b, b"in flight").ticket;
+        assert!(
+            !d.is_durable(t2),
+            "no round ran: its confirm is still held back"
+        );
+        disk.crash();
+        let (b2, _, _, _) = open(&disk);
+        assert_eq!(bodies(&b2), vec![b"kept".to_vec()]);
+    }
+
+    #[test]
+    fn acked_messages_do_not_come_back() {
+        let disk = MemDisk::new();
+        let (b, _, s, _) = open(&disk);
+        for body in [b"a", b"b", b"c"] {
+            publish(&b, body);
+        }
+        let q = b.queue("/", "q").expect("queue");
+        let mut dead = Vec::new();
+        let (first, _) = q
+            .lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("a");
+        q.lock()
+            .ack(&q, &[first.seq], Instant::default(), &mut dead);
+        assert!(s.step());
+        s.close();
+        let (b2, _, _, summary) = open(&disk);
+        assert!(summary.clean, "a clean close is recognised");
+        assert_eq!(bodies(&b2), vec![b"b".to_vec(), b"c".to_vec()]);
+    }
+
+    #[test]
+    fn a_full_disk_stops_storage_and_nothing_is_confirmed() {
+        let disk = MemDisk::new();
+        let (b, d, s, _) = open(&disk);
+        assert!(s.step());
+        disk.set_capacity(Some(disk_used(&disk) + 100));
+        let t = publish(&b, &vec![1u8; 50_000]).ticket;
+        assert!(!s.step(), "the write does not fit");
+        assert!(d.has_failed(), "storage reports the failure (alarm, nacks)");
+        assert!(!d.is_durable(t), "the failed write is never marked durable");
+    }
+
+    #[test]
+    fn a_failed_fsync_is_fatal() {
+        let disk = MemDisk::new();
+        let (b, d, s, _) = open(&disk);
+        publish(&b, &vec![2u8; 9000]);
+        disk.fail_next_sync();
+        assert!(!s.step());
+        assert!(d.has_failed());
+    }
+
+    fn disk_used(disk: &MemDisk) -> u64 {
+        let mut total = 0;
+        let mut dirs = vec![data()];
+        dirs.push(data().join("msg_store_persistent"));
+        dirs.push(data().join("queues").join(queue_dir_name("/", "q")));
+        for dir in dirs {
+            for n in disk.list(&dir).unwrap_or_default() {
+                total += disk.len(&dir.join(n)).ok().flatten().unwrap_or(0);
+            }
+        }
+        total
+    }
 }

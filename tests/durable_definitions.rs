@@ -3,9 +3,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use common::*;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -136,58 +133,13 @@ async fn deleted_durable_queue_stays_deleted_after_restart() {
     node.shutdown().await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_node(config: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_warren"))
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn warren");
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "node did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Child(child)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_definitions_survive_kill_9() {
     let dir = std::env::temp_dir().join(unique("warren-kill9"));
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
-    let cfg = dir.join("w.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let mut child = spawn_node(&cfg, port);
+    let mut node = NodeProcess::start(&dir, port);
+    let uri = node.uri.clone();
     {
         let conn = within(
             "connect",
@@ -198,10 +150,9 @@ async fn durable_definitions_survive_kill_9() {
         let ch = open_channel(&conn).await;
         declare_durable_set(&ch).await;
         // declare-ok and bind-ok have been received: the definitions are on disk now.
-        child.0.kill().expect("kill -9");
-        let _ = child.0.wait();
+        node.kill9();
     }
-    let _child = spawn_node(&cfg, port);
+    let restarted = NodeProcess::start(&dir, port);
     let conn = within(
         "connect",
         lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
@@ -217,6 +168,6 @@ async fn durable_definitions_survive_kill_9() {
         get_some(&ch, "dur.q", true).await.delivery.data,
         b"after kill"
     );
-    drop(_child);
+    drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -127,54 +126,13 @@ async fn acked_and_purged_messages_stay_gone_after_restart() {
     node.shutdown().await;
 }
 
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_node(config: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_warren"))
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn warren");
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "node did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Child(child)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_confirmed_message_survives_kill_9_in_order() {
     let dir = std::env::temp_dir().join(unique("warren-crash"));
     std::fs::create_dir_all(&dir).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let cfg = dir.join("w.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-    let mut child = spawn_node(&cfg, port);
+    let port = free_port();
+    let mut node = NodeProcess::start(&dir, port);
+    let uri = node.uri.clone();
     let conn = within(
         "connect",
         lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
@@ -230,12 +188,11 @@ async fn every_confirmed_message_survives_kill_9_in_order() {
             .await;
         next += 1;
     }
-    child.0.kill().expect("kill -9");
-    let _ = child.0.wait();
+    node.kill9();
     drop(conn);
     assert!(confirmed.len() > 100, "only {} confirmed", confirmed.len());
 
-    let _child = spawn_node(&cfg, port);
+    let restarted = NodeProcess::start(&dir, port);
     let conn = within(
         "reconnect",
         lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
@@ -264,6 +221,6 @@ async fn every_confirmed_message_survives_kill_9_in_order() {
             "confirmed message {c} was lost"
         );
     }
-    drop(_child);
+    drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1016,3 +1016,68 @@ pub fn table_bool(t: &FieldTable, key: &str) -> Option<bool> {
 pub fn short(s: &str) -> ShortString {
     s.into()
 }
+
+/// A `warren` process started from its binary; killed (SIGKILL) when dropped.
+pub struct NodeProcess {
+    /// The child process.
+    pub child: std::process::Child,
+    /// Its AMQP URI.
+    pub uri: String,
+}
+
+impl NodeProcess {
+    /// Starts `warren --config <dir>/w.toml` with data under `dir/data` on `port`, and waits
+    /// until it listens.
+    pub fn start(dir: &std::path::Path, port: u16) -> NodeProcess {
+        let cfg = dir.join("w.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n",
+                dir.join("data").display()
+            ),
+        )
+        .expect("write node config");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_warren"))
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn warren");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NodeProcess {
+            child,
+            uri: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        }
+    }
+
+    /// `kill -9`, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("kill -9");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind port 0")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}

@@ -1,0 +1,260 @@
+//! Raft RPCs over an abstract [`RaftTransport`] that moves opaque frames.
+//!
+//! The client side ([`NetworkFactory`], one [`PeerClient`] per target) encodes openraft's
+//! request into a frame, asks the transport for the reply frame within openraft's soft TTL,
+//! and maps failures to the errors openraft acts on: *unreachable* makes it back off, a
+//! *timeout* or *network* error makes it retry, a *remote* error carries the peer's Raft
+//! answer. The server side ([`RpcServer`]) decodes a frame, hands it to the local Raft and
+//! encodes the answer.
+//!
+//! Frames are bincode behind a format byte, so no openraft type crosses the transport: the
+//! in-process [`super::router::Router`] and a later TCP transport only move bytes.
+
+use std::error::Error;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
+use serde::{Deserialize, Serialize};
+
+use super::persist;
+use super::types::{NodeId, TypeConfig};
+
+/// Why a transport could not deliver a request or bring back its reply.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// No connection to the node (down, refused, partitioned): openraft backs off.
+    #[error("node {node} unreachable: {reason}")]
+    Unreachable {
+        /// The target.
+        node: NodeId,
+        /// Why.
+        reason: String,
+    },
+    /// The deadline passed.
+    #[error("timed out")]
+    Timeout,
+    /// The connection failed mid-call: openraft retries at once.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Moves request frames to peers and reply frames back. Implementations must give up by
+/// `deadline` (the caller enforces it too) and must not open a connection per call: openraft
+/// asks for a client often.
+pub trait RaftTransport: Send + Sync + 'static {
+    /// Sends `frame` to node `target` (whose cluster address is `addr`) and returns the reply.
+    fn call(
+        &self,
+        target: NodeId,
+        addr: &str,
+        frame: Vec<u8>,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send;
+}
+
+/// A request frame's content.
+#[derive(Serialize, Deserialize)]
+enum RpcRequest {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// A reply frame's content.
+#[derive(Serialize, Deserialize)]
+enum RpcReply {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// The server could not decode the request.
+    Malformed(String),
+}
+
+/// Names the wire in decode errors.
+fn wire() -> &'static Path {
+    Path::new("raft rpc")
+}
+
+/// Creates one [`PeerClient`] per target; cheap, as openraft calls it per election round.
+pub struct NetworkFactory<T> {
+    me: NodeId,
+    transport: Arc<T>,
+}
+
+impl<T: RaftTransport> NetworkFactory<T> {
+    /// A factory for node `me`.
+    pub fn new(me: NodeId, transport: T) -> NetworkFactory<T> {
+        NetworkFactory {
+            me,
+            transport: Arc::new(transport),
+        }
+    }
+}
+
+impl<T: RaftTransport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
+    type Network = PeerClient<T>;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient<T> {
+        PeerClient {
+            me: self.me,
+            target,
+            node: node.clone(),
+            transport: Arc::clone(&self.transport),
+        }
+    }
+}
+
+/// Sends RPCs to one peer.
+pub struct PeerClient<T> {
+    me: NodeId,
+    target: NodeId,
+    node: BasicNode,
+    transport: Arc<T>,
+}
+
+type RpcResult<R, E> = Result<R, RPCError<NodeId, BasicNode, E>>;
+
+impl<T: RaftTransport> PeerClient<T> {
+    async fn call<E: Error>(
+        &self,
+        action: RPCTypes,
+        req: RpcRequest,
+        option: &RPCOption,
+    ) -> RpcResult<RpcReply, E> {
+        let ttl = option.soft_ttl();
+        let frame = persist::encode("raft request", &req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let call = self
+            .transport
+            .call(self.target, &self.node.addr, frame, ttl);
+        let timeout = || {
+            RPCError::Timeout(Timeout {
+                action,
+                id: self.me,
+                target: self.target,
+                timeout: ttl,
+            })
+        };
+        // The transport promises a deadline; enforcing it here too keeps a faulty transport
+        // from stalling replication.
+        let reply = match tokio::time::timeout(ttl, call).await {
+            Err(_) | Ok(Err(TransportError::Timeout)) => return Err(timeout()),
+            Ok(Err(e @ TransportError::Unreachable { .. })) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&e)))
+            }
+            Ok(Err(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
+            Ok(Ok(reply)) => reply,
+        };
+        match persist::decode("raft reply", wire(), &reply) {
+            Ok(RpcReply::Malformed(why)) => Err(RPCError::Network(NetworkError::new(
+                &TransportError::Io(format!("peer could not decode our request: {why}")),
+            ))),
+            Ok(r) => Ok(r),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+
+    fn remote<E: Error>(
+        &self,
+        e: RaftError<NodeId, E>,
+    ) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
+        RPCError::RemoteError(RemoteError::new_with_node(
+            self.target,
+            self.node.clone(),
+            e,
+        ))
+    }
+}
+
+fn mismatch<E: Error>() -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Network(NetworkError::new(&TransportError::Io(
+        "reply does not match the request".into(),
+    )))
+}
+
+impl<T: RaftTransport> RaftNetwork<TypeConfig> for PeerClient<T> {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        match self
+            .call(RPCTypes::AppendEntries, RpcRequest::Append(rpc), &option)
+            .await?
+        {
+            RpcReply::Append(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        match self
+            .call(
+                RPCTypes::InstallSnapshot,
+                RpcRequest::Snapshot(rpc),
+                &option,
+            )
+            .await?
+        {
+            RpcReply::Snapshot(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        match self
+            .call(RPCTypes::Vote, RpcRequest::Vote(rpc), &option)
+            .await?
+        {
+            RpcReply::Vote(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(mismatch()),
+        }
+    }
+}
+
+/// The receiving end: feeds request frames to the local Raft node.
+#[derive(Clone)]
+pub struct RpcServer {
+    raft: Raft<TypeConfig>,
+}
+
+impl RpcServer {
+    pub(crate) fn new(raft: Raft<TypeConfig>) -> RpcServer {
+        RpcServer { raft }
+    }
+
+    /// Handles one request frame and returns the reply frame.
+    pub async fn handle(&self, frame: &[u8]) -> Vec<u8> {
+        let reply = match persist::decode("raft request", wire(), frame) {
+            Ok(RpcRequest::Append(r)) => RpcReply::Append(self.raft.append_entries(r).await),
+            Ok(RpcRequest::Vote(r)) => RpcReply::Vote(self.raft.vote(r).await),
+            Ok(RpcRequest::Snapshot(r)) => RpcReply::Snapshot(self.raft.install_snapshot(r).await),
+            Err(e) => RpcReply::Malformed(e.to_string()),
+        };
+        // Replies are plain data and always encode; an empty frame would surface at the
+        // caller as a network error rather than a panic here.
+        persist::encode("raft reply", &reply).unwrap_or_else(|e| {
+            tracing::error!("cannot encode a raft reply: {e}");
+            Vec::new()
+        })
+    }
+}

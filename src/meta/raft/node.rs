@@ -1,0 +1,322 @@
+//! [`MetaRaft`]: one node of the metadata Raft group, behind an API with no openraft types.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
+use tokio::sync::watch;
+
+use super::log_store::LogStore;
+use super::network::{NetworkFactory, RaftTransport, RpcServer};
+use super::persist::PersistError;
+use super::rt;
+use super::state_machine::{MetaStateMachine, MetaView};
+use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
+use crate::meta::{Command, MetaState};
+use crate::store::Disk;
+
+/// Timing and retention of the metadata Raft group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaRaftConfig {
+    /// Name shared by every node of the cluster (it appears in openraft's logs).
+    pub cluster_name: String,
+    /// How often the leader sends heartbeats.
+    pub heartbeat: Duration,
+    /// Shortest election timeout; each node draws its own in `[min, max)` from its seed.
+    pub election_timeout_min: Duration,
+    /// Longest election timeout.
+    pub election_timeout_max: Duration,
+    /// Build a snapshot after this many entries since the last one.
+    pub snapshot_after: u64,
+    /// Entries kept in the log below a snapshot, so a slightly lagging follower catches up
+    /// from the log instead of a whole snapshot.
+    pub logs_kept_after_snapshot: u64,
+    /// Size at which a log segment file rolls over.
+    pub segment_bytes: u64,
+    /// How long [`MetaRaft::propose`] waits for its command to be applied.
+    pub propose_timeout: Duration,
+}
+
+impl Default for MetaRaftConfig {
+    fn default() -> MetaRaftConfig {
+        MetaRaftConfig {
+            cluster_name: "warren".into(),
+            heartbeat: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(500),
+            election_timeout_max: Duration::from_millis(1000),
+            snapshot_after: 5000,
+            logs_kept_after_snapshot: 1000,
+            segment_bytes: 8 << 20,
+            propose_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl MetaRaftConfig {
+    fn to_openraft(&self) -> Result<Config, StartError> {
+        let ms = |d: Duration| d.as_millis().try_into().unwrap_or(u64::MAX);
+        Config {
+            cluster_name: self.cluster_name.clone(),
+            heartbeat_interval: ms(self.heartbeat),
+            election_timeout_min: ms(self.election_timeout_min),
+            election_timeout_max: ms(self.election_timeout_max),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_after),
+            max_in_snapshot_log_to_keep: self.logs_kept_after_snapshot,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Config(e.to_string()))
+    }
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The log or the snapshot could not be read.
+    #[error("raft storage: {0}")]
+    Storage(#[from] PersistError),
+    /// The configuration is inconsistent.
+    #[error("raft config: {0}")]
+    Config(String),
+    /// openraft refused to start (its storage checks failed).
+    #[error("raft start: {0}")]
+    Raft(String),
+}
+
+/// Why a cluster could not be initialised.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InitError {
+    /// This node already has a log or a vote: the cluster exists.
+    #[error("the cluster is already initialised")]
+    AlreadyInitialized,
+    /// The member list must include this node.
+    #[error("this node is not among the initial members")]
+    NotInMembers,
+    /// The node has stopped.
+    #[error("raft node stopped: {0}")]
+    Stopped(String),
+}
+
+/// Why a proposal has no outcome.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// Only the leader accepts proposals; this is who that is, if known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader's id.
+        leader: Option<NodeId>,
+        /// The leader's cluster address.
+        leader_addr: Option<String>,
+    },
+    /// No outcome in time; the command may still be committed later.
+    #[error("no outcome within {0:?}; the command may still commit")]
+    Timeout(Duration),
+    /// The leader could not reach a majority to confirm it still leads.
+    #[error("no quorum: {0}")]
+    NoQuorum(String),
+    /// The node has stopped.
+    #[error("raft node stopped: {0}")]
+    Stopped(String),
+}
+
+/// The Raft task ended with a panic or was cancelled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("raft task ended abnormally: {0}")]
+pub struct StopError(String);
+
+/// One running node of the metadata group.
+#[derive(Clone)]
+pub struct MetaRaft {
+    id: NodeId,
+    raft: Raft<TypeConfig>,
+    view: watch::Receiver<MetaView>,
+    propose_timeout: Duration,
+}
+
+impl MetaRaft {
+    /// Starts node `id` from its folder `dir` on `disk` (empty for a new node). `transport`
+    /// reaches the peers; `seed` drives every random choice the node makes (its election
+    /// timeout), so a simulation replays.
+    pub async fn start<T: RaftTransport>(
+        id: NodeId,
+        transport: T,
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        config: &MetaRaftConfig,
+        seed: u64,
+    ) -> Result<MetaRaft, StartError> {
+        let raft_config = Arc::new(config.to_openraft()?);
+        let log = LogStore::open(Arc::clone(&disk), dir, config.segment_bytes)?;
+        let (sm, view) = MetaStateMachine::open(disk, dir)?;
+        let network = NetworkFactory::new(id, transport);
+        let raft = rt::with_seed(seed, Raft::new(id, raft_config, network, log, sm))
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        Ok(MetaRaft {
+            id,
+            raft,
+            view,
+            propose_timeout: config.propose_timeout,
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Creates the cluster with `members` (id → cluster address) as its voters. Call it once,
+    /// on one node; calling it on several with the same members is harmless.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), InitError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                Err(InitError::AlreadyInitialized)
+            }
+            Err(RaftError::APIError(InitializeError::NotInMembers(_))) => {
+                Err(InitError::NotInMembers)
+            }
+            Err(RaftError::Fatal(f)) => Err(InitError::Stopped(f.to_string())),
+        }
+    }
+
+    /// Replicates `command` and returns its outcome once this node has applied it. A command
+    /// the state machine refuses is still committed: the refusal is in the response and the
+    /// metadata is unchanged on every node.
+    pub async fn propose(&self, command: Command) -> Result<MetaResponse, ProposeError> {
+        let write = self.raft.client_write(MetaRequest { command });
+        match tokio::time::timeout(self.propose_timeout, write).await {
+            Err(_) => Err(ProposeError::Timeout(self.propose_timeout)),
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NotLeader {
+                    leader: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            // Only membership changes fail this way; a command never does.
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                Err(ProposeError::Stopped(e.to_string()))
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
+        }
+    }
+
+    /// The metadata as this node has applied it.
+    pub fn snapshot(&self) -> Arc<MetaState> {
+        Arc::clone(&self.view.borrow().state)
+    }
+
+    /// The metadata with every command committed before the call applied: for reads that
+    /// decide safety. Only the leader answers (it confirms its leadership with a quorum
+    /// first); others return [`ProposeError::NotLeader`].
+    pub async fn linearizable_snapshot(&self) -> Result<Arc<MetaState>, ProposeError> {
+        let read = self.raft.ensure_linearizable();
+        match tokio::time::timeout(self.propose_timeout, read).await {
+            Err(_) => Err(ProposeError::Timeout(self.propose_timeout)),
+            // openraft has waited for the state machine, which publishes before it reports.
+            Ok(Ok(_)) => Ok(self.snapshot()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NotLeader {
+                    leader: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)))) => {
+                Err(ProposeError::NoQuorum(e.to_string()))
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
+        }
+    }
+
+    /// The metadata with its applied index and digest.
+    pub fn view(&self) -> MetaView {
+        self.view.borrow().clone()
+    }
+
+    /// A receiver that sees every new view (for tasks that react to metadata changes).
+    pub fn subscribe(&self) -> watch::Receiver<MetaView> {
+        self.view.clone()
+    }
+
+    /// The leader as this node knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Whether this node believes it leads (an isolated old leader may, until it hears of
+    /// a newer term).
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
+    /// Waits until this node knows a leader that `accept` approves of.
+    pub async fn wait_for_leader(
+        &self,
+        timeout: Duration,
+        accept: impl Fn(NodeId) -> bool,
+    ) -> Option<NodeId> {
+        let m = self
+            .wait_metrics(timeout, |m| m.current_leader.is_some_and(&accept))
+            .await?;
+        m.current_leader
+    }
+
+    /// Waits until this node has applied the entry at `index`; false on timeout.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        self.wait_metrics(timeout, |m| {
+            m.last_applied.is_some_and(|l| l.index >= index)
+        })
+        .await
+        .is_some()
+    }
+
+    async fn wait_metrics(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&RaftMetrics<NodeId, BasicNode>) -> bool,
+    ) -> Option<RaftMetrics<NodeId, BasicNode>> {
+        let mut rx = self.raft.metrics();
+        let wait = async {
+            loop {
+                let m = rx.borrow_and_update().clone();
+                if pred(&m) {
+                    return Some(m);
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
+    }
+
+    /// Builds a snapshot now (and lets openraft purge the log below it).
+    pub async fn trigger_snapshot(&self) -> Result<(), StopError> {
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| StopError(e.to_string()))
+    }
+
+    /// The handler a transport feeds this node's incoming Raft requests to.
+    pub fn rpc_server(&self) -> RpcServer {
+        RpcServer::new(self.raft.clone())
+    }
+
+    /// Stops the node's tasks. Its storage stays as it is, ready for a restart.
+    pub async fn shutdown(&self) -> Result<(), StopError> {
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| StopError(e.to_string()))
+    }
+}

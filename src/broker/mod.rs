@@ -169,6 +169,12 @@ impl Broker {
         Some(handle)
     }
 
+    /// Wall-clock milliseconds (Unix) at the broker's `Instant` 0. Storage writes expiry
+    /// times as wall-clock values, since the monotonic origin changes with every start.
+    pub fn epoch_unix_ms(&self) -> u64 {
+        self.epoch_unix_ms
+    }
+
     /// A fresh connection id.
     pub fn next_connection_id(&self) -> u64 {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
@@ -243,7 +249,12 @@ impl Broker {
     /// Applies a metadata command, creating or tearing down queue state to match.
     pub fn apply(&self, command: &Command, now: Instant) -> Result<Applied, MetaError> {
         let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
-        let before = self.definitions_sink.as_ref().map(|_| meta.clone());
+        // Only commands that can change durable definitions pay for recomputing them.
+        let before = self
+            .definitions_sink
+            .as_ref()
+            .filter(|_| may_touch_durable(command))
+            .map(|_| meta.clone());
         let applied = meta.apply(command)?;
         if let (Some(sink), Some(before)) = (&self.definitions_sink, before) {
             // Durable definitions are on disk before the client hears declare-ok; if they
@@ -452,6 +463,16 @@ impl Broker {
         for (vhost, name) in expired {
             let _ = self.apply(&Command::DeleteQueue { vhost, name }, now);
         }
+    }
+}
+
+/// Whether applying `command` can change the durable definitions.
+fn may_touch_durable(command: &Command) -> bool {
+    match command {
+        Command::DeclareQueue(def) => def.durable && def.exclusive_owner.is_none(),
+        Command::DeclareExchange(def) => def.durable,
+        Command::DeleteExclusiveQueues { .. } => false,
+        _ => true,
     }
 }
 

@@ -68,6 +68,8 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     durability: Arc<Durability>,
     wake: Arc<(Mutex<bool>, Condvar)>,
     fsync_interval_ms: u64,
+    /// Wall-clock ms at the broker's Instant 0: expiry is stored as wall-clock time.
+    epoch_unix_ms: u64,
 }
 
 /// A stable folder name for a queue's index: FNV-1a 64 of `vhost \0 name`, in hex. The full
@@ -198,7 +200,11 @@ impl<D: Disk + Clone> Storage<D> {
                     seq: p.seq,
                     message: Arc::new(message),
                     redelivered: e.delivered,
-                    expires_at_ms: p.expires_at_ms.unwrap_or(u64::MAX),
+                    // Stored as wall-clock time; back to this run's monotonic clock (an expiry
+                    // already past becomes 0: the message expires at the first check).
+                    expires_at_ms: p
+                        .expires_at_ms
+                        .map_or(u64::MAX, |t| t.saturating_sub(broker.epoch_unix_ms())),
                     priority,
                 });
             }
@@ -224,6 +230,7 @@ impl<D: Disk + Clone> Storage<D> {
             durability,
             wake: Arc::new((Mutex::new(false), Condvar::new())),
             fsync_interval_ms: config.fsync_interval_ms,
+            epoch_unix_ms: broker.epoch_unix_ms(),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -377,7 +384,8 @@ impl<D: Disk + Clone> Storage<D> {
                             seq,
                             msg_id: id.0,
                             persistent: true,
-                            expires_at_ms: (expires_at_ms != u64::MAX).then_some(expires_at_ms),
+                            expires_at_ms: (expires_at_ms != u64::MAX)
+                                .then(|| expires_at_ms.saturating_add(self.epoch_unix_ms)),
                             size,
                             embedded,
                         })
@@ -483,7 +491,12 @@ mod tests {
     }
 
     fn broker(d: &Arc<Durability>) -> Broker {
-        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_durability(d.clone());
+        broker_at(d, 0)
+    }
+
+    fn broker_at(d: &Arc<Durability>, epoch_unix_ms: u64) -> Broker {
+        let broker =
+            Broker::new(&Config::default(), 1, 1 << 30, epoch_unix_ms).with_durability(d.clone());
         broker
             .apply(
                 &Command::DeclareQueue(QueueDef {
@@ -624,6 +637,53 @@ mod tests {
         disk.fail_next_sync();
         assert!(!s.step());
         assert!(d.has_failed());
+    }
+
+    #[test]
+    fn expiry_survives_a_restart_as_wall_clock_time() {
+        let disk = MemDisk::new();
+        let d = Arc::new(Durability::default());
+        let b = broker_at(&d, 1_000_000);
+        let (s, _) = Storage::open_with(
+            disk.clone(),
+            &b,
+            d.clone(),
+            &data(),
+            &StorageConfig::default(),
+        )
+        .expect("open");
+        let props = AMQPProperties::default()
+            .with_delivery_mode(2)
+            .with_expiration("60000".into());
+        let m = Arc::new(Message {
+            id: b.next_message_id(),
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties_raw: Bytes::from(encode_properties(&props)),
+            properties: props,
+            body: Bytes::from_static(b"ttl"),
+        });
+        let snap = b.snapshot();
+        b.publish(
+            snap.vhost("/").expect("vhost"),
+            "",
+            m,
+            Instant::from_millis(0),
+        );
+        assert!(s.step());
+        s.close();
+        // The next start is 50 s later on the wall clock: 10 s of the TTL are left.
+        let d2 = Arc::new(Durability::default());
+        let b2 = broker_at(&d2, 1_050_000);
+        Storage::open_with(disk.clone(), &b2, d2, &data(), &StorageConfig::default())
+            .expect("reopen");
+        let q = b2.queue("/", "q").expect("queue");
+        let mut dead = Vec::new();
+        let (e, _) = q
+            .lock()
+            .get(Instant::from_millis(0), false, &mut dead)
+            .expect("message");
+        assert_eq!(e.expires_at_ms, 10_000);
     }
 
     fn disk_used(disk: &MemDisk) -> u64 {

@@ -28,6 +28,8 @@ pub struct ConnContext {
     pub alarm: watch::Receiver<bool>,
     /// Outbox credit per connection.
     pub outbound_bytes_max: usize,
+    /// The node's span: every connection span is its child.
+    pub node_span: tracing::Span,
 }
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -55,7 +57,7 @@ where
         outbox,
         clock.now(),
     );
-    let span = tracing::info_span!("conn", id = session.id(), peer = %peer);
+    let span = tracing::info_span!(parent: &ctx.node_span, "conn", id = session.id(), peer = %peer);
     async move {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);

@@ -201,6 +201,7 @@ impl Node {
             shutdown: shutdown_rx.clone(),
             alarm: alarm_rx,
             outbound_bytes_max: config.limits.connection_outbound_bytes_max,
+            node_span: tracing::info_span!("node", name = %config.node.name),
         };
         tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
 

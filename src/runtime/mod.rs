@@ -4,6 +4,8 @@
 //!   simulation supplies a turmoil one.
 //! - [`conn_task`]: drives one [`crate::session::Connection`] over a socket.
 //! - [`node`]: starts the listener and the periodic tasks, and shuts them down.
+//! - [`node_link`]: the TCP link between nodes (handshake, RPC with deadlines, heartbeats as
+//!   the failure detector); carries Raft today.
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
 
 pub mod clock;
@@ -11,6 +13,7 @@ pub mod conn_task;
 pub mod file_disk;
 pub mod inspect;
 pub mod node;
+pub mod node_link;
 pub mod storage;
 pub mod transport;
 

@@ -1,0 +1,605 @@
+//! [`TcpTransport`]: a node's listener, its links to peers, dialling with backoff, and
+//! heartbeats.
+//!
+//! **One link per pair.** Either node may dial (lazily, on the first call, or from the
+//! heartbeat tick that redials dead links), and once the `Hello` exchange is done the link is
+//! symmetric: both ends send requests and answer them on it. When both nodes dial at once,
+//! each keeps the link dialled by the lower node id and closes the other, so the pair
+//! converges on one connection; a request that was on the closed one fails and openraft
+//! retries it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::wire::{Envelope, FrameReader, FrameWriter, RemoteFailure, Service, PROTOCOL_VERSION};
+use super::{LinkError, NodeLinkConfig};
+use crate::meta::raft::{NodeId, RaftTransport, RpcServer, TransportError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding one of these maps leaves it consistent (every update
+    // is a single insert or remove), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+type Reply = Result<Vec<u8>, RemoteFailure>;
+
+/// One established connection to a peer.
+struct Link {
+    peer: NodeId,
+    /// Who dialled it: decides which link survives when both nodes dial at once.
+    dialer: NodeId,
+    out: mpsc::Sender<Envelope>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: AtomicU64,
+    closed: CancellationToken,
+}
+
+impl Link {
+    fn close(&self) {
+        self.closed.cancel();
+        // Dropping the senders wakes every waiting caller with an error.
+        lock(&self.pending).clear();
+    }
+
+    async fn request(&self, service: Service, payload: Vec<u8>) -> Result<Vec<u8>, TransportError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        // Removes the entry if the caller's deadline drops this future first.
+        let _guard = PendingGuard { link: self, id };
+        if self.closed.is_cancelled() {
+            return Err(TransportError::Io("link closed".into()));
+        }
+        let env = Envelope::Request {
+            id,
+            service,
+            payload,
+        };
+        if self.out.send(env).await.is_err() {
+            return Err(TransportError::Io("link closed".into()));
+        }
+        match rx.await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(TransportError::Unreachable {
+                node: self.peer,
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(TransportError::Io("link closed during the call".into())),
+        }
+    }
+}
+
+struct PendingGuard<'a> {
+    link: &'a Link,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.link.pending).remove(&self.id);
+    }
+}
+
+/// Redial pacing for one peer.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    next_attempt: Option<Instant>,
+}
+
+struct Shared {
+    cfg: NodeLinkConfig,
+    local_addr: SocketAddr,
+    peers: Mutex<BTreeMap<NodeId, String>>,
+    links: Mutex<BTreeMap<NodeId, Arc<Link>>>,
+    /// Serialises dials to one peer (so concurrent callers share one attempt) and holds its
+    /// backoff.
+    dials: Mutex<BTreeMap<NodeId, Arc<tokio::sync::Mutex<Backoff>>>>,
+    last_seen: Mutex<BTreeMap<NodeId, Instant>>,
+    raft: Mutex<Option<RpcServer>>,
+    stop: CancellationToken,
+}
+
+/// One node's end of the cluster's TCP links. Clones share everything; pass one to
+/// [`crate::meta::raft::MetaRaft::start`] and keep another to [`serve`](Self::serve) its RPC
+/// server, query liveness and [`shutdown`](Self::shutdown).
+#[derive(Clone)]
+pub struct TcpTransport {
+    shared: Arc<Shared>,
+}
+
+impl TcpTransport {
+    /// Listens on `listen` (`127.0.0.1:0` picks a port; see [`local_addr`](Self::local_addr))
+    /// and starts the accept loop and the heartbeat tick.
+    pub async fn bind(listen: &str, cfg: NodeLinkConfig) -> Result<TcpTransport, LinkError> {
+        let listener = TcpListener::bind(listen).await?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            peers: Mutex::new(cfg.peers.clone()),
+            cfg,
+            local_addr,
+            links: Mutex::new(BTreeMap::new()),
+            dials: Mutex::new(BTreeMap::new()),
+            last_seen: Mutex::new(BTreeMap::new()),
+            raft: Mutex::new(None),
+            stop: CancellationToken::new(),
+        });
+        tokio::spawn(accept_loop(Arc::clone(&shared), listener));
+        tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
+        Ok(TcpTransport { shared })
+    }
+
+    /// The address the listener got.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.shared.cfg.node_id
+    }
+
+    /// Adds or moves a peer: it may connect to us, and we keep a link to it.
+    pub fn set_peer(&self, node: NodeId, addr: impl Into<String>) {
+        if node != self.shared.cfg.node_id {
+            lock(&self.shared.peers).insert(node, addr.into());
+        }
+    }
+
+    /// Forgets a peer and closes its link.
+    pub fn remove_peer(&self, node: NodeId) {
+        lock(&self.shared.peers).remove(&node);
+        if let Some(link) = lock(&self.shared.links).remove(&node) {
+            link.close();
+        }
+    }
+
+    /// Delivers incoming Raft requests to `server` (replacing a previous one).
+    pub fn serve(&self, server: RpcServer) {
+        *lock(&self.shared.raft) = Some(server);
+    }
+
+    /// When a frame last arrived from `node`, if ever.
+    pub fn last_seen(&self, node: NodeId) -> Option<Instant> {
+        lock(&self.shared.last_seen).get(&node).copied()
+    }
+
+    /// The failure detector: whether `node` was heard from within the configured
+    /// `peer_timeout`.
+    pub fn peer_alive(&self, node: NodeId) -> bool {
+        self.last_seen(node)
+            .is_some_and(|t| t.elapsed() < self.shared.cfg.peer_timeout)
+    }
+
+    /// Peers with an open link right now.
+    pub fn connected_peers(&self) -> Vec<NodeId> {
+        lock(&self.shared.links)
+            .iter()
+            .filter(|(_, l)| !l.closed.is_cancelled())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Stops listening, closes every link and stops redialling. Calls fail from now on.
+    pub fn shutdown(&self) {
+        self.shared.stop.cancel();
+        let links = std::mem::take(&mut *lock(&self.shared.links));
+        for link in links.values() {
+            link.close();
+        }
+        *lock(&self.shared.raft) = None;
+    }
+}
+
+impl RaftTransport for TcpTransport {
+    async fn call(
+        &self,
+        target: NodeId,
+        addr: &str,
+        frame: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let shared = &self.shared;
+        // Leave room for the envelope around the payload; sending a frame the peer must
+        // refuse would only cost us the link.
+        if frame.len() + 64 > shared.cfg.max_frame {
+            return Err(TransportError::Io(format!(
+                "request of {} bytes exceeds the {}-byte frame limit",
+                frame.len(),
+                shared.cfg.max_frame
+            )));
+        }
+        let work = async {
+            let link = link_to(shared, target, Some(addr)).await?;
+            link.request(Service::Raft, frame).await
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| TransportError::Timeout)?
+    }
+}
+
+impl Shared {
+    fn live_link(&self, peer: NodeId) -> Option<Arc<Link>> {
+        lock(&self.links)
+            .get(&peer)
+            .filter(|l| !l.closed.is_cancelled())
+            .cloned()
+    }
+
+    fn dial_state(&self, peer: NodeId) -> Arc<tokio::sync::Mutex<Backoff>> {
+        Arc::clone(lock(&self.dials).entry(peer).or_default())
+    }
+
+    fn seen(&self, peer: NodeId) {
+        lock(&self.last_seen).insert(peer, Instant::now());
+    }
+
+    /// Why `hello` is not acceptable, if it is not.
+    fn check_hello(&self, env: &Envelope) -> Result<NodeId, String> {
+        match env {
+            Envelope::Hello {
+                cluster_id,
+                node_id,
+                version,
+            } => {
+                if *cluster_id != self.cfg.cluster_id {
+                    Err(format!("wrong cluster id {cluster_id:?}"))
+                } else if *version != PROTOCOL_VERSION {
+                    Err(format!(
+                        "protocol version {version}, we speak {PROTOCOL_VERSION}"
+                    ))
+                } else if *node_id == self.cfg.node_id {
+                    Err(format!("node id {node_id} is our own"))
+                } else if !lock(&self.peers).contains_key(node_id) {
+                    Err(format!("unknown node {node_id}"))
+                } else {
+                    Ok(*node_id)
+                }
+            }
+            other => Err(format!("expected Hello, got {}", kind(other))),
+        }
+    }
+
+    fn hello(&self) -> Envelope {
+        Envelope::Hello {
+            cluster_id: self.cfg.cluster_id.clone(),
+            node_id: self.cfg.node_id,
+            version: PROTOCOL_VERSION,
+        }
+    }
+
+    /// Installs `link` unless a preferable one to the same peer is open; returns the link
+    /// that now serves the peer and whether it is the new one.
+    fn install(&self, link: &Arc<Link>) -> (Arc<Link>, bool) {
+        let preferred = self.cfg.node_id.min(link.peer);
+        let mut links = lock(&self.links);
+        if let Some(cur) = links.get(&link.peer) {
+            let keep_current =
+                !cur.closed.is_cancelled() && (cur.dialer == preferred || link.dialer != preferred);
+            if keep_current {
+                return (Arc::clone(cur), false);
+            }
+            cur.close();
+        }
+        links.insert(link.peer, Arc::clone(link));
+        (Arc::clone(link), true)
+    }
+
+    fn remove_link(&self, link: &Arc<Link>) {
+        let mut links = lock(&self.links);
+        if links.get(&link.peer).is_some_and(|l| Arc::ptr_eq(l, link)) {
+            links.remove(&link.peer);
+        }
+    }
+}
+
+fn kind(env: &Envelope) -> &'static str {
+    match env {
+        Envelope::Hello { .. } => "Hello",
+        Envelope::Refused { .. } => "Refused",
+        Envelope::Request { .. } => "Request",
+        Envelope::Response { .. } => "Response",
+        Envelope::Heartbeat => "Heartbeat",
+    }
+}
+
+/// The open link to `peer`, dialling it if there is none (and its backoff allows).
+async fn link_to(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    addr: Option<&str>,
+) -> Result<Arc<Link>, TransportError> {
+    if shared.stop.is_cancelled() {
+        return Err(TransportError::Unreachable {
+            node: peer,
+            reason: "transport shut down".into(),
+        });
+    }
+    if let Some(link) = shared.live_link(peer) {
+        return Ok(link);
+    }
+    let addr = {
+        let mut peers = lock(&shared.peers);
+        match addr {
+            // Raft's membership is authoritative for the addresses it calls.
+            Some(a) if peer != shared.cfg.node_id => {
+                peers.insert(peer, a.to_string());
+                a.to_string()
+            }
+            _ => peers
+                .get(&peer)
+                .cloned()
+                .ok_or(TransportError::Unreachable {
+                    node: peer,
+                    reason: "no address known".into(),
+                })?,
+        }
+    };
+    let dial = shared.dial_state(peer);
+    let mut backoff = dial.lock().await;
+    // Another caller may have connected (or the peer dialled us) while we waited.
+    if let Some(link) = shared.live_link(peer) {
+        return Ok(link);
+    }
+    if backoff.next_attempt.is_some_and(|t| Instant::now() < t) {
+        return Err(TransportError::Unreachable {
+            node: peer,
+            reason: "backing off before redialling".into(),
+        });
+    }
+    let attempt = tokio::time::timeout(shared.cfg.connect_timeout, dial_peer(shared, peer, &addr));
+    let err = match attempt.await {
+        Ok(Ok(link)) => {
+            *backoff = Backoff::default();
+            return Ok(link);
+        }
+        Ok(Err(e)) => e,
+        Err(_) => LinkError::Timeout,
+    };
+    // Doubling from backoff_min, capped, so a dead peer costs a dial now and then.
+    let exp = backoff.failures.min(16);
+    let wait = shared
+        .cfg
+        .backoff_min
+        .saturating_mul(1u32 << exp)
+        .min(shared.cfg.backoff_max);
+    backoff.failures = backoff.failures.saturating_add(1);
+    backoff.next_attempt = Some(Instant::now() + wait);
+    if backoff.failures == 1 {
+        tracing::warn!(node = shared.cfg.node_id, peer, %addr, "cannot link to peer: {err}");
+    } else {
+        tracing::debug!(node = shared.cfg.node_id, peer, %addr, retry_in = ?wait, "cannot link to peer: {err}");
+    }
+    Err(TransportError::Unreachable {
+        node: peer,
+        reason: err.to_string(),
+    })
+}
+
+/// Connects to `peer` at `addr` and runs the `Hello` exchange.
+async fn dial_peer(shared: &Arc<Shared>, peer: NodeId, addr: &str) -> Result<Arc<Link>, LinkError> {
+    let stream = TcpStream::connect(addr).await?;
+    // Raft RPCs are small and latency-bound.
+    stream.set_nodelay(true)?;
+    let (rd, wr) = stream.into_split();
+    let mut reader = FrameReader::new(rd, shared.cfg.max_frame);
+    let mut writer = FrameWriter::new(wr, shared.cfg.max_frame);
+    writer.send(&shared.hello()).await?;
+    let answer = reader
+        .next()
+        .await?
+        .ok_or_else(|| LinkError::Handshake("peer closed during the handshake".into()))?;
+    if let Envelope::Refused { reason } = answer {
+        return Err(LinkError::Refused(reason));
+    }
+    let got = shared.check_hello(&answer).map_err(LinkError::Handshake)?;
+    if got != peer {
+        return Err(LinkError::Handshake(format!(
+            "{addr} is node {got}, expected node {peer}"
+        )));
+    }
+    Ok(start_link(shared, peer, shared.cfg.node_id, reader, writer))
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, from)) => {
+                tokio::spawn(accept_one(Arc::clone(&shared), stream, from));
+            }
+            Err(e) => {
+                // Typically out of file descriptors: pause instead of spinning.
+                tracing::warn!(node = shared.cfg.node_id, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: SocketAddr) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!("set_nodelay on a link from {from}: {e}");
+    }
+    let (rd, wr) = stream.into_split();
+    let mut reader = FrameReader::new(rd, shared.cfg.max_frame);
+    let mut writer = FrameWriter::new(wr, shared.cfg.max_frame);
+    let first = match tokio::time::timeout(shared.cfg.connect_timeout, reader.next()).await {
+        Ok(Ok(Some(env))) => env,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => {
+            tracing::warn!(node = shared.cfg.node_id, %from, "closing link before handshake: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(node = shared.cfg.node_id, %from, "no Hello in time; closing link");
+            return;
+        }
+    };
+    let peer = match shared.check_hello(&first) {
+        Ok(peer) => peer,
+        Err(reason) => {
+            tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: {reason}");
+            // Best effort: the dialer logs the reason if it gets it.
+            let refusal = Envelope::Refused { reason };
+            let _ = tokio::time::timeout(shared.cfg.connect_timeout, writer.send(&refusal)).await;
+            return;
+        }
+    };
+    if let Err(e) = writer.send(&shared.hello()).await {
+        tracing::debug!(
+            node = shared.cfg.node_id,
+            peer,
+            "handshake answer failed: {e}"
+        );
+        return;
+    }
+    start_link(&shared, peer, peer, reader, writer);
+}
+
+/// Registers a handshaken connection and starts its reader and writer tasks; returns the
+/// link that serves `peer` afterwards (an existing one if it is preferred).
+fn start_link(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    dialer: NodeId,
+    reader: FrameReader,
+    writer: FrameWriter,
+) -> Arc<Link> {
+    shared.seen(peer);
+    let (out, rx) = mpsc::channel(shared.cfg.queue_depth.max(1));
+    let link = Arc::new(Link {
+        peer,
+        dialer,
+        out,
+        pending: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(0),
+        closed: shared.stop.child_token(),
+    });
+    let (serving, fresh) = shared.install(&link);
+    if !fresh {
+        // Dropping the halves closes the duplicate connection; the peer drops it too.
+        tracing::debug!(node = shared.cfg.node_id, peer, "duplicate link closed");
+        return serving;
+    }
+    tracing::info!(node = shared.cfg.node_id, peer, dialer, "link up");
+    tokio::spawn(write_loop(Arc::clone(&link), rx, writer));
+    tokio::spawn(read_loop(Arc::clone(shared), Arc::clone(&link), reader));
+    link
+}
+
+async fn write_loop(link: Arc<Link>, mut rx: mpsc::Receiver<Envelope>, mut writer: FrameWriter) {
+    loop {
+        let env = tokio::select! {
+            _ = link.closed.cancelled() => return,
+            env = rx.recv() => match env {
+                Some(env) => env,
+                None => return,
+            },
+        };
+        if let Err(e) = writer.send(&env).await {
+            tracing::warn!(peer = link.peer, "link write failed, closing: {e}");
+            link.close();
+            return;
+        }
+    }
+}
+
+async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: FrameReader) {
+    let me = shared.cfg.node_id;
+    let peer = link.peer;
+    loop {
+        let next = tokio::select! {
+            _ = link.closed.cancelled() => break,
+            n = reader.next() => n,
+        };
+        let env = match next {
+            Ok(Some(env)) => env,
+            Ok(None) => {
+                tracing::info!(node = me, peer, "link closed by peer");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(node = me, peer, "closing link: {e}");
+                break;
+            }
+        };
+        shared.seen(peer);
+        match env {
+            Envelope::Heartbeat => {}
+            Envelope::Request {
+                id,
+                service: Service::Raft,
+                payload,
+            } => {
+                let server = lock(&shared.raft).clone();
+                let out = link.out.clone();
+                // Each request runs on its own task so a slow append never delays a vote.
+                tokio::spawn(async move {
+                    let result = match server {
+                        Some(s) => Ok(s.handle(&payload).await),
+                        None => Err(RemoteFailure::NotServing),
+                    };
+                    // The link may have closed meanwhile; the caller then sees that.
+                    let _ = out.send(Envelope::Response { id, result }).await;
+                });
+            }
+            Envelope::Response { id, result } => {
+                if let Some(tx) = lock(&link.pending).remove(&id) {
+                    // The caller may have given up (deadline); its answer is then dropped.
+                    let _ = tx.send(result);
+                }
+            }
+            other @ (Envelope::Hello { .. } | Envelope::Refused { .. }) => {
+                tracing::warn!(node = me, peer, "closing link: unexpected {}", kind(&other));
+                break;
+            }
+        }
+    }
+    link.close();
+    shared.remove_link(&link);
+}
+
+async fn heartbeat_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.cfg.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let peers: Vec<NodeId> = lock(&shared.peers).keys().copied().collect();
+        for peer in peers {
+            match shared.live_link(peer) {
+                // A full queue means frames are flowing anyway; skipping is fine.
+                Some(link) => {
+                    let _ = link.out.try_send(Envelope::Heartbeat);
+                }
+                None => {
+                    // Redial in the background (the backoff paces it) so a slow connect to
+                    // one dead peer does not delay heartbeats to the others. Skip if a dial
+                    // is already under way.
+                    let dial = shared.dial_state(peer);
+                    if dial.try_lock().is_ok() {
+                        let shared = Arc::clone(&shared);
+                        tokio::spawn(async move {
+                            let _ = link_to(&shared, peer, None).await;
+                        });
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The node-link wire format: length-delimited frames (a 4-byte big-endian length, then the
+//! body) whose body is one bincode-encoded [`Envelope`].
+//!
+//! Both layers are bounded by the same `max_frame`: the codec refuses a length prefix above
+//! it before reading the body, and bincode refuses a body that claims more than it, so a
+//! hostile or corrupt peer cannot make us allocate unbounded memory.
+
+use bincode::Options;
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+use super::LinkError;
+use crate::meta::raft::NodeId;
+
+/// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Which local service a request is for. Only Raft exists today; GM activity, forwarded
+/// publishes and deliveries get their own variants so they share the one connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Service {
+    /// The metadata Raft group's RPCs.
+    Raft,
+}
+
+/// Why a peer could not answer a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RemoteFailure {
+    /// The peer has no handler for that service yet (it is still starting).
+    #[error("peer is not serving that service")]
+    NotServing,
+}
+
+/// Everything that crosses a node link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Envelope {
+    /// The first frame each side sends: who it is and which cluster it belongs to.
+    Hello {
+        /// The cluster's id; a mismatch is refused.
+        cluster_id: String,
+        /// The sender's node id; an unknown one is refused.
+        node_id: NodeId,
+        /// [`PROTOCOL_VERSION`] of the sender.
+        version: u32,
+    },
+    /// Sent instead of a `Hello` answer before the acceptor closes, so the dialer can log why.
+    Refused {
+        /// Human-readable reason.
+        reason: String,
+    },
+    /// A call; answered by a `Response` with the same id on the same link.
+    Request {
+        /// Chosen by the caller, unique per link.
+        id: u64,
+        /// Which handler gets `payload`.
+        service: Service,
+        /// Opaque to the link.
+        payload: Vec<u8>,
+    },
+    /// The answer to the `Request` with `id`.
+    Response {
+        /// The request's id.
+        id: u64,
+        /// The handler's reply frame, or why there is none.
+        result: Result<Vec<u8>, RemoteFailure>,
+    },
+    /// Sent every heartbeat interval; any frame counts as a sign of life.
+    Heartbeat,
+}
+
+fn options(max_frame: usize) -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(max_frame as u64)
+        .reject_trailing_bytes()
+}
+
+/// The framing codec with the given largest body.
+pub fn codec(max_frame: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(max_frame)
+        .new_codec()
+}
+
+/// Encodes `env` as a frame body.
+pub fn encode_body(env: &Envelope, max_frame: usize) -> Result<Bytes, LinkError> {
+    options(max_frame)
+        .serialize(env)
+        .map(Bytes::from)
+        .map_err(LinkError::Encode)
+}
+
+/// Decodes a frame body.
+pub fn decode_body(body: &[u8], max_frame: usize) -> Result<Envelope, LinkError> {
+    options(max_frame)
+        .deserialize(body)
+        .map_err(LinkError::Decode)
+}
+
+/// Encodes `env` as a whole frame (length prefix included): what a peer writes on the socket.
+/// Public so tests can speak the protocol on a raw socket.
+pub fn encode_frame(env: &Envelope, max_frame: usize) -> Result<BytesMut, LinkError> {
+    let body = encode_body(env, max_frame)?;
+    let mut out = BytesMut::new();
+    codec(max_frame)
+        .encode(body, &mut out)
+        .map_err(|e| LinkError::Frame(e.to_string()))?;
+    Ok(out)
+}
+
+/// Reads envelopes from one socket.
+pub(crate) struct FrameReader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    codec: LengthDelimitedCodec,
+    max_frame: usize,
+}
+
+impl FrameReader {
+    pub(crate) fn new(rd: OwnedReadHalf, max_frame: usize) -> FrameReader {
+        FrameReader {
+            rd,
+            buf: BytesMut::with_capacity(8 * 1024),
+            codec: codec(max_frame),
+            max_frame,
+        }
+    }
+
+    /// The next envelope; `None` at a clean end of stream. Any error means the link is
+    /// unusable: the stream's framing can no longer be trusted.
+    pub(crate) async fn next(&mut self) -> Result<Option<Envelope>, LinkError> {
+        loop {
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(body)) => return decode_body(&body, self.max_frame).map(Some),
+                Ok(None) => {}
+                Err(e) => return Err(LinkError::Frame(e.to_string())),
+            }
+            if self.rd.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(LinkError::Frame("stream ended inside a frame".into()))
+                };
+            }
+        }
+    }
+}
+
+/// Writes envelopes to one socket.
+pub(crate) struct FrameWriter {
+    wr: OwnedWriteHalf,
+    buf: BytesMut,
+    codec: LengthDelimitedCodec,
+    max_frame: usize,
+}
+
+impl FrameWriter {
+    pub(crate) fn new(wr: OwnedWriteHalf, max_frame: usize) -> FrameWriter {
+        FrameWriter {
+            wr,
+            buf: BytesMut::with_capacity(8 * 1024),
+            codec: codec(max_frame),
+            max_frame,
+        }
+    }
+
+    /// Encodes and writes one envelope.
+    pub(crate) async fn send(&mut self, env: &Envelope) -> Result<(), LinkError> {
+        let body = encode_body(env, self.max_frame)?;
+        self.buf.clear();
+        self.codec
+            .encode(body, &mut self.buf)
+            .map_err(|e| LinkError::Frame(e.to_string()))?;
+        self.wr.write_all(&self.buf).await?;
+        Ok(())
+    }
+}

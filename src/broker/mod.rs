@@ -276,7 +276,11 @@ impl Broker {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
             if let Command::DeclareQueue(def) = command {
                 if applied.created {
-                    let args = def.args()?;
+                    // The queue runs with its arguments combined with its effective policy.
+                    let args = match meta.vhost(&def.vhost) {
+                        Some(v) => def.effective_args(v)?,
+                        None => def.args()?,
+                    };
                     let mut q = Queue::new(
                         args,
                         def.exclusive_owner,
@@ -298,6 +302,24 @@ impl Broker {
             for (vhost, name) in &applied.removed.queues {
                 if let Some(h) = queues.get_mut(vhost).and_then(|v| v.remove(name)) {
                     h.lock().delete(&h);
+                }
+            }
+            // A policy change reshapes every live queue of its vhost.
+            let policy_vhost = match command {
+                Command::SetPolicy { policy, .. } => Some(policy.vhost.as_str()),
+                Command::ClearPolicy { vhost, .. } => Some(vhost.as_str()),
+                _ => None,
+            };
+            if let (Some(vname), Some(v)) = (policy_vhost, policy_vhost.and_then(|n| meta.vhost(n)))
+            {
+                for (name, def) in &v.queues {
+                    let Some(h) = queues.get(vname).and_then(|m| m.get(name)) else {
+                        continue;
+                    };
+                    match def.effective_args(v) {
+                        Ok(args) => h.lock().set_args(args),
+                        Err(e) => tracing::warn!(queue = %name, error = %e, "policy not applied"),
+                    }
                 }
             }
         }
@@ -491,6 +513,114 @@ mod tests {
             auto_delete: false,
             arguments: FieldTable::default(),
         })
+    }
+
+    fn max_length_policy(n: i64) -> Command {
+        use crate::meta::policy::{ApplyTo, Policy, PolicyValue};
+        Command::SetPolicy {
+            policy: Policy {
+                vhost: "/".into(),
+                name: "cap".into(),
+                pattern: "^capped".into(),
+                apply_to: ApplyTo::Queues,
+                priority: 1,
+                definition: [("max-length".to_string(), PolicyValue::Int(n))].into(),
+            },
+            operator: false,
+        }
+    }
+
+    fn publish_n(broker: &Broker, queue: &str, n: usize) {
+        use amq_protocol::protocol::basic::AMQPProperties;
+        for i in 0..n {
+            let snap = broker.snapshot();
+            let m = Arc::new(Message {
+                id: broker.next_message_id(),
+                exchange: String::new(),
+                routing_key: queue.into(),
+                properties_raw: bytes::Bytes::from_static(&[0, 0]),
+                properties: AMQPProperties::default(),
+                body: bytes::Bytes::from(format!("m{i}")),
+            });
+            broker.publish(snap.vhost("/").unwrap(), "", m, Instant::default());
+        }
+    }
+
+    #[test]
+    fn setting_and_clearing_a_policy_reshapes_live_queues() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        broker
+            .apply(&durable_queue("capped.q"), Instant::default())
+            .unwrap();
+        broker
+            .apply(&durable_queue("free.q"), Instant::default())
+            .unwrap();
+        broker
+            .apply(&max_length_policy(2), Instant::default())
+            .unwrap();
+        publish_n(&broker, "capped.q", 5);
+        publish_n(&broker, "free.q", 5);
+        let count = |q: &str| broker.queue("/", q).unwrap().lock().message_count();
+        assert_eq!(
+            (count("capped.q"), count("free.q")),
+            (2, 5),
+            "only matching queues are capped"
+        );
+        // A queue declared after the policy gets it too.
+        broker
+            .apply(&durable_queue("capped.late"), Instant::default())
+            .unwrap();
+        publish_n(&broker, "capped.late", 4);
+        assert_eq!(count("capped.late"), 2);
+        broker
+            .apply(
+                &Command::ClearPolicy {
+                    vhost: "/".into(),
+                    name: "cap".into(),
+                    operator: false,
+                },
+                Instant::default(),
+            )
+            .unwrap();
+        publish_n(&broker, "capped.q", 3);
+        assert_eq!(count("capped.q"), 5, "the limit went with the policy");
+    }
+
+    #[test]
+    fn an_invalid_policy_is_refused_and_changes_nothing() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        let before = broker.snapshot();
+        let err = broker
+            .apply(&max_length_policy(-3), Instant::default())
+            .unwrap_err();
+        assert!(matches!(err, MetaError::Invalid(_)), "{err:?}");
+        assert_eq!(*broker.snapshot(), *before);
+    }
+
+    #[test]
+    fn policies_are_durable_definitions() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        broker
+            .apply(&max_length_policy(3), Instant::default())
+            .unwrap();
+        broker
+            .apply(&durable_queue("capped.q"), Instant::default())
+            .unwrap();
+        let defs = Definitions::from_state(&broker.snapshot());
+        assert_eq!(defs.policies.len(), 1);
+        let restored = Broker::new(&Config::default(), 2, 1 << 30, 0);
+        for c in Definitions::decode(&defs.encode()).unwrap().commands() {
+            restored.apply(&c, Instant::default()).unwrap();
+        }
+        publish_n(&restored, "capped.q", 6);
+        assert_eq!(
+            restored
+                .queue("/", "capped.q")
+                .unwrap()
+                .lock()
+                .message_count(),
+            3
+        );
     }
 
     #[test]

@@ -265,6 +265,13 @@ impl Queue {
         self
     }
 
+    /// Replaces the arguments after a policy change. The priority lanes stay as declared
+    /// (`x-max-priority` is not a policy key).
+    pub fn set_args(&mut self, mut args: QueueArgs) {
+        args.max_priority = self.args.max_priority;
+        self.args = args;
+    }
+
     /// The validated arguments.
     pub fn args(&self) -> &QueueArgs {
         &self.args

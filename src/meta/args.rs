@@ -225,3 +225,85 @@ mod tests {
         }
     }
 }
+
+impl QueueArgs {
+    /// The arguments a queue runs with: its declared `x-` arguments combined with its
+    /// effective policy, by RabbitMQ's rules. For limits (`message-ttl`, `expires`,
+    /// `max-length`, `max-length-bytes`) the lower value wins; for the others a declared
+    /// argument takes precedence over the policy.
+    pub fn with_policy(
+        declared: &FieldTable,
+        policy: &super::policy::Effective,
+    ) -> Result<QueueArgs, MetaError> {
+        let mut a = QueueArgs::parse(declared)?;
+        let limit = |arg: Option<u64>, key: &str| -> Option<u64> {
+            let p = policy.int(key).map(|n| n.max(0) as u64);
+            match (arg, p) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            }
+        };
+        a.message_ttl_ms = limit(a.message_ttl_ms, "message-ttl");
+        a.expires_ms = limit(a.expires_ms, "expires");
+        a.max_length = limit(a.max_length, "max-length");
+        a.max_length_bytes = limit(a.max_length_bytes, "max-length-bytes");
+        let declared_has = |k: &str| declared.inner().contains_key(k);
+        if !declared_has("x-overflow") {
+            if let Some(o) = policy.str("overflow") {
+                a.overflow = match o {
+                    "reject-publish" => Overflow::RejectPublish,
+                    "reject-publish-dlx" => Overflow::RejectPublishDlx,
+                    _ => Overflow::DropHead,
+                };
+            }
+        }
+        if !declared_has("x-dead-letter-exchange") {
+            if let Some(x) = policy.str("dead-letter-exchange") {
+                a.dead_letter_exchange = Some(x.to_string());
+            }
+        }
+        if !declared_has("x-dead-letter-routing-key") {
+            if let Some(x) = policy.str("dead-letter-routing-key") {
+                a.dead_letter_routing_key = Some(x.to_string());
+            }
+        }
+        if !declared_has("x-queue-mode") {
+            if let Some(m) = policy.str("queue-mode") {
+                a.lazy = m == "lazy";
+            }
+        }
+        Ok(a)
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::super::policy::{Effective, PolicyValue};
+    use super::*;
+
+    #[test]
+    fn limits_take_the_lower_value_and_arguments_win_otherwise() {
+        let mut declared = FieldTable::default();
+        declared.insert("x-max-length".into(), AMQPValue::LongInt(10));
+        declared.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("mine".into()),
+        );
+        let mut e = Effective::default();
+        e.definition
+            .insert("max-length".into(), PolicyValue::Int(5));
+        e.definition
+            .insert("message-ttl".into(), PolicyValue::Int(1000));
+        e.definition.insert(
+            "dead-letter-exchange".into(),
+            PolicyValue::Str("theirs".into()),
+        );
+        e.definition
+            .insert("overflow".into(), PolicyValue::Str("reject-publish".into()));
+        let a = QueueArgs::with_policy(&declared, &e).unwrap();
+        assert_eq!(a.max_length, Some(5));
+        assert_eq!(a.message_ttl_ms, Some(1000));
+        assert_eq!(a.dead_letter_exchange.as_deref(), Some("mine"));
+        assert_eq!(a.overflow, Overflow::RejectPublish);
+    }
+}

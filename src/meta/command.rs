@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::policy::Policy;
 use super::state::{Binding, ExchangeDef, Permission, QueueDef, User};
 
 /// One change to the metadata.
@@ -50,6 +51,22 @@ pub enum Command {
     DeleteExclusiveQueues {
         /// The owning connection.
         owner: u64,
+    },
+    /// Set (create or replace) a policy or, with `operator`, an operator policy.
+    SetPolicy {
+        /// The policy.
+        policy: Policy,
+        /// Operator policy (limits only; the lower value wins).
+        operator: bool,
+    },
+    /// Remove a policy.
+    ClearPolicy {
+        /// Vhost.
+        vhost: String,
+        /// Name.
+        name: String,
+        /// Operator policy.
+        operator: bool,
     },
     /// Add a binding (idempotent).
     Bind(Binding),

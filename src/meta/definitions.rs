@@ -7,11 +7,12 @@
 use serde::{Deserialize, Serialize};
 
 use super::command::Command;
+use super::policy::Policy;
 use super::state::{Binding, Destination, ExchangeDef, MetaState, QueueDef};
 use crate::store::record;
 
-/// Format version written in front of the payload.
-const VERSION: u32 = 1;
+/// Format version written in front of the payload (2 added policies; 1 is still read).
+const VERSION: u32 = 2;
 
 /// Why a definitions file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,16 @@ pub struct Definitions {
     pub queues: Vec<QueueDef>,
     /// Bindings whose source and destination are both durable.
     pub bindings: Vec<Binding>,
+    /// Policies and operator policies (`true`), always durable.
+    pub policies: Vec<(Policy, bool)>,
+}
+
+/// Version 1: before policies.
+#[derive(Deserialize)]
+struct DefinitionsV1 {
+    exchanges: Vec<ExchangeDef>,
+    queues: Vec<QueueDef>,
+    bindings: Vec<Binding>,
 }
 
 fn builtin(name: &str) -> bool {
@@ -57,6 +68,10 @@ impl Definitions {
                     d.queues.push(q.clone());
                 }
             }
+            d.policies
+                .extend(v.policies.values().map(|p| (p.clone(), false)));
+            d.policies
+                .extend(v.operator_policies.values().map(|p| (p.clone(), true)));
             for b in v.bindings.values().flatten() {
                 let source_durable = v.exchanges.get(&b.source).is_some_and(|e| e.durable);
                 let dest_durable = match &b.destination {
@@ -77,6 +92,15 @@ impl Definitions {
     /// The commands that recreate these definitions.
     pub fn commands(&self) -> Vec<Command> {
         let mut c = Vec::new();
+        // Policies first, so queues are created with their effective arguments.
+        c.extend(
+            self.policies
+                .iter()
+                .map(|(p, operator)| Command::SetPolicy {
+                    policy: p.clone(),
+                    operator: *operator,
+                }),
+        );
         c.extend(self.exchanges.iter().cloned().map(Command::DeclareExchange));
         c.extend(self.queues.iter().cloned().map(Command::DeclareQueue));
         c.extend(self.bindings.iter().cloned().map(Command::Bind));
@@ -101,10 +125,20 @@ impl Definitions {
             return Err(DefinitionsError::Damaged);
         }
         let version = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(DefinitionsError::Version(version));
+        let decode_err = |e: bincode::Error| DefinitionsError::Decode(e.to_string());
+        match version {
+            1 => {
+                let v1: DefinitionsV1 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
+                Ok(Definitions {
+                    exchanges: v1.exchanges,
+                    queues: v1.queues,
+                    bindings: v1.bindings,
+                    policies: Vec::new(),
+                })
+            }
+            VERSION => bincode::deserialize(&payload[4..]).map_err(decode_err),
+            other => Err(DefinitionsError::Version(other)),
         }
-        bincode::deserialize(&payload[4..]).map_err(|e| DefinitionsError::Decode(e.to_string()))
     }
 }
 
@@ -183,6 +217,17 @@ mod tests {
             fresh.apply(&c).unwrap();
         }
         assert_eq!(Definitions::from_state(&fresh), d);
+    }
+
+    #[test]
+    fn version_1_files_are_still_read() {
+        let d = Definitions::from_state(&state());
+        let mut payload = 1u32.to_le_bytes().to_vec();
+        payload.extend(bincode::serialize(&(&d.exchanges, &d.queues, &d.bindings)).unwrap());
+        let mut bytes = Vec::new();
+        record::encode(&mut bytes, &payload);
+        let back = Definitions::decode(&bytes).unwrap();
+        assert_eq!((back.queues, back.policies.len()), (d.queues, 0));
     }
 
     #[test]

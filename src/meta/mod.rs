@@ -9,6 +9,7 @@ pub mod args;
 pub mod command;
 pub mod definitions;
 pub mod error;
+pub mod policy;
 pub mod raft;
 pub mod state;
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::args::QueueArgs;
 use super::command::Command;
 use super::error::MetaError;
+use super::policy::{effective, Effective, Policy};
 
 /// The four exchange types (plus RabbitMQ's names for them).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +104,11 @@ impl QueueDef {
     pub fn args(&self) -> Result<QueueArgs, MetaError> {
         QueueArgs::parse(&self.arguments)
     }
+
+    /// The arguments combined with the queue's effective policy in `vhost`.
+    pub fn effective_args(&self, vhost: &Vhost) -> Result<QueueArgs, MetaError> {
+        QueueArgs::with_policy(&self.arguments, &vhost.effective_policy(&self.name, true))
+    }
 }
 
 /// Where a binding leads.
@@ -192,6 +198,17 @@ pub struct Vhost {
     pub queues: BTreeMap<String, QueueDef>,
     /// Bindings by source exchange, in creation order.
     pub bindings: BTreeMap<String, Vec<Binding>>,
+    /// Policies by name.
+    pub policies: BTreeMap<String, Policy>,
+    /// Operator policies by name.
+    pub operator_policies: BTreeMap<String, Policy>,
+}
+
+impl Vhost {
+    /// The effective policy of a queue (`queue`) or exchange named `name`.
+    pub fn effective_policy(&self, name: &str, queue: bool) -> Effective {
+        effective(&self.policies, &self.operator_policies, name, queue)
+    }
 }
 
 impl Vhost {
@@ -433,6 +450,33 @@ impl MetaState {
                     for q in owned {
                         v.delete_queue(&q, &mut applied.removed);
                     }
+                }
+            }
+            Command::SetPolicy { policy, operator } => {
+                policy.validate(*operator)?;
+                let v = self.vhost_mut(&policy.vhost)?;
+                let set = if *operator {
+                    &mut v.operator_policies
+                } else {
+                    &mut v.policies
+                };
+                applied.created = set.insert(policy.name.clone(), policy.clone()).is_none();
+            }
+            Command::ClearPolicy {
+                vhost,
+                name,
+                operator,
+            } => {
+                let v = self.vhost_mut(vhost)?;
+                let set = if *operator {
+                    &mut v.operator_policies
+                } else {
+                    &mut v.policies
+                };
+                if set.remove(name).is_none() {
+                    return Err(MetaError::Admin(format!(
+                        "policy '{name}' not found in vhost '{vhost}'"
+                    )));
                 }
             }
             Command::Bind(b) => {

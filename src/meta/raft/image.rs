@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::meta::policy::Policy;
 use crate::meta::state::{Binding, ExchangeDef, Permission, QueueDef, User, Vhost};
 use crate::meta::MetaState;
 
@@ -38,6 +39,8 @@ struct VhostImage {
     exchanges: Vec<ExchangeDef>,
     queues: Vec<QueueDef>,
     bindings: Vec<(String, Vec<Binding>)>,
+    policies: Vec<Policy>,
+    operator_policies: Vec<Policy>,
 }
 
 impl StateImage {
@@ -56,6 +59,8 @@ impl StateImage {
                         .iter()
                         .map(|(k, b)| (k.clone(), b.clone()))
                         .collect(),
+                    policies: v.policies.values().cloned().collect(),
+                    operator_policies: v.operator_policies.values().cloned().collect(),
                 })
                 .collect(),
             users: state.users.values().cloned().collect(),
@@ -79,6 +84,16 @@ impl StateImage {
                         .collect(),
                     queues: v.queues.into_iter().map(|q| (q.name.clone(), q)).collect(),
                     bindings: v.bindings.into_iter().collect(),
+                    policies: v
+                        .policies
+                        .into_iter()
+                        .map(|p| (p.name.clone(), p))
+                        .collect(),
+                    operator_policies: v
+                        .operator_policies
+                        .into_iter()
+                        .map(|p| (p.name.clone(), p))
+                        .collect(),
                 };
                 (v.name, Arc::new(vhost))
             })

@@ -1,0 +1,22 @@
+//! Deterministic simulation of warren's metadata Raft group on turmoil.
+//!
+//! Three simulated hosts each run a [`warren::meta::raft::MetaRaft`] node over
+//! [`transport::TurmoilTransport`] with an in-memory disk that outlives host crashes; a
+//! client streams metadata commands while a seeded fault schedule partitions the leader and
+//! crashes nodes; checkers compare what every node applied. See `sim/README.md`.
+
+// rustdoc does not get `build.rustflags`, so documentation builds are exempt.
+#[cfg(not(any(tokio_unstable, doc)))]
+compile_error!(
+    "the simulation needs `--cfg tokio_unstable` (tokio's seeded RNG); \
+     it is set in .cargo/config.toml — build from the workspace, or set \
+     RUSTFLAGS=\"--cfg tokio_unstable\""
+);
+
+pub mod scenario;
+pub mod trace;
+pub mod transport;
+
+pub use scenario::{run_seed, Outcome};
+pub use trace::Trace;
+pub use transport::TurmoilTransport;

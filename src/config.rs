@@ -51,6 +51,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// `[storage]`: message store, queue index, fsync policy.
     pub storage: StorageConfig,
+    /// `[admin]`: the endpoint `warrenctl` talks to.
+    pub admin: AdminConfig,
     /// `[[vhosts]]`.
     pub vhosts: Vec<VhostConfig>,
     /// `[[users]]`.
@@ -104,6 +106,22 @@ pub struct LimitsConfig {
     /// Bytes queued for a consumer connection's socket above which queues stop delivering to
     /// it until the socket drains.
     pub connection_outbound_bytes_max: usize,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin endpoint (`warrenctl`); users need the `administrator` tag.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 5679)),
+        }
+    }
 }
 
 /// `[storage]`.
@@ -217,6 +235,7 @@ impl Default for Config {
             amqp: AmqpConfig::default(),
             limits: LimitsConfig::default(),
             storage: StorageConfig::default(),
+            admin: AdminConfig::default(),
             vhosts: vec![VhostConfig { name: "/".into() }],
             users: vec![UserConfig {
                 name: "guest".into(),
@@ -263,6 +282,7 @@ impl Config {
     pub fn for_tests(data_dir: &Path) -> Config {
         let mut config = Config::default();
         config.amqp.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.node.data_dir = data_dir.to_path_buf();
         config.limits.memory_high_watermark_bytes = 1 << 30;
         config

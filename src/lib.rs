@@ -21,6 +21,7 @@
 // are returned on cold paths only, so boxing them would add noise for no measurable gain.
 #![allow(clippy::result_large_err)]
 
+pub mod admin;
 pub mod amqp;
 pub mod broker;
 pub mod config;

@@ -8,6 +8,7 @@
 //!   the failure detector); carries Raft today.
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
 
+pub mod admin;
 pub mod clock;
 pub mod conn_task;
 pub mod file_disk;

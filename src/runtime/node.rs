@@ -46,6 +46,7 @@ pub enum NodeError {
 /// A running node.
 pub struct Node {
     addr: SocketAddr,
+    admin_addr: SocketAddr,
     broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     tracker: TaskTracker,
@@ -190,6 +191,18 @@ impl Node {
             addr: config.amqp.listen,
             source,
         })?;
+        let admin_listener = super::admin::bind(config.admin.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: config.admin.listen,
+                source,
+            })?;
+        let admin_addr = admin_listener
+            .local_addr()
+            .map_err(|source| NodeError::Bind {
+                addr: config.admin.listen,
+                source,
+            })?;
         let clock = Clock::start();
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (alarm_tx, alarm_rx) = watch::channel(false);
@@ -206,6 +219,19 @@ impl Node {
         tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
 
         let mut tasks = Vec::new();
+        tracing::info!(addr = %admin_addr, "admin listening");
+        tasks.push(tokio::spawn(super::admin::serve(
+            admin_listener,
+            super::admin::AdminContext {
+                broker: broker.clone(),
+                node: crate::admin::NodeInfo {
+                    name: config.node.name.clone(),
+                },
+                clock,
+            },
+            tracker.clone(),
+            shutdown_rx.clone(),
+        )));
         let accept_tracker = tracker.clone();
         let mut accept_shutdown = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
@@ -269,6 +295,7 @@ impl Node {
 
         Ok(Node {
             addr,
+            admin_addr,
             broker,
             shutdown: shutdown_tx,
             tracker,
@@ -281,6 +308,11 @@ impl Node {
     /// The AMQP listener's address.
     pub fn amqp_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin listener's address (`warrenctl --node`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
     }
 
     /// The broker (for inspection in tests and admin tools).

@@ -1033,7 +1033,7 @@ impl NodeProcess {
         std::fs::write(
             &cfg,
             format!(
-                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n",
+                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n",
                 dir.join("data").display()
             ),
         )

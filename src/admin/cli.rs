@@ -1,0 +1,268 @@
+//! Parses `rabbitmqctl`-style command arguments (`COMMAND [-p VHOST] ARGS...`) into a
+//! [`Request`]. Pure, so `warrenctl` and tests share it.
+
+use super::Request;
+
+/// A usage error: the text to print, naming the command's synopsis.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The commands `warrenctl` knows, with their synopses.
+pub const COMMANDS: &[(&str, &str)] = &[
+    ("list_queues", "list_queues [-p VHOST] [COLUMN ...]"),
+    ("list_exchanges", "list_exchanges [-p VHOST] [COLUMN ...]"),
+    ("list_bindings", "list_bindings [-p VHOST] [COLUMN ...]"),
+    ("list_users", "list_users"),
+    ("list_vhosts", "list_vhosts [name]"),
+    ("list_permissions", "list_permissions [-p VHOST]"),
+    ("list_policies", "list_policies [-p VHOST]"),
+    ("list_operator_policies", "list_operator_policies [-p VHOST]"),
+    ("add_user", "add_user USER PASSWORD"),
+    ("delete_user", "delete_user USER"),
+    ("change_password", "change_password USER PASSWORD"),
+    ("set_user_tags", "set_user_tags USER [TAG ...]"),
+    (
+        "set_permissions",
+        "set_permissions [-p VHOST] USER CONF WRITE READ",
+    ),
+    ("add_vhost", "add_vhost VHOST"),
+    ("delete_vhost", "delete_vhost VHOST"),
+    (
+        "set_policy",
+        "set_policy [-p VHOST] [--priority N] [--apply-to queues|exchanges|all] NAME PATTERN DEFINITION",
+    ),
+    ("clear_policy", "clear_policy [-p VHOST] NAME"),
+    (
+        "set_operator_policy",
+        "set_operator_policy [-p VHOST] [--priority N] [--apply-to queues|exchanges|all] NAME PATTERN DEFINITION",
+    ),
+    ("clear_operator_policy", "clear_operator_policy [-p VHOST] NAME"),
+    ("cluster_status", "cluster_status"),
+];
+
+fn synopsis(command: &str) -> &'static str {
+    COMMANDS
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map(|(_, s)| *s)
+        .unwrap_or("")
+}
+
+/// Parses `command` and its arguments.
+pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
+    if !COMMANDS.iter().any(|(c, _)| *c == command) {
+        return Err(UsageError(format!(
+            "unknown command '{command}'; known commands: {}",
+            COMMANDS
+                .iter()
+                .map(|(c, _)| *c)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let usage = |why: String| UsageError(format!("{why}\nUsage: warrenctl {}", synopsis(command)));
+    let mut vhost = "/".to_string();
+    let mut priority: i64 = 0;
+    let mut apply_to = "all".to_string();
+    let mut pos: Vec<String> = Vec::new();
+    let policy_cmd = command.starts_with("set_") && command.ends_with("policy");
+    let takes_vhost = command.contains("queues")
+        || command.contains("exchanges")
+        || command.contains("bindings")
+        || command.contains("permissions")
+        || command.contains("polic");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| usage(format!("option {name} needs a value")))
+        };
+        match a.as_str() {
+            "-p" | "--vhost" if takes_vhost => vhost = value(a)?,
+            "--priority" if policy_cmd => {
+                let v = value(a)?;
+                priority = v
+                    .parse()
+                    .map_err(|_| usage(format!("--priority '{v}' is not an integer")))?;
+            }
+            "--apply-to" if policy_cmd => apply_to = value(a)?,
+            "--" => {
+                pos.extend(it.by_ref().cloned());
+                break;
+            }
+            s if s.starts_with('-')
+                && s.len() > 1
+                && !s[1..].starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                return Err(usage(format!("unknown option '{s}'")))
+            }
+            _ => pos.push(a.clone()),
+        }
+    }
+    let exact = |n: usize| -> Result<(), UsageError> {
+        if pos.len() == n {
+            Ok(())
+        } else {
+            Err(usage(format!(
+                "expected {n} argument(s), got {}",
+                pos.len()
+            )))
+        }
+    };
+    Ok(match command {
+        "list_queues" => Request::ListQueues {
+            vhost,
+            columns: pos,
+        },
+        "list_exchanges" => Request::ListExchanges {
+            vhost,
+            columns: pos,
+        },
+        "list_bindings" => Request::ListBindings {
+            vhost,
+            columns: pos,
+        },
+        "list_users" => {
+            exact(0)?;
+            Request::ListUsers
+        }
+        "list_vhosts" => Request::ListVhosts { columns: pos },
+        "list_permissions" => {
+            exact(0)?;
+            Request::ListPermissions { vhost }
+        }
+        "list_policies" | "list_operator_policies" => {
+            exact(0)?;
+            Request::ListPolicies {
+                vhost,
+                operator: command == "list_operator_policies",
+            }
+        }
+        "add_user" | "change_password" => {
+            exact(2)?;
+            let [name, password]: [String; 2] =
+                pos.try_into().map_err(|_| usage("bad arguments".into()))?;
+            if command == "add_user" {
+                Request::AddUser { name, password }
+            } else {
+                Request::ChangePassword { name, password }
+            }
+        }
+        "delete_user" => {
+            exact(1)?;
+            Request::DeleteUser {
+                name: pos[0].clone(),
+            }
+        }
+        "set_user_tags" => {
+            if pos.is_empty() {
+                return Err(usage("expected a user name".into()));
+            }
+            Request::SetUserTags {
+                name: pos[0].clone(),
+                tags: pos[1..].to_vec(),
+            }
+        }
+        "set_permissions" => {
+            exact(4)?;
+            Request::SetPermissions {
+                vhost,
+                user: pos[0].clone(),
+                configure: pos[1].clone(),
+                write: pos[2].clone(),
+                read: pos[3].clone(),
+            }
+        }
+        "add_vhost" | "delete_vhost" => {
+            exact(1)?;
+            let name = pos[0].clone();
+            if command == "add_vhost" {
+                Request::AddVhost { name }
+            } else {
+                Request::DeleteVhost { name }
+            }
+        }
+        "set_policy" | "set_operator_policy" => {
+            exact(3)?;
+            if !matches!(apply_to.as_str(), "queues" | "exchanges" | "all") {
+                return Err(usage(format!(
+                    "--apply-to '{apply_to}' must be one of queues, exchanges, all"
+                )));
+            }
+            Request::SetPolicy {
+                vhost,
+                name: pos[0].clone(),
+                pattern: pos[1].clone(),
+                definition: pos[2].clone(),
+                priority,
+                apply_to,
+                operator: command == "set_operator_policy",
+            }
+        }
+        "clear_policy" | "clear_operator_policy" => {
+            exact(1)?;
+            Request::ClearPolicy {
+                vhost,
+                name: pos[0].clone(),
+                operator: command == "clear_operator_policy",
+            }
+        }
+        "cluster_status" => {
+            exact(0)?;
+            Request::ClusterStatus
+        }
+        _ => return Err(UsageError(format!("unknown command '{command}'"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_policies_with_options_anywhere() {
+        let r = parse(
+            "set_policy",
+            &s(&[
+                "-p",
+                "v",
+                "lim",
+                "^q",
+                "{\"max-length\":1}",
+                "--priority",
+                "3",
+                "--apply-to",
+                "queues",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::SetPolicy {
+                vhost: "v".into(),
+                name: "lim".into(),
+                pattern: "^q".into(),
+                definition: "{\"max-length\":1}".into(),
+                priority: 3,
+                apply_to: "queues".into(),
+                operator: false,
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_bad_usage() {
+        assert!(parse("nope", &[]).is_err());
+        assert!(parse("add_user", &s(&["a"])).is_err());
+        assert!(parse("set_policy", &s(&["a", "b", "{}", "--priority", "x"])).is_err());
+        assert!(parse("set_policy", &s(&["a", "b", "{}", "--apply-to", "x"])).is_err());
+        assert!(parse("add_vhost", &s(&["-p", "x", "v"])).is_err());
+        assert!(parse("list_queues", &s(&["-p"])).is_err());
+    }
+}

@@ -1,0 +1,716 @@
+//! The admin protocol behind `warrenctl`, sans-IO: frames, requests and their handling.
+//!
+//! The wire is TCP carrying length-prefixed frames (a big-endian `u32` length, then a
+//! bincode-encoded body). The client's first frame is an [`Auth`]; only users tagged
+//! `administrator` pass, anyone else gets a refusal and the connection is closed. Every
+//! later frame is a [`Request`], answered by one [`Response`].
+//!
+//! This module turns a request into a response from a [`Broker`] and the current time; the
+//! socket side lives in [`crate::runtime::admin`]. Command names, arguments and columns follow
+//! `rabbitmqctl`.
+//!
+//! - [`json`]: the small JSON reader (policy definitions) and writer (`--formatter json`).
+//! - [`cli`]: parses a `rabbitmqctl`-style argument list into a [`Request`].
+
+pub mod cli;
+pub mod json;
+
+use std::collections::BTreeMap;
+
+use amq_protocol::types::{AMQPValue, FieldTable};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::broker::Broker;
+use crate::meta::policy::{ApplyTo, Policy};
+use crate::meta::state::{Permission, User};
+use crate::meta::Command;
+use crate::time::Instant;
+
+/// The largest frame body either side accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// The tag a user needs to use the admin endpoint.
+pub const ADMIN_TAG: &str = "administrator";
+
+/// The client's first frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Auth {
+    /// User name.
+    pub user: String,
+    /// Password.
+    pub password: String,
+}
+
+/// One admin command. `vhost` fields default to `/` as in `rabbitmqctl`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// `list_queues [-p VHOST] [COLUMN...]`.
+    ListQueues {
+        /// Vhost.
+        vhost: String,
+        /// Requested columns (empty: the defaults).
+        columns: Vec<String>,
+    },
+    /// `list_exchanges [-p VHOST] [COLUMN...]`.
+    ListExchanges {
+        /// Vhost.
+        vhost: String,
+        /// Requested columns.
+        columns: Vec<String>,
+    },
+    /// `list_bindings [-p VHOST] [COLUMN...]`.
+    ListBindings {
+        /// Vhost.
+        vhost: String,
+        /// Requested columns.
+        columns: Vec<String>,
+    },
+    /// `list_users`.
+    ListUsers,
+    /// `list_vhosts [COLUMN...]`.
+    ListVhosts {
+        /// Requested columns.
+        columns: Vec<String>,
+    },
+    /// `list_permissions [-p VHOST]`.
+    ListPermissions {
+        /// Vhost.
+        vhost: String,
+    },
+    /// `list_policies` / `list_operator_policies [-p VHOST]`.
+    ListPolicies {
+        /// Vhost.
+        vhost: String,
+        /// Operator policies.
+        operator: bool,
+    },
+    /// `add_user NAME PASSWORD`.
+    AddUser {
+        /// Name.
+        name: String,
+        /// Password.
+        password: String,
+    },
+    /// `delete_user NAME`.
+    DeleteUser {
+        /// Name.
+        name: String,
+    },
+    /// `change_password NAME PASSWORD`.
+    ChangePassword {
+        /// Name.
+        name: String,
+        /// New password.
+        password: String,
+    },
+    /// `set_user_tags NAME TAG...`.
+    SetUserTags {
+        /// Name.
+        name: String,
+        /// Tags (replace the current ones).
+        tags: Vec<String>,
+    },
+    /// `set_permissions [-p VHOST] USER CONF WRITE READ`.
+    SetPermissions {
+        /// Vhost.
+        vhost: String,
+        /// User.
+        user: String,
+        /// Configure regex.
+        configure: String,
+        /// Write regex.
+        write: String,
+        /// Read regex.
+        read: String,
+    },
+    /// `add_vhost NAME`.
+    AddVhost {
+        /// Name.
+        name: String,
+    },
+    /// `delete_vhost NAME`.
+    DeleteVhost {
+        /// Name.
+        name: String,
+    },
+    /// `set_policy` / `set_operator_policy`.
+    SetPolicy {
+        /// Vhost.
+        vhost: String,
+        /// Name.
+        name: String,
+        /// Regex over resource names.
+        pattern: String,
+        /// The definition as JSON text (parsed by the broker side).
+        definition: String,
+        /// Priority.
+        priority: i64,
+        /// `queues`, `exchanges` or `all`.
+        apply_to: String,
+        /// Operator policy.
+        operator: bool,
+    },
+    /// `clear_policy` / `clear_operator_policy`.
+    ClearPolicy {
+        /// Vhost.
+        vhost: String,
+        /// Name.
+        name: String,
+        /// Operator policy.
+        operator: bool,
+    },
+    /// `cluster_status`.
+    ClusterStatus,
+}
+
+/// The answer to a request (and to [`Auth`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// Whether the command succeeded.
+    pub ok: bool,
+    /// Column names of a listing (empty otherwise).
+    pub columns: Vec<String>,
+    /// Rows of a listing, one value per column.
+    pub rows: Vec<Vec<String>>,
+    /// What was done, or why it was refused.
+    pub message: String,
+}
+
+impl Response {
+    /// A success with a message.
+    pub fn done(message: impl Into<String>) -> Response {
+        Response {
+            ok: true,
+            message: message.into(),
+            ..Response::default()
+        }
+    }
+
+    /// A refusal.
+    pub fn refused(message: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            message: message.into(),
+            ..Response::default()
+        }
+    }
+
+    /// A table.
+    pub fn table(columns: Vec<String>, rows: Vec<Vec<String>>) -> Response {
+        Response {
+            ok: true,
+            columns,
+            rows,
+            message: String::new(),
+        }
+    }
+}
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The body is larger than [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    /// The body is not a valid encoding.
+    #[error("malformed frame: {0}")]
+    Codec(#[from] bincode::Error),
+}
+
+/// Encodes `value` as a full frame (length prefix included).
+pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
+    let body = bincode::serialize(value)?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Checks a length prefix.
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, FrameError> {
+    let n = u32::from_be_bytes(prefix) as usize;
+    if n > MAX_FRAME {
+        return Err(FrameError::TooLarge(n));
+    }
+    Ok(n)
+}
+
+/// Decodes a frame body (without its prefix); trailing bytes are refused.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    use bincode::Options;
+    Ok(bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(MAX_FRAME as u64 * 4)
+        .reject_trailing_bytes()
+        .deserialize(body)?)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Checks credentials: the password must match and the user carry the `administrator` tag.
+/// The refusal text does not say which of the two failed.
+pub fn authenticate(broker: &Broker, auth: &Auth) -> Response {
+    let meta = broker.snapshot();
+    let ok = meta.users.get(&auth.user).is_some_and(|u| {
+        constant_time_eq(u.password.as_bytes(), auth.password.as_bytes())
+            && u.tags.iter().any(|t| t == ADMIN_TAG)
+    });
+    if ok {
+        Response::done(format!("authenticated as '{}'", auth.user))
+    } else {
+        Response::refused(format!(
+            "authentication failed for user '{}' (bad credentials or not an administrator)",
+            auth.user
+        ))
+    }
+}
+
+/// What the handler needs beyond the broker.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// The node's name (`pid` column, `cluster_status`).
+    pub name: String,
+}
+
+fn table_value(v: &AMQPValue) -> String {
+    match v {
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(x) => x.to_string(),
+        AMQPValue::ShortShortUInt(x) => x.to_string(),
+        AMQPValue::ShortInt(x) => x.to_string(),
+        AMQPValue::ShortUInt(x) => x.to_string(),
+        AMQPValue::LongInt(x) => x.to_string(),
+        AMQPValue::LongUInt(x) => x.to_string(),
+        AMQPValue::LongLongInt(x) => x.to_string(),
+        AMQPValue::Timestamp(x) => x.to_string(),
+        AMQPValue::Float(x) => x.to_string(),
+        AMQPValue::Double(x) => x.to_string(),
+        AMQPValue::LongString(_) | AMQPValue::ShortString(_) => {
+            json::quote(&crate::meta::args::string(v).unwrap_or_default())
+        }
+        AMQPValue::FieldTable(t) => format_table(t),
+        AMQPValue::FieldArray(a) => {
+            let items: Vec<String> = a.as_slice().iter().map(table_value).collect();
+            format!("[{}]", items.join(","))
+        }
+        AMQPValue::Void => "null".into(),
+        other => json::quote(&format!("{other:?}")),
+    }
+}
+
+/// Formats an argument table as a JSON-like object.
+pub fn format_table(t: &FieldTable) -> String {
+    let items: Vec<String> = t
+        .inner()
+        .iter()
+        .map(|(k, v)| format!("{}:{}", json::quote(k.as_str()), table_value(v)))
+        .collect();
+    format!("{{{}}}", items.join(","))
+}
+
+/// Picks `requested` columns (or `defaults`) out of full rows keyed by column name.
+fn select(
+    all: &[&str],
+    defaults: &[&str],
+    requested: &[String],
+    rows: Vec<BTreeMap<&'static str, String>>,
+) -> Response {
+    let cols: Vec<String> = if requested.is_empty() {
+        defaults.iter().map(|s| s.to_string()).collect()
+    } else {
+        requested.to_vec()
+    };
+    if let Some(bad) = cols.iter().find(|c| !all.contains(&c.as_str())) {
+        return Response::refused(format!(
+            "Info key {bad} is not recognised (valid keys: {})",
+            all.join(", ")
+        ));
+    }
+    let rows = rows
+        .into_iter()
+        .map(|r| {
+            cols.iter()
+                .map(|c| r.get(c.as_str()).cloned().unwrap_or_default())
+                .collect()
+        })
+        .collect();
+    Response::table(cols, rows)
+}
+
+const QUEUE_COLUMNS: &[&str] = &[
+    "name",
+    "messages",
+    "messages_ready",
+    "messages_unacknowledged",
+    "consumers",
+    "pid",
+    "policy",
+    "operator_policy",
+    "effective_policy_definition",
+    "durable",
+    "auto_delete",
+    "exclusive",
+    "arguments",
+];
+const EXCHANGE_COLUMNS: &[&str] = &[
+    "name",
+    "type",
+    "durable",
+    "auto_delete",
+    "internal",
+    "arguments",
+    "policy",
+];
+const BINDING_COLUMNS: &[&str] = &[
+    "source_name",
+    "source_kind",
+    "destination_name",
+    "destination_kind",
+    "routing_key",
+    "arguments",
+];
+
+fn cols(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Handles one request.
+pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant) -> Response {
+    let meta = broker.snapshot();
+    let apply = |cmd: Command, ok: String| match broker.apply(&cmd, now) {
+        Ok(_) => Response::done(ok),
+        Err(e) => Response::refused(e.to_string()),
+    };
+    match request {
+        Request::ListQueues { vhost, columns } => {
+            let Some(v) = meta.vhost(vhost) else {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            };
+            let rows = v
+                .queues
+                .values()
+                .map(|q| {
+                    let (ready, unacked, consumers) = match broker.queue(vhost, &q.name) {
+                        Some(h) => {
+                            let g = h.lock();
+                            (g.message_count(), g.unacked_count(), g.consumer_count())
+                        }
+                        None => (0, 0, 0),
+                    };
+                    let eff = v.effective_policy(&q.name, true);
+                    BTreeMap::from([
+                        ("name", q.name.clone()),
+                        ("messages", (ready as u64 + unacked as u64).to_string()),
+                        ("messages_ready", ready.to_string()),
+                        ("messages_unacknowledged", unacked.to_string()),
+                        ("consumers", consumers.to_string()),
+                        ("pid", node.name.clone()),
+                        ("policy", eff.policy.clone().unwrap_or_default()),
+                        (
+                            "operator_policy",
+                            eff.operator_policy.clone().unwrap_or_default(),
+                        ),
+                        (
+                            "effective_policy_definition",
+                            json::write_definition(&eff.definition),
+                        ),
+                        ("durable", q.durable.to_string()),
+                        ("auto_delete", q.auto_delete.to_string()),
+                        ("exclusive", q.exclusive_owner.is_some().to_string()),
+                        ("arguments", format_table(&q.arguments)),
+                    ])
+                })
+                .collect();
+            select(QUEUE_COLUMNS, &["name", "messages"], columns, rows)
+        }
+        Request::ListExchanges { vhost, columns } => {
+            let Some(v) = meta.vhost(vhost) else {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            };
+            let rows = v
+                .exchanges
+                .values()
+                .map(|x| {
+                    BTreeMap::from([
+                        ("name", x.name.clone()),
+                        ("type", x.kind.name().to_string()),
+                        ("durable", x.durable.to_string()),
+                        ("auto_delete", x.auto_delete.to_string()),
+                        ("internal", x.internal.to_string()),
+                        ("arguments", format_table(&x.arguments)),
+                        (
+                            "policy",
+                            v.effective_policy(&x.name, false)
+                                .policy
+                                .unwrap_or_default(),
+                        ),
+                    ])
+                })
+                .collect();
+            select(EXCHANGE_COLUMNS, &["name", "type"], columns, rows)
+        }
+        Request::ListBindings { vhost, columns } => {
+            let Some(v) = meta.vhost(vhost) else {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            };
+            let rows = v
+                .bindings
+                .values()
+                .flatten()
+                .map(|b| {
+                    BTreeMap::from([
+                        ("source_name", b.source.clone()),
+                        ("source_kind", "exchange".to_string()),
+                        ("destination_name", b.destination.name().to_string()),
+                        ("destination_kind", b.destination.kind().to_string()),
+                        ("routing_key", b.routing_key.clone()),
+                        ("arguments", format_table(&b.arguments)),
+                    ])
+                })
+                .collect();
+            select(BINDING_COLUMNS, BINDING_COLUMNS, columns, rows)
+        }
+        Request::ListUsers => Response::table(
+            cols(&["user", "tags"]),
+            meta.users
+                .values()
+                .map(|u| vec![u.name.clone(), format!("[{}]", u.tags.join(", "))])
+                .collect(),
+        ),
+        Request::ListVhosts { columns } => {
+            let rows = meta
+                .vhosts
+                .keys()
+                .map(|n| BTreeMap::from([("name", n.clone())]))
+                .collect();
+            select(&["name"], &["name"], columns, rows)
+        }
+        Request::ListPermissions { vhost } => {
+            if meta.vhost(vhost).is_none() {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            }
+            Response::table(
+                cols(&["user", "configure", "write", "read"]),
+                meta.permissions
+                    .values()
+                    .filter(|p| &p.vhost == vhost)
+                    .map(|p| {
+                        vec![
+                            p.user.clone(),
+                            p.configure.clone(),
+                            p.write.clone(),
+                            p.read.clone(),
+                        ]
+                    })
+                    .collect(),
+            )
+        }
+        Request::ListPolicies { vhost, operator } => {
+            let Some(v) = meta.vhost(vhost) else {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            };
+            let map = if *operator {
+                &v.operator_policies
+            } else {
+                &v.policies
+            };
+            Response::table(
+                cols(&[
+                    "vhost",
+                    "name",
+                    "pattern",
+                    "apply-to",
+                    "definition",
+                    "priority",
+                ]),
+                map.values()
+                    .map(|p| {
+                        vec![
+                            p.vhost.clone(),
+                            p.name.clone(),
+                            p.pattern.clone(),
+                            match p.apply_to {
+                                ApplyTo::Queues => "queues",
+                                ApplyTo::Exchanges => "exchanges",
+                                ApplyTo::All => "all",
+                            }
+                            .to_string(),
+                            json::write_definition(&p.definition),
+                            p.priority.to_string(),
+                        ]
+                    })
+                    .collect(),
+            )
+        }
+        Request::AddUser { name, password } => {
+            if name.is_empty() {
+                return Response::refused("the user name must not be empty");
+            }
+            if meta.users.contains_key(name) {
+                return Response::refused(format!("user '{name}' already exists"));
+            }
+            apply(
+                Command::PutUser(User {
+                    name: name.clone(),
+                    password: password.clone(),
+                    tags: Vec::new(),
+                }),
+                format!("Adding user \"{name}\" ..."),
+            )
+        }
+        Request::DeleteUser { name } => apply(
+            Command::DeleteUser { name: name.clone() },
+            format!("Deleting user \"{name}\" ..."),
+        ),
+        Request::ChangePassword { name, password } => {
+            let Some(u) = meta.users.get(name) else {
+                return Response::refused(format!("no user '{name}'"));
+            };
+            apply(
+                Command::PutUser(User {
+                    password: password.clone(),
+                    ..u.clone()
+                }),
+                format!("Changing password for user \"{name}\" ..."),
+            )
+        }
+        Request::SetUserTags { name, tags } => {
+            let Some(u) = meta.users.get(name) else {
+                return Response::refused(format!("no user '{name}'"));
+            };
+            apply(
+                Command::PutUser(User {
+                    tags: tags.clone(),
+                    ..u.clone()
+                }),
+                format!(
+                    "Setting tags for user \"{name}\" to [{}] ...",
+                    tags.join(", ")
+                ),
+            )
+        }
+        Request::SetPermissions {
+            vhost,
+            user,
+            configure,
+            write,
+            read,
+        } => {
+            for (what, re) in [("configure", configure), ("write", write), ("read", read)] {
+                if let Err(e) = regex::Regex::new(re) {
+                    return Response::refused(format!("invalid {what} regex '{re}': {e}"));
+                }
+            }
+            apply(
+                Command::SetPermissions(Permission {
+                    user: user.clone(),
+                    vhost: vhost.clone(),
+                    configure: configure.clone(),
+                    write: write.clone(),
+                    read: read.clone(),
+                }),
+                format!("Setting permissions for user \"{user}\" in vhost \"{vhost}\" ..."),
+            )
+        }
+        Request::AddVhost { name } => {
+            if name.is_empty() {
+                return Response::refused("the vhost name must not be empty");
+            }
+            apply(
+                Command::AddVhost { name: name.clone() },
+                format!("Adding vhost \"{name}\" ..."),
+            )
+        }
+        Request::DeleteVhost { name } => apply(
+            Command::DeleteVhost { name: name.clone() },
+            format!("Deleting vhost \"{name}\" ..."),
+        ),
+        Request::SetPolicy {
+            vhost,
+            name,
+            pattern,
+            definition,
+            priority,
+            apply_to,
+            operator,
+        } => {
+            let definition = match json::parse_definition(definition) {
+                Ok(d) => d,
+                Err(e) => return Response::refused(format!("Could not parse JSON document: {e}")),
+            };
+            let Some(apply_to) = ApplyTo::parse(apply_to) else {
+                return Response::refused(format!(
+                    "invalid --apply-to '{apply_to}' (one of queues, exchanges, all)"
+                ));
+            };
+            let policy = Policy {
+                vhost: vhost.clone(),
+                name: name.clone(),
+                pattern: pattern.clone(),
+                apply_to,
+                priority: *priority,
+                definition,
+            };
+            if let Err(e) = policy.validate(*operator) {
+                return Response::refused(e.to_string());
+            }
+            let kind = if *operator {
+                "operator policy"
+            } else {
+                "policy"
+            };
+            apply(
+                Command::SetPolicy {
+                    policy,
+                    operator: *operator,
+                },
+                format!(
+                    "Setting {kind} \"{name}\" for pattern \"{pattern}\" in vhost \"{vhost}\" ..."
+                ),
+            )
+        }
+        Request::ClearPolicy {
+            vhost,
+            name,
+            operator,
+        } => {
+            let exists = meta.vhost(vhost).is_some_and(|v| {
+                if *operator {
+                    v.operator_policies.contains_key(name)
+                } else {
+                    v.policies.contains_key(name)
+                }
+            });
+            if !exists {
+                return Response::refused(format!(
+                    "Parameter does not exist: no policy '{name}' in vhost '{vhost}'"
+                ));
+            }
+            let kind = if *operator {
+                "operator policy"
+            } else {
+                "policy"
+            };
+            apply(
+                Command::ClearPolicy {
+                    vhost: vhost.clone(),
+                    name: name.clone(),
+                    operator: *operator,
+                },
+                format!("Clearing {kind} \"{name}\" on vhost \"{vhost}\" ..."),
+            )
+        }
+        Request::ClusterStatus => Response::table(
+            cols(&["node", "running", "disc"]),
+            vec![vec![node.name.clone(), "true".into(), "true".into()]],
+        ),
+    }
+}

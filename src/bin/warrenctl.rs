@@ -1,0 +1,257 @@
+//! `warrenctl`: a `rabbitmqctl`-style command line for a running warren node.
+//!
+//! `warrenctl [--node HOST:PORT] [-u USER] [--password P] [--formatter json|tsv] COMMAND ARGS...`
+//!
+//! It connects to the node's admin listener (default `127.0.0.1:5679`), authenticates (an
+//! `administrator`-tagged user; default `guest`/`guest`), sends one request and prints the
+//! answer: a tab-separated table with a header line, or with `--formatter json` a JSON array
+//! of objects.
+//!
+//! Exit codes (as `rabbitmqctl`): 0 success; 1 the node refused the command; 64 usage error;
+//! 69 the node is unreachable; 2 authentication refused; 70 protocol failure.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use warren::admin::{self, cli, json, Auth, Request, Response};
+
+const EX_REFUSED: u8 = 1;
+const EX_AUTH: u8 = 2;
+const EX_USAGE: u8 = 64;
+const EX_UNAVAILABLE: u8 = 69;
+const EX_SOFTWARE: u8 = 70;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("unable to connect to node {node}: {reason}")]
+    Unavailable { node: String, reason: String },
+    #[error("{0}")]
+    Auth(String),
+    #[error("protocol error talking to {node}: {reason}")]
+    Protocol { node: String, reason: String },
+}
+
+impl CtlError {
+    fn code(&self) -> u8 {
+        match self {
+            CtlError::Usage(_) => EX_USAGE,
+            CtlError::Unavailable { .. } => EX_UNAVAILABLE,
+            CtlError::Auth(_) => EX_AUTH,
+            CtlError::Protocol { .. } => EX_SOFTWARE,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Formatter {
+    Tsv,
+    Json,
+}
+
+struct Options {
+    node: String,
+    user: String,
+    password: String,
+    formatter: Formatter,
+    quiet: bool,
+    command: String,
+    args: Vec<String>,
+}
+
+const USAGE: &str = "Usage: warrenctl [--node HOST:PORT] [-u USER] [--password P] \
+[--formatter json|tsv] [-q] COMMAND [ARGS...]";
+
+fn parse_options(argv: &[String]) -> Result<Options, CtlError> {
+    let mut o = Options {
+        node: "127.0.0.1:5679".into(),
+        user: "guest".into(),
+        password: "guest".into(),
+        formatter: Formatter::Tsv,
+        quiet: false,
+        command: String::new(),
+        args: Vec::new(),
+    };
+    let mut i = 0;
+    let value = |i: usize, name: &str| -> Result<String, CtlError> {
+        argv.get(i + 1)
+            .cloned()
+            .ok_or_else(|| CtlError::Usage(format!("option {name} needs a value\n{USAGE}")))
+    };
+    while i < argv.len() {
+        let a = argv[i].as_str();
+        match a {
+            "-n" | "--node" => o.node = value(i, a)?,
+            "-u" | "--username" | "--user" => o.user = value(i, a)?,
+            "--password" => o.password = value(i, a)?,
+            "--formatter" => {
+                o.formatter = match value(i, a)?.as_str() {
+                    "json" => Formatter::Json,
+                    "tsv" | "table" => Formatter::Tsv,
+                    other => {
+                        return Err(CtlError::Usage(format!(
+                            "unknown formatter '{other}' (json or tsv)\n{USAGE}"
+                        )))
+                    }
+                }
+            }
+            "-q" | "--quiet" => {
+                o.quiet = true;
+                i += 1;
+                continue;
+            }
+            "-h" | "--help" => {
+                let cmds: Vec<String> = cli::COMMANDS
+                    .iter()
+                    .map(|(_, s)| format!("  {s}"))
+                    .collect();
+                return Err(CtlError::Usage(format!(
+                    "{USAGE}\n\nCommands:\n{}",
+                    cmds.join("\n")
+                )));
+            }
+            s if s.starts_with('-') => {
+                // Options may also follow the command (`-p` belongs to the command).
+                if o.command.is_empty() {
+                    return Err(CtlError::Usage(format!("unknown option '{s}'\n{USAGE}")));
+                }
+                o.args.push(s.to_string());
+                i += 1;
+                continue;
+            }
+            s => {
+                if o.command.is_empty() {
+                    o.command = s.to_string();
+                } else {
+                    o.args.push(s.to_string());
+                }
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    if o.command.is_empty() {
+        return Err(CtlError::Usage(format!("no command given\n{USAGE}")));
+    }
+    Ok(o)
+}
+
+fn connect(node: &str) -> Result<TcpStream, CtlError> {
+    let unavailable = |reason: String| CtlError::Unavailable {
+        node: node.to_string(),
+        reason,
+    };
+    let addrs: Vec<_> = node
+        .to_socket_addrs()
+        .map_err(|e| unavailable(format!("bad address: {e}")))?
+        .collect();
+    let mut last = String::from("no address");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => {
+                s.set_read_timeout(Some(TIMEOUT))
+                    .and_then(|()| s.set_write_timeout(Some(TIMEOUT)))
+                    .map_err(|e| unavailable(e.to_string()))?;
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(unavailable(last))
+}
+
+fn exchange<T: serde::Serialize>(
+    stream: &mut TcpStream,
+    node: &str,
+    msg: &T,
+) -> Result<Response, CtlError> {
+    let protocol = |reason: String| CtlError::Protocol {
+        node: node.to_string(),
+        reason,
+    };
+    let frame = admin::encode_frame(msg).map_err(|e| protocol(e.to_string()))?;
+    stream
+        .write_all(&frame)
+        .map_err(|e| protocol(format!("write: {e}")))?;
+    let mut prefix = [0u8; 4];
+    stream
+        .read_exact(&mut prefix)
+        .map_err(|e| protocol(format!("read: {e} (connection closed?)")))?;
+    let len = admin::frame_len(prefix).map_err(|e| protocol(e.to_string()))?;
+    let mut body = vec![0u8; len];
+    stream
+        .read_exact(&mut body)
+        .map_err(|e| protocol(format!("read: {e}")))?;
+    admin::decode_body(&body).map_err(|e| protocol(e.to_string()))
+}
+
+fn print_table(r: &Response, formatter: Formatter, quiet: bool) {
+    match formatter {
+        Formatter::Json => println!("{}", json::write_rows(&r.columns, &r.rows)),
+        Formatter::Tsv => {
+            let mut out = String::new();
+            if !quiet {
+                out.push_str(&r.columns.join("\t"));
+                out.push('\n');
+            }
+            for row in &r.rows {
+                out.push_str(&row.join("\t"));
+                out.push('\n');
+            }
+            print!("{out}");
+        }
+    }
+}
+
+fn run(argv: &[String]) -> Result<u8, CtlError> {
+    let o = parse_options(argv)?;
+    let request: Request =
+        cli::parse(&o.command, &o.args).map_err(|e| CtlError::Usage(e.to_string()))?;
+    let mut stream = connect(&o.node)?;
+    let auth = exchange(
+        &mut stream,
+        &o.node,
+        &Auth {
+            user: o.user.clone(),
+            password: o.password.clone(),
+        },
+    )?;
+    if !auth.ok {
+        return Err(CtlError::Auth(auth.message));
+    }
+    let r = exchange(&mut stream, &o.node, &request)?;
+    if !r.ok {
+        eprintln!("Error: {}", r.message);
+        return Ok(EX_REFUSED);
+    }
+    if !r.columns.is_empty() {
+        print_table(&r, o.formatter, o.quiet);
+    } else if !o.quiet && !r.message.is_empty() {
+        match o.formatter {
+            Formatter::Json => println!(
+                "{{\"result\":\"ok\",\"message\":{}}}",
+                json::quote(&r.message)
+            ),
+            Formatter::Tsv => println!("{}", r.message),
+        }
+    }
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match run(&argv) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(e.code())
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The admin listener `warrenctl` talks to: accepts TCP connections, reads length-prefixed
+//! frames with deadlines, and hands each request to the sans-IO [`crate::admin`] handler.
+//!
+//! A connection authenticates with its first frame; a refusal, a malformed or oversized
+//! frame, or a silent peer ends the connection. Nothing a peer sends can panic the node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use super::clock::Clock;
+use crate::admin::{self, Auth, FrameError, NodeInfo, Request, Response};
+use crate::broker::Broker;
+
+/// How long the first frame (authentication) may take to arrive.
+const AUTH_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a connection may sit idle between requests.
+const IDLE_DEADLINE: Duration = Duration::from_secs(60);
+/// How long one frame may take once its first byte arrived, and a reply to be written.
+const IO_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why an admin connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminConnError {
+    /// Socket error.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// Bad frame.
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    /// A deadline passed.
+    #[error("timed out")]
+    Timeout,
+    /// The peer closed the connection.
+    #[error("closed by peer")]
+    Closed,
+}
+
+/// What every admin connection shares.
+#[derive(Clone)]
+pub struct AdminContext {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// This node.
+    pub node: NodeInfo,
+    /// The node's clock.
+    pub clock: Clock,
+}
+
+/// Binds the admin listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Accepts connections until `shutdown` flips; connections run on `tracker`.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: AdminContext,
+    tracker: TaskTracker,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let ctx = ctx.clone();
+                    let shutdown = shutdown.clone();
+                    tracker.spawn(async move {
+                        match connection(stream, ctx, shutdown).await {
+                            Ok(()) | Err(AdminConnError::Closed) => {}
+                            Err(e) => tracing::debug!(%peer, error = %e, "admin connection ended"),
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Reads one frame body. `first_byte` bounds the wait for the frame to start.
+async fn read_frame(
+    stream: &mut TcpStream,
+    first_byte: Duration,
+) -> Result<Vec<u8>, AdminConnError> {
+    let mut prefix = [0u8; 4];
+    let n = tokio::time::timeout(first_byte, stream.read(&mut prefix[..1]))
+        .await
+        .map_err(|_| AdminConnError::Timeout)??;
+    if n == 0 {
+        return Err(AdminConnError::Closed);
+    }
+    let body = tokio::time::timeout(IO_DEADLINE, async {
+        stream.read_exact(&mut prefix[1..]).await?;
+        let len = admin::frame_len(prefix)?;
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await?;
+        Ok::<_, AdminConnError>(body)
+    })
+    .await
+    .map_err(|_| AdminConnError::Timeout)??;
+    Ok(body)
+}
+
+async fn write_response(stream: &mut TcpStream, r: &Response) -> Result<(), AdminConnError> {
+    let bytes = admin::encode_frame(r)?;
+    tokio::time::timeout(IO_DEADLINE, stream.write_all(&bytes))
+        .await
+        .map_err(|_| AdminConnError::Timeout)??;
+    Ok(())
+}
+
+async fn connection(
+    mut stream: TcpStream,
+    ctx: AdminContext,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), AdminConnError> {
+    let body = read_frame(&mut stream, AUTH_DEADLINE).await?;
+    let auth: Auth = admin::decode_body(&body)?;
+    let reply = admin::authenticate(&ctx.broker, &auth);
+    write_response(&mut stream, &reply).await?;
+    if !reply.ok {
+        tracing::warn!(user = %auth.user, "admin authentication refused");
+        let _ = stream.shutdown().await;
+        return Ok(());
+    }
+    loop {
+        let body = tokio::select! {
+            biased;
+            _ = shutdown.changed() => return Ok(()),
+            r = read_frame(&mut stream, IDLE_DEADLINE) => r?,
+        };
+        let request: Request = admin::decode_body(&body)?;
+        let response = admin::handle(&ctx.broker, &ctx.node, &request, ctx.clock.now());
+        if !response.ok {
+            tracing::info!(user = %auth.user, error = %response.message, "admin command refused");
+        }
+        write_response(&mut stream, &response).await?;
+    }
+}

@@ -3,7 +3,6 @@
 //! here writes, truncates or repairs, so it is safe next to a running node; what it reports is
 //! what the files hold at that moment (recent writes may still be in the syncer's batch).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -13,8 +12,9 @@ use super::file_disk::FileDisk;
 use super::storage::queue_dir_name;
 use crate::store::message_codec::StoredMessage;
 use crate::store::msg_store::{parse_file_name, MsgId};
-use crate::store::queue_index::codec::{self, Record};
-use crate::store::queue_index::{IndexEntry, JOURNAL_FILE, SEGMENT_SUFFIX};
+use crate::store::queue_index::codec;
+use crate::store::queue_index::rebuild::Rebuild;
+use crate::store::queue_index::{IndexConfig, IndexEntry, JOURNAL_FILE, META_FILE, SEGMENT_SUFFIX};
 use crate::store::{record, Disk, DiskError};
 
 /// Why inspection failed.
@@ -60,47 +60,32 @@ pub fn queue_entries(
             dir: dir.display().to_string(),
         });
     }
-    // Segments first (in order), then the journal: the same replay the index does at open.
-    let mut segments: Vec<(u64, &String)> = names
+    // The same fold the index does at open (sans-IO `Rebuild`), without writing anything.
+    let entries_per_segment = match disk.read(&dir.join(META_FILE)) {
+        Ok(bytes) => {
+            codec::decode_meta(&bytes).unwrap_or(IndexConfig::default().segment_entry_count)
+        }
+        Err(_) => IndexConfig::default().segment_entry_count,
+    };
+    let mut rebuild = Rebuild::new(entries_per_segment);
+    let mut segments: Vec<u64> = names
         .iter()
-        .filter_map(|n| {
-            n.strip_suffix(SEGMENT_SUFFIX)
-                .and_then(|s| s.parse().ok())
-                .map(|k| (k, n))
-        })
+        .filter_map(|n| n.strip_suffix(SEGMENT_SUFFIX).and_then(|s| s.parse().ok()))
         .collect();
-    segments.sort();
-    let mut files: Vec<&String> = segments.into_iter().map(|(_, n)| n).collect();
-    let journal = JOURNAL_FILE.to_string();
-    if names.contains(&journal) {
-        files.push(&journal);
-    }
-    let mut live: BTreeMap<u64, IndexEntry> = BTreeMap::new();
-    let mut acked = std::collections::BTreeSet::new();
-    for f in files {
-        for r in codec::scan(&disk.read(&dir.join(f))?).records {
-            match r {
-                Record::Publish(p) => {
-                    if !acked.contains(&p.seq) {
-                        live.entry(p.seq).or_insert(IndexEntry {
-                            publish: p,
-                            delivered: false,
-                        });
-                    }
-                }
-                Record::Deliver { seq } => {
-                    if let Some(e) = live.get_mut(&seq) {
-                        e.delivered = true;
-                    }
-                }
-                Record::Ack { seq } => {
-                    live.remove(&seq);
-                    acked.insert(seq);
-                }
-            }
+    segments.sort_unstable();
+    for n in segments {
+        rebuild.segment_file(n);
+        let bytes = disk.read(&dir.join(format!("{n}{SEGMENT_SUFFIX}")))?;
+        for r in codec::scan(&bytes).records {
+            rebuild.segment_record(n, r);
         }
     }
-    Ok(live.into_values().collect())
+    if names.iter().any(|n| n == JOURNAL_FILE) {
+        for r in codec::scan(&disk.read(&dir.join(JOURNAL_FILE))?).records {
+            rebuild.journal_record(r);
+        }
+    }
+    Ok(rebuild.finish(false, 0).live)
 }
 
 /// `inspect-queue` output: tab-separated, with a header.

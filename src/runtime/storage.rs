@@ -165,6 +165,7 @@ impl<D: Disk + Clone> Storage<D> {
                 tracing::error!(queue = %label, damage = ?recovered.damage, "queue index damaged; intact entries recovered");
             }
             summary.clean &= recovered.clean;
+            let max_priority = handle.lock().args().max_priority;
             let mut entries = Vec::with_capacity(recovered.entries.len());
             for e in recovered.entries {
                 let p = &e.publish;
@@ -191,11 +192,7 @@ impl<D: Disk + Clone> Storage<D> {
                     tracing::error!(queue = %label, seq = p.seq, "message body missing or unreadable; skipped");
                     continue;
                 };
-                let priority = handle
-                    .lock()
-                    .args()
-                    .max_priority
-                    .map_or(0, |max| message.priority().min(max));
+                let priority = max_priority.map_or(0, |max| message.priority().min(max));
                 entries.push(Entry {
                     seq: p.seq,
                     message: Arc::new(message),

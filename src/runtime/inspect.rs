@@ -67,25 +67,28 @@ pub fn queue_entries(
         }
         Err(_) => IndexConfig::default().segment_entry_count,
     };
-    let mut rebuild = Rebuild::new(entries_per_segment);
-    let mut segments: Vec<u64> = names
-        .iter()
-        .filter_map(|n| n.strip_suffix(SEGMENT_SUFFIX).and_then(|s| s.parse().ok()))
-        .collect();
-    segments.sort_unstable();
-    for n in segments {
-        rebuild.segment_file(n);
-        let bytes = disk.read(&dir.join(format!("{n}{SEGMENT_SUFFIX}")))?;
-        for r in codec::scan(&bytes).records {
-            rebuild.segment_record(n, r);
-        }
-    }
+    let mut rebuild = Rebuild::new(entries_per_segment, false);
     if names.iter().any(|n| n == JOURNAL_FILE) {
         for r in codec::scan(&disk.read(&dir.join(JOURNAL_FILE))?).records {
             rebuild.journal_record(r);
         }
     }
-    Ok(rebuild.finish(false, 0).live)
+    let files: std::collections::BTreeSet<u64> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix(SEGMENT_SUFFIX).and_then(|s| s.parse().ok()))
+        .collect();
+    let mut entries = Vec::new();
+    for n in rebuild.segments(files.iter().copied()) {
+        let mut fold = rebuild.start_segment(n, files.contains(&n));
+        if files.contains(&n) {
+            let bytes = disk.read(&dir.join(format!("{n}{SEGMENT_SUFFIX}")))?;
+            for r in codec::scan(&bytes).records {
+                fold.file_record(r);
+            }
+        }
+        entries.extend(rebuild.finish_segment(fold, false).live);
+    }
+    Ok(entries)
 }
 
 /// `inspect-queue` output: tab-separated, with a header.

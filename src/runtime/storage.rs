@@ -92,6 +92,7 @@ fn index_config(c: &StorageConfig) -> IndexConfig {
         segment_entry_count: c.queue_index_segment_entry_count,
         journal_max_entries: c.queue_index_journal_max_entries,
         embed_below: c.queue_index_embed_msgs_below,
+        ..IndexConfig::default()
     }
 }
 

@@ -2,16 +2,20 @@
 //! [`Disk`]. Records are buffered in RAM and reach the journal file at `sync`, at a flush, or
 //! when the buffer grows past [`WRITE_BUFFER`] (RabbitMQ's file handle cache does the same):
 //! nothing is durable before a sync anyway, and one append per batch saves syscalls.
+//!
+//! [`QueueIndex::close`] leaves `clean.summary` (see [`super::summary`]) and then `clean.dot`,
+//! so the next open can skip reading the segments.
 
 use std::path::{Path, PathBuf};
 
 use crate::store::disk::{Disk, DiskError};
 
 use super::codec::{self, CleanMarker};
-use super::state::IndexState;
+use super::state::{IndexState, Tally};
+use super::summary::{self, Header};
 use super::{
     segment_number, segment_path, IndexConfig, IndexEntry, Publish, QueueIndexError, CLEAN_FILE,
-    JOURNAL_FILE,
+    JOURNAL_FILE, SUMMARY_FILE,
 };
 
 /// Journal bytes buffered before they are written without waiting for a sync.
@@ -195,36 +199,17 @@ impl<D: Disk> QueueIndex<D> {
         let Some(summary) = self.state.segment(n) else {
             return Ok(Vec::new());
         };
-        let mut found = std::collections::BTreeMap::new();
-        if summary.on_disk {
-            let bytes = self.disk.read(&segment_path(&self.dir, n))?;
-            for r in codec::scan(&bytes).records {
-                if let codec::Record::Publish(p) = r {
-                    if self.state.segment_of(p.seq) == n && self.state.is_live(p.seq) {
-                        found.insert(p.seq, p);
-                    }
-                }
-            }
-        }
-        for p in self.state.pending_publishes(n) {
-            if self.state.is_live(p.seq) {
-                found.insert(p.seq, p.clone());
-            }
-        }
-        if (found.len() as u64) < summary.unacked() {
+        let read = read_live(&self.disk, &self.dir, &self.state, n)?;
+        if (read.entries.len() as u64) < summary.unacked() {
             // The file was damaged after open; recovery will report and repair it.
             tracing::warn!(
                 dir = %self.dir.display(),
                 segment = n,
-                missing = summary.unacked() - found.len() as u64,
+                missing = summary.unacked() - read.entries.len() as u64,
                 "queue index segment lacks entries"
             );
         }
-        let entries = found.into_values().map(|publish| IndexEntry {
-            delivered: self.state.is_delivered(publish.seq),
-            publish,
-        });
-        Ok(entries.collect())
+        Ok(read.entries)
     }
 
     /// Segments holding un-acked messages, in order (what to page through).
@@ -268,11 +253,19 @@ impl<D: Disk> QueueIndex<D> {
         }
     }
 
-    /// Clean shutdown: flushes the journal, then writes `clean.dot` with the next seq and
-    /// the message count.
+    /// Clean shutdown: flushes the journal, writes `clean.summary` (fsynced, and its name
+    /// made durable) and only then `clean.dot` with the next seq and the message count, so
+    /// the marker implies a complete summary. A segment whose tally an ack dropped is read
+    /// back to tally it again; if that fails the summary is left out (the next open scans).
     pub fn close(mut self) -> Result<(), QueueIndexError> {
         self.guarded(|ix| {
             ix.flush()?;
+            if let Some(bytes) = ix.clean_summary() {
+                let path = ix.dir.join(SUMMARY_FILE);
+                ix.disk.write_file(&path, &bytes)?;
+                ix.disk.sync(&path)?;
+                ix.disk.sync_dir(&ix.dir)?;
+            }
             let marker = CleanMarker {
                 next_seq: ix.state.next_seq(),
                 unacked: ix.state.unacked(),
@@ -284,13 +277,58 @@ impl<D: Disk> QueueIndex<D> {
         })
     }
 
+    /// The bytes of `clean.summary` for the state as it is after the close's flush (nothing
+    /// pending, every segment on disk and live); `None` when a segment cannot be summed up.
+    fn clean_summary(&self) -> Option<Vec<u8>> {
+        let e = self.config.segment_entry_count;
+        let header = Header {
+            entries_per_segment: e,
+            next_seq: self.state.next_seq(),
+            unacked: self.state.unacked(),
+            segments: self.state.segments().count() as u64,
+        };
+        let mut out = Vec::new();
+        summary::encode_header(&mut out, &header);
+        for (n, s) in self.state.segments() {
+            if !s.on_disk || s.unacked() == 0 {
+                // Not after a flush; but the open would refuse such a summary.
+                return None;
+            }
+            let redone;
+            let tally = match s.tally() {
+                Some(t) => t,
+                None => {
+                    let read = read_live(&self.disk, &self.dir, &self.state, n);
+                    match read {
+                        Ok(r) if r.entries.len() as u64 == s.unacked() => {
+                            redone = Tally::of(r.entries.iter().map(|x| &x.publish));
+                            &redone
+                        }
+                        other => {
+                            tracing::warn!(
+                                dir = %self.dir.display(),
+                                segment = n,
+                                error = ?other.err(),
+                                "queue index segment unreadable at close; no clean summary"
+                            );
+                            return None;
+                        }
+                    }
+                }
+            };
+            summary::encode_segment(&mut out, e, n, s, tally);
+        }
+        Some(out)
+    }
+
     /// The queue was deleted: removes every index file (allowed even when poisoned). The
     /// folder itself stays: the `Disk` trait has no way to remove folders.
     pub fn delete_all(self) -> Result<(), QueueIndexError> {
         for name in self.disk.list(&self.dir)? {
             let ours = segment_number(&name).is_some()
                 || super::is_segment_tmp(&name)
-                || [JOURNAL_FILE, CLEAN_FILE, super::META_FILE].contains(&name.as_str());
+                || [JOURNAL_FILE, CLEAN_FILE, SUMMARY_FILE, super::META_FILE]
+                    .contains(&name.as_str());
             if ours {
                 self.disk.remove(&self.dir.join(name))?;
             }
@@ -298,4 +336,60 @@ impl<D: Disk> QueueIndex<D> {
         self.disk.sync_dir(&self.dir)?;
         Ok(())
     }
+}
+
+/// What [`read_live`] found in a segment.
+#[derive(Debug)]
+pub(super) struct SegmentRead {
+    /// The live entries, in seq order.
+    pub(super) entries: Vec<IndexEntry>,
+    /// The file had unreadable bytes or records of seqs outside the segment.
+    pub(super) damaged: bool,
+    /// Publish records read from the file.
+    pub(super) publishes: usize,
+}
+
+/// The live messages of segment `n` as `state` sees them: the publishes of its file and the
+/// pending ones, kept when `state` says they are live. Used to page ([`QueueIndex::read_segment`]),
+/// to read the head at a clean open and to tally a segment at a clean close.
+pub(super) fn read_live<D: Disk>(
+    disk: &D,
+    dir: &Path,
+    state: &IndexState,
+    n: u64,
+) -> Result<SegmentRead, DiskError> {
+    let mut read = SegmentRead {
+        entries: Vec::new(),
+        damaged: false,
+        publishes: 0,
+    };
+    let Some(summary) = state.segment(n) else {
+        return Ok(read);
+    };
+    let mut found = std::collections::BTreeMap::new();
+    if summary.on_disk {
+        let scan = codec::scan(&disk.read(&segment_path(dir, n))?);
+        read.damaged = !scan.skipped.is_empty();
+        for r in scan.records {
+            if state.segment_of(r.seq()) != n {
+                read.damaged = true;
+            } else if let codec::Record::Publish(p) = r {
+                read.publishes += 1;
+                if state.is_live(p.seq) {
+                    found.insert(p.seq, p);
+                }
+            }
+        }
+    }
+    for p in state.pending_publishes(n) {
+        if state.is_live(p.seq) {
+            found.insert(p.seq, p.clone());
+        }
+    }
+    let entries = found.into_values().map(|publish| IndexEntry {
+        delivered: state.is_delivered(publish.seq),
+        publish,
+    });
+    read.entries = entries.collect();
+    Ok(read)
 }

@@ -9,17 +9,33 @@
 //!   segments, which are fsynced before the journal is truncated;
 //! - `index.meta`: the segment size `E` the folder was created with (it wins over the
 //!   configuration, as RabbitMQ keeps 16384 for existing queues);
-//! - `clean.dot`: written by [`QueueIndex::close`]; its absence at open means a crash.
+//! - `clean.dot`: written by [`QueueIndex::close`]; its absence at open means a crash;
+//! - `clean.summary`: written (and fsynced) by [`QueueIndex::close`] just before `clean.dot`:
+//!   the index state and, per segment, what the open must report of its live messages (see
+//!   [`summary`] for the format). The open removes both files before it changes anything.
 //!
-//! Split: [`state`] and [`rebuild`] are the sans-IO bookkeeping, [`codec`] the bytes,
-//! `index` and `open` the I/O shell over [`Disk`](crate::store::Disk).
+//! Recovery ([`QueueIndex::open`]) has two paths. After a clean close, when the summary is
+//! whole and agrees with `clean.dot`, the folder's geometry, its segment files and the (empty)
+//! journal, the state is rebuilt from the summary and only the head segments are read: no
+//! scan, whatever the queue's length (RabbitMQ trusts its recovery terms the same way; damage
+//! in a segment not read then shows when it is paged in, and the next crash recovery repairs
+//! it). Otherwise it scans: the journal first, then one segment at a time, so its memory is
+//! bounded by one segment plus the journal, not by the queue's length. Both return the same
+//! [`Recovered`]: the head of the queue ([`IndexConfig::recover_head_entries`]) in
+//! [`Recovered::entries`]; the rest is read back with [`QueueIndex::read_segment`].
+//!
+//! Split: [`state`] and [`rebuild`] are the sans-IO bookkeeping, [`codec`] and [`summary`] the
+//! bytes, `index` and `open` the I/O shell over [`Disk`](crate::store::Disk).
 
 pub mod codec;
 mod index;
 mod open;
 pub mod rebuild;
 pub mod state;
+pub mod summary;
 
+#[cfg(test)]
+mod clean_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
@@ -36,6 +52,8 @@ pub use state::StateError;
 pub const JOURNAL_FILE: &str = "journal.jif";
 /// The clean-shutdown marker's file name.
 pub const CLEAN_FILE: &str = "clean.dot";
+/// The clean-shutdown summary's file name (see [`summary`]).
+pub const SUMMARY_FILE: &str = "clean.summary";
 /// The geometry file's name.
 pub const META_FILE: &str = "index.meta";
 /// Segment files end with this.
@@ -51,6 +69,14 @@ pub struct IndexConfig {
     pub journal_max_entries: usize,
     /// Bodies shorter than this are embedded in the index (`queue_index_embed_msgs_below`).
     pub embed_below: usize,
+    /// How many surviving messages [`QueueIndex::open`] returns in [`Recovered::entries`]:
+    /// whole segments from the first live one, stopping after the segment in which this many
+    /// were reached (0 counts as 1: the first live segment always comes back). The rest is
+    /// read later with [`QueueIndex::read_segment`]. The default, `usize::MAX`, returns them
+    /// all; with a bound the open holds no more message records than the head, one segment
+    /// and the journal (plus per-segment bitsets and [`Recovered::store_refs`]). Any value is
+    /// valid.
+    pub recover_head_entries: usize,
 }
 
 impl Default for IndexConfig {
@@ -59,6 +85,7 @@ impl Default for IndexConfig {
             segment_entry_count: 16384,
             journal_max_entries: 32768,
             embed_below: 4096,
+            recover_head_entries: usize::MAX,
         }
     }
 }
@@ -140,6 +167,12 @@ pub enum Damage {
     Meta,
     /// `clean.dot` was unreadable; the open counts as a crash recovery.
     CleanMarker,
+    /// `clean.summary` was unreadable or disagreed with `clean.dot` or the folder: the
+    /// segments were scanned instead (a missing summary is not damage).
+    Summary {
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// The clean marker's message count differs from what the files hold.
     CleanCountMismatch {
         /// Count in `clean.dot`.
@@ -150,12 +183,32 @@ pub enum Damage {
 }
 
 /// What [`QueueIndex::open`] found.
+///
+/// Surviving messages (un-acked, transient ones dropped) are split in two: the head of the
+/// queue, returned in `entries`, and the rest, from `rest_from` on, only counted here and read
+/// back a segment at a time with [`QueueIndex::read_segment`] (for each segment of
+/// [`QueueIndex::segments`] at or after `rest_from / segment_entry_count`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovered {
-    /// Surviving messages in seq order (transient ones dropped).
+    /// The head of the queue: surviving messages in seq order, whole segments, starting with
+    /// the lowest live segment and stopping after the segment in which
+    /// [`IndexConfig::recover_head_entries`] was reached (all of them when the queue is
+    /// shorter).
     pub entries: Vec<IndexEntry>,
+    /// Every surviving message with seq >= `rest_from` is NOT in `entries` and is read later
+    /// with [`QueueIndex::read_segment`]; `rest_from` is a segment boundary (the first seq of
+    /// the first live segment left out), or the next seq when everything is in `entries`.
+    pub rest_from: u64,
+    /// Surviving messages in all (head and rest).
+    pub live: u64,
+    /// Sum of [`Publish::size`] of the surviving messages NOT in `entries`.
+    pub rest_bytes: u64,
+    /// Message-store references of ALL surviving messages whose body is not embedded
+    /// (`embedded == None`): msg_id -> number of entries referring to it.
+    pub store_refs: std::collections::BTreeMap<[u8; 16], u32>,
     /// The index was closed cleanly and its files still match the clean marker (the message
-    /// store may trust its saved state only if every queue was).
+    /// store may trust its saved state only if every queue was): either the clean summary
+    /// was used, or the scan found the marker's message count.
     pub clean: bool,
     /// Damage found and worked around.
     pub damage: Vec<Damage>,

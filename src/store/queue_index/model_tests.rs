@@ -1,6 +1,12 @@
 //! Model-based property test: random publishes, delivers, acks, syncs, flushes, clean
 //! reopens, crashes and failing fsyncs against a plain `BTreeMap` model, compared after every
-//! step. Small segments (8) and journal (5) make flushes and many segments routine.
+//! step. Small segments (8) and journal (5) make flushes and many segments routine. Reopens
+//! use a random, small `recover_head_entries`: the recovered queue is the head plus the
+//! segments read back with `read_segment` from `rest_from` on (see `recovered_all`).
+//!
+//! Every clean reopen must take the clean path (no scan), and is checked against a scan of a
+//! copy of the same folder without its summary: the same [`Recovered`], the same state (the
+//! model then goes on with the index the clean path opened) and the same files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -9,21 +15,22 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::tests::small_config;
+use super::open::LAST_OPEN_CLEAN_PATH;
+use super::tests::{recovered_all, small_config};
 use super::*;
 use crate::store::disk::{Disk, DiskError};
 use crate::store::mem_disk::MemDisk;
 
 /// `MemDisk` whose n-th next `sync` fails, to crash a flush at any of its fsyncs.
 #[derive(Debug, Clone, Default)]
-struct FaultDisk {
-    mem: MemDisk,
+pub(super) struct FaultDisk {
+    pub(super) mem: MemDisk,
     /// Syncs left before the failing one; negative when disarmed.
-    fail_in: Arc<AtomicI64>,
+    pub(super) fail_in: Arc<AtomicI64>,
 }
 
 impl FaultDisk {
-    fn new() -> FaultDisk {
+    pub(super) fn new() -> FaultDisk {
         let d = FaultDisk::default();
         d.fail_in.store(-1, Ordering::SeqCst);
         d
@@ -86,8 +93,10 @@ enum Op {
     Ack(Vec<usize>),
     Sync,
     Flush,
-    Reopen,
-    Crash,
+    /// A clean close and open, with this `recover_head_entries`.
+    Reopen(usize),
+    /// A crash and open, with this `recover_head_entries`.
+    Crash(usize),
     /// A flush whose n-th fsync fails, then a crash.
     FailedFlush(i64),
 }
@@ -104,8 +113,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => prop::collection::vec(any::<usize>(), 1..6).prop_map(Op::Ack),
         2 => Just(Op::Sync),
         1 => Just(Op::Flush),
-        1 => Just(Op::Reopen),
-        2 => Just(Op::Crash),
+        1 => (0usize..12).prop_map(Op::Reopen),
+        2 => (0usize..12).prop_map(Op::Crash),
         1 => (0i64..6).prop_map(Op::FailedFlush),
     ]
 }
@@ -151,9 +160,8 @@ impl Model {
     }
 
     /// After any reopen the index's view is the whole truth, and all of it is on disk.
-    fn reset(&mut self, rec: &Recovered, next_seq: u64) {
-        self.msgs = rec
-            .entries
+    fn reset(&mut self, recovered: &[IndexEntry], next_seq: u64) {
+        self.msgs = recovered
             .iter()
             .map(|e| {
                 let m = Msg {
@@ -174,8 +182,69 @@ fn dir() -> PathBuf {
     PathBuf::from("/vhost/queues/q")
 }
 
-fn open(disk: &FaultDisk) -> (QueueIndex<FaultDisk>, Recovered) {
-    QueueIndex::open(disk.clone(), &dir(), small_config()).expect("open")
+/// Opens with `head` as `recover_head_entries`; returns the whole recovered queue too.
+fn open(disk: &FaultDisk, head: usize) -> (QueueIndex<FaultDisk>, Recovered, Vec<IndexEntry>) {
+    let config = IndexConfig {
+        recover_head_entries: head,
+        ..small_config()
+    };
+    let (ix, rec) = QueueIndex::open(disk.clone(), &dir(), config).expect("open");
+    let all = recovered_all(&ix, &rec);
+    (ix, rec, all)
+}
+
+/// Copies `from`'s folder durably to `to`, except the files named in `skip`.
+pub(super) fn copy_folder<D: Disk, T: Disk>(from: &D, to: &T, dir: &Path, skip: &[&str]) {
+    for name in from.list(dir).expect("list") {
+        if skip.contains(&name.as_str()) {
+            continue;
+        }
+        let path = dir.join(name);
+        to.write_file(&path, &from.read(&path).expect("read"))
+            .expect("write");
+        to.sync(&path).expect("sync");
+    }
+    to.sync_dir(dir).expect("sync dir");
+}
+
+/// Every file of the folder, with its contents.
+pub(super) fn folder_files<D: Disk>(disk: &D, dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let names = disk.list(dir).expect("list");
+    let read = |n: String| {
+        let bytes = disk.read(&dir.join(&n)).expect("read");
+        (n, bytes)
+    };
+    names.into_iter().map(read).collect()
+}
+
+/// A clean reopen, checked against a scan of a copy of the folder without its summary.
+fn clean_reopen(
+    disk: &FaultDisk,
+    head: usize,
+) -> (QueueIndex<FaultDisk>, Recovered, Vec<IndexEntry>) {
+    let scanned_disk = FaultDisk::new();
+    copy_folder(disk, &scanned_disk, &dir(), &[SUMMARY_FILE]);
+    let (scanned, scanned_rec, scanned_all) = open(&scanned_disk, head);
+    assert!(!LAST_OPEN_CLEAN_PATH.with(|c| c.get()));
+
+    let (ix, rec, all) = open(disk, head);
+    assert!(
+        LAST_OPEN_CLEAN_PATH.with(|c| c.get()),
+        "a clean close reopens without a scan: {:?}",
+        rec.damage
+    );
+    assert_eq!(
+        rec, scanned_rec,
+        "the clean path recovers what the scan does"
+    );
+    assert_eq!(all, scanned_all);
+    assert_eq!(ix.state.live_view(), scanned.state.live_view());
+    assert_eq!(
+        folder_files(disk, &dir()),
+        folder_files(&scanned_disk, &dir()),
+        "the clean path leaves the files the scan leaves"
+    );
+    (ix, rec, all)
 }
 
 fn check_live(ix: &QueueIndex<FaultDisk>, model: &Model, disk: &FaultDisk, flushed: bool) {
@@ -203,9 +272,9 @@ fn check_live(ix: &QueueIndex<FaultDisk>, model: &Model, disk: &FaultDisk, flush
 
 /// After a crash: synced and un-acked messages are back, synced acks stay gone, unsynced
 /// changes may or may not have survived.
-fn check_crash(model: &Model, rec: &Recovered) {
+fn check_crash(model: &Model, rec: &Recovered, all: &[IndexEntry]) {
     assert!(!rec.clean);
-    for e in &rec.entries {
+    for e in all {
         let seq = e.publish.seq;
         let m = model
             .msgs
@@ -216,7 +285,7 @@ fn check_crash(model: &Model, rec: &Recovered) {
         assert!(!m.del_durable || e.delivered, "seq {seq} lost its deliver");
         assert!(m.delivered || !e.delivered, "seq {seq} gained a deliver");
     }
-    let back: BTreeSet<u64> = rec.entries.iter().map(|e| e.publish.seq).collect();
+    let back: BTreeSet<u64> = all.iter().map(|e| e.publish.seq).collect();
     for (seq, m) in &model.msgs {
         if m.publish.persistent && m.pub_durable && !m.acked {
             assert!(back.contains(seq), "synced seq {seq} was lost");
@@ -228,25 +297,26 @@ fn crash_and_reopen(
     ix: QueueIndex<FaultDisk>,
     disk: &FaultDisk,
     model: &mut Model,
+    head: usize,
 ) -> QueueIndex<FaultDisk> {
     drop(ix);
     disk.mem.crash();
-    let (ix, rec) = open(disk);
-    check_crash(model, &rec);
+    let (ix, rec, all) = open(disk, head);
+    check_crash(model, &rec, &all);
     assert!(
         rec.damage.is_empty(),
         "a crash is not damage: {:?}",
         rec.damage
     );
-    let max = rec.entries.last().map_or(0, |e| e.publish.seq + 1);
+    let max = all.last().map_or(0, |e| e.publish.seq + 1);
     assert!(ix.bounds().1 >= max);
-    model.reset(&rec, ix.bounds().1);
+    model.reset(&all, ix.bounds().1);
     ix
 }
 
 fn run(ops: Vec<Op>) {
     let disk = FaultDisk::new();
-    let (mut ix, _) = open(&disk);
+    let (mut ix, _, _) = open(&disk, usize::MAX);
     let mut model = Model::default();
     for op in ops {
         let flushes = ix.stats().flushes;
@@ -306,7 +376,7 @@ fn run(ops: Vec<Op>) {
                 ix.flush_journal().expect("flush");
                 flushed = true;
             }
-            Op::Reopen => {
+            Op::Reopen(head) => {
                 let expected: Vec<IndexEntry> = model
                     .expected()
                     .into_iter()
@@ -314,17 +384,17 @@ fn run(ops: Vec<Op>) {
                     .collect();
                 let transient = model.expected().len() - expected.len();
                 ix.close().expect("close");
-                let (reopened, rec) = open(&disk);
+                let (reopened, rec, all) = clean_reopen(&disk, head);
                 ix = reopened;
                 assert!(rec.clean && rec.damage.is_empty());
-                assert_eq!(rec.entries, expected);
+                assert_eq!(all, expected);
                 assert_eq!(rec.dropped_transient, transient as u64);
                 assert_eq!(ix.bounds().1, model.next_seq);
-                model.reset(&rec, model.next_seq);
+                model.reset(&all, model.next_seq);
                 flushed = true;
             }
-            Op::Crash => {
-                ix = crash_and_reopen(ix, &disk, &mut model);
+            Op::Crash(head) => {
+                ix = crash_and_reopen(ix, &disk, &mut model, head);
                 flushed = true;
             }
             Op::FailedFlush(n) => {
@@ -335,7 +405,7 @@ fn run(ops: Vec<Op>) {
                     flushed = true;
                 } else {
                     assert!(matches!(ix.sync(), Err(QueueIndexError::Poisoned)));
-                    ix = crash_and_reopen(ix, &disk, &mut model);
+                    ix = crash_and_reopen(ix, &disk, &mut model, 1);
                     flushed = true;
                 }
             }
@@ -351,7 +421,7 @@ fn run(ops: Vec<Op>) {
 /// Builds some history, then flips one byte of one segment and reopens.
 fn run_corruption(ops: Vec<Op>, file: usize, at: usize) {
     let disk = FaultDisk::new();
-    let (mut ix, _) = open(&disk);
+    let (mut ix, _, _) = open(&disk, usize::MAX);
     let mut next = 0;
     for op in ops {
         match op {
@@ -377,17 +447,19 @@ fn run_corruption(ops: Vec<Op>, file: usize, at: usize) {
     if segments.is_empty() {
         return;
     }
+    // The scan is what notices damage: a clean open trusts the summary for the segments it
+    // does not read (see `clean_tests.rs` for damage it does read).
+    disk.remove(&dir().join(SUMMARY_FILE)).expect("remove");
     let path = dir().join(segments[file % segments.len()]);
     let len = disk.len(&path).expect("len").expect("exists") as usize;
     disk.mem.corrupt(&path, at % len);
-    let (ix, rec) = open(&disk);
+    let (ix, rec, all) = open(&disk, 1);
     assert!(!rec.damage.is_empty(), "a flipped byte is always noticed");
-    let n = rec.entries.len();
-    assert_eq!(ix.len(), n as u64);
+    assert_eq!(ix.len(), all.len() as u64);
     drop(ix);
-    let (_, again) = open(&disk);
+    let (_, again, all_again) = open(&disk, 2);
     assert!(again.damage.is_empty(), "repaired: {:?}", again.damage);
-    assert_eq!(again.entries.len(), n);
+    assert_eq!(all_again, all);
 }
 
 proptest! {

@@ -5,6 +5,14 @@
 //! Per segment it keeps three bitsets (published, delivered, acked), so a flush needs no
 //! reads, deliver is idempotent and an ack of an unknown or already-acked seq is refused
 //! instead of silently skewing the counts that decide a segment's deletion.
+//!
+//! Per segment it also keeps, while that is cheap, a [`Tally`] of the live messages: what a
+//! clean shutdown must save (see [`super::summary`]) so that the next open does not have to
+//! read the segment. A publish adds to it; an ack drops it (the acked message's size and id
+//! are not known here), and the clean close reads that segment back to tally it again. It
+//! costs 16 bytes per live persistent message whose body is in the message store (its id: the
+//! store's own index holds more per message) and 8 per live transient one; nothing per
+//! message with an embedded body.
 
 use std::collections::BTreeMap;
 
@@ -30,12 +38,30 @@ pub enum StateError {
     DuplicateAck(u64),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct BitSet(Vec<u64>);
 
 impl BitSet {
     fn new(bits: u64) -> BitSet {
         BitSet(vec![0; bits.div_ceil(64) as usize])
+    }
+
+    /// A bitset of `bits` bits from its words; `None` when the word count is wrong or a bit
+    /// at or past `bits` is set.
+    fn from_words(bits: u64, words: Vec<u64>) -> Option<BitSet> {
+        let set = BitSet(words);
+        let tail = bits % 64;
+        let last_ok = tail == 0 || set.0.last().is_none_or(|w| w >> tail == 0);
+        (set.0.len() == bits.div_ceil(64) as usize && last_ok).then_some(set)
+    }
+
+    fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Whether every bit set here is set in `other`.
+    fn subset_of(&self, other: &BitSet) -> bool {
+        self.0.iter().zip(&other.0).all(|(a, b)| a & !b == 0)
     }
 
     fn get(&self, i: usize) -> bool {
@@ -56,8 +82,42 @@ impl BitSet {
     }
 }
 
+/// What a clean shutdown saves of a segment's live (published, un-acked) messages besides
+/// its bitsets, so the next open knows the queue's byte count and message-store references
+/// without reading the segment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Sum of [`Publish::size`] of the live persistent messages.
+    pub bytes: u64,
+    /// Store ids of the live persistent messages whose body is not embedded, in seq order.
+    pub refs: Vec<[u8; 16]>,
+    /// Seqs of the live transient messages, ascending (the next open drops them).
+    pub transient: Vec<u64>,
+}
+
+impl Tally {
+    /// Counts one live message.
+    pub fn add(&mut self, p: &Publish) {
+        if !p.persistent {
+            self.transient.push(p.seq);
+            return;
+        }
+        self.bytes += u64::from(p.size);
+        if p.embedded.is_none() {
+            self.refs.push(p.msg_id);
+        }
+    }
+
+    /// The tally of a segment's live messages, given in seq order.
+    pub fn of<'a>(live: impl IntoIterator<Item = &'a Publish>) -> Tally {
+        let mut t = Tally::default();
+        live.into_iter().for_each(|p| t.add(p));
+        t
+    }
+}
+
 /// What the index knows about one segment without reading it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentSummary {
     published: BitSet,
     delivered: BitSet,
@@ -70,6 +130,8 @@ pub struct SegmentSummary {
     pub acks: u32,
     /// Whether its `N.idx` file exists.
     pub on_disk: bool,
+    /// Its live messages' tally, when known (see the module docs).
+    tally: Option<Tally>,
 }
 
 impl SegmentSummary {
@@ -82,6 +144,49 @@ impl SegmentSummary {
             delivers: 0,
             acks: 0,
             on_disk,
+            tally: Some(Tally::default()),
+        }
+    }
+
+    /// A summary of a segment of `entries` seqs from saved parts: the words of the three
+    /// bitsets and the counts, which must match them; its tally is unknown. `None` when they
+    /// are inconsistent (wrong sizes, counts that are not the bits', delivers or acks of
+    /// unpublished seqs).
+    pub(super) fn from_parts(
+        entries: u64,
+        [published, delivered, acked]: [Vec<u64>; 3],
+        [pubs, delivers, acks]: [u32; 3],
+        on_disk: bool,
+    ) -> Option<SegmentSummary> {
+        let s = SegmentSummary {
+            published: BitSet::from_words(entries, published)?,
+            delivered: BitSet::from_words(entries, delivered)?,
+            acked: BitSet::from_words(entries, acked)?,
+            pubs,
+            delivers,
+            acks,
+            on_disk,
+            tally: None,
+        };
+        let counts = [s.published.count(), s.delivered.count(), s.acked.count()];
+        let subsets = s.delivered.subset_of(&s.published) && s.acked.subset_of(&s.published);
+        (counts == [pubs, delivers, acks] && subsets).then_some(s)
+    }
+
+    /// The words of the published, delivered and acked bitsets (for the clean summary).
+    pub(super) fn words(&self) -> [&[u64]; 3] {
+        [&self.published.0, &self.delivered.0, &self.acked.0]
+    }
+
+    /// Its live messages' tally, if known.
+    pub fn tally(&self) -> Option<&Tally> {
+        self.tally.as_ref()
+    }
+
+    pub(super) fn with_tally(self, tally: Tally) -> SegmentSummary {
+        SegmentSummary {
+            tally: Some(tally),
+            ..self
         }
     }
 
@@ -95,7 +200,7 @@ impl SegmentSummary {
         u64::from(self.pubs - self.acks)
     }
 
-    fn is_live(&self, rel: usize) -> bool {
+    pub(super) fn is_live(&self, rel: usize) -> bool {
         self.published.get(rel) && !self.acked.get(rel)
     }
 
@@ -120,7 +225,7 @@ impl SegmentSummary {
 }
 
 /// Records of one seq that are in the journal but not yet in its segment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Pending {
     pub(super) publish: Option<Publish>,
     pub(super) deliver: bool,
@@ -149,7 +254,7 @@ pub struct FlushPlan {
 }
 
 /// The index's bookkeeping: segment summaries, the journal mirror, the next seq.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexState {
     entries_per_segment: u64,
     segments: BTreeMap<u64, SegmentSummary>,
@@ -205,6 +310,11 @@ impl IndexState {
     /// The summary of a segment, if it has any record.
     pub fn segment(&self, n: u64) -> Option<&SegmentSummary> {
         self.segments.get(&n)
+    }
+
+    /// Every segment's summary, in order.
+    pub fn segments(&self) -> impl Iterator<Item = (u64, &SegmentSummary)> + '_ {
+        self.segments.iter().map(|(n, s)| (*n, s))
     }
 
     /// Segments holding at least one un-acked message, in order.
@@ -271,6 +381,10 @@ impl IndexState {
         }
         let seq = p.seq;
         self.mark(seq, false, false);
+        let summary = self.segments.get_mut(&(seq / self.entries_per_segment));
+        if let Some(tally) = summary.and_then(|s| s.tally.as_mut()) {
+            tally.add(&p);
+        }
         self.pending.entry(seq).or_default().publish = Some(p);
         self.journal_records += 1;
         self.next_seq = seq + 1;
@@ -303,6 +417,11 @@ impl IndexState {
         }
         for &seq in seqs {
             self.mark(seq, false, true);
+            if let Some(s) = self.segments.get_mut(&(seq / self.entries_per_segment)) {
+                // The acked message's size and id are not known here: the tally is redone
+                // from the file if a clean close needs it.
+                s.tally = None;
+            }
             self.pending.entry(seq).or_default().ack = true;
         }
         self.journal_records += seqs.len();
@@ -366,6 +485,38 @@ impl IndexState {
             .or_insert_with(|| SegmentSummary::new(entries, true));
     }
 
+    /// Recovery: the tally of segment `n`'s live messages (if the segment is known).
+    pub(super) fn set_tally(&mut self, n: u64, tally: Tally) {
+        if let Some(s) = self.segments.get_mut(&n) {
+            s.tally = Some(tally);
+        }
+    }
+
+    /// Clean recovery: a segment as the clean summary saved it (nothing of it is pending).
+    pub(super) fn load_summary(&mut self, n: u64, summary: SegmentSummary) {
+        self.unacked += summary.unacked();
+        if let Some(old) = self.segments.insert(n, summary) {
+            self.unacked -= old.unacked();
+        }
+    }
+
+    /// Clean recovery: drops the live transient messages of a summary-loaded segment as the
+    /// scan does (an ack each, written at the next flush) and takes them out of its tally.
+    /// Returns how many were dropped.
+    pub(super) fn drop_transients(&mut self, n: u64) -> u64 {
+        let tally = self.segments.get_mut(&n).and_then(|s| s.tally.as_mut());
+        let seqs = tally.map(|t| std::mem::take(&mut t.transient));
+        let seqs = seqs.unwrap_or_default();
+        for &seq in &seqs {
+            let pending = Pending {
+                ack: true,
+                ..Pending::default()
+            };
+            self.load_entry(seq, false, true, pending);
+        }
+        seqs.len() as u64
+    }
+
     /// Recovery: the state of one seq, and which of its records are not in its segment file
     /// yet (those become journal records again and are written at the next flush).
     pub(super) fn load_entry(&mut self, seq: u64, delivered: bool, acked: bool, pending: Pending) {
@@ -377,6 +528,57 @@ impl IndexState {
             self.journal_records += n;
         }
         self.raise_next_seq(seq + 1);
+    }
+}
+
+/// What of a state decides the index's behaviour, for comparing two states: the bits of acked
+/// seqs are left out (they only count, and a scan sees those the files still hold while the
+/// state that wrote them may also remember seqs whose publish and ack cancelled out).
+#[cfg(test)]
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct LiveView {
+    next_seq: u64,
+    unacked: u64,
+    journal_records: usize,
+    pending: BTreeMap<u64, Pending>,
+    segments: Vec<SegmentView>,
+}
+
+#[cfg(test)]
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct SegmentView {
+    n: u64,
+    on_disk: bool,
+    unacked: u64,
+    live: Vec<u64>,
+    delivered_live: Vec<u64>,
+    tally: Option<Tally>,
+}
+
+#[cfg(test)]
+impl IndexState {
+    pub(super) fn live_view(&self) -> LiveView {
+        let segments = self.segments.iter().map(|(n, s)| {
+            let live: Vec<u64> = (s.published.0.iter().zip(&s.acked.0))
+                .map(|(p, a)| p & !a)
+                .collect();
+            let delivered = live.iter().zip(&s.delivered.0).map(|(l, d)| l & d);
+            SegmentView {
+                n: *n,
+                on_disk: s.on_disk,
+                unacked: s.unacked(),
+                delivered_live: delivered.collect(),
+                live,
+                tally: s.tally.clone(),
+            }
+        });
+        LiveView {
+            next_seq: self.next_seq,
+            unacked: self.unacked,
+            journal_records: self.journal_records,
+            pending: self.pending.clone(),
+            segments: segments.collect(),
+        }
     }
 }
 

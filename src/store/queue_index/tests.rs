@@ -1,5 +1,6 @@
 //! Scenario tests of the queue index over `MemDisk` (crash, faults, corruption) and one over
-//! the real `FileDisk`.
+//! the real `FileDisk`. The tests of the streaming recovery's head/rest split are in
+//! `streaming_tests.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ pub(super) fn small_config() -> IndexConfig {
         segment_entry_count: 8,
         journal_max_entries: 5,
         embed_below: 32,
+        recover_head_entries: usize::MAX,
     }
 }
 
@@ -43,6 +45,46 @@ fn open_roomy(disk: &MemDisk) -> (QueueIndex<MemDisk>, Recovered) {
         ..small_config()
     };
     QueueIndex::open(disk.clone(), &dir(), config).unwrap()
+}
+
+/// The whole recovered queue: the head from `rec`, then the live segments from
+/// `rec.rest_from` on, read with `read_segment`. Checks what `rec` says of the split: the head
+/// is whole segments from the first live one, no longer than the limit requires, and the
+/// counts of the rest and the store references are right.
+pub(super) fn recovered_all<D: Disk>(ix: &QueueIndex<D>, rec: &Recovered) -> Vec<IndexEntry> {
+    let e = ix.config().segment_entry_count;
+    let next_seq = ix.bounds().1;
+    let (mut head, mut rest) = (Vec::new(), Vec::new());
+    for n in ix.segments() {
+        let entries = ix.read_segment(n).expect("read segment");
+        assert!(!entries.is_empty(), "segment {n} is live");
+        if n * e >= rec.rest_from {
+            rest.extend(entries);
+        } else {
+            head.extend(entries);
+        }
+    }
+    assert_eq!(head, rec.entries, "the head is whole segments");
+    match rest.first() {
+        Some(first) => {
+            assert_eq!(rec.rest_from, first.publish.seq / e * e, "rest_from");
+            let limit = ix.config().recover_head_entries.max(1);
+            let last = rec.entries.last().expect("a head").publish.seq / e;
+            let before = rec.entries.iter().filter(|x| x.publish.seq / e < last);
+            assert!(rec.entries.len() >= limit && before.count() < limit);
+        }
+        None => assert_eq!(rec.rest_from, next_seq, "all in the head"),
+    }
+    let all: Vec<IndexEntry> = head.into_iter().chain(rest.iter().cloned()).collect();
+    assert_eq!((rec.live, ix.len()), (all.len() as u64, all.len() as u64));
+    let sizes = rest.iter().map(|x| u64::from(x.publish.size));
+    assert_eq!(rec.rest_bytes, sizes.sum::<u64>());
+    let mut refs = std::collections::BTreeMap::new();
+    for x in all.iter().filter(|x| x.publish.embedded.is_none()) {
+        *refs.entry(x.publish.msg_id).or_insert(0u32) += 1;
+    }
+    assert_eq!(rec.store_refs, refs);
+    all
 }
 
 fn seqs(r: &Recovered) -> Vec<(u64, bool)> {
@@ -322,3 +364,6 @@ fn works_on_the_real_file_disk() {
     ix.delete_all().unwrap();
     assert!(FileDisk::new().list(&dir).unwrap().is_empty());
 }
+
+#[path = "streaming_tests.rs"]
+mod streaming;

@@ -100,6 +100,12 @@ pub struct LimitsConfig {
     pub memory_high_watermark_bytes: u64,
     /// Fraction of physical memory used when `memory_high_watermark_bytes` is 0.
     pub memory_high_watermark_fraction: f64,
+    /// Fraction of the watermark above which queues page messages to disk (RabbitMQ's
+    /// `vm_memory_high_watermark_paging_ratio`).
+    pub memory_paging_ratio: f64,
+    /// Free bytes on the data folder's file system below which publishers are blocked
+    /// (RabbitMQ's `disk_free_limit`, 50 MB by default).
+    pub disk_free_limit_bytes: u64,
     /// Messages a publishing channel may send to one queue before the queue grants more
     /// (RabbitMQ's credit_flow initial credit).
     pub queue_credit_initial: u32,
@@ -142,6 +148,8 @@ pub struct StorageConfig {
     pub queue_index_journal_max_entries: usize,
     /// Size at which a message store file is rolled over.
     pub msg_store_file_size_limit_bytes: u64,
+    /// Messages a paging queue keeps in RAM at its head (at most 8 MiB of them).
+    pub queue_paging_head_messages: usize,
 }
 
 impl Default for StorageConfig {
@@ -153,6 +161,7 @@ impl Default for StorageConfig {
             queue_index_segment_entry_count: 16384,
             queue_index_journal_max_entries: 32768,
             msg_store_file_size_limit_bytes: 16 * 1024 * 1024,
+            queue_paging_head_messages: 2048,
         }
     }
 }
@@ -222,6 +231,8 @@ impl Default for LimitsConfig {
         Self {
             memory_high_watermark_bytes: 0,
             memory_high_watermark_fraction: 0.4,
+            memory_paging_ratio: 0.5,
+            disk_free_limit_bytes: 50_000_000,
             queue_credit_initial: 400,
             connection_outbound_bytes_max: 4 * 1024 * 1024,
         }
@@ -299,6 +310,12 @@ impl Config {
         if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
             return Err(ConfigError::Invalid {
                 key: "limits.memory_high_watermark_fraction",
+                reason: "must be between 0 and 1".into(),
+            });
+        }
+        if !(0.0..=1.0).contains(&self.limits.memory_paging_ratio) {
+            return Err(ConfigError::Invalid {
+                key: "limits.memory_paging_ratio",
                 reason: "must be between 0 and 1".into(),
             });
         }

@@ -214,3 +214,23 @@ async fn connection_opened_during_alarm_can_still_consume() {
         .expect("publisher task");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_alarm_blocks_publishers_and_lets_consumers_drain() {
+    // A limit no file system meets: the disk alarm is on from the start, as it would be on
+    // a nearly full disk. Nothing is in memory, so only the disk alarm can block.
+    let node = TestNode::start_with(|c| c.limits.disk_free_limit_bytes = u64::MAX).await;
+    let q = unique("disk-alarm-q");
+    let (consumer_conn, cch) = node.channel().await;
+    declare_queue(&cch, &q).await;
+    let pub_conn = node.connect().await;
+    let pub_ch = confirm_channel(&pub_conn).await;
+    let publisher = start_publisher(&pub_conn, &pub_ch, &q);
+    wait_blocked(&pub_conn, "publisher blocked by the disk alarm").await;
+    publisher.stop.store(true, Ordering::SeqCst);
+    // What got in before the block can be consumed by a connection that never published.
+    while get(&cch, &q, true).await.is_some() {}
+    assert!(!consumer_conn.status().blocked());
+    assert!(pub_conn.status().blocked(), "the disk alarm stays on");
+    node.shutdown().await;
+}

@@ -350,6 +350,8 @@ const QUEUE_COLUMNS: &[&str] = &[
     "messages",
     "messages_ready",
     "messages_unacknowledged",
+    "messages_ram",
+    "messages_paged_out",
     "consumers",
     "pid",
     "policy",
@@ -398,19 +400,27 @@ pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant)
                 .queues
                 .values()
                 .map(|q| {
-                    let (ready, unacked, consumers) = match broker.queue(vhost, &q.name) {
+                    let (ready, unacked, consumers, paged) = match broker.queue(vhost, &q.name) {
                         Some(h) => {
                             let g = h.lock();
-                            (g.message_count(), g.unacked_count(), g.consumer_count())
+                            (
+                                g.message_count(),
+                                g.unacked_count(),
+                                g.consumer_count(),
+                                g.paged_count(),
+                            )
                         }
-                        None => (0, 0, 0),
+                        None => (0, 0, 0, 0),
                     };
+                    let total = ready as u64 + unacked as u64;
                     let eff = v.effective_policy(&q.name, true);
                     BTreeMap::from([
                         ("name", q.name.clone()),
-                        ("messages", (ready as u64 + unacked as u64).to_string()),
+                        ("messages", total.to_string()),
                         ("messages_ready", ready.to_string()),
                         ("messages_unacknowledged", unacked.to_string()),
+                        ("messages_ram", total.saturating_sub(paged).to_string()),
+                        ("messages_paged_out", paged.to_string()),
                         ("consumers", consumers.to_string()),
                         ("pid", node.name.clone()),
                         ("policy", eff.policy.clone().unwrap_or_default()),

@@ -87,6 +87,16 @@ impl Durability {
         }
     }
 
+    /// Whether tickets were issued that are not durable yet.
+    pub fn outstanding(&self) -> bool {
+        let issued = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_ticket;
+        issued > self.durable_upto.load(Ordering::Acquire) && !self.has_failed()
+    }
+
     /// Whether the write with `ticket` is durable.
     pub fn is_durable(&self, ticket: u64) -> bool {
         self.durable_upto.load(Ordering::Acquire) >= ticket

@@ -62,6 +62,9 @@ pub struct Broker {
     queues: RwLock<HashMap<String, HashMap<String, Arc<QueueHandle>>>>,
     memory: Arc<AtomicI64>,
     memory_high_watermark: u64,
+    paging: queue::PagingConfig,
+    /// Reads paged messages back; set once storage is open.
+    pager: std::sync::OnceLock<Arc<dyn queue::Pager>>,
     rng: Mutex<StdRng>,
     next_conn_id: AtomicU64,
     epoch_unix_ms: u64,
@@ -126,9 +129,25 @@ impl Broker {
             queues: RwLock::new(HashMap::new()),
             memory: Arc::new(AtomicI64::new(0)),
             memory_high_watermark,
+            paging: queue::PagingConfig {
+                threshold: (memory_high_watermark as f64 * config.limits.memory_paging_ratio)
+                    as u64,
+                keep_entries: config.storage.queue_paging_head_messages,
+            },
+            pager: std::sync::OnceLock::new(),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             next_conn_id: AtomicU64::new(1),
             epoch_unix_ms,
+        }
+    }
+
+    /// Sets what reads paged messages back, for existing and future queues (once, when
+    /// storage is open).
+    pub fn set_pager(&self, pager: Arc<dyn queue::Pager>) {
+        if self.pager.set(pager.clone()).is_ok() {
+            for h in self.all_queues() {
+                h.lock().set_pager(pager.clone());
+            }
         }
     }
 
@@ -288,9 +307,12 @@ impl Broker {
                         self.memory.clone(),
                         now,
                     );
-                    if def.durable && def.exclusive_owner.is_none() {
-                        if let Some(d) = &self.durability {
-                            q = q.with_persistence(d.clone());
+                    if let Some(d) = &self.durability {
+                        // Every queue can page; only durable ones keep persistent messages.
+                        let durable = def.durable && def.exclusive_owner.is_none();
+                        q = q.with_persistence(d.clone(), durable, self.paging);
+                        if let Some(p) = self.pager.get() {
+                            q.set_pager(p.clone());
                         }
                     }
                     queues

@@ -23,6 +23,9 @@ use crate::amqp::reply_code::{access_refused, AmqpError};
 use crate::meta::args::{Overflow, QueueArgs};
 use crate::time::Instant;
 
+mod paging;
+pub use paging::{Delta, PageError, Pager, PagingConfig, KEEP_BYTES};
+
 /// A queue and the lock around it.
 #[derive(Debug)]
 pub struct QueueHandle {
@@ -67,6 +70,22 @@ pub struct Entry {
     pub expires_at_ms: u64,
     /// Priority lane (0 unless the queue has `x-max-priority`).
     pub priority: u8,
+    /// Whether (and in which store) the queue index holds a record of it.
+    pub on_disk: OnDisk,
+}
+
+/// Where a message's queue-index record is: RabbitMQ's "is it on disk" flag of the variable
+/// queue. A message with a record can leave RAM (become a delta message) and be read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDisk {
+    /// Only in RAM.
+    #[default]
+    No,
+    /// Persistent message of a durable queue: index record and body survive a restart.
+    Persistent,
+    /// Paged out under memory pressure (transient message, or any message of a non-durable
+    /// queue): body in the transient store or embedded, dropped at restart.
+    Transient,
 }
 
 impl Entry {
@@ -185,6 +204,14 @@ pub struct Queue {
     last_used: Instant,
     persist: Option<Persist>,
     me: Weak<QueueHandle>,
+    /// Messages published after `delta` (RabbitMQ's q1), in RAM until paged out.
+    q1: VecDeque<Entry>,
+    /// Messages only on disk, between the in-RAM head (`ready`) and `q1`.
+    delta: Option<paging::Delta>,
+    /// A page-out waiting for its index records to be written.
+    page_out: Option<paging::PageOut>,
+    /// The index was opened for this queue (so deletion must remove it).
+    has_index: bool,
 }
 
 /// A change the queue index must record (persistent messages of durable queues only).
@@ -198,6 +225,8 @@ pub enum IndexOp {
         message: Arc<Message>,
         /// Expiry (`u64::MAX`: none).
         expires_at_ms: u64,
+        /// Persistent (survives restart; body in the persistent store) or paged transient.
+        persistent: bool,
     },
     /// It was delivered (comes back with `redelivered` after a restart).
     Deliver {
@@ -212,16 +241,33 @@ pub enum IndexOp {
         message_id: u128,
         /// Its size.
         size: usize,
+        /// Which store holds its body (as in its publish record).
+        persistent: bool,
     },
     /// The queue was deleted: remove its index.
     DeleteQueue,
 }
 
-#[derive(Debug)]
 struct Persist {
     durability: Arc<Durability>,
+    /// Persistent messages survive restarts (a durable queue).
+    durable: bool,
     pending: Vec<IndexOp>,
     dirty: bool,
+    /// Reads paged-out messages back; None until storage is open.
+    pager: Option<Arc<dyn Pager>>,
+    /// When to page and how much of the head stays in RAM.
+    paging: PagingConfig,
+}
+
+impl std::fmt::Debug for Persist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Persist")
+            .field("durable", &self.durable)
+            .field("pending", &self.pending.len())
+            .field("paging", &self.paging)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Queue {
@@ -252,17 +298,38 @@ impl Queue {
             last_used: now,
             persist: None,
             me: Weak::new(),
+            q1: VecDeque::new(),
+            delta: None,
+            page_out: None,
+            has_index: false,
         }
     }
 
-    /// Records persistent messages for disk through `durability`.
-    pub fn with_persistence(mut self, durability: Arc<Durability>) -> Queue {
+    /// Gives the queue a queue index through `durability`: persistent messages of a
+    /// `durable` queue are recorded as they arrive; any message can be paged out once node
+    /// memory passes the paging threshold (or at once in lazy mode) and a pager is set.
+    pub fn with_persistence(
+        mut self,
+        durability: Arc<Durability>,
+        durable: bool,
+        paging: PagingConfig,
+    ) -> Queue {
         self.persist = Some(Persist {
             durability,
+            durable,
             pending: Vec::new(),
             dirty: false,
+            pager: None,
+            paging,
         });
         self
+    }
+
+    /// Sets what reads paged-out messages back (storage, once open).
+    pub fn set_pager(&mut self, pager: Arc<dyn Pager>) {
+        if let Some(p) = self.persist.as_mut() {
+            p.pager = Some(pager);
+        }
     }
 
     /// Replaces the arguments after a policy change. The priority lanes stay as declared
@@ -289,7 +356,8 @@ impl Queue {
 
     /// Ready messages (not counting unacknowledged ones), as queue.declare-ok reports.
     pub fn message_count(&self) -> u32 {
-        (self.ready_len + self.returned.len()) as u32
+        let paged = self.delta.as_ref().map_or(0, |d| d.count);
+        (self.ready_len as u64 + self.returned.len() as u64 + self.q1.len() as u64 + paged) as u32
     }
 
     /// Delivered but unacknowledged messages.
@@ -342,6 +410,7 @@ impl Queue {
     }
 
     fn pop_next(&mut self) -> Option<Entry> {
+        self.fill_front();
         let e = match self.next_is_returned()? {
             true => self.returned.pop_first().map(|(_, e)| e)?,
             false => {
@@ -356,11 +425,12 @@ impl Queue {
 
     fn drop_entry(&mut self, e: &Entry) {
         self.account(-(e.message.size() as i64));
-        if e.message.persistent() {
+        if e.on_disk != OnDisk::No {
             self.record(IndexOp::Ack {
                 seq: e.seq,
                 message_id: e.message.id,
                 size: e.message.size() as usize,
+                persistent: e.on_disk == OnDisk::Persistent,
             });
         }
     }
@@ -378,6 +448,7 @@ impl Queue {
         p.dirty = true;
         let t = p.durability.ticket(&me, newly_dirty);
         p.pending.push(op);
+        self.has_index = true;
         t
     }
 
@@ -392,13 +463,25 @@ impl Queue {
         }
     }
 
-    /// Whether persistent messages of this queue go to disk.
-    pub fn is_persistent(&self) -> bool {
-        self.persist.is_some()
+    /// Whether persistent messages of this queue go to disk and survive restarts.
+    pub fn is_durable(&self) -> bool {
+        self.persist.as_ref().is_some_and(|p| p.durable)
     }
 
     /// Puts back messages recovered from disk (in sequence order), without recording them.
-    pub fn restore(&mut self, entries: Vec<Entry>) {
+    /// `rest` are more recovered messages left on disk after these (read back as delta);
+    /// `next_seq` is the index's next seq, which new messages must not go below.
+    pub fn restore(&mut self, entries: Vec<Entry>, rest: Option<paging::Delta>, next_seq: u64) {
+        self.next_seq = self.next_seq.max(next_seq);
+        // Storage opened this queue's index: deleting the queue must remove it, even empty.
+        self.has_index = true;
+        if entries.is_empty() && rest.is_none() {
+            return;
+        }
+        if let Some(d) = rest.filter(|d| d.count > 0) {
+            self.next_seq = self.next_seq.max(d.end);
+            self.delta = Some(d);
+        }
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             self.account(e.message.size() as i64);
@@ -411,6 +494,7 @@ impl Queue {
 
     /// Drops expired messages at the head (RabbitMQ expires from the head only).
     fn expire_head(&mut self, now: Instant, dead: &mut Vec<DeadLetter>) {
+        self.fill_front();
         while self.peek_next().is_some_and(|e| e.expired(now)) {
             if let Some(e) = self.pop_next() {
                 self.drop_entry(&e);
@@ -445,7 +529,7 @@ impl Queue {
                 .is_some_and(|m| q.message_count() as u64 + extra_len > m)
                 || q.args
                     .max_length_bytes
-                    .is_some_and(|m| q.ready_bytes + extra_bytes > m)
+                    .is_some_and(|m| q.ready_bytes + q.paged_bytes() + extra_bytes > m)
         };
         if over(self, 1, body) {
             match self.args.overflow {
@@ -474,25 +558,33 @@ impl Queue {
             .args
             .max_priority
             .map_or(0, |max| message.priority().min(max));
-        let entry = Entry {
+        let mut entry = Entry {
             priority,
             seq: self.next_seq,
             expires_at_ms: ttl.map_or(u64::MAX, |t| now.as_millis().saturating_add(t)),
             message,
             redelivered: false,
+            on_disk: OnDisk::No,
         };
         self.next_seq += 1;
         self.account(entry.message.size() as i64);
         self.ready_bytes += body;
-        self.ready_len += 1;
-        if entry.message.persistent() {
+        if entry.message.persistent() && self.is_durable() {
+            entry.on_disk = OnDisk::Persistent;
             result.ticket = self.record(IndexOp::Publish {
                 seq: entry.seq,
                 message: entry.message.clone(),
                 expires_at_ms: entry.expires_at_ms,
+                persistent: true,
             });
         }
-        self.ready[entry.priority as usize].push_back(entry);
+        if self.delta.is_some() {
+            // Behind messages that are on disk: order is kept by waiting in q1.
+            self.q1.push_back(entry);
+        } else {
+            self.ready_len += 1;
+            self.ready[entry.priority as usize].push_back(entry);
+        }
         result.accepted = true;
         self.deliver(me, now, &mut result.dead);
         // A message that still exceeds a zero-length limit after delivery is dropped.
@@ -503,6 +595,7 @@ impl Queue {
                 self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
             }
         }
+        self.page();
         result
     }
 
@@ -572,7 +665,8 @@ impl Queue {
             if no_ack {
                 self.drop_entry(&entry);
             } else {
-                if entry.message.persistent() {
+                // Only persistent messages come back after a restart, redelivered.
+                if entry.on_disk == OnDisk::Persistent {
                     self.record(IndexOp::Deliver { seq: entry.seq });
                 }
                 let c = &self.consumers[idx];
@@ -606,7 +700,7 @@ impl Queue {
         self.expire_head(now, dead);
         let entry = self.pop_next()?;
         if ack_required {
-            if entry.message.persistent() {
+            if entry.on_disk == OnDisk::Persistent {
                 self.record(IndexOp::Deliver { seq: entry.seq });
             }
             self.unacked.insert(
@@ -730,12 +824,22 @@ impl Queue {
 
     /// Marks the queue deleted, cancels its consumers; returns the ready count it had.
     pub fn delete(&mut self, _me: &Arc<QueueHandle>) -> u32 {
-        let n = self.purge();
+        let n = self.message_count();
+        // What is only on disk goes with the index, unread.
+        self.delta = None;
+        self.page_out = None;
+        for e in std::mem::take(&mut self.q1) {
+            self.ready_bytes -= e.message.body.len() as u64;
+            self.account(-(e.message.size() as i64));
+        }
+        self.purge();
         // The index goes as a whole: the acks purge recorded are moot, only the deletion counts.
         if let Some(p) = self.persist.as_mut() {
             p.pending.retain(|op| !matches!(op, IndexOp::Ack { .. }));
         }
-        self.record(IndexOp::DeleteQueue);
+        if self.has_index {
+            self.record(IndexOp::DeleteQueue);
+        }
         for (_, u) in self.unacked.drain() {
             self.memory
                 .fetch_sub(u.entry.message.size() as i64, Ordering::Relaxed);
@@ -761,8 +865,9 @@ impl Queue {
         }
     }
 
-    /// Periodic work: expire messages at the head, deliver.
+    /// Periodic work: finish or start paging, expire messages at the head, deliver.
     pub fn tick(&mut self, me: &Arc<QueueHandle>, now: Instant, dead: &mut Vec<DeadLetter>) {
+        self.page();
         self.deliver(me, now, dead);
     }
 

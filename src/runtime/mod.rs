@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod clock;
 pub mod conn_task;
+pub mod disk_free;
 pub mod file_disk;
 pub mod inspect;
 pub mod node;

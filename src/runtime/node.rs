@@ -164,6 +164,10 @@ impl Node {
             None => None,
         };
         let broker = Arc::new(broker);
+        if let Some(storage) = &storage {
+            // Queues read paged-out messages back through storage.
+            broker.set_pager(storage.clone());
+        }
         let syncer_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let syncer = match storage {
             Some(storage) => {
@@ -256,15 +260,34 @@ impl Node {
         // The memory monitor: flips the alarm that blocks publishers.
         let monitor_broker = broker.clone();
         let mut monitor_shutdown = shutdown_rx.clone();
+        let disk_free_limit = config.limits.disk_free_limit_bytes;
+        let data_dir = config.node.data_dir.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut disk_low = false;
+            let mut ticks = 0u64;
             loop {
                 tokio::select! {
                     biased;
                     _ = monitor_shutdown.changed() => break,
                     _ = tick.tick() => {
+                        // The disk alarm: free space is asked for every 500 ms.
+                        if ticks.is_multiple_of(10) {
+                            let free = super::disk_free::available_bytes(&data_dir);
+                            let low = free.is_some_and(|f| f < disk_free_limit);
+                            if low != disk_low {
+                                if low {
+                                    tracing::warn!(free = ?free, limit = disk_free_limit, "disk alarm set: free space below disk_free_limit_bytes");
+                                } else {
+                                    tracing::info!(free = ?free, "disk alarm cleared");
+                                }
+                                disk_low = low;
+                            }
+                        }
+                        ticks += 1;
                         // A storage failure (full disk, failed fsync) blocks publishers too.
                         let on = monitor_broker.memory_alarm()
+                            || disk_low
                             || monitor_broker.durability().is_some_and(|d| d.has_failed());
                         if *alarm_tx.borrow() != on {
                             if on {

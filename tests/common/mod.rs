@@ -160,18 +160,29 @@ impl TestNode {
         (conn, ch)
     }
 
+    /// The node's admin endpoint (`warrenctl --node`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.node.as_ref().expect("node running").admin_addr()
+    }
+
     /// The node's data folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
     }
 
     /// Stops the node (bounded) and starts a new one on the same data folder.
-    pub async fn restart(mut self) -> TestNode {
+    pub async fn restart(self) -> TestNode {
+        self.restart_with(|_| {}).await
+    }
+
+    /// Like [`TestNode::restart`], with the new node's config adjusted by `adjust`.
+    pub async fn restart_with(mut self, adjust: impl FnOnce(&mut Config)) -> TestNode {
         if let Some(node) = self.node.take() {
             within("node.shutdown", node.shutdown()).await;
         }
         let mut config = Config::for_tests(&self.data_dir);
         config.node.data_dir = self.data_dir.clone();
+        adjust(&mut config);
         let node = within("Node::start", Node::start(config))
             .await
             .expect("node restarts");

@@ -1,8 +1,23 @@
 //! Drives one client connection: socket reads and writes, timers, outbox wake-ups, the memory
-//! alarm and shutdown, all fed to the sans-IO [`Connection`].
+//! alarm, shutdown and metadata commits, all fed to the sans-IO [`Connection`].
+//!
+//! # Metadata commands
+//! The session does not apply declares, deletes and bindings: it emits them
+//! ([`Connection::poll_meta`]) and parks the channel that asked. The task starts each command
+//! on a [`MetaCommit`], in emission order, keeps the commits in flight and feeds every result
+//! back with [`Connection::handle_meta_result`]. [`LocalMeta`] (a single node) applies the
+//! command to the broker inside `commit`, so its result is ready at once and reaches the
+//! session in the same turn of the loop, before anything is written: the client sees the
+//! bytes it saw when the session applied commands itself. A cluster implementation proposes
+//! the command to the metadata Raft group and resolves once it is committed and applied; the
+//! loop then waits for it in its `select!` while reads, writes, other channels and heartbeats
+//! go on. Commands emitted by the teardown are committed even after the socket is gone.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -11,7 +26,9 @@ use tracing::Instrument;
 
 use super::clock::Clock;
 use crate::broker::{Broker, Outbox};
-use crate::session::{Connection, PeerInfo, SessionConfig};
+use crate::meta::Command;
+use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig};
+use crate::time::Instant;
 
 /// What every connection task shares.
 #[derive(Clone)]
@@ -34,9 +51,140 @@ pub struct ConnContext {
 
 const READ_CHUNK: usize = 64 * 1024;
 
-/// Runs a connection to completion.
-pub async fn run<S>(stream: S, peer: SocketAddr, mut ctx: ConnContext)
+/// A metadata command being committed; resolves to what [`Broker::apply`] returns.
+pub type MetaFuture = Pin<Box<dyn Future<Output = MetaResult> + Send>>;
+
+/// Commits the metadata commands sessions emit.
+pub trait MetaCommit: Send + Sync {
+    /// Starts committing `command`. A connection calls this in the order its session emitted
+    /// the commands (an exclusive queue's declare before its owner's `DeleteExclusiveQueues`),
+    /// so an implementation must not reorder what it starts.
+    fn commit(&self, command: Command, now: Instant) -> MetaFuture;
+}
+
+/// A single node: commands are applied to the local broker at once.
+#[derive(Debug, Clone)]
+pub struct LocalMeta {
+    broker: Arc<Broker>,
+}
+
+impl LocalMeta {
+    /// Commits to `broker`.
+    pub fn new(broker: Arc<Broker>) -> LocalMeta {
+        LocalMeta { broker }
+    }
+}
+
+impl MetaCommit for LocalMeta {
+    fn commit(&self, command: Command, now: Instant) -> MetaFuture {
+        // Applied here rather than when first polled: the order of calls is the order applied.
+        Box::pin(std::future::ready(self.broker.apply(&command, now)))
+    }
+}
+
+/// One connection's commits in flight, oldest first. Bounded by the session: one per parked
+/// channel plus the teardown's.
+#[derive(Default)]
+struct InFlight {
+    commits: Vec<(MetaToken, MetaFuture)>,
+}
+
+impl InFlight {
+    fn is_empty(&self) -> bool {
+        self.commits.is_empty()
+    }
+
+    /// Starts every command the session has emitted.
+    fn start(&mut self, session: &mut Connection, meta: &dyn MetaCommit, clock: &Clock) {
+        while let Some((token, command)) = session.poll_meta() {
+            self.commits
+                .push((token, meta.commit(command, clock.now())));
+        }
+    }
+
+    /// Polls every commit once: the finished ones in order, or `Pending` when none finished
+    /// (each unfinished one has registered the task's waker).
+    fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Vec<(MetaToken, MetaResult)>> {
+        let mut finished = Vec::new();
+        let mut i = 0;
+        while i < self.commits.len() {
+            match self.commits[i].1.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    let (token, _) = self.commits.remove(i);
+                    finished.push((token, result));
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        if finished.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(finished)
+        }
+    }
+}
+
+/// Starts what the session emitted and feeds back every result that is ready, repeating while
+/// results make the session emit more. Returns whether any result was fed.
+async fn settle_meta(
+    session: &mut Connection,
+    in_flight: &mut InFlight,
+    meta: &dyn MetaCommit,
+    clock: &Clock,
+) -> bool {
+    let mut fed = false;
+    loop {
+        in_flight.start(session, meta, clock);
+        if in_flight.is_empty() {
+            return fed;
+        }
+        // One poll, without waiting: a commit that is not finished is left to the select.
+        let polled = std::future::poll_fn(|cx| Poll::Ready(in_flight.poll_finished(cx))).await;
+        let Poll::Ready(finished) = polled else {
+            return fed;
+        };
+        for (token, result) in finished {
+            session.handle_meta_result(token, result, clock.now());
+        }
+        fed = true;
+    }
+}
+
+/// Commits everything still emitted or in flight (the teardown's deletions) to the end.
+async fn drain_meta(
+    session: &mut Connection,
+    in_flight: &mut InFlight,
+    meta: &dyn MetaCommit,
+    clock: &Clock,
+) {
+    loop {
+        settle_meta(session, in_flight, meta, clock).await;
+        if in_flight.is_empty() {
+            return;
+        }
+        let finished = std::future::poll_fn(|cx| in_flight.poll_finished(cx)).await;
+        for (token, result) in finished {
+            session.handle_meta_result(token, result, clock.now());
+        }
+    }
+}
+
+/// Runs a connection to completion, committing metadata to the local broker.
+pub async fn run<S>(stream: S, peer: SocketAddr, ctx: ConnContext)
 where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let meta = Arc::new(LocalMeta::new(ctx.broker.clone()));
+    run_with_meta(stream, peer, ctx, meta).await
+}
+
+/// Runs a connection to completion, committing metadata through `meta`.
+pub async fn run_with_meta<S>(
+    stream: S,
+    peer: SocketAddr,
+    mut ctx: ConnContext,
+    meta: Arc<dyn MetaCommit>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let notify = Arc::new(Notify::new());
@@ -64,6 +212,7 @@ where
         let mut wbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut wpos = 0usize;
         let mut eof = false;
+        let mut in_flight = InFlight::default();
         // A watch whose sender is gone answers `changed()` at once forever: stop polling it.
         let mut shutdown_open = true;
         let mut alarm_open = true;
@@ -72,10 +221,19 @@ where
         }
         loop {
             let now = clock.now();
-            // Bytes left over from a read that stopped early (alarm) are parsed once allowed.
-            if !rbuf.is_empty() && session.wants_read() {
-                let used = session.handle_bytes(&rbuf, now);
-                rbuf.advance(used);
+            loop {
+                // Bytes left over from a read that stopped early (alarm, parked channels full)
+                // are parsed once allowed.
+                if !rbuf.is_empty() && session.wants_read() {
+                    let used = session.handle_bytes(&rbuf, now);
+                    rbuf.advance(used);
+                }
+                // Metadata results come back before anything is written; one may unpark a
+                // channel and let the session take more of the buffer.
+                let fed = settle_meta(&mut session, &mut in_flight, meta.as_ref(), &clock).await;
+                if !fed || rbuf.is_empty() || !session.wants_read() {
+                    break;
+                }
             }
             session.handle_outbox(now);
             if wpos == wbuf.len() {
@@ -108,6 +266,13 @@ where
                         Err(_) => alarm_open = false,
                     }
                 }
+                done = std::future::poll_fn(|cx| in_flight.poll_finished(cx)),
+                    if !in_flight.is_empty() =>
+                {
+                    for (token, result) in done {
+                        session.handle_meta_result(token, result, clock.now());
+                    }
+                }
                 r = wr.write(&wbuf[wpos..]), if wpos < wbuf.len() => {
                     match r {
                         Ok(0) | Err(_) => { eof = true; wbuf.clear(); wpos = 0; }
@@ -136,6 +301,9 @@ where
             }
         }
         session.handle_disconnect(clock.now());
+        // The teardown's deletions (exclusive and auto-delete queues) are committed although
+        // the client is gone; their results reach a finished session, which drops them.
+        drain_meta(&mut session, &mut in_flight, meta.as_ref(), &clock).await;
         let _ = wr.shutdown().await;
         tracing::debug!("connection task done");
     }
@@ -147,5 +315,269 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The task with commits that take time, as Raft proposals will: the waiting channel holds
+    //! its frames, the others run, and a lost connection still removes its exclusive queues.
+
+    use std::time::Duration;
+
+    use amq_protocol::protocol::{basic, channel, connection, queue, AMQPClass};
+    use amq_protocol::types::FieldTable;
+    use tokio::io::{DuplexStream, ReadHalf};
+
+    use super::*;
+    use crate::amqp::frame::{self, FrameKind, PROTOCOL_HEADER};
+    use crate::config::Config;
+    use crate::session::meta::BACKLOG_BYTES_MAX;
+
+    const COMMIT_DELAY: Duration = Duration::from_millis(150);
+
+    /// Applies each command after a delay, in the order started.
+    struct SlowMeta {
+        broker: Arc<Broker>,
+    }
+
+    impl MetaCommit for SlowMeta {
+        fn commit(&self, command: Command, now: Instant) -> MetaFuture {
+            let broker = self.broker.clone();
+            Box::pin(async move {
+                tokio::time::sleep(COMMIT_DELAY).await;
+                broker.apply(&command, now)
+            })
+        }
+    }
+
+    struct Node {
+        broker: Arc<Broker>,
+        ctx: ConnContext,
+        // Dropping a sender reads as shutdown: they live as long as the test.
+        _shutdown: watch::Sender<bool>,
+        _alarm: watch::Sender<bool>,
+    }
+
+    fn node() -> Node {
+        let config = Config::for_tests(std::path::Path::new("/nonexistent"));
+        let broker = Arc::new(Broker::new(&config, 7, 1 << 30, 0));
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let (alarm_tx, alarm) = watch::channel(false);
+        let ctx = ConnContext {
+            broker: broker.clone(),
+            session: SessionConfig::from_config(&config),
+            clock: Clock::start(),
+            shutdown,
+            alarm,
+            outbound_bytes_max: 1 << 20,
+            node_span: tracing::Span::none(),
+        };
+        Node {
+            broker,
+            ctx,
+            _shutdown: shutdown_tx,
+            _alarm: alarm_tx,
+        }
+    }
+
+    fn method(ch: u16, m: AMQPClass) -> Vec<u8> {
+        let mut out = Vec::new();
+        frame::encode_method(&mut out, ch, &m);
+        out
+    }
+
+    fn hello() -> Vec<u8> {
+        let mut v = PROTOCOL_HEADER.to_vec();
+        v.extend(method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+                client_properties: FieldTable::default(),
+                mechanism: "PLAIN".into(),
+                response: "\0guest\0guest".into(),
+                locale: "en_US".into(),
+            })),
+        ));
+        v.extend(method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+                channel_max: 16,
+                frame_max: 131_072,
+                heartbeat: 0,
+            })),
+        ));
+        v.extend(method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: "/".into(),
+            })),
+        ));
+        v
+    }
+
+    fn open(ch: u16) -> Vec<u8> {
+        method(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )
+    }
+
+    fn declare(ch: u16, name: &str, passive: bool, exclusive: bool) -> Vec<u8> {
+        method(
+            ch,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                queue: name.into(),
+                passive,
+                durable: false,
+                exclusive,
+                auto_delete: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+    }
+
+    fn start(
+        node: &Node,
+        meta: Arc<dyn MetaCommit>,
+    ) -> (DuplexStream, tokio::task::JoinHandle<()>) {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let peer: SocketAddr = "127.0.0.1:5000".parse().expect("address");
+        let task = tokio::spawn(run_with_meta(server, peer, node.ctx.clone(), meta));
+        (client, task)
+    }
+
+    /// The next method the server sent, skipping content and heartbeats.
+    async fn next_method(rd: &mut ReadHalf<DuplexStream>, buf: &mut Vec<u8>) -> (u16, AMQPClass) {
+        loop {
+            if let Some((f, used)) = frame::split(buf, 0).expect("well-formed output") {
+                let found = (f.kind == FrameKind::Method)
+                    .then(|| (f.channel, frame::decode_method(f.payload).expect("decodes")));
+                buf.drain(..used);
+                match found {
+                    Some(m) => return m,
+                    None => continue,
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), rd.read(&mut chunk))
+                .await
+                .expect("the server answers in time")
+                .expect("read");
+            assert!(n > 0, "the server closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_commit_holds_its_channel_while_others_run() {
+        let node = node();
+        let meta = Arc::new(SlowMeta {
+            broker: node.broker.clone(),
+        });
+        let (client, task) = start(&node, meta);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        let body = vec![3u8; 16 * 1024];
+        let publishes = 2 * BACKLOG_BYTES_MAX / body.len();
+        let mut bytes = hello();
+        bytes.extend(open(1));
+        bytes.extend(open(2));
+        bytes.extend(declare(1, "q", false, false));
+        bytes.extend(method(
+            2,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: 1,
+                global: false,
+            })),
+        ));
+        for _ in 0..publishes {
+            bytes.extend(method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                    exchange: "".into(),
+                    routing_key: "q".into(),
+                    mandatory: false,
+                    immediate: false,
+                })),
+            ));
+            frame::encode_content(&mut bytes, 1, &[0, 0], &body, 131_072);
+        }
+        bytes.extend(declare(1, "q", true, false));
+        // More than parked channels may hold: the task stops reading until the commit.
+        let writer = tokio::spawn(async move {
+            wr.write_all(&bytes).await.expect("write");
+            wr
+        });
+        let mut buf = Vec::new();
+        let mut seen = Vec::new();
+        while seen.len() < 7 {
+            let (ch, m) = next_method(&mut rd, &mut buf).await;
+            seen.push(match m {
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(d)) => {
+                    format!("{ch} declare-ok {}", d.message_count)
+                }
+                m => format!("{ch} {}.{}", m.get_amqp_class_id(), m.get_amqp_method_id()),
+            });
+        }
+        assert_eq!(
+            seen,
+            [
+                "0 10.10".to_string(), // start
+                "0 10.30".into(),      // tune
+                "0 10.41".into(),      // open-ok
+                "1 20.11".into(),      // channel.open-ok
+                "2 20.11".into(),
+                "2 60.11".into(), // qos-ok while channel 1 waits
+                "1 declare-ok 0".into(),
+            ]
+        );
+        let (_, m) = next_method(&mut rd, &mut buf).await;
+        match m {
+            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(d)) => {
+                assert_eq!(d.message_count, publishes as u32)
+            }
+            m => panic!("expected the passive declare-ok, got {m:?}"),
+        }
+        drop(writer.await.expect("writer"));
+        drop(rd);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the task ends")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_still_deletes_its_exclusive_queues_after_slow_commits() {
+        let node = node();
+        let meta = Arc::new(SlowMeta {
+            broker: node.broker.clone(),
+        });
+        let (client, task) = start(&node, meta);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        let mut bytes = hello();
+        bytes.extend(open(1));
+        bytes.extend(declare(1, "mine", false, true));
+        wr.write_all(&bytes).await.expect("write");
+        let mut buf = Vec::new();
+        loop {
+            if let (1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))) =
+                next_method(&mut rd, &mut buf).await
+            {
+                break;
+            }
+        }
+        // A second declare is in flight when the socket goes away.
+        wr.write_all(&declare(1, "mine2", false, true))
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(wr);
+        drop(rd);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the task ends")
+            .expect("no panic");
+        assert!(node.broker.queue("/", "mine").is_none());
+        assert!(node.broker.queue("/", "mine2").is_none());
     }
 }

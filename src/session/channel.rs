@@ -1,16 +1,20 @@
 //! One channel: its methods, content assembly, delivery tags, confirms and transactions.
+//!
+//! The metadata methods (exchange.*, queue.*) live in `channel/metadata.rs`: they emit
+//! commands and park the channel until the result comes back (see [`crate::session::meta`]).
+
+mod metadata;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use amq_protocol::protocol::{
-    access, basic, channel as chm, confirm, exchange as exm, queue as qm, tx, AMQPClass,
-};
-use amq_protocol::types::{AMQPValue, FieldTable};
+use amq_protocol::protocol::{access, basic, channel as chm, confirm, tx, AMQPClass};
+use amq_protocol::types::AMQPValue;
 use bytes::BytesMut;
 
 use super::connection::Connection;
+use super::meta::Then;
 use super::permissions::Access;
 use crate::amqp::frame::{self, ContentHeader, Frame, FrameKind};
 use crate::amqp::reply_code::{
@@ -19,7 +23,7 @@ use crate::amqp::reply_code::{
 };
 use crate::amqp::{short, ReplyCode};
 use crate::broker::{ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle};
-use crate::meta::{Binding, Command, Destination, ExchangeDef, ExchangeKind, QueueDef};
+use crate::meta::Command;
 use crate::time::Instant;
 
 #[derive(Debug)]
@@ -182,8 +186,8 @@ impl Channel {
                 );
                 Ok(())
             }
-            AMQPClass::Exchange(m) => self.handle_exchange(c, m, now),
-            AMQPClass::Queue(m) => self.handle_queue(c, m, now),
+            AMQPClass::Exchange(m) => self.handle_exchange(c, m),
+            AMQPClass::Queue(m) => self.handle_queue(c, m),
             AMQPClass::Basic(m) => self.handle_basic(c, m, now),
             AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
                 if self.tx.is_some() {
@@ -205,187 +209,6 @@ impl Channel {
                 other.get_amqp_method_id()
             ))),
         }
-    }
-
-    // ---- exchange.* ----
-
-    fn handle_exchange(
-        &mut self,
-        c: &mut Connection,
-        m: exm::AMQPMethod,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
-        let ch = self.id;
-        let vhost = c.vhost.clone();
-        match m {
-            exm::AMQPMethod::Declare(d) => {
-                let name = d.exchange.as_str();
-                let snapshot = c.snapshot();
-                let v = snapshot
-                    .vhost(&vhost)
-                    .ok_or_else(|| not_found("vhost gone"))?;
-                if name.is_empty() {
-                    // RabbitMQ refuses every declare of the default exchange, passive included.
-                    return Err(access_refused(
-                        "operation not permitted on the default exchange",
-                    ));
-                }
-                if d.passive {
-                    if !v.exchanges.contains_key(name) {
-                        return Err(not_found(format!(
-                            "no exchange '{name}' in vhost '{vhost}'"
-                        )));
-                    }
-                    ok_or_nowait(
-                        c,
-                        ch,
-                        d.nowait,
-                        AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
-                    );
-                    return Ok(());
-                }
-                let kind = ExchangeKind::parse(d.kind.as_str()).ok_or_else(|| {
-                    command_invalid(format!("invalid exchange type '{}'", d.kind))
-                })?;
-                if name.is_empty() {
-                    return Err(access_refused(
-                        "operation not permitted on the default exchange",
-                    ));
-                }
-                if name.starts_with("amq.") {
-                    return Err(access_refused(format!(
-                        "exchange name '{name}' contains reserved prefix 'amq.*'"
-                    )));
-                }
-                perms(c)?.check(Access::Configure, "exchange", name)?;
-                if let Some(AMQPValue::LongString(ae)) =
-                    d.arguments.inner().get("alternate-exchange")
-                {
-                    let ae = String::from_utf8_lossy(ae.as_bytes()).into_owned();
-                    perms(c)?.check(Access::Write, "exchange", &ae)?;
-                }
-                let def = ExchangeDef {
-                    vhost: vhost.clone(),
-                    name: name.to_string(),
-                    kind,
-                    durable: d.durable,
-                    auto_delete: d.auto_delete,
-                    internal: d.internal,
-                    arguments: d.arguments,
-                };
-                c.broker.apply(&Command::DeclareExchange(def), now)?;
-                ok_or_nowait(
-                    c,
-                    ch,
-                    d.nowait,
-                    AMQPClass::Exchange(exm::AMQPMethod::DeclareOk(exm::DeclareOk {})),
-                );
-                Ok(())
-            }
-            exm::AMQPMethod::Delete(d) => {
-                let name = d.exchange.as_str();
-                if name.is_empty() {
-                    return Err(access_refused(
-                        "operation not permitted on the default exchange",
-                    ));
-                }
-                if name.starts_with("amq.") {
-                    return Err(access_refused(format!(
-                        "deletion of system exchange '{name}' in vhost '{vhost}' not allowed"
-                    )));
-                }
-                perms(c)?.check(Access::Configure, "exchange", name)?;
-                let r = c.broker.apply(
-                    &Command::DeleteExchange {
-                        vhost: vhost.clone(),
-                        name: name.to_string(),
-                        if_unused: d.if_unused,
-                    },
-                    now,
-                );
-                match r {
-                    // RabbitMQ 3.10: deleting a missing exchange is not an error.
-                    Ok(_) | Err(crate::meta::MetaError::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                ok_or_nowait(
-                    c,
-                    ch,
-                    d.nowait,
-                    AMQPClass::Exchange(exm::AMQPMethod::DeleteOk(exm::DeleteOk {})),
-                );
-                Ok(())
-            }
-            exm::AMQPMethod::Bind(b) => {
-                self.exchange_binding(
-                    c,
-                    true,
-                    b.destination.as_str(),
-                    b.source.as_str(),
-                    b.routing_key.as_str(),
-                    b.arguments,
-                    now,
-                )?;
-                ok_or_nowait(
-                    c,
-                    ch,
-                    b.nowait,
-                    AMQPClass::Exchange(exm::AMQPMethod::BindOk(exm::BindOk {})),
-                );
-                Ok(())
-            }
-            exm::AMQPMethod::Unbind(b) => {
-                self.exchange_binding(
-                    c,
-                    false,
-                    b.destination.as_str(),
-                    b.source.as_str(),
-                    b.routing_key.as_str(),
-                    b.arguments,
-                    now,
-                )?;
-                ok_or_nowait(
-                    c,
-                    ch,
-                    b.nowait,
-                    AMQPClass::Exchange(exm::AMQPMethod::UnbindOk(exm::UnbindOk {})),
-                );
-                Ok(())
-            }
-            other => Err(command_invalid(format!(
-                "exchange method {} is not valid from a client",
-                AMQPClass::Exchange(other).get_amqp_method_id()
-            ))),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn exchange_binding(
-        &mut self,
-        c: &mut Connection,
-        bind: bool,
-        destination: &str,
-        source: &str,
-        routing_key: &str,
-        arguments: FieldTable,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
-        perms(c)?.check(Access::Write, "exchange", destination)?;
-        perms(c)?.check(Access::Read, "exchange", source)?;
-        let b = Binding {
-            vhost: c.vhost.clone(),
-            source: source.to_string(),
-            destination: Destination::Exchange(destination.to_string()),
-            routing_key: routing_key.to_string(),
-            arguments,
-        };
-        let cmd = if bind {
-            Command::Bind(b)
-        } else {
-            Command::Unbind(b)
-        };
-        c.broker.apply(&cmd, now)?;
-        Ok(())
     }
 
     // ---- queue.* ----
@@ -412,190 +235,6 @@ impl Channel {
             )));
         }
         Ok(h)
-    }
-
-    fn handle_queue(
-        &mut self,
-        c: &mut Connection,
-        m: qm::AMQPMethod,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
-        let ch = self.id;
-        let vhost = c.vhost.clone();
-        match m {
-            qm::AMQPMethod::Declare(d) => {
-                let mut name = d.queue.as_str().to_string();
-                if d.passive {
-                    let name = self.resolve_queue_name(&name)?;
-                    let h = self.queue_handle(c, &name)?;
-                    let (messages, consumers) = {
-                        let q = h.lock();
-                        (q.message_count(), q.consumer_count())
-                    };
-                    self.last_queue = Some(name.clone());
-                    ok_or_nowait(
-                        c,
-                        ch,
-                        d.nowait,
-                        AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
-                            queue: short(&name),
-                            message_count: messages,
-                            consumer_count: consumers,
-                        })),
-                    );
-                    return Ok(());
-                }
-                if name.is_empty() {
-                    name = c.broker.generate_queue_name();
-                } else if name.starts_with("amq.") {
-                    return Err(access_refused(format!(
-                        "queue name '{name}' contains reserved prefix 'amq.*'"
-                    )));
-                }
-                perms(c)?.check(Access::Configure, "queue", &name)?;
-                if let Some(dlx) = d
-                    .arguments
-                    .inner()
-                    .get("x-dead-letter-exchange")
-                    .and_then(crate::meta::args::string)
-                {
-                    perms(c)?.check(Access::Write, "exchange", &dlx)?;
-                }
-                let def = QueueDef {
-                    vhost: vhost.clone(),
-                    name: name.clone(),
-                    durable: d.durable,
-                    exclusive_owner: d.exclusive.then_some(c.id),
-                    auto_delete: d.auto_delete,
-                    arguments: d.arguments,
-                };
-                let applied = c.broker.apply(&Command::DeclareQueue(def), now)?;
-                let h = c
-                    .broker
-                    .queue(&vhost, &name)
-                    .ok_or_else(|| not_found(format!("no queue '{name}' in vhost '{vhost}'")))?;
-                let (messages, consumers) = {
-                    let mut q = h.lock();
-                    if !applied.created && q.exclusive_owner().is_some_and(|o| o != c.id) {
-                        return Err(resource_locked(format!(
-                            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
-                        )));
-                    }
-                    q.touch(now);
-                    (q.message_count(), q.consumer_count())
-                };
-                self.last_queue = Some(name.clone());
-                ok_or_nowait(
-                    c,
-                    ch,
-                    d.nowait,
-                    AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
-                        queue: short(&name),
-                        message_count: messages,
-                        consumer_count: consumers,
-                    })),
-                );
-                Ok(())
-            }
-            qm::AMQPMethod::Bind(b) => {
-                let name = self.resolve_queue_name(b.queue.as_str())?;
-                self.queue_binding(
-                    c,
-                    true,
-                    &name,
-                    b.exchange.as_str(),
-                    b.routing_key.as_str(),
-                    b.arguments,
-                    now,
-                )?;
-                ok_or_nowait(
-                    c,
-                    ch,
-                    b.nowait,
-                    AMQPClass::Queue(qm::AMQPMethod::BindOk(qm::BindOk {})),
-                );
-                Ok(())
-            }
-            qm::AMQPMethod::Unbind(b) => {
-                let name = self.resolve_queue_name(b.queue.as_str())?;
-                self.queue_binding(
-                    c,
-                    false,
-                    &name,
-                    b.exchange.as_str(),
-                    b.routing_key.as_str(),
-                    b.arguments,
-                    now,
-                )?;
-                c.send_method(
-                    ch,
-                    AMQPClass::Queue(qm::AMQPMethod::UnbindOk(qm::UnbindOk {})),
-                );
-                Ok(())
-            }
-            qm::AMQPMethod::Purge(p) => {
-                let name = self.resolve_queue_name(p.queue.as_str())?;
-                perms(c)?.check(Access::Read, "queue", &name)?;
-                let h = self.queue_handle(c, &name)?;
-                let n = h.lock().purge();
-                ok_or_nowait(
-                    c,
-                    ch,
-                    p.nowait,
-                    AMQPClass::Queue(qm::AMQPMethod::PurgeOk(qm::PurgeOk { message_count: n })),
-                );
-                Ok(())
-            }
-            qm::AMQPMethod::Delete(d) => {
-                let name = self.resolve_queue_name(d.queue.as_str())?;
-                perms(c)?.check(Access::Configure, "queue", &name)?;
-                let n = c
-                    .broker
-                    .delete_queue(&vhost, &name, d.if_unused, d.if_empty, c.id, now)?;
-                ok_or_nowait(
-                    c,
-                    ch,
-                    d.nowait,
-                    AMQPClass::Queue(qm::AMQPMethod::DeleteOk(qm::DeleteOk { message_count: n })),
-                );
-                Ok(())
-            }
-            other => Err(command_invalid(format!(
-                "queue method {} is not valid from a client",
-                AMQPClass::Queue(other).get_amqp_method_id()
-            ))),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn queue_binding(
-        &mut self,
-        c: &mut Connection,
-        bind: bool,
-        queue: &str,
-        exchange: &str,
-        routing_key: &str,
-        arguments: FieldTable,
-        now: Instant,
-    ) -> Result<(), AmqpError> {
-        perms(c)?.check(Access::Write, "queue", queue)?;
-        perms(c)?.check(Access::Read, "exchange", exchange)?;
-        // Existence and exclusivity of the queue first, as RabbitMQ reports them.
-        self.queue_handle(c, queue)?;
-        let b = Binding {
-            vhost: c.vhost.clone(),
-            source: exchange.to_string(),
-            destination: Destination::Queue(queue.to_string()),
-            routing_key: routing_key.to_string(),
-            arguments,
-        };
-        let cmd = if bind {
-            Command::Bind(b)
-        } else {
-            Command::Unbind(b)
-        };
-        c.broker.apply(&cmd, now)?;
-        Ok(())
     }
 
     // ---- basic.* ----
@@ -626,8 +265,21 @@ impl Channel {
             basic::AMQPMethod::Consume(m) => self.consume(c, m, now),
             basic::AMQPMethod::Cancel(m) => {
                 let tag = m.consumer_tag.as_str().to_string();
-                if let Some(cons) = self.consumers.remove(&tag) {
-                    self.detach_consumer(c, &cons.queue, &tag, now);
+                let auto_delete = match self.consumers.remove(&tag) {
+                    Some(cons) => self.detach_consumer(c, &cons.queue, &tag, now),
+                    None => None,
+                };
+                if let Some(command) = auto_delete {
+                    // cancel-ok follows the queue's deletion, as it did when it was synchronous.
+                    c.park(
+                        ch,
+                        command,
+                        Then::BasicCancel {
+                            consumer_tag: m.consumer_tag,
+                            nowait: m.nowait,
+                        },
+                    );
+                    return Ok(());
                 }
                 ok_or_nowait(
                     c,
@@ -905,16 +557,23 @@ impl Channel {
         }
     }
 
-    fn detach_consumer(&self, c: &Connection, queue: &Arc<QueueHandle>, tag: &str, now: Instant) {
+    /// Removes a consumer from its queue; returns the command deleting the queue when it was
+    /// the last consumer of an auto-delete queue.
+    fn detach_consumer(
+        &self,
+        c: &Connection,
+        queue: &Arc<QueueHandle>,
+        tag: &str,
+        now: Instant,
+    ) -> Option<Command> {
         let link = &self.link;
         let auto_delete = queue
             .lock()
             .remove_consumers(now, |k| &*k.tag == tag && Arc::ptr_eq(&k.link, link));
-        if auto_delete {
-            let _ = c
-                .broker
-                .delete_queue(&queue.vhost, &queue.name, false, false, c.id, now);
+        if !auto_delete {
+            return None;
         }
+        metadata::auto_delete(c, &queue.vhost, &queue.name)
     }
 
     // ---- content ----
@@ -1249,7 +908,10 @@ impl Channel {
     pub fn teardown(&mut self, c: &mut Connection, now: Instant) {
         let consumers = std::mem::take(&mut self.consumers);
         for (tag, cons) in consumers {
-            self.detach_consumer(c, &cons.queue, &tag, now);
+            // Nobody waits for these deletions: the channel is going away.
+            if let Some(command) = self.detach_consumer(c, &cons.queue, &tag, now) {
+                c.emit_detached(command);
+            }
         }
         self.requeue_all(c, now);
         self.content = None;

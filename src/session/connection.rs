@@ -5,13 +5,32 @@
 //!   keeps the rest and calls again with more), [`Connection::handle_timeout`],
 //!   [`Connection::handle_outbox`] (deliveries queued by the broker), [`Connection::handle_alarm`]
 //!   (memory watermark), [`Connection::handle_shutdown`].
-//! - Outputs: [`Connection::poll_transmit`] (bytes to write), [`Connection::poll_timeout`]
-//!   (when to call `handle_timeout`), [`Connection::wants_read`] (false while blocked by the
-//!   memory alarm), [`Connection::is_finished`] (close the socket after writing what is left).
-//! - Call order after any input: `handle_outbox`, then `poll_transmit`, then `poll_timeout`.
+//! - Outputs: [`Connection::poll_meta`] (metadata commands to commit; see below),
+//!   [`Connection::poll_transmit`] (bytes to write), [`Connection::poll_timeout`] (when to
+//!   call `handle_timeout`), [`Connection::wants_read`] (false while blocked by the memory
+//!   alarm or while parked channels hold as many frames as allowed), [`Connection::is_finished`]
+//!   (close the socket after writing what is left).
+//! - Call order after any input: drain `poll_meta` (committing each command and, once its
+//!   result is known, calling [`Connection::handle_meta_result`], which may emit more), then
+//!   `handle_outbox`, then `poll_transmit`, then `poll_timeout`.
+//!
+//! # Metadata commands
+//! The session never changes metadata itself. exchange.declare/delete/bind/unbind,
+//! queue.declare/bind/unbind/delete, the auto-delete on basic.cancel and teardown's deletions
+//! go out through `poll_meta` as [`Command`]s; the channel that sent the method is parked,
+//! keeping its later frames in order, until `handle_meta_result` brings the result (what
+//! `Broker::apply` returns). Other channels and channel 0 carry on meanwhile. A single node
+//! commits at once, in the same turn of the runtime's loop, so nothing changes on the wire;
+//! a cluster commits through Raft first. [`super::meta`] explains the design.
+//!
+//! A client's connection.close that arrives while channels are parked completes once they
+//! have finished the frames they received before it (RabbitMQ likewise waits for its channel
+//! processes), or after the close deadline at the latest; later input is ignored.
 //!
 //! Errors never escape: a soft error closes the channel with `channel.close`, a hard one the
 //! connection with `connection.close`, both with the spec's reply code.
+
+mod metadata;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +39,7 @@ use amq_protocol::protocol::{channel as chm, connection as conn, AMQPClass};
 
 use super::channel::Channel;
 use super::handshake::{self, ClientCapabilities};
+use super::meta::MetaPort;
 use super::permissions::Permissions;
 use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
@@ -117,6 +137,11 @@ pub struct Connection {
     /// A publish arrived while the alarm was on: the socket is not read until it clears.
     blocked: bool,
     items: Vec<OutItem>,
+    /// Metadata commands on their way out, parked channels and the frames they keep.
+    meta: MetaPort,
+    /// The client sent connection.close while channels were parked: close-ok follows once
+    /// they are done (or at `deadline`); input is ignored meanwhile.
+    close_requested: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -161,6 +186,8 @@ impl Connection {
             alarm: false,
             blocked: false,
             items: Vec::new(),
+            meta: MetaPort::default(),
+            close_requested: false,
         }
     }
 
@@ -216,6 +243,11 @@ impl Connection {
             return data.len();
         }
         while used < data.len() && self.state != State::Finished {
+            if self.close_requested {
+                // Nothing after connection.close means anything.
+                used = data.len();
+                break;
+            }
             if !self.wants_read() {
                 break;
             }
@@ -228,6 +260,15 @@ impl Connection {
             match frame::split(&data[used..], limit) {
                 Ok(None) => break,
                 Ok(Some((f, n))) => {
+                    if f.channel != 0 && self.meta.is_parked(f.channel) {
+                        // Kept in order for the parked channel; when there is no room the
+                        // frame stays unread (wants_read is now false).
+                        if !self.meta.keep(&f) {
+                            break;
+                        }
+                        used += n;
+                        continue;
+                    }
                     used += n;
                     self.handle_frame(f, now);
                 }
@@ -359,13 +400,13 @@ impl Connection {
             }
             (_, conn::AMQPMethod::Close(c)) => {
                 tracing::debug!(conn = self.id, code = c.reply_code, text = %c.reply_text, "client closed connection");
-                self.teardown(now);
-                self.send_method(
-                    0,
-                    AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
-                );
-                self.state = State::ClosedByPeer;
-                self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
+                if self.meta.any_parked() {
+                    // Parked channels first finish what the client sent before the close.
+                    self.close_requested = true;
+                    self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
+                    return Ok(());
+                }
+                self.finish_peer_close(now);
                 Ok(())
             }
             (_, conn::AMQPMethod::CloseOk(_)) => {
@@ -528,9 +569,23 @@ impl Connection {
         self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
     }
 
+    /// Answers the client's connection.close: releases everything, close-ok.
+    fn finish_peer_close(&mut self, now: Instant) {
+        self.teardown(now);
+        self.send_method(
+            0,
+            AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+        );
+        self.state = State::ClosedByPeer;
+        self.deadline = Some(now.plus_millis(CLOSE_TIMEOUT_MS));
+    }
+
     /// Releases everything the connection holds in the broker: requeues unacked messages,
-    /// cancels consumers, deletes exclusive queues. Idempotent.
+    /// cancels consumers, deletes exclusive queues. Parked channels are dropped with the rest;
+    /// commands already emitted stay emitted. Idempotent.
     fn teardown(&mut self, now: Instant) {
+        self.meta.clear_parked();
+        self.close_requested = false;
         let channels = std::mem::take(&mut self.channels);
         for (_, mut c) in channels {
             c.teardown(self, now);
@@ -546,18 +601,15 @@ impl Connection {
             }
         }
         if self.state == State::Open {
-            if let Err(e) = self
-                .broker
-                .apply(&Command::DeleteExclusiveQueues { owner: self.id }, now)
-            {
-                tracing::warn!(conn = self.id, error = %e, "cannot delete exclusive queues");
-            }
+            self.meta
+                .emit_detached(Command::DeleteExclusiveQueues { owner: self.id });
         }
     }
 
     /// Takes deliveries from the outbox and encodes them (unless the socket is backed up).
     pub fn handle_outbox(&mut self, now: Instant) {
-        if self.state != State::Open {
+        // After the client's connection.close nothing more is delivered; teardown requeues.
+        if self.state != State::Open || self.close_requested {
             return;
         }
         // Confirms and commit-oks whose writes became durable.
@@ -668,6 +720,14 @@ impl Connection {
     pub fn handle_timeout(&mut self, now: Instant) {
         if let Some(d) = self.deadline {
             if now >= d {
+                if self.close_requested && self.state == State::Open {
+                    tracing::info!(
+                        conn = self.id,
+                        "metadata results late, closing without them"
+                    );
+                    self.finish_peer_close(now);
+                    return;
+                }
                 if self.state != State::Finished {
                     tracing::info!(conn = self.id, state = ?self.state, "deadline passed, closing socket");
                 }
@@ -724,9 +784,11 @@ impl Connection {
         next
     }
 
-    /// Whether the socket should be read (false while publishing is blocked by the alarm).
+    /// Whether the socket should be read: false while publishing is blocked by the alarm, and
+    /// while parked channels hold all the frames they may (until a result unparks one).
     pub fn wants_read(&self) -> bool {
-        !(self.blocked && self.state == State::Open)
+        let blocked = self.blocked && self.state == State::Open;
+        !(blocked || self.meta.is_full())
     }
 
     /// Whether the connection is done; the caller writes what is left and closes.
@@ -739,17 +801,23 @@ impl Connection {
         frame::encode_method(&mut self.out, ch, &m);
     }
 
+    /// Sends the confirms and commit-oks that are ready. A parked channel's wait until it
+    /// resumes, so they keep their place among its replies.
     fn flush_confirms(&mut self) {
         let durability = self.broker.durability().cloned();
         let mut waiting = false;
-        for c in self.channels.values_mut() {
-            waiting |= c.flush_confirms(&mut self.out, durability.as_deref());
+        for (ch, c) in self.channels.iter_mut() {
+            if !self.meta.is_parked(*ch) {
+                waiting |= c.flush_confirms(&mut self.out, durability.as_deref());
+            }
         }
         if let (true, Some(d)) = (waiting, durability) {
             d.wait(&self.outbox);
             // The mark may have moved between the check and the registration.
-            for c in self.channels.values_mut() {
-                c.flush_confirms(&mut self.out, Some(&d));
+            for (ch, c) in self.channels.iter_mut() {
+                if !self.meta.is_parked(*ch) {
+                    c.flush_confirms(&mut self.out, Some(&d));
+                }
             }
         }
     }

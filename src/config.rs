@@ -148,7 +148,8 @@ pub struct StorageConfig {
     pub queue_index_journal_max_entries: usize,
     /// Size at which a message store file is rolled over.
     pub msg_store_file_size_limit_bytes: u64,
-    /// Messages a paging queue keeps in RAM at its head (at most 8 MiB of them).
+    /// Messages a paging queue keeps in RAM at its head (at most 8 MiB, and a quarter of the
+    /// paging threshold, of them).
     pub queue_paging_head_messages: usize,
 }
 

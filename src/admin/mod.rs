@@ -407,7 +407,7 @@ pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant)
                                 g.message_count(),
                                 g.unacked_count(),
                                 g.consumer_count(),
-                                g.paged_count(),
+                                g.paged_count() + g.beta_count(),
                             )
                         }
                         None => (0, 0, 0, 0),

@@ -133,6 +133,7 @@ impl Broker {
                 threshold: (memory_high_watermark as f64 * config.limits.memory_paging_ratio)
                     as u64,
                 keep_entries: config.storage.queue_paging_head_messages,
+                embed_below: config.storage.queue_index_embed_msgs_below,
             },
             pager: std::sync::OnceLock::new(),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),

@@ -72,6 +72,9 @@ pub struct Entry {
     pub priority: u8,
     /// Whether (and in which store) the queue index holds a record of it.
     pub on_disk: OnDisk,
+    /// Beta: the message is not in RAM, only its id (and what the index knows); the value is
+    /// the body bytes it stands for. It is read back from the store when it leaves the queue.
+    pub beta: Option<u64>,
 }
 
 /// Where a message's queue-index record is: RabbitMQ's "is it on disk" flag of the variable
@@ -89,6 +92,11 @@ pub enum OnDisk {
 }
 
 impl Entry {
+    /// Body bytes this entry stands for (in RAM or, for a beta, in the store).
+    pub fn body_len(&self) -> u64 {
+        self.beta.unwrap_or(self.message.body.len() as u64)
+    }
+
     fn expired(&self, now: Instant) -> bool {
         // Strictly after: a message with TTL 0 can still go to a consumer that is ready now.
         now.as_millis() > self.expires_at_ms
@@ -409,7 +417,22 @@ impl Queue {
         }
     }
 
+    /// The next message, leaving the queue; a beta is read back from its store first.
     fn pop_next(&mut self) -> Option<Entry> {
+        loop {
+            let mut e = self.pop_raw()?;
+            if self.load_beta(&mut e) {
+                return Some(e);
+            }
+            // Its body is gone (reported by load_beta): it leaves the queue, like a message
+            // whose body recovery could not read.
+            self.drop_entry(&e);
+        }
+    }
+
+    /// The next message, leaving the queue as it is (a beta stays one: for drops that need
+    /// no body, such as purge).
+    fn pop_raw(&mut self) -> Option<Entry> {
         self.fill_front();
         let e = match self.next_is_returned()? {
             true => self.returned.pop_first().map(|(_, e)| e)?,
@@ -419,7 +442,7 @@ impl Queue {
                 self.ready[lane].pop_front()?
             }
         };
-        self.ready_bytes -= e.message.body.len() as u64;
+        self.ready_bytes -= e.body_len();
         Some(e)
     }
 
@@ -485,7 +508,7 @@ impl Queue {
         for e in entries {
             self.next_seq = self.next_seq.max(e.seq + 1);
             self.account(e.message.size() as i64);
-            self.ready_bytes += e.message.body.len() as u64;
+            self.ready_bytes += e.body_len();
             self.ready_len += 1;
             let lane = (e.priority as usize).min(self.ready.len() - 1);
             self.ready[lane].push_back(e);
@@ -565,6 +588,7 @@ impl Queue {
             message,
             redelivered: false,
             on_disk: OnDisk::No,
+            beta: None,
         };
         self.next_seq += 1;
         self.account(entry.message.size() as i64);
@@ -816,7 +840,7 @@ impl Queue {
     /// queue.purge: drops ready messages (not unacknowledged ones); returns how many.
     pub fn purge(&mut self) -> u32 {
         let n = self.message_count();
-        while let Some(e) = self.pop_next() {
+        while let Some(e) = self.pop_raw() {
             self.drop_entry(&e);
         }
         n
@@ -829,7 +853,7 @@ impl Queue {
         self.delta = None;
         self.page_out = None;
         for e in std::mem::take(&mut self.q1) {
-            self.ready_bytes -= e.message.body.len() as u64;
+            self.ready_bytes -= e.body_len();
             self.account(-(e.message.size() as i64));
         }
         self.purge();

@@ -202,6 +202,18 @@ impl<D: Disk + Clone> Storage<D> {
             for e in recovered.entries {
                 let p = &e.publish;
                 let id = MsgId(p.msg_id);
+                if p.embedded.is_none() && max_priority.is_none() {
+                    // A paging queue takes a stored body back as a beta: read when it is
+                    // delivered, not at start (a head segment of large messages would not fit
+                    // in RAM). A body the store does not have is reported now.
+                    if !msg_store.contains(id) {
+                        summary.lost += 1;
+                        tracing::error!(queue = %label, seq = p.seq, "message body missing; skipped");
+                        continue;
+                    }
+                    entries.push(beta_entry(&e, broker.epoch_unix_ms()));
+                    continue;
+                }
                 let bytes = match &p.embedded {
                     Some(b) => Some(b.clone()),
                     None => {
@@ -591,22 +603,36 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
         let mut entries = Vec::with_capacity(found.len());
         for e in found {
             let p = &e.publish;
-            let id = MsgId(p.msg_id);
-            let bytes = match &p.embedded {
-                Some(b) => Ok(Some(b.clone())),
-                None if p.persistent => state.msg_store.read(id),
-                None => state.transient_store.read(id),
-            }
-            .map_err(|e| PageError(e.to_string()))?;
-            let Some(message) =
-                bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
-            else {
-                tracing::error!(queue = %format!("{vhost}/{name}"), seq = p.seq, "paged message body missing or unreadable; skipped");
+            let id = u128::from_be_bytes(p.msg_id);
+            let Some(embedded) = &p.embedded else {
+                // Body in a store: a beta, read when it leaves the queue (a segment of
+                // large messages would not fit in RAM).
+                entries.push(beta_entry(&e, self.epoch_unix_ms));
+                continue;
+            };
+            let Some(message) = decode_message(embedded, id) else {
+                tracing::error!(queue = %format!("{vhost}/{name}"), seq = p.seq, "paged message unreadable; skipped");
                 continue;
             };
             entries.push(queue_entry(&e, message, 0, self.epoch_unix_ms));
         }
         Ok((entries, next))
+    }
+
+    fn read_message(&self, id: u128, persistent: bool) -> Result<Option<Message>, PageError> {
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = guard
+            .as_ref()
+            .ok_or_else(|| PageError("storage is closed".into()))?;
+        let store = if persistent {
+            &state.msg_store
+        } else {
+            &state.transient_store
+        };
+        let bytes = store
+            .read(msg_id(id))
+            .map_err(|e| PageError(e.to_string()))?;
+        Ok(bytes.and_then(|b| decode_message(&b, id)))
     }
 }
 
@@ -651,7 +677,24 @@ fn queue_entry(e: &IndexEntry, message: Message, priority: u8, epoch_unix_ms: u6
         } else {
             OnDisk::Transient
         },
+        beta: None,
     }
+}
+
+/// A beta for a message whose body is in a store: a placeholder message with its id (the
+/// queue reads the real one when it leaves), standing for its stored size.
+fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64) -> Entry {
+    let placeholder = Message {
+        id: u128::from_be_bytes(e.publish.msg_id),
+        exchange: String::new(),
+        routing_key: String::new(),
+        properties_raw: Bytes::new(),
+        properties: Default::default(),
+        body: Bytes::new(),
+    };
+    let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms);
+    entry.beta = Some(u64::from(e.publish.size));
+    entry
 }
 
 fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
@@ -740,6 +783,8 @@ mod tests {
             &StorageConfig::default(),
         )
         .expect("open storage");
+        // As the node does: queues read paged messages and stored bodies through storage.
+        b.set_pager(s.clone());
         (b, d, s, summary)
     }
 

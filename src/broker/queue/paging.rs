@@ -2,11 +2,14 @@
 //!
 //! RabbitMQ's variable queue keeps a queue as q4 (head, in RAM), q3, delta (only on disk:
 //! neither body nor index entry in RAM, just a count and a seq range), q2 and q1 (tail, in
-//! RAM). Here the head lane (`ready[0]`) plays q4+q3, [`Delta`] is delta and `q1` is q1; a
-//! message is *alpha* in RAM and *delta* on disk. Two of RabbitMQ's states are folded:
-//! a message whose body sits in the queue index (under `queue_index_embed_msgs_below`, the
-//! common case) has no separate "index entry in RAM, body on disk" (beta/gamma) step, so a
-//! paged message goes from alpha straight to delta, and comes back in whole index segments.
+//! RAM). Here the head lane (`ready[0]`) plays q4+q3, [`Delta`] is delta and `q1` plays
+//! q2+q1. A message is *alpha* (all in RAM), *beta* (entry in RAM, body only in a message
+//! store: [`Entry::beta`]) or *delta*. Bodies go first: a completed page-out turns the
+//! range's alphas whose body has its own place in a store into betas, and only a range
+//! with no such alpha left moves to delta. A message whose body sits inside its index entry
+//! (under `queue_index_embed_msgs_below`, the common case) goes from alpha to delta in one
+//! step. There is no separate gamma: every paged message's index entry is written before it
+//! leaves RAM. Delta comes back a whole index segment at a time, stored bodies as betas.
 //!
 //! When: node memory (message bytes held by queues) above the paging threshold (RabbitMQ's
 //! `vm_memory_high_watermark_paging_ratio` of the watermark), or always for
@@ -27,8 +30,10 @@
 use std::sync::Arc;
 
 use super::{Entry, IndexOp, OnDisk, Queue};
+use crate::broker::Message;
 
-/// Bytes kept in RAM at the head when paging (consumers are served from RAM).
+/// Bytes kept in RAM at the head when paging (consumers are served from RAM); never more
+/// than a quarter of the paging threshold.
 pub const KEEP_BYTES: u64 = 8 << 20;
 
 /// When and how much a queue pages.
@@ -38,6 +43,20 @@ pub struct PagingConfig {
     pub threshold: u64,
     /// Messages kept in RAM at the head (at most [`KEEP_BYTES`] of them).
     pub keep_entries: usize,
+    /// Stored messages smaller than this live inside the queue index
+    /// (`queue_index_embed_msgs_below`): they page with their index entry, never as betas.
+    pub embed_below: usize,
+}
+
+/// Whether storage keeps this message's body in a message store rather than inside its
+/// index entry (the stored form is `StoredMessage`'s encoding, whose length this is).
+fn stored_apart(m: &Message, embed_below: usize) -> bool {
+    let stored = 6
+        + m.exchange.len().min(255)
+        + m.routing_key.len().min(255)
+        + m.properties_raw.len()
+        + m.body.len();
+    stored >= embed_below
 }
 
 /// Messages only on disk: the live index entries with seq in `[start, end)`.
@@ -71,7 +90,9 @@ pub struct PageError(pub String);
 /// Called with the queue's lock held: an implementation must never take a queue lock.
 pub trait Pager: Send + Sync {
     /// The queue's messages with seq in `[from, to)` from one index segment (the one holding
-    /// `from`), in seq order, and the seq to continue from.
+    /// `from`), in seq order, and the seq to continue from. A message whose body is in a
+    /// message store comes back as a beta: `Entry::beta` set, a placeholder message with the
+    /// right id, read with [`Pager::read_message`] when it leaves the queue.
     fn page_in(
         &self,
         vhost: &str,
@@ -79,6 +100,9 @@ pub trait Pager: Send + Sync {
         from: u64,
         to: u64,
     ) -> Result<(Vec<Entry>, u64), PageError>;
+
+    /// A message from the persistent or the transient message store (None: not there).
+    fn read_message(&self, id: u128, persistent: bool) -> Result<Option<Message>, PageError>;
 }
 
 impl Queue {
@@ -97,6 +121,13 @@ impl Queue {
     /// Messages only on disk (for listings and tests).
     pub fn paged_count(&self) -> u64 {
         self.delta.as_ref().map_or(0, |d| d.count)
+    }
+
+    /// Betas: messages whose entry is in RAM but whose body is only in a store (a walk over
+    /// the ready messages: for listings and tests, not for hot paths).
+    pub fn beta_count(&self) -> u64 {
+        let ready = self.ready.iter().flatten().chain(self.q1.iter());
+        ready.filter(|e| e.beta.is_some()).count() as u64
     }
 
     fn under_pressure(&self) -> bool {
@@ -124,7 +155,14 @@ impl Queue {
     }
 
     fn start_page_out(&mut self) {
-        let keep = self.persist.as_ref().map_or(0, |p| p.paging.keep_entries);
+        let (keep, keep_bytes) = self.persist.as_ref().map_or((0, 0), |p| {
+            // The head may take a quarter of the paging budget at most: with a small budget
+            // and large messages, a head of keep_entries would hold it all.
+            (
+                p.paging.keep_entries,
+                KEEP_BYTES.min(p.paging.threshold / 4),
+            )
+        });
         let cut = if self.delta.is_some() {
             0
         } else {
@@ -132,7 +170,7 @@ impl Queue {
             let mut bytes = 0u64;
             let mut cut = lane.len();
             for (i, e) in lane.iter().enumerate() {
-                if i >= keep || bytes >= KEEP_BYTES {
+                if i >= keep || bytes >= keep_bytes {
                     cut = i;
                     break;
                 }
@@ -196,10 +234,16 @@ impl Queue {
             return;
         }
         self.page_out = None;
+        // Bodies first (RabbitMQ's alpha -> beta): a message whose body has its own place
+        // in a store drops the body and keeps its entry. Only a range with no such body
+        // left moves on to delta, at the next page-out if memory still asks for one.
+        if self.drop_bodies(po.from, po.to) {
+            return;
+        }
         let (mut count, mut bytes, mut size) = (0u64, 0u64, 0u64);
         let mut take = |e: Entry| {
             count += 1;
-            bytes += e.message.body.len() as u64;
+            bytes += e.body_len();
             size += e.message.size();
         };
         match self.delta.as_mut() {
@@ -239,6 +283,64 @@ impl Queue {
         tracing::debug!(count, bytes, "paged out");
     }
 
+    /// Turns the alphas of `[from, to)` whose body is in a store into betas; returns
+    /// whether there was any.
+    fn drop_bodies(&mut self, from: u64, to: u64) -> bool {
+        let embed_below = self.persist.as_ref().map_or(0, |p| p.paging.embed_below);
+        let lane = if self.delta.is_some() {
+            &mut self.q1
+        } else {
+            &mut self.ready[0]
+        };
+        let mut freed = 0u64;
+        let mut any = false;
+        for e in lane.iter_mut() {
+            if e.seq < from || e.seq >= to || e.beta.is_some() || e.on_disk == OnDisk::No {
+                continue;
+            }
+            if !stored_apart(&e.message, embed_below) {
+                continue;
+            }
+            let len = e.message.body.len() as u64;
+            let mut bodiless = (*e.message).clone();
+            bodiless.body = bytes::Bytes::new();
+            e.message = Arc::new(bodiless);
+            e.beta = Some(len);
+            freed += len;
+            any = true;
+        }
+        self.account(-(freed as i64));
+        if any {
+            tracing::debug!(freed, "message bodies paged out");
+        }
+        any
+    }
+
+    /// Reads a beta's message back from its store; false (reported) when it is gone.
+    pub(super) fn load_beta(&mut self, e: &mut Entry) -> bool {
+        let Some(len) = e.beta else {
+            return true;
+        };
+        let loaded = match self.pager() {
+            Some(p) => p.read_message(e.message.id, e.on_disk == OnDisk::Persistent),
+            None => Err(PageError("no pager".into())),
+        };
+        match loaded {
+            Ok(Some(m)) => {
+                let _ = len;
+                let before = e.message.size() as i64;
+                e.message = Arc::new(m);
+                e.beta = None;
+                self.account(e.message.size() as i64 - before);
+                true
+            }
+            Ok(None) | Err(_) => {
+                tracing::error!(seq = e.seq, error = ?loaded.err(), "paged message body missing or unreadable; dropped");
+                false
+            }
+        }
+    }
+
     /// Reads delta back into the head when the head is empty, a segment at a time; once
     /// delta is empty, q1 joins the head.
     pub(super) fn fill_front(&mut self) {
@@ -258,7 +360,7 @@ impl Queue {
                         if e.seq < d.start || e.seq >= d.end {
                             continue;
                         }
-                        let body = e.message.body.len() as u64;
+                        let body = e.body_len();
                         d.count = d.count.saturating_sub(1);
                         d.bytes = d.bytes.saturating_sub(body);
                         self.ready_bytes += body;

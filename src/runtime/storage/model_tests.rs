@@ -175,12 +175,19 @@ fn check(node: &Node, model: &Model) {
     );
 }
 
-fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> u64 {
+/// What a run saw at most: messages only on disk (delta), and betas (bodies only on disk).
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    paged: u64,
+    betas: u64,
+}
+
+fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> Seen {
     let disk = MemDisk::new();
     let mut generation = 1;
     let mut node = open(&disk, pressure, durable, generation);
     let mut model = Model::default();
-    let mut max_paged = 0;
+    let mut seen = Seen::default();
     let now = Instant::default();
     for op in ops {
         let mut dead = Vec::new();
@@ -259,7 +266,11 @@ fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> u64 {
                 model.ready.retain(|_, m| m.persistent);
             }
         }
-        max_paged = max_paged.max(node.queue.lock().paged_count());
+        {
+            let q = node.queue.lock();
+            seen.paged = seen.paged.max(q.paged_count());
+            seen.betas = seen.betas.max(q.beta_count());
+        }
         check(&node, &model);
     }
     // Drain: everything left comes out in order.
@@ -280,7 +291,7 @@ fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> u64 {
             ),
         }
     }
-    max_paged
+    seen
 }
 
 proptest! {
@@ -328,11 +339,16 @@ fn a_long_queue_pages_out_and_reads_back_in_order() {
         }
         ops.push(Op::Step);
         ops.push(Op::Step);
-        let max_paged = run(ops, pressure, durable);
+        let seen = run(ops, pressure, durable);
         assert!(
-            max_paged > 150,
-            "{pressure:?}/{durable}: only {max_paged} messages paged"
+            seen.paged > 150,
+            "{pressure:?}/{durable}: only {} messages paged",
+            seen.paged
         );
+        if pressure == Pressure::Memory {
+            // Bodies in a store go first (alpha -> beta), then whole entries (-> delta).
+            assert!(seen.betas > 0, "{pressure:?}/{durable}: no betas");
+        }
     }
 }
 
@@ -345,5 +361,6 @@ fn unpressured_queue_does_not_page() {
         })
         .chain([Op::Step, Op::Step])
         .collect();
-    assert_eq!(run(ops, Pressure::None, true), 0);
+    let seen = run(ops, Pressure::None, true);
+    assert_eq!((seen.paged, seen.betas), (0, 0));
 }

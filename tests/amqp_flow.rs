@@ -23,6 +23,14 @@ const WATERMARK: u64 = 1_000_000;
 const MSG: usize = 50_000;
 const BULK: usize = 2_000_000;
 
+/// A 1 MB watermark and no storage: with storage, queues page a backlog this size to disk
+/// before it reaches the watermark (that is tested in `tests/amqp_paging.rs`); here the
+/// backlog must stay in memory so the alarm can be seen.
+fn memory_alarm_config(c: &mut warren::config::Config) {
+    c.limits.memory_high_watermark_bytes = WATERMARK;
+    c.storage.enabled = false;
+}
+
 struct Publisher {
     handle: JoinHandle<()>,
     stop: Arc<AtomicBool>,
@@ -92,7 +100,7 @@ async fn wait_unblocked(conn: &Connection, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publisher_is_blocked_above_memory_watermark_and_unblocked_after_purge() {
-    let node = TestNode::start_with(|c| c.limits.memory_high_watermark_bytes = WATERMARK).await;
+    let node = TestNode::start_with(memory_alarm_config).await;
     let q = unique("flow-q");
     let (admin_conn, admin) = node.channel().await;
     declare_queue(&admin, &q).await;
@@ -139,7 +147,7 @@ async fn publisher_is_blocked_above_memory_watermark_and_unblocked_after_purge()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consuming_the_backlog_unblocks_the_publisher() {
-    let node = TestNode::start_with(|c| c.limits.memory_high_watermark_bytes = WATERMARK).await;
+    let node = TestNode::start_with(memory_alarm_config).await;
     let q = unique("flow-consume-q");
     let (_admin_conn, admin) = node.channel().await;
     declare_queue(&admin, &q).await;
@@ -182,7 +190,7 @@ async fn consuming_the_backlog_unblocks_the_publisher() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_opened_during_alarm_can_still_consume() {
-    let node = TestNode::start_with(|c| c.limits.memory_high_watermark_bytes = WATERMARK).await;
+    let node = TestNode::start_with(memory_alarm_config).await;
     let q = unique("flow-late-q");
     let (_admin_conn, admin) = node.channel().await;
     declare_queue(&admin, &q).await;

@@ -1,10 +1,12 @@
 //! The metadata Raft group over real TCP node links ([`TcpTransport`]) on 127.0.0.1: a
 //! three-node cluster converges, survives the loss of its leader, refuses foreign peers and
-//! shrugs off garbage frames.
+//! shrugs off garbage frames; proposals made on a follower are forwarded to the leader (also
+//! while the leader dies) and are never applied twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
 use warren::meta::raft::{
-    MetaRaft, MetaRaftConfig, NodeId, ProposeError, RaftTransport, TransportError,
+    MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError, RaftTransport, TransportError,
 };
-use warren::meta::state::queue_names;
+use warren::meta::state::{queue_names, Binding, Destination};
 use warren::meta::{Command, QueueDef};
 use warren::runtime::node_link::wire::{self, Envelope, PROTOCOL_VERSION};
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
@@ -166,13 +168,15 @@ impl Cluster {
         }
     }
 
-    /// Proposes through whichever running node leads, retrying across elections.
+    /// Proposes through whichever running node leads, retrying across elections (after an
+    /// unknown outcome too: the declares used here are idempotent).
     async fn propose(&self, command: Command) {
         loop {
             let leader = self.leader().await;
             match self.nodes[&leader].propose(command.clone()).await {
                 Ok(_) => return,
-                Err(ProposeError::NotLeader { .. } | ProposeError::Timeout(_)) => {}
+                Err(e) if e.outcome_unknown() => {}
+                Err(ProposeError::NoLeader { .. }) => {}
                 Err(e) => panic!("proposal failed: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -197,6 +201,39 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Stops every node.
+    async fn stop(&mut self) {
+        for id in self.nodes.keys().copied().collect::<Vec<_>>() {
+            self.kill(id).await;
+        }
+    }
+
+    /// A running node other than the leader, once every running node knows the leader.
+    async fn follower(&self) -> (NodeId, NodeId) {
+        let leader = self.leader().await;
+        for node in self.nodes.values() {
+            let known = node
+                .wait_for_leader(Duration::from_secs(10), |l| l == leader)
+                .await;
+            assert_eq!(known, Some(leader), "node {} learns the leader", node.id());
+        }
+        let follower = *self
+            .nodes
+            .keys()
+            .find(|&&id| id != leader)
+            .expect("a follower");
+        (leader, follower)
+    }
+
+    /// The queue names in "/" on node `id`.
+    fn queues(&self, id: NodeId) -> BTreeSet<String> {
+        queue_names(&self.nodes[&id].snapshot())
+            .into_iter()
+            .filter(|(vhost, _)| vhost == "/")
+            .map(|(_, name)| name)
+            .collect()
     }
 }
 
@@ -417,6 +454,207 @@ async fn a_silent_peer_times_out_instead_of_hanging() {
         assert_eq!(me.connected_peers(), vec![2]);
         me.shutdown();
         let _ = tokio::time::timeout(Duration::from_secs(5), fake).await;
+    })
+    .await;
+}
+
+fn bind_to_missing_queue() -> Command {
+    Command::Bind(Binding {
+        vhost: "/".into(),
+        source: "amq.direct".into(),
+        destination: Destination::Queue("missing".into()),
+        routing_key: "k".into(),
+        arguments: FieldTable::default(),
+    })
+}
+
+/// `declare_queue(name)` with `durable = false`: refused (406) once the durable one exists.
+fn declare_transient(name: &str) -> Command {
+    Command::DeclareQueue(QueueDef {
+        vhost: "/".into(),
+        name: name.into(),
+        durable: false,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments: FieldTable::default(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_on_a_follower_is_forwarded_and_applied_on_all_three_nodes() {
+    bounded(async {
+        let mut c = Cluster::new(&[]).await;
+        c.propose(Command::AddVhost { name: "/".into() }).await;
+        let (_, follower) = c.follower().await;
+        let r = c.nodes[&follower]
+            .propose(declare_queue("via-follower"))
+            .await
+            .expect("forwarded to the leader");
+        assert!(r.outcome.as_ref().is_ok_and(|s| s.created), "{r:?}");
+        for (id, node) in &c.nodes {
+            assert!(node.wait_applied(r.index, Duration::from_secs(5)).await);
+            assert!(c.queues(*id).contains("via-follower"), "node {id}");
+        }
+        c.converge(&["via-follower"]).await;
+        c.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_command_on_a_follower_returns_the_leaders_refusal_and_changes_nothing() {
+    bounded(async {
+        let mut c = Cluster::new(&[]).await;
+        c.propose(Command::AddVhost { name: "/".into() }).await;
+        c.propose(declare_queue("q")).await;
+        c.converge(&["q"]).await;
+        let (leader, follower) = c.follower().await;
+        let before: BTreeMap<NodeId, _> = c.nodes.iter().map(|(&id, n)| (id, n.view())).collect();
+
+        for command in [declare_transient("q"), bind_to_missing_queue()] {
+            let on_follower = c.nodes[&follower]
+                .propose(command.clone())
+                .await
+                .expect("an answer from the leader");
+            let on_leader = c.nodes[&leader].propose(command).await.expect("an answer");
+            let refusal = on_follower.outcome.clone().expect_err("refused");
+            assert_eq!(on_follower.outcome, on_leader.outcome, "the same refusal");
+            assert!([404, 406].contains(&refusal.code), "{refusal}");
+        }
+        c.converge(&["q"]).await;
+        for (id, node) in &c.nodes {
+            let after = node.view();
+            assert_eq!(after.state, before[id].state, "node {id} changed nothing");
+            // Four refusals were committed: the chained digest moved on.
+            assert_ne!(after.digest, before[id].digest, "node {id}");
+        }
+        c.stop().await;
+    })
+    .await;
+}
+
+/// What one proposal on the follower came to.
+struct Attempted {
+    name: String,
+    outcome: Result<MetaResponse, ProposeError>,
+    took: Duration,
+    after_kill: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_proposals_while_the_leader_dies_succeed_or_fail_clearly_and_never_twice() {
+    bounded(async {
+        let mut c = Cluster::new(&[]).await;
+        c.propose(Command::AddVhost { name: "/".into() }).await;
+        let (leader, follower) = c.follower().await;
+        let deadline = raft_config().propose_timeout;
+
+        // Three proposers on the follower, each a stream of distinct queue names.
+        let killed = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for w in 0..3 {
+            let node = c.nodes[&follower].clone();
+            let (killed, stop) = (Arc::clone(&killed), Arc::clone(&stop));
+            workers.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                let mut wins_after_kill = 0;
+                for i in 0.. {
+                    if stop.load(Ordering::SeqCst) || wins_after_kill >= 5 {
+                        break;
+                    }
+                    let name = format!("w{w}-{i}");
+                    let after_kill = killed.load(Ordering::SeqCst);
+                    let started = tokio::time::Instant::now();
+                    let outcome = node.propose(declare_queue(&name)).await;
+                    if after_kill && outcome.is_ok() {
+                        wins_after_kill += 1;
+                    }
+                    out.push(Attempted {
+                        name,
+                        outcome,
+                        took: started.elapsed(),
+                        after_kill,
+                    });
+                }
+                out
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c.kill(leader).await;
+        killed.store(true, Ordering::SeqCst);
+        let stopper = {
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(15)).await;
+                stop.store(true, Ordering::SeqCst);
+            })
+        };
+        let mut attempts = Vec::new();
+        for w in workers {
+            attempts.extend(w.await.expect("proposer task"));
+        }
+        stopper.abort();
+
+        let mut applied = BTreeSet::new();
+        let mut not_applied = BTreeSet::new();
+        let mut indexes = BTreeSet::new();
+        let (mut unknown, mut wins_after_kill) = (0, 0);
+        for a in &attempts {
+            assert!(
+                a.took <= deadline + Duration::from_millis(500),
+                "{} took {:?}",
+                a.name,
+                a.took
+            );
+            match &a.outcome {
+                Ok(r) => {
+                    // A proposal applied twice would answer `created: false` the second time.
+                    assert!(
+                        r.outcome.as_ref().is_ok_and(|s| s.created),
+                        "{}: {r:?}",
+                        a.name
+                    );
+                    assert!(indexes.insert(r.index), "index {} reported twice", r.index);
+                    applied.insert(a.name.clone());
+                    wins_after_kill += usize::from(a.after_kill);
+                }
+                Err(e @ ProposeError::NoLeader { .. }) => {
+                    eprintln!("{}: {e}", a.name);
+                    not_applied.insert(a.name.clone());
+                }
+                Err(e) if e.outcome_unknown() => {
+                    eprintln!("{}: {e}", a.name);
+                    unknown += 1;
+                }
+                Err(e) => panic!("{}: unexpected error {e:?}", a.name),
+            }
+        }
+        eprintln!(
+            "{} proposals on node {follower}: {} applied ({wins_after_kill} after killing {leader}), \
+             {} not applied, {unknown} unknown",
+            attempts.len(),
+            applied.len(),
+            not_applied.len()
+        );
+        assert!(wins_after_kill > 0, "the new leader took forwarded proposals");
+
+        // The survivors agree (same applied index and chained digest); then the old leader
+        // comes back and catches up, and all three hold the same queues.
+        let names: Vec<&str> = applied.iter().map(String::as_str).collect();
+        c.converge(&names).await;
+        c.restart(leader).await;
+        c.propose(declare_queue("after-restart")).await;
+        let mut all = names.clone();
+        all.push("after-restart");
+        c.converge(&all).await;
+        let reference = c.queues(follower);
+        for id in c.nodes.keys() {
+            let queues = c.queues(*id);
+            assert_eq!(queues, reference, "node {id}");
+            assert!(not_applied.iter().all(|n| !queues.contains(n)), "node {id}");
+        }
+        c.stop().await;
     })
     .await;
 }

@@ -1,4 +1,5 @@
-//! Raft RPCs over an abstract [`RaftTransport`] that moves opaque frames.
+//! Raft RPCs, and proposals forwarded to the leader, over an abstract [`RaftTransport`] that
+//! moves opaque frames.
 //!
 //! The client side ([`NetworkFactory`], one [`PeerClient`] per target) encodes openraft's
 //! request into a frame, asks the transport for the reply frame within openraft's soft TTL,
@@ -7,12 +8,33 @@
 //! answer. The server side ([`RpcServer`]) decodes a frame, hands it to the local Raft and
 //! encodes the answer.
 //!
-//! Frames are bincode behind a format byte, so no openraft type crosses the transport: the
-//! in-process [`super::router::Router`] and a later TCP transport only move bytes.
+//! # Frames
+//!
+//! A request frame is one `RpcRequest`, a reply frame one `RpcReply`, both bincode
+//! (fixed-width integers, no trailing bytes) behind the format byte of [`super::persist`].
+//! bincode writes an enum's variant index as a little-endian `u32` before its fields:
+//!
+//! | index | request | reply |
+//! |---:|---|---|
+//! | 0 | `Append` (AppendEntries) | `Append` |
+//! | 1 | `Vote` | `Vote` |
+//! | 2 | `Snapshot` (InstallSnapshot chunk) | `Snapshot` |
+//! | 3 | `Forward` (a proposal, [`super::forward`]) | `Malformed` (the request did not decode) |
+//! | 4 | | `Forward` (the leader's [`super::forward::ForwardReply`]) |
+//!
+//! Variants are only ever appended, so adding one leaves every existing frame byte for byte
+//! as it was; a node that does not know a request kind answers `Malformed`, and an
+//! incompatible change bumps the format byte instead. The forward variants carry only our own
+//! types (the metadata command and its response), so no openraft type crosses the transport:
+//! the in-process [`super::router::Router`] and the TCP node links only move bytes.
+//!
+//! A frame that does not decode is answered with `Malformed` (and logged); nothing on the
+//! receiving side panics on what a peer sends.
 
 use std::error::Error;
 use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +49,8 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
 use serde::{Deserialize, Serialize};
 
-use super::persist;
+use super::forward::{self, ForwardReply, ForwardRequest};
+use super::persist::{self, PersistError};
 use super::types::{NodeId, TypeConfig};
 
 /// Why a transport could not deliver a request or bring back its reply.
@@ -52,6 +75,11 @@ pub enum TransportError {
 /// Moves request frames to peers and reply frames back. Implementations must give up by
 /// `deadline` (the caller enforces it too) and must not open a connection per call: openraft
 /// asks for a client often.
+///
+/// [`TransportError::Unreachable`] must mean that the frame was **not** handed to the peer's
+/// [`RpcServer`] (no connection, refused, nothing serving there yet): a forwarded proposal is
+/// retried on it, and only on it. Any error after the frame may have been delivered is
+/// [`TransportError::Timeout`] or [`TransportError::Io`].
 pub trait RaftTransport: Send + Sync + 'static {
     /// Sends `frame` to node `target` (whose cluster address is `addr`) and returns the reply.
     fn call(
@@ -63,27 +91,76 @@ pub trait RaftTransport: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send;
 }
 
-/// A request frame's content.
-#[derive(Serialize, Deserialize)]
-enum RpcRequest {
+/// The object-safe face of a [`RaftTransport`], so [`super::MetaRaft`] can keep one for
+/// forwarding without becoming generic.
+pub(super) trait DynTransport: Send + Sync + 'static {
+    /// [`RaftTransport::call`], boxed.
+    fn call_dyn<'a>(
+        &'a self,
+        target: NodeId,
+        addr: &'a str,
+        frame: Vec<u8>,
+        deadline: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, TransportError>> + Send + 'a>>;
+}
+
+impl<T: RaftTransport> DynTransport for T {
+    fn call_dyn<'a>(
+        &'a self,
+        target: NodeId,
+        addr: &'a str,
+        frame: Vec<u8>,
+        deadline: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, TransportError>> + Send + 'a>> {
+        Box::pin(self.call(target, addr, frame, deadline))
+    }
+}
+
+/// A request frame's content. Append new variants at the end only (see the module docs).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum RpcRequest {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A proposal made on another node, for the leader to commit.
+    Forward(ForwardRequest),
 }
 
-/// A reply frame's content.
-#[derive(Serialize, Deserialize)]
-enum RpcReply {
+/// A reply frame's content. Append new variants at the end only (see the module docs).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// The server could not decode the request.
     Malformed(String),
+    /// The outcome of a forwarded proposal.
+    Forward(ForwardReply),
 }
 
 /// Names the wire in decode errors.
 fn wire() -> &'static Path {
     Path::new("raft rpc")
+}
+
+/// The frame carrying `req`.
+pub(super) fn encode_request(req: &RpcRequest) -> Result<Vec<u8>, PersistError> {
+    persist::encode("raft request", req)
+}
+
+/// Decodes a request frame.
+pub(super) fn decode_request(frame: &[u8]) -> Result<RpcRequest, PersistError> {
+    persist::decode("raft request", wire(), frame)
+}
+
+/// The frame carrying `reply`.
+pub(super) fn encode_reply(reply: &RpcReply) -> Result<Vec<u8>, PersistError> {
+    persist::encode("raft reply", reply)
+}
+
+/// Decodes a reply frame.
+pub(super) fn decode_reply(frame: &[u8]) -> Result<RpcReply, PersistError> {
+    persist::decode("raft reply", wire(), frame)
 }
 
 /// Creates one [`PeerClient`] per target; cheap, as openraft calls it per election round.
@@ -93,12 +170,9 @@ pub struct NetworkFactory<T> {
 }
 
 impl<T: RaftTransport> NetworkFactory<T> {
-    /// A factory for node `me`.
-    pub fn new(me: NodeId, transport: T) -> NetworkFactory<T> {
-        NetworkFactory {
-            me,
-            transport: Arc::new(transport),
-        }
+    /// A factory for node `me`; `transport` may be shared with the proposal forwarder.
+    pub fn new(me: NodeId, transport: Arc<T>) -> NetworkFactory<T> {
+        NetworkFactory { me, transport }
     }
 }
 
@@ -133,8 +207,7 @@ impl<T: RaftTransport> PeerClient<T> {
         option: &RPCOption,
     ) -> RpcResult<RpcReply, E> {
         let ttl = option.soft_ttl();
-        let frame = persist::encode("raft request", &req)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let frame = encode_request(&req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let call = self
             .transport
             .call(self.target, &self.node.addr, frame, ttl);
@@ -156,7 +229,7 @@ impl<T: RaftTransport> PeerClient<T> {
             Ok(Err(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
             Ok(Ok(reply)) => reply,
         };
-        match persist::decode("raft reply", wire(), &reply) {
+        match decode_reply(&reply) {
             Ok(RpcReply::Malformed(why)) => Err(RPCError::Network(NetworkError::new(
                 &TransportError::Io(format!("peer could not decode our request: {why}")),
             ))),
@@ -235,24 +308,40 @@ impl<T: RaftTransport> RaftNetwork<TypeConfig> for PeerClient<T> {
 #[derive(Clone)]
 pub struct RpcServer {
     raft: Raft<TypeConfig>,
+    /// The longest a forwarded proposal may wait here for its outcome (the caller's budget
+    /// is usually shorter).
+    propose_timeout: Duration,
 }
 
 impl RpcServer {
-    pub(crate) fn new(raft: Raft<TypeConfig>) -> RpcServer {
-        RpcServer { raft }
+    pub(crate) fn new(raft: Raft<TypeConfig>, propose_timeout: Duration) -> RpcServer {
+        RpcServer {
+            raft,
+            propose_timeout,
+        }
     }
 
-    /// Handles one request frame and returns the reply frame.
+    /// Handles one request frame and returns the reply frame. Never panics: a frame that
+    /// does not decode gets a `Malformed` reply.
     pub async fn handle(&self, frame: &[u8]) -> Vec<u8> {
-        let reply = match persist::decode("raft request", wire(), frame) {
+        let reply = match decode_request(frame) {
             Ok(RpcRequest::Append(r)) => RpcReply::Append(self.raft.append_entries(r).await),
             Ok(RpcRequest::Vote(r)) => RpcReply::Vote(self.raft.vote(r).await),
             Ok(RpcRequest::Snapshot(r)) => RpcReply::Snapshot(self.raft.install_snapshot(r).await),
-            Err(e) => RpcReply::Malformed(e.to_string()),
+            Ok(RpcRequest::Forward(r)) => {
+                RpcReply::Forward(forward::serve(&self.raft, r, self.propose_timeout).await)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    bytes = frame.len(),
+                    "answering an undecodable raft request: {e}"
+                );
+                RpcReply::Malformed(e.to_string())
+            }
         };
         // Replies are plain data and always encode; an empty frame would surface at the
         // caller as a network error rather than a panic here.
-        persist::encode("raft reply", &reply).unwrap_or_else(|e| {
+        encode_reply(&reply).unwrap_or_else(|e| {
             tracing::error!("cannot encode a raft reply: {e}");
             Vec::new()
         })

@@ -1,16 +1,23 @@
 //! [`MetaRaft`]: one node of the metadata Raft group, behind an API with no openraft types.
+//!
+//! Any node accepts proposals: the leader commits them itself, any other node forwards them
+//! to the leader over the Raft transport ([`super::forward`] describes the routing, the
+//! deadline and why a proposal is never re-sent once a leader may have taken it).
+//! [`ProposeError::outcome_unknown`] tells the caller whether a failed proposal may still
+//! have been applied.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
 use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
+use super::forward::Forwarder;
 use super::log_store::LogStore;
-use super::network::{NetworkFactory, RaftTransport, RpcServer};
+use super::network::{DynTransport, NetworkFactory, RaftTransport, RpcServer};
 use super::persist::PersistError;
 use super::rt;
 use super::state_machine::{MetaStateMachine, MetaView};
@@ -36,7 +43,8 @@ pub struct MetaRaftConfig {
     pub logs_kept_after_snapshot: u64,
     /// Size at which a log segment file rolls over.
     pub segment_bytes: u64,
-    /// How long [`MetaRaft::propose`] waits for its command to be applied.
+    /// How long [`MetaRaft::propose`] waits for its command to be applied, forwarding to the
+    /// leader and waiting for one included.
     pub propose_timeout: Duration,
 }
 
@@ -100,10 +108,12 @@ pub enum InitError {
     Stopped(String),
 }
 
-/// Why a proposal has no outcome.
+/// Why a proposal has no outcome. [`ProposeError::outcome_unknown`] separates the errors
+/// after which the command may still be applied from those after which it certainly is not.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProposeError {
-    /// Only the leader accepts proposals; this is who that is, if known.
+    /// Only the leader serves this; this is who that is, if known. Returned by
+    /// [`MetaRaft::linearizable_snapshot`]; proposals are forwarded instead.
     #[error("not the leader (leader: {leader:?})")]
     NotLeader {
         /// The leader's id.
@@ -111,15 +121,58 @@ pub enum ProposeError {
         /// The leader's cluster address.
         leader_addr: Option<String>,
     },
-    /// No outcome in time; the command may still be committed later.
+    /// No leader could be reached before the deadline (none elected, or the one this node
+    /// knew was unreachable or had stepped down). No leader took the command: it is not
+    /// applied, and proposing it again is safe.
+    #[error("no leader reachable within {waited:?} ({reason}); the command was not proposed")]
+    NoLeader {
+        /// How long the proposal waited.
+        waited: Duration,
+        /// What the last attempt ran into.
+        reason: String,
+    },
+    /// The command went to a leader (this node, or the one it was forwarded to) and no
+    /// outcome came back in time; the command may still commit.
     #[error("no outcome within {0:?}; the command may still commit")]
     Timeout(Duration),
+    /// A leader took the command and its outcome was lost: the link broke, the leader
+    /// stopped, or it lost its leadership with the command in flight. The command may or may
+    /// not be applied; it was not re-sent (see [`super::forward`]).
+    #[error("outcome unknown (leader {leader}): {reason}; the command may or may not commit")]
+    Unknown {
+        /// The leader the command was forwarded to (this node's id if it led itself).
+        leader: NodeId,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The leader could not read the forwarded command (a node speaking another version) or
+    /// it could not be encoded; nothing was proposed.
+    #[error("node {leader} could not take the forwarded command: {reason}")]
+    ForwardFailed {
+        /// The leader.
+        leader: NodeId,
+        /// Why.
+        reason: String,
+    },
     /// The leader could not reach a majority to confirm it still leads.
     #[error("no quorum: {0}")]
     NoQuorum(String),
-    /// The node has stopped.
+    /// This node has stopped. If it stopped while leading with the command in flight, the
+    /// command may still commit on the others.
     #[error("raft node stopped: {0}")]
     Stopped(String),
+}
+
+impl ProposeError {
+    /// Whether the command may have been applied, or may still be, despite the error: the
+    /// caller must then not assume either way (re-proposing it may apply it twice; reading
+    /// the metadata tells). False means it is certainly not applied.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            ProposeError::Timeout(_) | ProposeError::Unknown { .. } | ProposeError::Stopped(_)
+        )
+    }
 }
 
 /// The Raft task ended with a panic or was cancelled.
@@ -134,6 +187,7 @@ pub struct MetaRaft {
     raft: Raft<TypeConfig>,
     view: watch::Receiver<MetaView>,
     propose_timeout: Duration,
+    forwarder: Forwarder,
 }
 
 impl MetaRaft {
@@ -151,15 +205,19 @@ impl MetaRaft {
         let raft_config = Arc::new(config.to_openraft()?);
         let log = LogStore::open(Arc::clone(&disk), dir, config.segment_bytes)?;
         let (sm, view) = MetaStateMachine::open(disk, dir)?;
-        let network = NetworkFactory::new(id, transport);
+        let transport = Arc::new(transport);
+        let network = NetworkFactory::new(id, Arc::clone(&transport));
         let raft = rt::with_seed(seed, Raft::new(id, raft_config, network, log, sm))
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
+        let transport: Arc<dyn DynTransport> = transport;
+        let forwarder = Forwarder::new(id, raft.clone(), transport, config.propose_timeout);
         Ok(MetaRaft {
             id,
             raft,
             view,
             propose_timeout: config.propose_timeout,
+            forwarder,
         })
     }
 
@@ -187,26 +245,17 @@ impl MetaRaft {
         }
     }
 
-    /// Replicates `command` and returns its outcome once this node has applied it. A command
-    /// the state machine refuses is still committed: the refusal is in the response and the
-    /// metadata is unchanged on every node.
+    /// Replicates `command` and returns its outcome once it is applied: on this node when it
+    /// leads, otherwise on the leader it was forwarded to (this node applies it shortly
+    /// after; [`MetaRaft::wait_applied`] waits for that). A command the state machine refuses
+    /// is still committed: the refusal is in the response, identical wherever it was
+    /// proposed, and the metadata is unchanged on every node.
+    ///
+    /// Everything, waiting for a leader included, happens within the configured
+    /// `propose_timeout`. On error, [`ProposeError::outcome_unknown`] says whether the
+    /// command may still be applied.
     pub async fn propose(&self, command: Command) -> Result<MetaResponse, ProposeError> {
-        let write = self.raft.client_write(MetaRequest { command });
-        match tokio::time::timeout(self.propose_timeout, write).await {
-            Err(_) => Err(ProposeError::Timeout(self.propose_timeout)),
-            Ok(Ok(resp)) => Ok(resp.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(ProposeError::NotLeader {
-                    leader: f.leader_id,
-                    leader_addr: f.leader_node.map(|n| n.addr),
-                })
-            }
-            // Only membership changes fail this way; a command never does.
-            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
-                Err(ProposeError::Stopped(e.to_string()))
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
-        }
+        self.forwarder.propose(MetaRequest { command }).await
     }
 
     /// The metadata as this node has applied it.
@@ -309,7 +358,7 @@ impl MetaRaft {
 
     /// The handler a transport feeds this node's incoming Raft requests to.
     pub fn rpc_server(&self) -> RpcServer {
-        RpcServer::new(self.raft.clone())
+        RpcServer::new(self.raft.clone(), self.propose_timeout)
     }
 
     /// Stops the node's tasks. Its storage stays as it is, ready for a restart.

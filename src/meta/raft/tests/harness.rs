@@ -13,7 +13,8 @@ use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
 use crate::meta::raft::types::{MetaRequest, TypeConfig};
 use crate::meta::raft::{
-    MetaRaft, MetaRaftConfig, MetaResponse, MetaView, NodeId, ProposeError, Router,
+    MetaRaft, MetaRaftConfig, MetaResponse, MetaView, NodeId, ProposeError, RaftTransport, Router,
+    RouterTransport,
 };
 use crate::meta::state::{Binding, Destination, QueueDef};
 use crate::meta::Command;
@@ -122,6 +123,16 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes and initialises them as one cluster.
     pub async fn new(n: u64, config: MetaRaftConfig) -> Cluster {
+        Cluster::with_transports(n, config, |_, t| t).await
+    }
+
+    /// Like [`Cluster::new`], each node sending through `wrap(id, its router transport)`
+    /// (restarts use the plain router transport).
+    pub async fn with_transports<T: RaftTransport>(
+        n: u64,
+        config: MetaRaftConfig,
+        wrap: impl Fn(NodeId, RouterTransport) -> T,
+    ) -> Cluster {
         let mut c = Cluster {
             router: Router::new(),
             disks: (1..=n).map(|id| (id, MemDisk::new())).collect(),
@@ -129,7 +140,8 @@ impl Cluster {
             config,
         };
         for id in 1..=n {
-            c.start(id).await;
+            let transport = wrap(id, c.router.transport(id));
+            c.start_with(id, transport).await;
         }
         let members = (1..=n).map(|id| (id, format!("node-{id}"))).collect();
         c.nodes[&1].initialize(members).await.expect("initialise");
@@ -138,17 +150,16 @@ impl Cluster {
 
     /// Starts (or restarts) node `id` from its disk.
     pub async fn start(&mut self, id: NodeId) {
+        let transport = self.router.transport(id);
+        self.start_with(id, transport).await;
+    }
+
+    /// Starts node `id` from its disk, sending through `transport`.
+    pub async fn start_with<T: RaftTransport>(&mut self, id: NodeId, transport: T) {
         let disk: Arc<dyn Disk> = Arc::new(self.disks[&id].clone());
-        let node = MetaRaft::start(
-            id,
-            self.router.transport(id),
-            disk,
-            Path::new(DIR),
-            &self.config,
-            1000 + id,
-        )
-        .await
-        .expect("node starts");
+        let node = MetaRaft::start(id, transport, disk, Path::new(DIR), &self.config, 1000 + id)
+            .await
+            .expect("node starts");
         self.router.serve(id, node.rpc_server());
         self.nodes.insert(id, node);
     }
@@ -184,13 +195,16 @@ impl Cluster {
     }
 
     /// Proposes through whichever node outside `skip` leads, retrying across elections.
+    /// Retrying after an unknown outcome may apply the command twice: fine for the
+    /// idempotent declares these tests use.
     pub async fn propose(&self, command: Command, skip: &[NodeId]) -> MetaResponse {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let leader = self.leader(skip, Duration::from_secs(10)).await;
             match self.nodes[&leader].propose(command.clone()).await {
                 Ok(r) => return r,
-                Err(ProposeError::NotLeader { .. } | ProposeError::Timeout(_)) => {}
+                Err(e) if e.outcome_unknown() => {}
+                Err(ProposeError::NoLeader { .. }) => {}
                 Err(e) => panic!("proposal failed: {e}"),
             }
             assert!(

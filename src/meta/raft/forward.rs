@@ -1,0 +1,428 @@
+//! Proposals made on any node: committed by the leader, forwarded to it when it is elsewhere.
+//!
+//! [`super::MetaRaft::propose`] runs the loop in `Forwarder::propose`. Each attempt looks
+//! at this node's Raft metrics:
+//! - this node leads: it commits the command itself (`client_write`);
+//! - another node leads: the command goes to it as a `Forward` request on the Raft transport
+//!   (the same frames and links as AppendEntries, Vote and InstallSnapshot; see
+//!   [`super::network`] for the layout), and the leader answers with a [`ForwardReply`];
+//! - no leader is known (an election is under way): it waits until one is.
+//!
+//! The receiver of a forward never forwards it again: if it does not lead it answers
+//! `NotLeader` with its own view of the leader, and the sender picks the next target.
+//!
+//! # Wire
+//!
+//! `RpcRequest::Forward(ForwardRequest { origin, budget_ms, request })` and
+//! `RpcReply::Forward(ForwardReply)`, bincode behind the format byte like every Raft RPC
+//! frame. `request` is the [`MetaRequest`] the leader appends to its log, unchanged;
+//! `budget_ms` is how long the sender still waits, so the leader stops waiting (and answers
+//! `Timeout`) a little before the sender gives up. A `Malformed` answer (the leader could
+//! not decode the frame: a node of another version) fails the proposal with
+//! [`ProposeError::ForwardFailed`].
+//!
+//! # Deadline
+//!
+//! Everything happens within the node's `propose_timeout`, counted from the call: waiting
+//! for a leader, every forward (the transport gets the time that is left), the pauses
+//! between attempts (10 ms doubling to 200 ms) and the commit itself. At most
+//! [`ATTEMPTS_MAX`] attempts are made.
+//!
+//! # Retries: at most once, never a duplicate
+//!
+//! A forward whose answer is lost may or may not have been committed, and plain retrying
+//! would then apply the command twice. Metadata commands are not safely idempotent: a
+//! late duplicate `queue.declare` can re-create a queue deleted in between, a duplicate
+//! reports `created = false` to the channel that did create it, a duplicate
+//! `DeleteExclusiveQueues` can remove a queue declared since. So a proposal is retried only
+//! when no leader can have taken it:
+//!
+//! | what happened | taken by a leader? | then |
+//! |---|---|---|
+//! | no leader known | no | wait for one |
+//! | the transport says *unreachable* (no connection, nothing serving there) | no | pause, retry |
+//! | the receiver answers `NotLeader` (it checks before proposing) | no | retry at its hint |
+//! | the receiver answers `Malformed` | no | [`ProposeError::ForwardFailed`] |
+//! | `Applied` (accepted or refused by the state machine) | yes | the response |
+//! | the leader's `Timeout`, or the transport's deadline | maybe | [`ProposeError::Timeout`] |
+//! | the link broke, or the reply does not decode | maybe | [`ProposeError::Unknown`] |
+//! | the leader lost its leadership or stopped with the command in flight | maybe | [`ProposeError::Unknown`] |
+//!
+//! The last row covers openraft's `ForwardToLeader` from `client_write` on a node that
+//! passed the leadership check: openraft also uses it for an entry truncated after a step
+//! down, and a truncated entry can still be committed by a later leader that holds it
+//! (Raft paper, figure 8), so it is not proof that nothing happened. A proposal therefore
+//! ends with exactly one of: the response, a certain "not applied" error
+//! ([`ProposeError::NoLeader`], [`ProposeError::ForwardFailed`]), or an "outcome unknown"
+//! error ([`ProposeError::outcome_unknown`]); the caller decides what an unknown outcome
+//! means for it, for example by reading the metadata once a leader is back. Exactly-once
+//! retries would need a proposer id and sequence number deduplicated by the state machine
+//! (and kept in snapshots); that is not built.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft, RaftMetrics, ServerState};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::network::{self, DynTransport, RpcReply, RpcRequest, TransportError};
+use super::node::ProposeError;
+use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
+
+/// The most attempts one proposal makes (each bounded by the deadline anyway).
+pub const ATTEMPTS_MAX: u32 = 4096;
+/// First pause after an attempt that did not reach a leader; doubles up to `PAUSE_MAX`.
+const PAUSE_MIN: Duration = Duration::from_millis(10);
+const PAUSE_MAX: Duration = Duration::from_millis(200);
+/// Time kept back from the leader's budget for its answer to travel back (at most a
+/// quarter of the budget).
+const REPLY_MARGIN_MAX: Duration = Duration::from_millis(100);
+/// Below this much time left, no new forward is started.
+const FORWARD_MIN: Duration = Duration::from_millis(5);
+
+/// A proposal forwarded to the leader.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForwardRequest {
+    /// The node the command was proposed on (for the leader's logs).
+    pub origin: NodeId,
+    /// How long the sender still waits, in milliseconds; the leader waits at most this (and
+    /// at most its own propose timeout) for the outcome.
+    pub budget_ms: u64,
+    /// The log entry's data, as the leader will append it.
+    pub request: MetaRequest,
+}
+
+/// A leader's answer to a forwarded proposal (also the outcome of a local one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ForwardReply {
+    /// Committed and applied; the outcome may be the state machine's refusal.
+    Applied(MetaResponse),
+    /// The receiver does not lead and did not propose the command; its view of the leader.
+    NotLeader {
+        /// The leader's id, if known (never the receiver itself).
+        leader: Option<NodeId>,
+        /// The leader's cluster address.
+        leader_addr: Option<String>,
+    },
+    /// Proposed; no outcome within the budget. It may still commit.
+    Timeout {
+        /// The budget that ran out.
+        budget_ms: u64,
+    },
+    /// Proposed; the outcome was lost (leadership lost with the command in flight). It may
+    /// or may not commit.
+    Unknown {
+        /// What happened.
+        reason: String,
+    },
+    /// The leader's Raft stopped; a command already proposed may still commit elsewhere.
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Commits `request` if this node leads, answering as to a forward. The leadership check
+/// comes first, so `NotLeader` always means "not proposed".
+pub(super) async fn write_as_leader(
+    raft: &Raft<TypeConfig>,
+    request: MetaRequest,
+    budget: Duration,
+) -> ForwardReply {
+    if let Some(not_leader) = refuse_unless_leader(&raft.metrics().borrow()) {
+        return not_leader;
+    }
+    if budget.is_zero() {
+        return ForwardReply::Timeout { budget_ms: 0 };
+    }
+    match tokio::time::timeout(budget, raft.client_write(request)).await {
+        Err(_) => ForwardReply::Timeout {
+            budget_ms: millis(budget),
+        },
+        Ok(Ok(resp)) => ForwardReply::Applied(resp.data),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+            ForwardReply::Unknown {
+                reason: format!(
+                    "leadership lost with the command in flight (leader now {:?})",
+                    f.leader_id
+                ),
+            }
+        }
+        // Only membership changes fail this way; a command never does.
+        Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+            ForwardReply::Unknown {
+                reason: e.to_string(),
+            }
+        }
+        Ok(Err(RaftError::Fatal(f))) => ForwardReply::Stopped {
+            reason: f.to_string(),
+        },
+    }
+}
+
+/// `NotLeader` with this node's view of the leader, unless it leads.
+fn refuse_unless_leader(m: &RaftMetrics<NodeId, BasicNode>) -> Option<ForwardReply> {
+    if m.state == ServerState::Leader && m.running_state.is_ok() {
+        return None;
+    }
+    let leader = m.current_leader.filter(|&l| l != m.id);
+    let leader_addr = leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.addr.clone())
+    });
+    Some(ForwardReply::NotLeader {
+        leader,
+        leader_addr,
+    })
+}
+
+/// The leader side: commits a forwarded proposal within the sender's budget.
+pub(super) async fn serve(
+    raft: &Raft<TypeConfig>,
+    req: ForwardRequest,
+    propose_timeout: Duration,
+) -> ForwardReply {
+    let budget = Duration::from_millis(req.budget_ms).min(propose_timeout);
+    let reply = write_as_leader(raft, req.request, budget).await;
+    match &reply {
+        ForwardReply::Applied(r) => {
+            tracing::debug!(
+                origin = req.origin,
+                index = r.index,
+                "forwarded proposal applied"
+            )
+        }
+        other => tracing::debug!(origin = req.origin, "forwarded proposal: {other:?}"),
+    }
+    reply
+}
+
+/// Where the next attempt goes.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Local,
+    Remote {
+        leader: NodeId,
+        addr: String,
+    },
+    /// No leader known (or not in this node's membership yet).
+    Unknown,
+    Stopped(String),
+}
+
+fn route(me: NodeId, m: &RaftMetrics<NodeId, BasicNode>) -> Route {
+    if let Err(e) = &m.running_state {
+        return Route::Stopped(e.to_string());
+    }
+    match m.state {
+        ServerState::Shutdown => Route::Stopped("raft node shut down".into()),
+        ServerState::Leader => Route::Local,
+        _ => match m.current_leader.filter(|&l| l != me) {
+            Some(leader) => match m.membership_config.membership().get_node(&leader) {
+                Some(n) => Route::Remote {
+                    leader,
+                    addr: n.addr.clone(),
+                },
+                None => Route::Unknown,
+            },
+            None => Route::Unknown,
+        },
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Done(Result<MetaResponse, ProposeError>),
+    /// Nothing was proposed; try again (at `hint` if the receiver named a leader).
+    Retry {
+        hint: Option<(NodeId, String)>,
+        why: String,
+    },
+}
+
+/// Routes proposals to the leader; one per [`super::MetaRaft`].
+#[derive(Clone)]
+pub(super) struct Forwarder {
+    me: NodeId,
+    raft: Raft<TypeConfig>,
+    transport: Arc<dyn DynTransport>,
+    timeout: Duration,
+}
+
+impl Forwarder {
+    pub(super) fn new(
+        me: NodeId,
+        raft: Raft<TypeConfig>,
+        transport: Arc<dyn DynTransport>,
+        timeout: Duration,
+    ) -> Forwarder {
+        Forwarder {
+            me,
+            raft,
+            transport,
+            timeout,
+        }
+    }
+
+    /// Commits `request` through whichever node leads, within the propose timeout.
+    pub(super) async fn propose(&self, request: MetaRequest) -> Result<MetaResponse, ProposeError> {
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let mut hint: Option<(NodeId, String)> = None;
+        let mut pause = PAUSE_MIN;
+        let mut why = String::from("no leader known");
+        for _ in 0..ATTEMPTS_MAX {
+            let next = match hint.take() {
+                Some((leader, addr)) => Route::Remote { leader, addr },
+                None => route(self.me, &self.raft.metrics().borrow()),
+            };
+            let attempt = match next {
+                Route::Stopped(reason) => return Err(ProposeError::Stopped(reason)),
+                Route::Local => {
+                    let budget = deadline.saturating_duration_since(Instant::now());
+                    let reply = write_as_leader(&self.raft, request.clone(), budget).await;
+                    self.settle(reply, self.me)
+                }
+                Route::Unknown => {
+                    if self.wait_for_route(deadline).await {
+                        continue;
+                    }
+                    break;
+                }
+                Route::Remote { leader, addr } => {
+                    self.forward(leader, &addr, &request, deadline).await
+                }
+            };
+            match attempt {
+                Attempt::Done(Err(e)) if e.outcome_unknown() => {
+                    tracing::warn!(node = self.me, "proposal: {e}");
+                    return Err(e);
+                }
+                Attempt::Done(outcome) => return outcome,
+                Attempt::Retry { hint: h, why: w } => {
+                    tracing::debug!(node = self.me, "proposal not taken: {w}; retrying");
+                    hint = h.filter(|(l, _)| *l != self.me);
+                    why = w;
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < FORWARD_MIN {
+                break;
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(PAUSE_MAX);
+        }
+        let e = ProposeError::NoLeader {
+            waited: started.elapsed(),
+            reason: why,
+        };
+        tracing::warn!(node = self.me, "proposal: {e}");
+        Err(e)
+    }
+
+    /// Waits until this node leads, knows a leader, or stopped; false at the deadline.
+    async fn wait_for_route(&self, deadline: Instant) -> bool {
+        let mut rx = self.raft.metrics();
+        let wait = async {
+            loop {
+                let next = route(self.me, &rx.borrow_and_update());
+                if next != Route::Unknown || rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, wait).await.is_ok()
+    }
+
+    /// Sends `request` to `leader` and interprets what comes back.
+    async fn forward(
+        &self,
+        leader: NodeId,
+        addr: &str,
+        request: &MetaRequest,
+        deadline: Instant,
+    ) -> Attempt {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left < FORWARD_MIN {
+            return Attempt::Retry {
+                hint: None,
+                why: "no time left to forward".into(),
+            };
+        }
+        let budget = left - REPLY_MARGIN_MAX.min(left / 4);
+        let req = RpcRequest::Forward(ForwardRequest {
+            origin: self.me,
+            budget_ms: millis(budget),
+            request: request.clone(),
+        });
+        let frame = match network::encode_request(&req) {
+            Ok(f) => f,
+            Err(e) => {
+                return Attempt::Done(Err(ProposeError::ForwardFailed {
+                    leader,
+                    reason: e.to_string(),
+                }))
+            }
+        };
+        let unknown = |reason: String| Attempt::Done(Err(ProposeError::Unknown { leader, reason }));
+        let call = self.transport.call_dyn(leader, addr, frame, left);
+        let reply = match tokio::time::timeout(left, call).await {
+            Err(_) | Ok(Err(TransportError::Timeout)) => {
+                return Attempt::Done(Err(ProposeError::Timeout(self.timeout)))
+            }
+            Ok(Err(TransportError::Unreachable { reason, .. })) => {
+                return Attempt::Retry {
+                    hint: None,
+                    why: format!("leader {leader} unreachable: {reason}"),
+                }
+            }
+            Ok(Err(TransportError::Io(e))) => {
+                return unknown(format!("the link failed with the command in flight: {e}"))
+            }
+            Ok(Ok(reply)) => reply,
+        };
+        match network::decode_reply(&reply) {
+            Ok(RpcReply::Forward(r)) => self.settle(r, leader),
+            Ok(RpcReply::Malformed(why)) => Attempt::Done(Err(ProposeError::ForwardFailed {
+                leader,
+                reason: format!("it could not decode the request: {why}"),
+            })),
+            Ok(other) => unknown(format!("the reply does not match the request: {other:?}")),
+            Err(e) => unknown(format!("the reply does not decode: {e}")),
+        }
+    }
+
+    /// Maps a leader's answer (`leader` is this node for a local write) to the attempt's end.
+    fn settle(&self, reply: ForwardReply, leader: NodeId) -> Attempt {
+        let local = leader == self.me;
+        match reply {
+            ForwardReply::Applied(r) => Attempt::Done(Ok(r)),
+            ForwardReply::NotLeader {
+                leader: next,
+                leader_addr,
+            } => Attempt::Retry {
+                hint: next.zip(leader_addr).filter(|(l, _)| *l != leader),
+                why: format!("node {leader} does not lead (it names {next:?})"),
+            },
+            ForwardReply::Timeout { .. } => Attempt::Done(Err(ProposeError::Timeout(self.timeout))),
+            ForwardReply::Stopped { reason } if local => {
+                Attempt::Done(Err(ProposeError::Stopped(reason)))
+            }
+            ForwardReply::Stopped { reason } => Attempt::Done(Err(ProposeError::Unknown {
+                leader,
+                reason: format!("the leader stopped: {reason}"),
+            })),
+            ForwardReply::Unknown { reason } => {
+                Attempt::Done(Err(ProposeError::Unknown { leader, reason }))
+            }
+        }
+    }
+}

@@ -72,6 +72,14 @@ async fn publish_all(
     }
 }
 
+async fn declare_durable(ch: &lapin::Channel, q: &str, args: FieldTable) {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    declare_queue_with(ch, q, durable, args).await;
+}
+
 /// Consumes everything with manual acks and checks the order.
 async fn consume_all(ch: &lapin::Channel, queue: &str, size: usize) {
     within("basic.qos", ch.basic_qos(200, BasicQosOptions::default()))
@@ -107,16 +115,7 @@ async fn a_lazy_durable_queue_pages_and_comes_back_after_a_restart() {
     let q = unique("lazy");
     {
         let (_c, ch) = node.confirm_channel().await;
-        declare_queue_with(
-            &ch,
-            &q,
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            table(&[("x-queue-mode", lstr("lazy"))]),
-        )
-        .await;
+        declare_durable(&ch, &q, table(&[("x-queue-mode", lstr("lazy"))])).await;
         publish_all(&ch, &q, SIZE, |_| true).await;
     }
     // warrenctl shows where the messages are: nearly all on disk.
@@ -165,16 +164,7 @@ async fn paged_messages_of_a_durable_queue_mix_persistent_and_transient() {
     let q = unique("mixed");
     {
         let (_c, ch) = node.confirm_channel().await;
-        declare_queue_with(
-            &ch,
-            &q,
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
+        declare_durable(&ch, &q, FieldTable::default()).await;
         publish_all(&ch, &q, SIZE, |i| i % 2 == 0).await;
         let (count, _) = queue_counts(&ch, &q).await;
         assert_eq!(count as usize, MESSAGES);
@@ -205,16 +195,7 @@ async fn large_messages_page_their_bodies_and_come_back_after_a_restart() {
     let q = unique("large");
     {
         let (_c, ch) = node.confirm_channel().await;
-        declare_queue_with(
-            &ch,
-            &q,
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
+        declare_durable(&ch, &q, FieldTable::default()).await;
         publish_all(&ch, &q, LARGE, |_| true).await;
         consume_all_but_restart_check(&ch, &q).await;
     }

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::amqp::reply_code::{precondition_failed, resource_locked, AmqpError};
 use crate::config::Config;
 use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
@@ -351,51 +350,6 @@ impl Broker {
         Ok(applied)
     }
 
-    /// queue.delete with RabbitMQ's checks; returns the message count it had.
-    pub fn delete_queue(
-        &self,
-        vhost: &str,
-        name: &str,
-        if_unused: bool,
-        if_empty: bool,
-        conn_id: u64,
-        now: Instant,
-    ) -> Result<u32, AmqpError> {
-        let Some(handle) = self.queue(vhost, name) else {
-            // RabbitMQ 3.10 answers delete-ok with 0 for a missing queue.
-            return Ok(0);
-        };
-        let count = {
-            let q = handle.lock();
-            if q.exclusive_owner().is_some_and(|o| o != conn_id) {
-                return Err(resource_locked(format!(
-                    "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
-                )));
-            }
-            if if_unused && q.consumer_count() > 0 {
-                return Err(precondition_failed(format!(
-                    "queue '{name}' in vhost '{vhost}' in use"
-                )));
-            }
-            if if_empty && q.message_count() > 0 {
-                return Err(precondition_failed(format!(
-                    "queue '{name}' in vhost '{vhost}' is not empty"
-                )));
-            }
-            q.message_count()
-        };
-        match self.apply(
-            &Command::DeleteQueue {
-                vhost: vhost.to_string(),
-                name: name.to_string(),
-            },
-            now,
-        ) {
-            Ok(_) | Err(MetaError::NotFound { .. }) => Ok(count),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// Routes and enqueues a message. `vhost` is the caller's snapshot of the vhost.
     pub fn publish(
         &self,
@@ -524,6 +478,7 @@ fn may_touch_durable(command: &Command) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::amqp::reply_code::AmqpError;
     use crate::meta::QueueDef;
     use amq_protocol::types::FieldTable;
 

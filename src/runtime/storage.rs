@@ -441,17 +441,35 @@ impl<D: Disk + Clone> Storage<D> {
                 }
                 IndexOp::Deliver { .. } => false,
                 IndexOp::DeleteQueue => {
-                    // The index goes as a whole, opened or not.
+                    // The index goes as a whole, opened or not, and with it the queue's
+                    // references to bodies in the message stores (a segment at a time).
                     let name = queue_dir_name(&key.0, &key.1);
+                    let wrap = |source| StorageError::Index {
+                        queue: label(),
+                        source,
+                    };
                     for (map, dir) in [
                         (&mut state.indexes, &self.queues_dir),
                         (&mut state.transient_indexes, &self.transient_queues_dir),
                     ] {
                         if let Some(index) = map.remove(&key) {
-                            index.delete_all().map_err(|source| StorageError::Index {
-                                queue: label(),
-                                source,
-                            })?;
+                            for n in index.segments() {
+                                for e in index.read_segment(n).map_err(wrap)? {
+                                    if e.publish.embedded.is_some() {
+                                        continue;
+                                    }
+                                    let store = if e.publish.persistent {
+                                        &mut state.msg_store
+                                    } else {
+                                        &mut state.transient_store
+                                    };
+                                    let id = MsgId(e.publish.msg_id);
+                                    if store.contains(id) {
+                                        store.remove(id)?;
+                                    }
+                                }
+                            }
+                            index.delete_all().map_err(wrap)?;
                         }
                         remove_index_dir(&self.disk, &dir.join(&name));
                     }
@@ -875,6 +893,31 @@ mod tests {
         s2.close();
         let (b3, _, _, _) = open(&disk);
         assert_eq!(bodies(&b3), vec![b"new".to_vec()]);
+    }
+
+    #[test]
+    fn deleting_a_queue_releases_its_stored_bodies_at_once() {
+        let disk = MemDisk::new();
+        let (b, _, s, _) = open(&disk);
+        for _ in 0..3 {
+            publish(&b, &vec![5u8; 20_000]);
+        }
+        assert!(s.step());
+        let stored = |s: &Storage<MemDisk>| {
+            let g = s.state.lock().expect("state");
+            g.as_ref().map(|st| st.msg_store.len()).expect("open")
+        };
+        assert_eq!(stored(&s), 3, "large bodies live in the message store");
+        b.apply(
+            &Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+            },
+            Instant::default(),
+        )
+        .expect("delete");
+        assert!(s.step());
+        assert_eq!(stored(&s), 0, "no body outlives its queue until a restart");
     }
 
     #[test]

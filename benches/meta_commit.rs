@@ -718,7 +718,7 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
 }
 
-/// The phase table, for the follower's runs.
+/// A table of phases (the leader's and the follower's runs).
 fn print_phases(phases: &[Phase]) {
     println!("| phase | in flight | commits | queues before | p50 µs | p90 µs | p99 µs | max µs | commits/s |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -827,22 +827,7 @@ fn print_report(
     }
     println!();
     println!("### Commit latency and queue.declare rate (proposals on the leader)\n");
-    println!("| phase | in flight | commits | queues before | p50 µs | p90 µs | p99 µs | max µs | commits/s |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for p in &report.phases {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
-            p.name,
-            p.in_flight,
-            p.hist.len(),
-            p.queues_before,
-            p.hist.value_at_quantile(0.50),
-            p.hist.value_at_quantile(0.90),
-            p.hist.value_at_quantile(0.99),
-            p.hist.max(),
-            per_sec(p.hist.len(), p.wall)
-        );
-    }
+    print_phases(&report.phases);
     for p in &report.phases {
         if let Some((first, last)) = p.drift {
             println!(

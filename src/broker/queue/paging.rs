@@ -145,7 +145,10 @@ impl Queue {
     /// Completes a page-out whose records are written, and starts the next one if memory
     /// (or lazy mode) asks for it.
     pub(super) fn page(&mut self) {
-        if self.pager().is_none() {
+        // Checked on every publish: no Arc clone here, unlike pager().
+        let can_page = self.args.max_priority.is_none()
+            && self.persist.as_ref().is_some_and(|p| p.pager.is_some());
+        if !can_page {
             return;
         }
         self.finish_page_out();
@@ -318,16 +321,15 @@ impl Queue {
 
     /// Reads a beta's message back from its store; false (reported) when it is gone.
     pub(super) fn load_beta(&mut self, e: &mut Entry) -> bool {
-        let Some(len) = e.beta else {
+        if e.beta.is_none() {
             return true;
-        };
+        }
         let loaded = match self.pager() {
             Some(p) => p.read_message(e.message.id, e.on_disk == OnDisk::Persistent),
             None => Err(PageError("no pager".into())),
         };
         match loaded {
             Ok(Some(m)) => {
-                let _ = len;
                 let before = e.message.size() as i64;
                 e.message = Arc::new(m);
                 e.beta = None;

@@ -207,6 +207,7 @@ fn declare_queue(name: String) -> Command {
         exclusive_owner: None,
         auto_delete: false,
         arguments: FieldTable::default(),
+        home: 0,
     })
 }
 

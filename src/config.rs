@@ -59,6 +59,57 @@ pub struct Config {
     pub users: Vec<UserConfig>,
     /// `[[permissions]]`.
     pub permissions: Vec<PermissionConfig>,
+    /// `[cluster]`: absent for a single node.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: this node's place in a cluster whose metadata is replicated with Raft.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's Raft id: unique in the cluster, never reused, at least 1.
+    pub node_id: u64,
+    /// Shared by every node; a node link from another cluster is refused (RabbitMQ's Erlang
+    /// cookie plays this part).
+    pub cluster_id: String,
+    /// Address of the node-link listener (Raft and broker traffic between nodes).
+    pub listen: String,
+    /// The nodes that form the cluster on its first boot (this one included), by id and
+    /// node-link address. The lowest id initialises Raft once; a node not listed here
+    /// starts alone and waits for `warrenctl join_cluster`.
+    #[serde(default)]
+    pub initial_members: Vec<MemberConfig>,
+    /// A peer not heard from for this long is down: its transient and exclusive queues go.
+    #[serde(default = "default_peer_timeout_ms")]
+    pub peer_timeout_ms: u64,
+    /// Node-link heartbeat interval.
+    #[serde(default = "default_link_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// How long a metadata command may take to commit before the client gets an error.
+    #[serde(default = "default_commit_timeout_ms")]
+    pub commit_timeout_ms: u64,
+}
+
+/// One `[[cluster.initial_members]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// Raft id.
+    pub id: u64,
+    /// Node-link address.
+    pub link: String,
+}
+
+fn default_peer_timeout_ms() -> u64 {
+    5000
+}
+
+fn default_link_heartbeat_ms() -> u64 {
+    250
+}
+
+fn default_commit_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `[node]`.
@@ -261,6 +312,7 @@ impl Default for Config {
                 write: ".*".into(),
                 read: ".*".into(),
             }],
+            cluster: None,
         }
     }
 }
@@ -325,6 +377,41 @@ impl Config {
                 key: "limits.queue_credit_initial",
                 reason: "must be at least 1".into(),
             });
+        }
+        if let Some(c) = &self.cluster {
+            if c.node_id == 0 {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.node_id",
+                    reason: "must be at least 1".into(),
+                });
+            }
+            if c.cluster_id.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.cluster_id",
+                    reason: "must not be empty".into(),
+                });
+            }
+            let mut ids: Vec<u64> = c.initial_members.iter().map(|m| m.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if ids.len() != c.initial_members.len() || ids.contains(&0) {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.initial_members",
+                    reason: "ids must be distinct and at least 1".into(),
+                });
+            }
+            if !c.initial_members.is_empty() && !ids.contains(&c.node_id) {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.initial_members",
+                    reason: format!("must include this node ({})", c.node_id),
+                });
+            }
+            if c.peer_timeout_ms <= c.heartbeat_ms {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.peer_timeout_ms",
+                    reason: "must be longer than cluster.heartbeat_ms".into(),
+                });
+            }
         }
         for p in &self.permissions {
             if !self.users.iter().any(|u| u.name == p.user) {

@@ -72,6 +72,7 @@ fn declare_queue(name: &str) -> Command {
         exclusive_owner: None,
         auto_delete: false,
         arguments: FieldTable::default(),
+        home: 0,
     })
 }
 
@@ -477,6 +478,7 @@ fn declare_transient(name: &str) -> Command {
         exclusive_owner: None,
         auto_delete: false,
         arguments: FieldTable::default(),
+        home: 0,
     })
 }
 

@@ -156,6 +156,7 @@ async fn scenario(node: &Node, addr: SocketAddr) {
                     exclusive_owner: None,
                     auto_delete: false,
                     arguments: FieldTable::default(),
+                    home: 0,
                 }),
                 Instant::from_millis(0),
             )

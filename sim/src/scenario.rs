@@ -157,6 +157,7 @@ fn queue(name: &str, durable: bool) -> Command {
         exclusive_owner: None,
         auto_delete: false,
         arguments: FieldTable::default(),
+        home: 0,
     })
 }
 

@@ -384,12 +384,53 @@ fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// Handles one request.
+/// What a request needs: an answer now, or a metadata command to commit first.
+#[derive(Debug)]
+pub enum Handled {
+    /// The answer.
+    Reply(Response),
+    /// Commit `command` (through the node's `MetaCommit`); on success answer `ok`, on
+    /// refusal the error's text.
+    Commit {
+        /// The change.
+        command: Command,
+        /// The success message.
+        ok: String,
+    },
+}
+
+/// Handles one request on a single node: commands are applied to `broker` at once.
 pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant) -> Response {
+    match plan(broker, node, request) {
+        Handled::Reply(r) => r,
+        Handled::Commit { command, ok } => match broker.apply(&command, now) {
+            Ok(_) => Response::done(ok),
+            Err(e) => Response::refused(e.to_string()),
+        },
+    }
+}
+
+/// Handles one request up to the metadata change it makes, if any: listings are answered
+/// from `broker`; a change is checked and returned as the command to commit.
+pub fn plan(broker: &Broker, node: &NodeInfo, request: &Request) -> Handled {
+    let mut commit = None;
+    let reply = plan_inner(broker, node, request, &mut commit);
+    match commit {
+        Some((command, ok)) if reply.ok => Handled::Commit { command, ok },
+        _ => Handled::Reply(reply),
+    }
+}
+
+fn plan_inner(
+    broker: &Broker,
+    node: &NodeInfo,
+    request: &Request,
+    commit: &mut Option<(Command, String)>,
+) -> Response {
     let meta = broker.snapshot();
-    let apply = |cmd: Command, ok: String| match broker.apply(&cmd, now) {
-        Ok(_) => Response::done(ok),
-        Err(e) => Response::refused(e.to_string()),
+    let mut apply = |cmd: Command, ok: String| {
+        *commit = Some((cmd, ok.clone()));
+        Response::done(ok)
     };
     match request {
         Request::ListQueues { vhost, columns } => {

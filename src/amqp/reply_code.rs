@@ -50,6 +50,34 @@ impl ReplyCode {
         self as u16
     }
 
+    /// The reply code with number `code`, if it is one.
+    pub fn from_code(code: u16) -> Option<ReplyCode> {
+        use ReplyCode::*;
+        [
+            ReplySuccess,
+            ContentTooLarge,
+            NoRoute,
+            NoConsumers,
+            ConnectionForced,
+            InvalidPath,
+            AccessRefused,
+            NotFound,
+            ResourceLocked,
+            PreconditionFailed,
+            FrameError,
+            SyntaxError,
+            CommandInvalid,
+            ChannelError,
+            UnexpectedFrame,
+            ResourceError,
+            NotAllowed,
+            NotImplemented,
+            InternalError,
+        ]
+        .into_iter()
+        .find(|c| c.code() == code)
+    }
+
     /// Hard errors close the connection; soft errors close only the channel.
     pub fn is_hard(self) -> bool {
         !matches!(

@@ -23,7 +23,8 @@ use rand::{Rng, SeedableRng};
 use crate::config::Config;
 use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
-use crate::meta::{Command, MetaError, MetaState, Permission, User, Vhost};
+use crate::meta::args::QueueArgs;
+use crate::meta::{Command, MetaError, MetaState, Permission, QueueDef, User, Vhost};
 use crate::time::Instant;
 
 pub use durability::Durability;
@@ -67,6 +68,8 @@ pub struct Broker {
     rng: Mutex<StdRng>,
     next_conn_id: AtomicU64,
     epoch_unix_ms: u64,
+    /// This node's id in the cluster; 0 when not clustered.
+    node_id: u64,
 }
 
 impl std::fmt::Debug for Broker {
@@ -138,7 +141,20 @@ impl Broker {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             next_conn_id: AtomicU64::new(1),
             epoch_unix_ms,
+            node_id: 0,
         }
+    }
+
+    /// Makes this the broker of cluster node `id`: its connection ids carry the id, and it
+    /// runs the queues whose home is `id` (before the broker is shared).
+    pub fn with_node_id(mut self, id: u64) -> Broker {
+        self.node_id = id;
+        self
+    }
+
+    /// This node's id in the cluster (0: not clustered).
+    pub fn node_id(&self) -> u64 {
+        self.node_id
     }
 
     /// Sets what reads paged messages back, for existing and future queues (once, when
@@ -194,9 +210,10 @@ impl Broker {
         self.epoch_unix_ms
     }
 
-    /// A fresh connection id.
+    /// A fresh connection id, unique in the cluster: the node id above bit 40 (see
+    /// [`crate::meta::owner_node`]), so an exclusive queue's owner names its node.
     pub fn next_connection_id(&self) -> u64 {
-        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+        (self.node_id << 40) | self.next_conn_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The current metadata snapshot.
@@ -295,30 +312,14 @@ impl Broker {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
             if let Command::DeclareQueue(def) = command {
                 if applied.created {
-                    // The queue runs with its arguments combined with its effective policy.
                     let args = match meta.vhost(&def.vhost) {
                         Some(v) => def.effective_args(v)?,
                         None => def.args()?,
                     };
-                    let mut q = Queue::new(
-                        args,
-                        def.exclusive_owner,
-                        def.auto_delete,
-                        self.memory.clone(),
-                        now,
-                    );
-                    if let Some(d) = &self.durability {
-                        // Every queue can page; only durable ones keep persistent messages.
-                        let durable = def.durable && def.exclusive_owner.is_none();
-                        q = q.with_persistence(d.clone(), durable, self.paging);
-                        if let Some(p) = self.pager.get() {
-                            q.set_pager(p.clone());
-                        }
-                    }
                     queues
                         .entry(def.vhost.clone())
                         .or_default()
-                        .insert(def.name.clone(), QueueHandle::new(&def.vhost, &def.name, q));
+                        .insert(def.name.clone(), self.new_queue(def, args, now));
                 }
             }
             for (vhost, name) in &applied.removed.queues {
@@ -348,6 +349,96 @@ impl Broker {
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(meta.clone());
         self.version.store(meta.version, Ordering::Release);
         Ok(applied)
+    }
+
+    /// A queue's runtime state, with its arguments combined with its effective policy.
+    fn new_queue(&self, def: &QueueDef, args: QueueArgs, now: Instant) -> Arc<QueueHandle> {
+        let mut q = Queue::new(
+            args,
+            def.exclusive_owner,
+            def.auto_delete,
+            self.memory.clone(),
+            now,
+        );
+        if let Some(d) = &self.durability {
+            // Every queue can page; only durable ones keep persistent messages.
+            let durable = def.durable && def.exclusive_owner.is_none();
+            q = q.with_persistence(d.clone(), durable, self.paging);
+            if let Some(p) = self.pager.get() {
+                q.set_pager(p.clone());
+            }
+        }
+        QueueHandle::new(&def.vhost, &def.name, q)
+    }
+
+    /// Takes `state`, the metadata as the cluster's Raft group has applied it, in place of
+    /// the broker's own, and brings the queues this node runs in line with it: queues homed
+    /// here that are new get their runtime state, queues that are gone (or moved) are torn
+    /// down, and a vhost whose policies changed reshapes its live queues.
+    ///
+    /// Vhosts the new state shares (by pointer) with the previous one are skipped, so a
+    /// command costs the queues of the vhost it touched, not of the whole broker. Several
+    /// applied commands may arrive as one state: only the result matters.
+    pub fn follow(&self, state: Arc<MetaState>, now: Instant) {
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::replace(&mut *meta, (*state).clone());
+        let home = self.node_id;
+        {
+            let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+            // Vhosts that went, with every queue in them.
+            let gone: Vec<String> = queues
+                .keys()
+                .filter(|v| !state.vhosts.contains_key(*v))
+                .cloned()
+                .collect();
+            for vname in gone {
+                for (_, h) in queues.remove(&vname).unwrap_or_default() {
+                    h.lock().delete(&h);
+                }
+            }
+            for (vname, v) in &state.vhosts {
+                let before = old.vhosts.get(vname);
+                if before.is_some_and(|b| Arc::ptr_eq(b, v)) {
+                    continue;
+                }
+                let reshaped = before.is_none_or(|b| {
+                    b.policies != v.policies || b.operator_policies != v.operator_policies
+                });
+                let local = queues.entry(vname.clone()).or_default();
+                local.retain(|name, h| {
+                    let keep = v.queues.get(name).is_some_and(|d| d.home == home);
+                    if !keep {
+                        h.lock().delete(h);
+                    }
+                    keep
+                });
+                for (name, def) in &v.queues {
+                    if def.home != home {
+                        continue;
+                    }
+                    let args = match def.effective_args(v) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Validated when declared; a policy may still make it invalid.
+                            tracing::warn!(queue = %name, error = %e, "policy not applied");
+                            match def.args() {
+                                Ok(a) => a,
+                                Err(_) => continue,
+                            }
+                        }
+                    };
+                    match local.get(name) {
+                        None => {
+                            local.insert(name.clone(), self.new_queue(def, args, now));
+                        }
+                        Some(h) if reshaped => h.lock().set_args(args),
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        self.version.store(meta.version, Ordering::Release);
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = state;
     }
 
     /// Routes and enqueues a message. `vhost` is the caller's snapshot of the vhost.
@@ -443,8 +534,9 @@ impl Broker {
         }
     }
 
-    /// Periodic work: message TTL at queue heads, `x-expires` queue deletion.
-    pub fn tick(&self, now: Instant) {
+    /// Periodic work: message TTL at queue heads. Returns the commands that delete queues
+    /// whose `x-expires` passed, for the caller to commit.
+    pub fn tick(&self, now: Instant) -> Vec<Command> {
         let mut expired = Vec::new();
         for handle in self.all_queues() {
             let mut dead = Vec::new();
@@ -459,9 +551,10 @@ impl Broker {
                 self.dead_letter(&handle, dead, now);
             }
         }
-        for (vhost, name) in expired {
-            let _ = self.apply(&Command::DeleteQueue { vhost, name }, now);
-        }
+        expired
+            .into_iter()
+            .map(|(vhost, name)| Command::DeleteQueue { vhost, name })
+            .collect()
     }
 }
 
@@ -490,6 +583,7 @@ mod tests {
             exclusive_owner: None,
             auto_delete: false,
             arguments: FieldTable::default(),
+            home: 0,
         })
     }
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::policy::Policy;
-use super::state::{Binding, ExchangeDef, Permission, QueueDef, User};
+use super::state::{Binding, ExchangeDef, NodeId, NodeRecord, Permission, QueueDef, User};
 
 /// One change to the metadata.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,6 +67,19 @@ pub enum Command {
         name: String,
         /// Operator policy.
         operator: bool,
+    },
+    /// A node announces itself (or its new addresses) to the cluster.
+    RegisterNode(NodeRecord),
+    /// `forget_cluster_node`: the node leaves for good, and every queue on it goes.
+    ForgetNode {
+        /// The node.
+        id: NodeId,
+    },
+    /// The node went down or restarted: its connections' exclusive queues and its
+    /// non-durable queues go.
+    NodeDown {
+        /// The node.
+        id: NodeId,
     },
     /// Add a binding (idempotent).
     Bind(Binding),

@@ -11,8 +11,9 @@ use super::policy::Policy;
 use super::state::{Binding, Destination, ExchangeDef, MetaState, QueueDef};
 use crate::store::record;
 
-/// Format version written in front of the payload (2 added policies; 1 is still read).
-const VERSION: u32 = 2;
+/// Format version written in front of the payload (3 added the queue's home node, 2
+/// policies; 1 and 2 are still read).
+const VERSION: u32 = 3;
 
 /// Why a definitions file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -45,8 +46,42 @@ pub struct Definitions {
 #[derive(Deserialize)]
 struct DefinitionsV1 {
     exchanges: Vec<ExchangeDef>,
-    queues: Vec<QueueDef>,
+    queues: Vec<QueueDefV2>,
     bindings: Vec<Binding>,
+}
+
+/// Version 2: before queues had a home node.
+#[derive(Deserialize)]
+struct DefinitionsV2 {
+    exchanges: Vec<ExchangeDef>,
+    queues: Vec<QueueDefV2>,
+    bindings: Vec<Binding>,
+    policies: Vec<(Policy, bool)>,
+}
+
+/// A queue as versions 1 and 2 wrote it.
+#[derive(Deserialize)]
+struct QueueDefV2 {
+    vhost: String,
+    name: String,
+    durable: bool,
+    exclusive_owner: Option<u64>,
+    auto_delete: bool,
+    arguments: amq_protocol::types::FieldTable,
+}
+
+impl From<QueueDefV2> for QueueDef {
+    fn from(q: QueueDefV2) -> QueueDef {
+        QueueDef {
+            vhost: q.vhost,
+            name: q.name,
+            durable: q.durable,
+            exclusive_owner: q.exclusive_owner,
+            auto_delete: q.auto_delete,
+            arguments: q.arguments,
+            home: 0,
+        }
+    }
 }
 
 fn builtin(name: &str) -> bool {
@@ -131,9 +166,18 @@ impl Definitions {
                 let v1: DefinitionsV1 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
                 Ok(Definitions {
                     exchanges: v1.exchanges,
-                    queues: v1.queues,
+                    queues: v1.queues.into_iter().map(QueueDef::from).collect(),
                     bindings: v1.bindings,
                     policies: Vec::new(),
+                })
+            }
+            2 => {
+                let v2: DefinitionsV2 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
+                Ok(Definitions {
+                    exchanges: v2.exchanges,
+                    queues: v2.queues.into_iter().map(QueueDef::from).collect(),
+                    bindings: v2.bindings,
+                    policies: v2.policies,
                 })
             }
             VERSION => bincode::deserialize(&payload[4..]).map_err(decode_err),
@@ -165,6 +209,7 @@ mod tests {
                 exclusive_owner: owner,
                 auto_delete: false,
                 arguments: args.clone(),
+                home: 0,
             }))
             .unwrap();
         }
@@ -189,6 +234,35 @@ mod tests {
             .unwrap();
         }
         s
+    }
+
+    #[test]
+    fn a_version_2_file_is_still_read() {
+        // Version 2 as it was written: queues without a home node.
+        type QueueV2 = (String, String, bool, Option<u64>, bool, FieldTable);
+        let d = Definitions::from_state(&state());
+        let queues: Vec<QueueV2> = d
+            .queues
+            .iter()
+            .map(|q| {
+                let q = q.clone();
+                (
+                    q.vhost,
+                    q.name,
+                    q.durable,
+                    q.exclusive_owner,
+                    q.auto_delete,
+                    q.arguments,
+                )
+            })
+            .collect();
+        let mut payload = 2u32.to_le_bytes().to_vec();
+        payload.extend(
+            bincode::serialize(&(&d.exchanges, &queues, &d.bindings, &d.policies)).unwrap(),
+        );
+        let mut file = Vec::new();
+        record::encode(&mut file, &payload);
+        assert_eq!(Definitions::decode(&file).unwrap(), d);
     }
 
     #[test]

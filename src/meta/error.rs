@@ -68,6 +68,24 @@ pub enum MetaError {
     /// A user, vhost or permission operation was refused.
     #[error("{0}")]
     Admin(String),
+    /// The metadata Raft group refused the command (on whichever node applied it): the
+    /// reply code and text the refusal had there.
+    #[error("{text}")]
+    Replicated {
+        /// The AMQP reply code.
+        code: u16,
+        /// RabbitMQ's text.
+        text: String,
+    },
+    /// The command could not be committed: no leader, no quorum, or no outcome in time.
+    /// With `maybe_applied` it may still take effect.
+    #[error("metadata store unavailable: {reason}")]
+    Unavailable {
+        /// What went wrong.
+        reason: String,
+        /// Whether the command may still be applied.
+        maybe_applied: bool,
+    },
 }
 
 impl From<MetaError> for AmqpError {
@@ -82,7 +100,10 @@ impl From<MetaError> for AmqpError {
             MetaError::Locked { .. } => ReplyCode::ResourceLocked,
             MetaError::UnknownExchangeType(_) => ReplyCode::CommandInvalid,
             MetaError::Admin(_) => ReplyCode::PreconditionFailed,
-            MetaError::Storage(_) => ReplyCode::InternalError,
+            MetaError::Storage(_) | MetaError::Unavailable { .. } => ReplyCode::InternalError,
+            MetaError::Replicated { code, .. } => {
+                ReplyCode::from_code(*code).unwrap_or(ReplyCode::InternalError)
+            }
         };
         AmqpError::new(code, e.to_string())
     }

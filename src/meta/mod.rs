@@ -16,5 +16,6 @@ pub mod state;
 pub use command::Command;
 pub use error::MetaError;
 pub use state::{
-    Binding, Destination, ExchangeDef, ExchangeKind, MetaState, Permission, QueueDef, User, Vhost,
+    owner_node, Binding, Destination, ExchangeDef, ExchangeKind, MetaState, NodeId, NodeRecord,
+    Permission, QueueDef, User, Vhost,
 };

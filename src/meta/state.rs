@@ -97,6 +97,34 @@ pub struct QueueDef {
     pub auto_delete: bool,
     /// Declared arguments.
     pub arguments: FieldTable,
+    /// The node the queue lives on (its process and its messages); 0 on a node that is not
+    /// clustered. Chosen once, when the queue is created, by `queue-master-locator`; not
+    /// part of the equivalence check, so a redeclaration from any node matches.
+    pub home: NodeId,
+}
+
+/// A node id, as the metadata Raft group numbers its members (0: not clustered).
+pub type NodeId = u64;
+
+/// The node part of a connection id: connection ids are `node << 40 | counter`, so an
+/// exclusive queue's owner names the node its connection lives on.
+pub fn owner_node(connection_id: u64) -> NodeId {
+    connection_id >> 40
+}
+
+/// A member of the cluster, as registered by the node itself when it starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Raft id.
+    pub id: NodeId,
+    /// The node's name (`[node] name`).
+    pub name: String,
+    /// Its AMQP listener.
+    pub amqp: String,
+    /// Its admin endpoint.
+    pub admin: String,
+    /// Its node-link listener.
+    pub link: String,
 }
 
 impl QueueDef {
@@ -333,6 +361,8 @@ pub struct MetaState {
     pub users: BTreeMap<String, User>,
     /// Permissions by (user, vhost).
     pub permissions: BTreeMap<(String, String), Permission>,
+    /// Cluster members that registered themselves, by id.
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -435,22 +465,31 @@ impl MetaState {
                 v.delete_queue(name, &mut applied.removed);
             }
             Command::DeleteExclusiveQueues { owner } => {
-                let names: Vec<String> = self.vhosts.keys().cloned().collect();
-                for vname in names {
-                    let owned: Vec<String> = self.vhosts[&vname]
-                        .queues
-                        .values()
-                        .filter(|q| q.exclusive_owner == Some(*owner))
-                        .map(|q| q.name.clone())
-                        .collect();
-                    if owned.is_empty() {
-                        continue;
-                    }
-                    let v = self.vhost_mut(&vname)?;
-                    for q in owned {
-                        v.delete_queue(&q, &mut applied.removed);
-                    }
+                self.delete_queues_where(&mut applied, |q| q.exclusive_owner == Some(*owner))?;
+            }
+            Command::RegisterNode(node) => {
+                if node.id == 0 {
+                    return Err(MetaError::Admin("node id 0 is reserved".into()));
                 }
+                applied.created = self.nodes.insert(node.id, node.clone()).is_none();
+            }
+            Command::ForgetNode { id } => {
+                if self.nodes.remove(id).is_none() {
+                    return Err(MetaError::Admin(format!("no cluster node {id}")));
+                }
+                // Its queues go with it, durable or not: their messages were on its disk.
+                self.delete_queues_where(&mut applied, |q| {
+                    q.home == *id || q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
+                })?;
+            }
+            Command::NodeDown { id } => {
+                // As RabbitMQ when a node goes down (or restarts): its connections are gone,
+                // and with them their exclusive queues; its non-durable queues go too. Its
+                // durable queues stay, unavailable until it is back.
+                self.delete_queues_where(&mut applied, |q| {
+                    q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
+                        || (q.home == *id && !q.durable)
+                })?;
             }
             Command::SetPolicy { policy, operator } => {
                 policy.validate(*operator)?;
@@ -503,6 +542,31 @@ impl MetaState {
             }
         }
         Ok(applied)
+    }
+
+    /// Deletes, in every vhost, the queues `doomed` picks (with their bindings).
+    fn delete_queues_where(
+        &mut self,
+        applied: &mut Applied,
+        doomed: impl Fn(&QueueDef) -> bool,
+    ) -> Result<(), MetaError> {
+        let names: Vec<String> = self.vhosts.keys().cloned().collect();
+        for vname in names {
+            let picked: Vec<String> = self.vhosts[&vname]
+                .queues
+                .values()
+                .filter(|q| doomed(q))
+                .map(|q| q.name.clone())
+                .collect();
+            if picked.is_empty() {
+                continue;
+            }
+            let v = self.vhost_mut(&vname)?;
+            for q in picked {
+                v.delete_queue(&q, &mut applied.removed);
+            }
+        }
+        Ok(())
     }
 
     fn declare_exchange(&mut self, def: &ExchangeDef) -> Result<bool, MetaError> {
@@ -634,6 +698,7 @@ mod tests {
             exclusive_owner: None,
             auto_delete: false,
             arguments: FieldTable::default(),
+            home: 0,
         }
     }
 
@@ -761,5 +826,77 @@ mod tests {
                 .created
         );
         assert_eq!(s.vhost("/").unwrap().bindings_from("amq.fanout").len(), 1);
+    }
+
+    fn node(id: NodeId) -> NodeRecord {
+        NodeRecord {
+            id,
+            name: format!("n{id}"),
+            amqp: String::new(),
+            admin: String::new(),
+            link: String::new(),
+        }
+    }
+
+    /// Queues on nodes 1 and 2: durable, transient, and exclusive to a connection of node 1
+    /// (but homed on node 2, as a client-local declare on node 1 never is; the owner counts).
+    fn two_node_state() -> MetaState {
+        let mut s = state();
+        for id in [1, 2] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        for (name, durable, owner, home) in [
+            ("d1", true, None, 1),
+            ("t1", false, None, 1),
+            ("d2", true, None, 2),
+            ("t2", false, None, 2),
+            ("x", false, Some((1u64 << 40) | 5), 2),
+        ] {
+            let mut q = queue(name);
+            q.durable = durable;
+            q.exclusive_owner = owner;
+            q.home = home;
+            s.apply(&Command::DeclareQueue(q)).unwrap();
+        }
+        s.apply(&Command::Bind(bind("amq.fanout", "t1"))).unwrap();
+        s
+    }
+
+    fn queue_names(s: &MetaState) -> Vec<&str> {
+        s.vhost("/").unwrap().queues.keys().map(|k| k.as_str()).collect()
+    }
+
+    #[test]
+    fn a_node_going_down_takes_its_transient_and_exclusive_queues() {
+        let mut s = two_node_state();
+        let applied = s.apply(&Command::NodeDown { id: 1 }).unwrap();
+        assert_eq!(queue_names(&s), ["d1", "d2", "t2"]);
+        let mut removed: Vec<&str> = applied.removed.queues.iter().map(|(_, q)| q.as_str()).collect();
+        removed.sort();
+        assert_eq!(removed, ["t1", "x"]);
+        assert!(s.vhost("/").unwrap().bindings_from("amq.fanout").is_empty());
+        assert!(s.nodes.contains_key(&1), "a down node is still a member");
+    }
+
+    #[test]
+    fn forgetting_a_node_takes_every_queue_on_it() {
+        let mut s = two_node_state();
+        s.apply(&Command::ForgetNode { id: 2 }).unwrap();
+        assert_eq!(queue_names(&s), ["d1", "t1"]);
+        assert_eq!(s.nodes.keys().copied().collect::<Vec<_>>(), [1]);
+        let before = s.clone();
+        assert!(s.apply(&Command::ForgetNode { id: 2 }).is_err());
+        assert!(s.apply(&Command::RegisterNode(node(0))).is_err());
+        assert_eq!(s, before, "refused commands change nothing");
+    }
+
+    #[test]
+    fn the_home_node_is_not_part_of_queue_equivalence() {
+        let mut s = two_node_state();
+        let mut again = queue("d2");
+        again.durable = true;
+        again.home = 1;
+        assert!(!s.apply(&Command::DeclareQueue(again)).unwrap().created);
+        assert_eq!(s.vhost("/").unwrap().queues["d2"].home, 2);
     }
 }

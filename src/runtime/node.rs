@@ -311,7 +311,11 @@ impl Node {
                 tokio::select! {
                     biased;
                     _ = tick_shutdown.changed() => break,
-                    _ = tick.tick() => tick_broker.tick(clock.now()),
+                    _ = tick.tick() => {
+                        for c in tick_broker.tick(clock.now()) {
+                            let _ = tick_broker.apply(&c, clock.now());
+                        }
+                    }
                 }
             }
         }));

@@ -762,6 +762,7 @@ mod tests {
                     exclusive_owner: None,
                     auto_delete: false,
                     arguments: Default::default(),
+                    home: 0,
                 }),
                 Instant::default(),
             )

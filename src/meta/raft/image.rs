@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::meta::policy::Policy;
-use crate::meta::state::{Binding, ExchangeDef, Permission, QueueDef, User, Vhost};
+use crate::meta::state::{Binding, ExchangeDef, NodeRecord, Permission, QueueDef, User, Vhost};
 use crate::meta::MetaState;
 
 /// The state machine's data in a snapshot.
@@ -29,6 +29,7 @@ pub struct StateImage {
     vhosts: Vec<VhostImage>,
     users: Vec<User>,
     permissions: Vec<Permission>,
+    nodes: Vec<NodeRecord>,
     version: u64,
 }
 
@@ -65,6 +66,7 @@ impl StateImage {
                 .collect(),
             users: state.users.values().cloned().collect(),
             permissions: state.permissions.values().cloned().collect(),
+            nodes: state.nodes.values().cloned().collect(),
             version: state.version,
         }
     }
@@ -110,6 +112,7 @@ impl StateImage {
                 .into_iter()
                 .map(|p| ((p.user.clone(), p.vhost.clone()), p))
                 .collect::<BTreeMap<_, _>>(),
+            nodes: self.nodes.into_iter().map(|n| (n.id, n)).collect(),
             version: self.version,
         }
     }
@@ -132,6 +135,13 @@ mod tests {
         let cmds = vec![
             Command::AddVhost { name: "/".into() },
             Command::AddVhost { name: "v2".into() },
+            Command::RegisterNode(NodeRecord {
+                id: 2,
+                name: "n2".into(),
+                amqp: "127.0.0.1:5673".into(),
+                admin: "127.0.0.1:5680".into(),
+                link: "127.0.0.1:25673".into(),
+            }),
             Command::PutUser(User {
                 name: "guest".into(),
                 password: "guest".into(),
@@ -160,6 +170,7 @@ mod tests {
                 exclusive_owner: Some(3),
                 auto_delete: false,
                 arguments: args.clone(),
+                home: 0,
             }),
             Command::Bind(Binding {
                 vhost: "/".into(),

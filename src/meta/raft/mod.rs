@@ -35,7 +35,9 @@ pub mod types;
 mod tests;
 
 pub use network::{RaftTransport, RpcServer, TransportError};
-pub use node::{InitError, MetaRaft, MetaRaftConfig, ProposeError, StartError, StopError};
+pub use node::{
+    InitError, Membership, MetaRaft, MetaRaftConfig, ProposeError, StartError, StopError,
+};
 pub use persist::PersistError;
 pub use router::{Router, RouterTransport};
 pub use state_machine::MetaView;

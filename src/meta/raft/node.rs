@@ -6,7 +6,7 @@
 //! [`ProposeError::outcome_unknown`] tells the caller whether a failed proposal may still
 //! have been applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -173,6 +173,15 @@ impl ProposeError {
             ProposeError::Timeout(_) | ProposeError::Unknown { .. } | ProposeError::Stopped(_)
         )
     }
+}
+
+/// The members of the group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Voting members, id → address.
+    pub voters: BTreeMap<NodeId, String>,
+    /// Learners (replicated to, no vote), id → address.
+    pub learners: BTreeMap<NodeId, String>,
 }
 
 /// The Raft task ended with a panic or was cancelled.
@@ -345,6 +354,76 @@ impl MetaRaft {
             }
         };
         tokio::time::timeout(timeout, wait).await.ok().flatten()
+    }
+
+    /// The voters and learners of the current membership (id → address), as this node
+    /// knows it.
+    pub fn membership(&self) -> Membership {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let config = m.membership();
+        let voters: BTreeSet<NodeId> = config.voter_ids().collect();
+        let mut members = Membership::default();
+        for (id, node) in config.nodes() {
+            if voters.contains(id) {
+                members.voters.insert(*id, node.addr.clone());
+            } else {
+                members.learners.insert(*id, node.addr.clone());
+            }
+        }
+        members
+    }
+
+    /// Adds node `id` (reachable at `addr`) as a learner and waits until it has caught up;
+    /// leader only. Adding a node that is already a member only updates nothing.
+    pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<(), ProposeError> {
+        self.raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.membership_error(e))
+    }
+
+    /// Makes `voters` the voting members (every one must already be a member); the others
+    /// stay learners when `keep_learners`, or leave. Leader only.
+    pub async fn change_voters(
+        &self,
+        voters: BTreeSet<NodeId>,
+        keep_learners: bool,
+    ) -> Result<(), ProposeError> {
+        self.raft
+            .change_membership(voters, keep_learners)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.membership_error(e))
+    }
+
+    /// Removes learners `ids` from the membership. Leader only.
+    pub async fn remove_learners(&self, ids: BTreeSet<NodeId>) -> Result<(), ProposeError> {
+        self.raft
+            .change_membership(openraft::ChangeMembers::RemoveNodes(ids), false)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.membership_error(e))
+    }
+
+    fn membership_error(
+        &self,
+        e: RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>,
+    ) -> ProposeError {
+        use openraft::error::ClientWriteError;
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+                leader: f.leader_id,
+                leader_addr: f.leader_node.map(|n| n.addr),
+            },
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
+                ProposeError::Unknown {
+                    leader: self.id,
+                    reason: c.to_string(),
+                }
+            }
+            RaftError::Fatal(f) => ProposeError::Stopped(f.to_string()),
+        }
     }
 
     /// Builds a snapshot now (and lets openraft purge the log below it).

@@ -112,6 +112,7 @@ fn open(disk: &MemDisk, pressure: Pressure, durable: bool, generation: u64) -> N
                 exclusive_owner: None,
                 auto_delete: false,
                 arguments,
+                home: 0,
             }),
             Instant::default(),
         )

@@ -195,6 +195,8 @@ impl Channel {
                     exclusive_owner: d.exclusive.then_some(c.id),
                     auto_delete: d.auto_delete,
                     arguments: d.arguments,
+                    // Placed by the runtime when it commits the declare (queue-master-locator).
+                    home: 0,
                 };
                 c.park(
                     ch,

@@ -66,6 +66,7 @@ pub fn declare_queue(name: &str) -> Command {
         exclusive_owner: None,
         auto_delete: false,
         arguments: FieldTable::default(),
+        home: 0,
     })
 }
 

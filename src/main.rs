@@ -85,7 +85,16 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async move {
-        let node = Node::start(config).await?;
+        // A clustered node waits for its cluster before it serves clients; a signal still
+        // stops it meanwhile.
+        let node = tokio::select! {
+            node = Node::start(config) => node?,
+            r = wait_for_signal() => {
+                r?;
+                tracing::info!("stopped before the node was ready");
+                return anyhow::Ok(());
+            }
+        };
         wait_for_signal().await?;
         tracing::info!("shutting down");
         node.shutdown().await;

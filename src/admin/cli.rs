@@ -39,6 +39,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("clear_operator_policy", "clear_operator_policy [-p VHOST] NAME"),
     ("cluster_status", "cluster_status"),
+    ("join_cluster", "join_cluster SEED_ADMIN_ADDRESS"),
+    ("forget_cluster_node", "forget_cluster_node NODE"),
 ];
 
 fn synopsis(command: &str) -> &'static str {
@@ -212,6 +214,18 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
         "cluster_status" => {
             exact(0)?;
             Request::ClusterStatus
+        }
+        "join_cluster" => {
+            exact(1)?;
+            Request::JoinCluster {
+                seed: pos[0].clone(),
+            }
+        }
+        "forget_cluster_node" => {
+            exact(1)?;
+            Request::ForgetClusterNode {
+                node: pos[0].clone(),
+            }
         }
         _ => return Err(UsageError(format!("unknown command '{command}'"))),
     })

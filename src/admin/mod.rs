@@ -161,6 +161,19 @@ pub enum Request {
     },
     /// `cluster_status`.
     ClusterStatus,
+    /// `join_cluster SEED`: this node (started with a `[cluster]` section but not among
+    /// the initial members) joins the cluster of the node whose admin endpoint is `SEED`.
+    JoinCluster {
+        /// The seed node's admin address (`host:port`).
+        seed: String,
+    },
+    /// `forget_cluster_node NODE`: removes a node (name or id) from the cluster for good.
+    ForgetClusterNode {
+        /// Node name or id.
+        node: String,
+    },
+    /// Sent by a joining node to a member's admin endpoint: register it.
+    RegisterMember(crate::meta::NodeRecord),
 }
 
 /// The answer to a request (and to [`Auth`]).
@@ -354,6 +367,7 @@ const QUEUE_COLUMNS: &[&str] = &[
     "messages_paged_out",
     "consumers",
     "pid",
+    "node",
     "policy",
     "operator_policy",
     "effective_policy_definition",
@@ -454,6 +468,10 @@ fn plan_inner(
                         None => (0, 0, 0, 0),
                     };
                     let total = ready as u64 + unacked as u64;
+                    let home = meta
+                        .nodes
+                        .get(&q.home)
+                        .map_or_else(|| node.name.clone(), |n| n.name.clone());
                     let eff = v.effective_policy(&q.name, true);
                     BTreeMap::from([
                         ("name", q.name.clone()),
@@ -463,7 +481,10 @@ fn plan_inner(
                         ("messages_ram", total.saturating_sub(paged).to_string()),
                         ("messages_paged_out", paged.to_string()),
                         ("consumers", consumers.to_string()),
-                        ("pid", node.name.clone()),
+                        // The node the queue runs on (RabbitMQ prints the queue process's pid,
+                        // whose node part this is).
+                        ("pid", home.clone()),
+                        ("node", home),
                         ("policy", eff.policy.clone().unwrap_or_default()),
                         (
                             "operator_policy",
@@ -763,5 +784,33 @@ fn plan_inner(
             cols(&["node", "running", "disc"]),
             vec![vec![node.name.clone(), "true".into(), "true".into()]],
         ),
+        Request::JoinCluster { .. } => {
+            Response::refused("this node is not clustered: start it with a [cluster] section")
+        }
+        Request::ForgetClusterNode { node } => {
+            let found = meta
+                .nodes
+                .values()
+                .find(|n| n.name == *node || n.id.to_string() == *node);
+            match found {
+                None => Response::refused(format!("no cluster node '{node}'")),
+                Some(n) if n.id == broker.node_id() => {
+                    Response::refused("a node cannot forget itself; run this on another node")
+                }
+                Some(n) => apply(
+                    Command::ForgetNode { id: n.id },
+                    format!("forgot node {} ({})", n.name, n.id),
+                ),
+            }
+        }
+        Request::RegisterMember(record) => {
+            if broker.node_id() == 0 {
+                return Response::refused("this node is not clustered");
+            }
+            apply(
+                Command::RegisterNode(record.clone()),
+                format!("registered node {} ({})", record.name, record.id),
+            )
+        }
     }
 }

@@ -70,6 +70,8 @@ pub struct Broker {
     epoch_unix_ms: u64,
     /// This node's id in the cluster; 0 when not clustered.
     node_id: u64,
+    /// Cluster nodes the failure detector considers down.
+    down_nodes: RwLock<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -142,6 +144,7 @@ impl Broker {
             next_conn_id: AtomicU64::new(1),
             epoch_unix_ms,
             node_id: 0,
+            down_nodes: RwLock::new(Default::default()),
         }
     }
 
@@ -155,6 +158,19 @@ impl Broker {
     /// This node's id in the cluster (0: not clustered).
     pub fn node_id(&self) -> u64 {
         self.node_id
+    }
+
+    /// Records which cluster nodes the failure detector considers down.
+    pub fn set_down_nodes(&self, down: std::collections::BTreeSet<u64>) {
+        *self.down_nodes.write().unwrap_or_else(|e| e.into_inner()) = down;
+    }
+
+    /// Whether the failure detector considers cluster node `id` down.
+    pub fn node_is_down(&self, id: u64) -> bool {
+        self.down_nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
     }
 
     /// Sets what reads paged messages back, for existing and future queues (once, when
@@ -459,6 +475,13 @@ impl Broker {
         let mut dead = Vec::new();
         for name in &targets {
             let Some(handle) = self.queue(&vhost.name, name) else {
+                if vhost.queues.contains_key(name) {
+                    // Routed to a queue another node runs: until publishes are forwarded
+                    // there, the publisher hears a nack rather than an ack for a message
+                    // no queue took.
+                    outcome.routed += 1;
+                    outcome.rejected = true;
+                }
                 continue;
             };
             let r = handle.lock().publish(&handle, message.clone(), now);

@@ -363,6 +363,9 @@ pub struct MetaState {
     pub permissions: BTreeMap<(String, String), Permission>,
     /// Cluster members that registered themselves, by id.
     pub nodes: BTreeMap<NodeId, NodeRecord>,
+    /// Ids of forgotten nodes: they leave the Raft membership and may not register again
+    /// (node ids are never reused).
+    pub forgotten: std::collections::BTreeSet<NodeId>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -471,12 +474,19 @@ impl MetaState {
                 if node.id == 0 {
                     return Err(MetaError::Admin("node id 0 is reserved".into()));
                 }
+                if self.forgotten.contains(&node.id) {
+                    return Err(MetaError::Admin(format!(
+                        "node {} was forgotten; node ids are never reused",
+                        node.id
+                    )));
+                }
                 applied.created = self.nodes.insert(node.id, node.clone()).is_none();
             }
             Command::ForgetNode { id } => {
                 if self.nodes.remove(id).is_none() {
                     return Err(MetaError::Admin(format!("no cluster node {id}")));
                 }
+                self.forgotten.insert(*id);
                 // Its queues go with it, durable or not: their messages were on its disk.
                 self.delete_queues_where(&mut applied, |q| {
                     q.home == *id || q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
@@ -887,6 +897,10 @@ mod tests {
         let before = s.clone();
         assert!(s.apply(&Command::ForgetNode { id: 2 }).is_err());
         assert!(s.apply(&Command::RegisterNode(node(0))).is_err());
+        assert!(
+            s.apply(&Command::RegisterNode(node(2))).is_err(),
+            "a forgotten id is not reused"
+        );
         assert_eq!(s, before, "refused commands change nothing");
     }
 

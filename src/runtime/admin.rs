@@ -14,7 +14,9 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::clock::Clock;
-use crate::admin::{self, Auth, FrameError, NodeInfo, Request, Response};
+use super::cluster::ClusterControl;
+use super::conn_task::MetaCommit;
+use crate::admin::{self, Auth, FrameError, Handled, NodeInfo, Request, Response};
 use crate::broker::Broker;
 
 /// How long the first frame (authentication) may take to arrive.
@@ -50,6 +52,10 @@ pub struct AdminContext {
     pub node: NodeInfo,
     /// The node's clock.
     pub clock: Clock,
+    /// Where metadata changes are committed.
+    pub meta: Arc<dyn MetaCommit>,
+    /// Cluster status and `join_cluster`, on a clustered node.
+    pub cluster: Option<ClusterControl>,
 }
 
 /// Binds the admin listener.
@@ -120,6 +126,54 @@ async fn write_response(stream: &mut TcpStream, r: &Response) -> Result<(), Admi
     Ok(())
 }
 
+/// Answers one request: cluster requests here, the rest planned by the sans-IO handler
+/// and, for a change, committed through the node's `MetaCommit`.
+async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response {
+    match (request, &ctx.cluster) {
+        (Request::ClusterStatus, Some(c)) => return c.status(),
+        (Request::JoinCluster { seed }, Some(c)) => return c.join(seed, auth).await,
+        _ => {}
+    }
+    match admin::plan(&ctx.broker, &ctx.node, request) {
+        Handled::Reply(r) => r,
+        Handled::Commit { command, ok } => match ctx.meta.commit(command, ctx.clock.now()).await
+        {
+            Ok(_) => Response::done(ok),
+            Err(e) => Response::refused(e.to_string()),
+        },
+    }
+}
+
+/// Runs `requests` against the admin endpoint at `addr` as `auth` (one node asking
+/// another, as `join_cluster` does); the replies in order.
+pub async fn call(
+    addr: &str,
+    auth: &Auth,
+    requests: &[Request],
+) -> Result<Vec<Response>, AdminConnError> {
+    let mut stream = tokio::time::timeout(IO_DEADLINE, TcpStream::connect(addr))
+        .await
+        .map_err(|_| AdminConnError::Timeout)??;
+    let hello = exchange(&mut stream, admin::encode_frame(auth)?).await?;
+    if !hello.ok {
+        return Ok(vec![hello]);
+    }
+    let mut replies = Vec::with_capacity(requests.len());
+    for r in requests {
+        replies.push(exchange(&mut stream, admin::encode_frame(r)?).await?);
+    }
+    Ok(replies)
+}
+
+/// Writes one frame and reads the reply.
+async fn exchange(stream: &mut TcpStream, frame: Vec<u8>) -> Result<Response, AdminConnError> {
+    tokio::time::timeout(IO_DEADLINE, stream.write_all(&frame))
+        .await
+        .map_err(|_| AdminConnError::Timeout)??;
+    let body = read_frame(stream, IO_DEADLINE).await?;
+    Ok(admin::decode_body(&body)?)
+}
+
 async fn connection(
     mut stream: TcpStream,
     ctx: AdminContext,
@@ -141,7 +195,7 @@ async fn connection(
             r = read_frame(&mut stream, IDLE_DEADLINE) => r?,
         };
         let request: Request = admin::decode_body(&body)?;
-        let response = admin::handle(&ctx.broker, &ctx.node, &request, ctx.clock.now());
+        let response = answer(&ctx, &auth, &request).await;
         if !response.ok {
             tracing::info!(user = %auth.user, error = %response.message, "admin command refused");
         }

@@ -47,6 +47,8 @@ pub struct ConnContext {
     pub outbound_bytes_max: usize,
     /// The node's span: every connection span is its child.
     pub node_span: tracing::Span,
+    /// Where the sessions' metadata commands are committed.
+    pub meta: Arc<dyn MetaCommit>,
 }
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -94,9 +96,15 @@ impl InFlight {
         self.commits.is_empty()
     }
 
-    /// Starts every command the session has emitted.
+    /// Starts the session's next command, once the previous one has finished: a
+    /// connection's commands are committed one at a time, so they apply in the order the
+    /// session emitted them even where each travels on its own (forwarded from a follower
+    /// to the Raft leader, two proposals could otherwise overtake each other).
     fn start(&mut self, session: &mut Connection, meta: &dyn MetaCommit, clock: &Clock) {
-        while let Some((token, command)) = session.poll_meta() {
+        if !self.commits.is_empty() {
+            return;
+        }
+        if let Some((token, command)) = session.poll_meta() {
             self.commits
                 .push((token, meta.commit(command, clock.now())));
         }
@@ -169,12 +177,12 @@ async fn drain_meta(
     }
 }
 
-/// Runs a connection to completion, committing metadata to the local broker.
+/// Runs a connection to completion, committing metadata through the node's `MetaCommit`.
 pub async fn run<S>(stream: S, peer: SocketAddr, ctx: ConnContext)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let meta = Arc::new(LocalMeta::new(ctx.broker.clone()));
+    let meta = ctx.meta.clone();
     run_with_meta(stream, peer, ctx, meta).await
 }
 
@@ -372,6 +380,7 @@ mod tests {
             alarm,
             outbound_bytes_max: 1 << 20,
             node_span: tracing::Span::none(),
+            meta: Arc::new(LocalMeta::new(broker.clone())),
         };
         Node {
             broker,

@@ -6,10 +6,13 @@
 //! - [`node`]: starts the listener and the periodic tasks, and shuts them down.
 //! - [`node_link`]: the TCP link between nodes (handshake, RPC with deadlines, heartbeats as
 //!   the failure detector); carries Raft today.
+//! - [`cluster`]: cluster mode: the metadata Raft member, the broker following it, the
+//!   failure detector, membership, and queue placement.
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
 
 pub mod admin;
 pub mod clock;
+pub mod cluster;
 pub mod conn_task;
 pub mod disk_free;
 pub mod file_disk;

@@ -9,7 +9,8 @@ use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use super::clock::Clock;
-use super::conn_task::{self, ConnContext};
+use super::cluster::Cluster;
+use super::conn_task::{self, ConnContext, LocalMeta, MetaCommit};
 use super::file_disk::FileDisk;
 use super::storage::{Storage, StorageError};
 use super::transport::{Listener, TokioTransport, Transport};
@@ -33,6 +34,9 @@ pub enum NodeError {
     /// Storage could not be opened.
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
+    /// Cluster mode could not start.
+    #[error("cluster: {0}")]
+    Cluster(#[from] super::cluster::ClusterError),
     /// The listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -53,6 +57,7 @@ pub struct Node {
     tasks: Vec<JoinHandle<()>>,
     syncer: Option<(Arc<Storage>, std::thread::JoinHandle<()>)>,
     syncer_stop: Arc<std::sync::atomic::AtomicBool>,
+    cluster: Option<Cluster>,
 }
 
 impl std::fmt::Debug for Node {
@@ -147,42 +152,7 @@ impl Node {
         if let Some(d) = &durability {
             broker = broker.with_durability(d.clone());
         }
-        let broker = recover_definitions(broker, &config.node.data_dir);
-        let storage = match &durability {
-            Some(d) => {
-                let (storage, summary) =
-                    Storage::open(&broker, d.clone(), &config.node.data_dir, &config.storage)?;
-                tracing::info!(
-                    queues = summary.queues,
-                    messages = summary.messages,
-                    lost = summary.lost,
-                    clean = summary.clean,
-                    "storage recovered"
-                );
-                Some(storage)
-            }
-            None => None,
-        };
-        let broker = Arc::new(broker);
-        if let Some(storage) = &storage {
-            // Queues read paged-out messages back through storage.
-            broker.set_pager(storage.clone());
-        }
-        let syncer_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let syncer = match storage {
-            Some(storage) => {
-                let (s, stop) = (storage.clone(), syncer_stop.clone());
-                let thread = std::thread::Builder::new()
-                    .name("warren-syncer".into())
-                    .spawn(move || s.run_syncer(stop))
-                    .map_err(|source| NodeError::DataDir {
-                        path: config.node.data_dir.clone(),
-                        source,
-                    })?;
-                Some((storage, thread))
-            }
-            None => None,
-        };
+        let clock = Clock::start();
         let mut listener =
             transport
                 .bind(config.amqp.listen)
@@ -207,22 +177,34 @@ impl Node {
                 addr: config.admin.listen,
                 source,
             })?;
-        let clock = Clock::start();
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let (alarm_tx, alarm_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
-        let ctx = ConnContext {
-            broker: broker.clone(),
-            session: SessionConfig::from_config(&config),
-            clock,
-            shutdown: shutdown_rx.clone(),
-            alarm: alarm_rx,
-            outbound_bytes_max: config.limits.connection_outbound_bytes_max,
-            node_span: tracing::info_span!("node", name = %config.node.name),
-        };
-        tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
-
         let mut tasks = Vec::new();
+
+        // A single node keeps its durable definitions in a file; a clustered one gets them
+        // from the metadata Raft group (and must catch up with it before storage opens).
+        let (broker, meta, cluster): (Arc<Broker>, Arc<dyn MetaCommit>, Option<Cluster>) =
+            match &config.cluster {
+                None => {
+                    let broker = Arc::new(recover_definitions(broker, &config.node.data_dir));
+                    (broker.clone(), Arc::new(LocalMeta::new(broker)), None)
+                }
+                Some(cc) => {
+                    let broker = Arc::new(broker.with_node_id(cc.node_id));
+                    let cluster = Cluster::start(&config, cc, broker.clone(), clock).await?;
+                    let meta: Arc<dyn MetaCommit> = cluster.meta();
+                    (broker, meta, Some(cluster))
+                }
+            };
+        let record = cluster.as_ref().map(|c| crate::meta::NodeRecord {
+            id: c.node_id(),
+            name: config.node.name.clone(),
+            amqp: addr.to_string(),
+            admin: admin_addr.to_string(),
+            link: c.transport().local_addr().to_string(),
+        });
+        // The admin endpoint serves while a clustered node waits for its cluster
+        // (`join_cluster` is how a new node gets one).
         tracing::info!(addr = %admin_addr, "admin listening");
         tasks.push(tokio::spawn(super::admin::serve(
             admin_listener,
@@ -232,10 +214,71 @@ impl Node {
                     name: config.node.name.clone(),
                 },
                 clock,
+                meta: meta.clone(),
+                cluster: cluster
+                    .as_ref()
+                    .zip(record.clone())
+                    .map(|(c, r)| c.control(r)),
             },
             tracker.clone(),
             shutdown_rx.clone(),
         )));
+        let mut cluster = cluster;
+        if let (Some(c), Some(record)) = (&mut cluster, record) {
+            let id = record.id;
+            tracing::info!(node_id = id, "waiting to catch up with the cluster");
+            c.wait_ready().await;
+            c.join_metadata(&config, record).await;
+            c.start_watchers();
+            tracing::info!(node_id = id, "caught up with the cluster");
+        }
+        let storage = match &durability {
+            Some(d) => {
+                let (storage, summary) =
+                    Storage::open(&broker, d.clone(), &config.node.data_dir, &config.storage)?;
+                tracing::info!(
+                    queues = summary.queues,
+                    messages = summary.messages,
+                    lost = summary.lost,
+                    clean = summary.clean,
+                    "storage recovered"
+                );
+                Some(storage)
+            }
+            None => None,
+        };
+        if let Some(storage) = &storage {
+            // Queues read paged-out messages back through storage.
+            broker.set_pager(storage.clone());
+        }
+        let syncer_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let syncer = match storage {
+            Some(storage) => {
+                let (s, stop) = (storage.clone(), syncer_stop.clone());
+                let thread = std::thread::Builder::new()
+                    .name("warren-syncer".into())
+                    .spawn(move || s.run_syncer(stop))
+                    .map_err(|source| NodeError::DataDir {
+                        path: config.node.data_dir.clone(),
+                        source,
+                    })?;
+                Some((storage, thread))
+            }
+            None => None,
+        };
+        let (alarm_tx, alarm_rx) = watch::channel(false);
+        let ctx = ConnContext {
+            broker: broker.clone(),
+            session: SessionConfig::from_config(&config),
+            clock,
+            shutdown: shutdown_rx.clone(),
+            alarm: alarm_rx,
+            outbound_bytes_max: config.limits.connection_outbound_bytes_max,
+            node_span: tracing::info_span!("node", name = %config.node.name),
+            meta: meta.clone(),
+        };
+        tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
+
         let accept_tracker = tracker.clone();
         let mut accept_shutdown = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
@@ -302,8 +345,9 @@ impl Node {
             }
         }));
 
-        // The ticker: message TTL at queue heads, queue expiry.
+        // The ticker: message TTL at queue heads, queue expiry (committed like any command).
         let tick_broker = broker.clone();
+        let tick_meta = meta;
         let mut tick_shutdown = shutdown_rx;
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -313,7 +357,9 @@ impl Node {
                     _ = tick_shutdown.changed() => break,
                     _ = tick.tick() => {
                         for c in tick_broker.tick(clock.now()) {
-                            let _ = tick_broker.apply(&c, clock.now());
+                            if let Err(e) = tick_meta.commit(c, clock.now()).await {
+                                tracing::debug!(error = %e, "expired queue not deleted");
+                            }
                         }
                     }
                 }
@@ -329,6 +375,7 @@ impl Node {
             tasks,
             syncer,
             syncer_stop,
+            cluster,
         })
     }
 
@@ -361,6 +408,9 @@ impl Node {
             .is_err()
         {
             tracing::warn!("connections still open after 5 s; stopping anyway");
+        }
+        if let Some(cluster) = self.cluster {
+            cluster.shutdown().await;
         }
         if let Some((storage, thread)) = self.syncer {
             // Last round, then clean markers, so the next start skips the scans.

@@ -91,6 +91,29 @@ enum Waiting {
     },
 }
 
+/// Why a queue this node does not run cannot be used: it does not exist, or it lives on
+/// another node of the cluster.
+pub(super) fn unavailable_queue(c: &Connection, name: &str) -> AmqpError {
+    let vhost = &c.vhost;
+    let snapshot = c.broker.snapshot();
+    let Some(def) = snapshot.vhost(vhost).and_then(|v| v.queues.get(name)) else {
+        return not_found(format!("no queue '{name}' in vhost '{vhost}'"));
+    };
+    let node = snapshot
+        .nodes
+        .get(&def.home)
+        .map_or_else(|| def.home.to_string(), |n| n.name.clone());
+    if c.broker.node_is_down(def.home) {
+        // RabbitMQ's answer for a classic queue whose node is down.
+        return not_found(format!(
+            "home node '{node}' of durable queue '{name}' in vhost '{vhost}' is down or inaccessible"
+        ));
+    }
+    not_found(format!(
+        "queue '{name}' in vhost '{vhost}' runs on node '{node}'; consuming from, reading or purging a queue of another node is not supported yet: connect to '{node}'"
+    ))
+}
+
 impl Waiting {
     fn ticket(&self) -> u64 {
         match self {
@@ -227,7 +250,7 @@ impl Channel {
         let h = c
             .broker
             .queue(&c.vhost, name)
-            .ok_or_else(|| not_found(format!("no queue '{name}' in vhost '{}'", c.vhost)))?;
+            .ok_or_else(|| unavailable_queue(c, name))?;
         if h.lock().exclusive_owner().is_some_and(|o| o != c.id) {
             return Err(resource_locked(format!(
                 "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",

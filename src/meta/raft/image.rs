@@ -30,6 +30,7 @@ pub struct StateImage {
     users: Vec<User>,
     permissions: Vec<Permission>,
     nodes: Vec<NodeRecord>,
+    forgotten: Vec<u64>,
     version: u64,
 }
 
@@ -67,6 +68,7 @@ impl StateImage {
             users: state.users.values().cloned().collect(),
             permissions: state.permissions.values().cloned().collect(),
             nodes: state.nodes.values().cloned().collect(),
+            forgotten: state.forgotten.iter().copied().collect(),
             version: state.version,
         }
     }
@@ -113,6 +115,7 @@ impl StateImage {
                 .map(|p| ((p.user.clone(), p.vhost.clone()), p))
                 .collect::<BTreeMap<_, _>>(),
             nodes: self.nodes.into_iter().map(|n| (n.id, n)).collect(),
+            forgotten: self.forgotten.into_iter().collect(),
             version: self.version,
         }
     }
@@ -142,6 +145,14 @@ mod tests {
                 admin: "127.0.0.1:5680".into(),
                 link: "127.0.0.1:25673".into(),
             }),
+            Command::RegisterNode(NodeRecord {
+                id: 3,
+                name: "n3".into(),
+                amqp: String::new(),
+                admin: String::new(),
+                link: String::new(),
+            }),
+            Command::ForgetNode { id: 3 },
             Command::PutUser(User {
                 name: "guest".into(),
                 password: "guest".into(),

@@ -327,6 +327,20 @@ impl MetaRaft {
         m.current_leader
     }
 
+    /// Waits until this node knows a leader and has applied an entry of that leader's term:
+    /// then everything committed before the term began is applied here too (a read
+    /// barrier without a round trip). False on timeout.
+    pub async fn wait_caught_up(&self, timeout: Duration) -> bool {
+        self.wait_metrics(timeout, |m| {
+            m.current_leader.is_some()
+                && m
+                    .last_applied
+                    .is_some_and(|l| l.leader_id.term == m.current_term)
+        })
+        .await
+        .is_some()
+    }
+
     /// Waits until this node has applied the entry at `index`; false on timeout.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
         self.wait_metrics(timeout, |m| {
@@ -383,15 +397,15 @@ impl MetaRaft {
             .map_err(|e| self.membership_error(e))
     }
 
-    /// Makes `voters` the voting members (every one must already be a member); the others
-    /// stay learners when `keep_learners`, or leave. Leader only.
+    /// Makes `voters` the voting members (every one must already be a member); a voter
+    /// left out stays as a learner when `retain`, or leaves. Leader only.
     pub async fn change_voters(
         &self,
         voters: BTreeSet<NodeId>,
-        keep_learners: bool,
+        retain: bool,
     ) -> Result<(), ProposeError> {
         self.raft
-            .change_membership(voters, keep_learners)
+            .change_membership(voters, retain)
             .await
             .map(|_| ())
             .map_err(|e| self.membership_error(e))

@@ -154,8 +154,12 @@ impl Channel {
                 let mut name = d.queue.as_str().to_string();
                 if d.passive {
                     let name = self.resolve_queue_name(&name)?;
-                    let h = self.queue_handle(c, &name)?;
-                    let (messages, consumers) = {
+                    // A queue another live node runs exists: its counts are reported as 0
+                    // until queue operations are forwarded between nodes.
+                    let (messages, consumers) = if runs_elsewhere(c, &name) {
+                        (0, 0)
+                    } else {
+                        let h = self.queue_handle(c, &name)?;
                         let q = h.lock();
                         (q.message_count(), q.consumer_count())
                     };
@@ -401,10 +405,22 @@ impl Channel {
         now: Instant,
     ) -> Result<Option<AMQPClass>, AmqpError> {
         let vhost = &c.vhost;
-        let h = c
-            .broker
-            .queue(vhost, &name)
-            .ok_or_else(|| not_found(format!("no queue '{name}' in vhost '{vhost}'")))?;
+        let Some(h) = c.broker.queue(vhost, &name) else {
+            // A queue another (live) node runs: the declare itself is committed; its counts
+            // are that node's to tell, and are reported as 0 until queue operations are
+            // forwarded between nodes.
+            if !runs_elsewhere(c, &name) {
+                return Err(super::unavailable_queue(c, &name));
+            }
+            self.last_queue = Some(name.clone());
+            return Ok((!nowait).then(|| {
+                AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                    queue: short(&name),
+                    message_count: 0,
+                    consumer_count: 0,
+                }))
+            }));
+        };
         let (messages, consumers) = {
             let mut q = h.lock();
             if !created && q.exclusive_owner().is_some_and(|o| o != c.id) {
@@ -425,6 +441,15 @@ impl Channel {
         self.last_queue = Some(name);
         Ok(reply)
     }
+}
+
+/// Whether `name` is a queue of this vhost that another live node of the cluster runs.
+fn runs_elsewhere(c: &Connection, name: &str) -> bool {
+    c.broker
+        .snapshot()
+        .vhost(&c.vhost)
+        .and_then(|v| v.queues.get(name))
+        .is_some_and(|d| d.home != c.broker.node_id() && !c.broker.node_is_down(d.home))
 }
 
 /// The bind or unbind command between exchanges, after the permission checks.

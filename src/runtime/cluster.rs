@@ -1,0 +1,857 @@
+//! Cluster mode: the node's seat in the metadata Raft group, and the tasks that keep the
+//! broker in step with it.
+//!
+//! - [`Cluster::start`] binds the node links, starts [`MetaRaft`] from `DATA/raft`, and on
+//!   the very first boot of the lowest-numbered initial member initialises the group (a
+//!   marker file makes sure that happens once).
+//! - The follower task hands every applied metadata state to [`Broker::follow`], then
+//!   publishes the applied index; [`RaftMeta`] waits for that index, so a client hears
+//!   declare-ok only once its own node runs the new state. The same task makes every
+//!   registered node a link peer.
+//! - The failure detector runs on every node (node-link heartbeats, `peer_timeout_ms`) and
+//!   tells the broker which nodes are down; the leader alone proposes `NodeDown`, once per
+//!   outage, which removes the node's transient and exclusive queues as RabbitMQ does.
+//! - The membership task (leader only) makes the Raft membership follow the nodes table:
+//!   a registered node becomes a learner and, while there are fewer than five voters, a
+//!   voter; a forgotten node leaves.
+//! - [`RaftMeta`] is the [`MetaCommit`] of a clustered node: it places new queues
+//!   (`queue-master-locator`) and proposes the command.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::clock::Clock;
+use super::conn_task::{MetaCommit, MetaFuture};
+use super::file_disk::FileDisk;
+use super::node_link::{NodeLinkConfig, TcpTransport};
+use crate::broker::Broker;
+use crate::config::{ClusterConfig, Config};
+use crate::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
+use crate::meta::state::{Applied, Removed};
+use crate::meta::{Command, MetaError, MetaState, NodeRecord, Permission, QueueDef, User};
+use crate::time::Instant;
+
+/// The most voters the group has; later nodes stay learners (they replicate, do not vote).
+pub const MAX_VOTERS: usize = 5;
+
+/// The file that says this node initialised the group (so it never does it twice).
+const INIT_MARKER: &str = "initialized";
+
+/// Why cluster mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The node-link listener could not bind.
+    #[error("node link on {addr}: {source}")]
+    Link {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: super::node_link::LinkError,
+    },
+    /// Raft could not start (its storage is unreadable, or the config is inconsistent).
+    #[error("raft: {0}")]
+    Raft(#[from] crate::meta::raft::StartError),
+    /// The data folder could not be written.
+    #[error("cluster data folder: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A clustered node's Raft member, node links and background tasks.
+pub struct Cluster {
+    node_id: NodeId,
+    raft: MetaRaft,
+    transport: TcpTransport,
+    applied: watch::Receiver<u64>,
+    broker: Arc<Broker>,
+    commit_timeout: Duration,
+    peer_timeout: Duration,
+    initialised_here: bool,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn raft_config(cc: &ClusterConfig) -> MetaRaftConfig {
+    MetaRaftConfig {
+        cluster_name: cc.cluster_id.clone(),
+        propose_timeout: Duration::from_millis(cc.commit_timeout_ms),
+        ..MetaRaftConfig::default()
+    }
+}
+
+/// The seed of the node's Raft runtime: from the config, so a simulated run replays.
+fn raft_seed(cc: &ClusterConfig) -> u64 {
+    cc.cluster_id
+        .bytes()
+        .fold(cc.node_id.wrapping_mul(0x9E37_79B9_7F4A_7C15), |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+        })
+}
+
+impl Cluster {
+    /// Binds the node links and starts Raft; initialises the group on the first boot of the
+    /// lowest initial member; starts the follower task. The node is not ready for clients
+    /// until [`Cluster::wait_ready`] returns.
+    pub async fn start(
+        config: &Config,
+        cc: &ClusterConfig,
+        broker: Arc<Broker>,
+        clock: Clock,
+    ) -> Result<Cluster, ClusterError> {
+        let mut link = NodeLinkConfig::new(cc.cluster_id.clone(), cc.node_id);
+        link.peers = cc
+            .initial_members
+            .iter()
+            .filter(|m| m.id != cc.node_id)
+            .map(|m| (m.id, m.link.clone()))
+            .collect();
+        link.heartbeat_interval = Duration::from_millis(cc.heartbeat_ms);
+        link.peer_timeout = Duration::from_millis(cc.peer_timeout_ms);
+        let transport = TcpTransport::bind(&cc.listen, link)
+            .await
+            .map_err(|source| ClusterError::Link {
+                addr: cc.listen.clone(),
+                source,
+            })?;
+        let dir = config.node.data_dir.join("raft");
+        std::fs::create_dir_all(&dir)?;
+        let raft = MetaRaft::start(
+            cc.node_id,
+            transport.clone(),
+            Arc::new(FileDisk::new()),
+            &dir,
+            &raft_config(cc),
+            raft_seed(cc),
+        )
+        .await?;
+        transport.serve(raft.rpc_server());
+
+        let lowest = cc.initial_members.iter().map(|m| m.id).min();
+        let mut initialised_here = false;
+        if lowest == Some(cc.node_id) && !dir.join(INIT_MARKER).exists() {
+            let members: BTreeMap<NodeId, String> = cc
+                .initial_members
+                .iter()
+                .map(|m| (m.id, m.link.clone()))
+                .collect();
+            match raft.initialize(members).await {
+                Ok(()) => {
+                    tracing::info!(members = cc.initial_members.len(), "cluster initialised");
+                    initialised_here = true;
+                }
+                Err(crate::meta::raft::InitError::AlreadyInitialized) => {}
+                Err(e) => tracing::error!(error = %e, "cannot initialise the cluster"),
+            }
+            write_marker(&dir.join(INIT_MARKER))?;
+        }
+
+        let (applied_tx, applied) = watch::channel(0u64);
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(follow(
+            raft.clone(),
+            broker.clone(),
+            transport.clone(),
+            applied_tx,
+            clock,
+        )));
+        Ok(Cluster {
+            node_id: cc.node_id,
+            raft,
+            transport,
+            applied,
+            broker,
+            commit_timeout: Duration::from_millis(cc.commit_timeout_ms),
+            peer_timeout: Duration::from_millis(cc.peer_timeout_ms),
+            initialised_here,
+            tasks,
+        })
+    }
+
+    /// Waits until this node knows a leader and has applied an entry of its term, and its
+    /// broker has followed: a first approximation of being caught up, which
+    /// [`Cluster::join_metadata`] completes with a committed command. Only then may storage
+    /// recover the queues homed here (an unknown queue's files would be pruned) and clients
+    /// connect. Logs while it waits: a restarted cluster needs a majority of its nodes back.
+    pub async fn wait_ready(&self) {
+        let started = std::time::Instant::now();
+        loop {
+            if self.raft.wait_caught_up(Duration::from_secs(5)).await {
+                break;
+            }
+            tracing::warn!(
+                waited_s = started.elapsed().as_secs(),
+                "waiting for a cluster leader (a majority of the nodes must be up)"
+            );
+        }
+        let index = self.raft.view().applied_index.unwrap_or(0);
+        let mut applied = self.applied.clone();
+        let _ = applied.wait_for(|i| *i >= index).await;
+    }
+
+    /// Once ready: seeds the config's vhosts, users and permissions if this node created the
+    /// cluster, clears what this node's previous run left (its exclusive and transient
+    /// queues: `NodeDown` for itself) and registers its addresses.
+    pub async fn join_metadata(&self, config: &Config, record: NodeRecord) {
+        let meta = self.meta();
+        let now = Instant::from_millis(0);
+        if self.initialised_here {
+            for c in config_commands(config) {
+                if let Err(e) = meta.commit(c, now).await {
+                    tracing::warn!(error = %e, "cannot seed a definition from the config");
+                }
+            }
+        }
+        // Committed and applied here before anything else happens: this is also the read
+        // barrier that proves this node has applied every entry committed before it (a
+        // restarted leader may see an entry of its own old term as "current" until it hears
+        // from the new leader).
+        loop {
+            match meta
+                .commit(Command::NodeDown { id: self.node_id }, now)
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot clear the previous run's queues; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        if self.raft.snapshot().nodes.get(&self.node_id) != Some(&record) {
+            if let Err(e) = meta.commit(Command::RegisterNode(record), now).await {
+                tracing::warn!(error = %e, "cannot register this node");
+            }
+        }
+    }
+
+    /// Starts the failure detector and the membership task (once ready).
+    pub fn start_watchers(&mut self) {
+        self.tasks.push(tokio::spawn(watch_nodes(
+            self.raft.clone(),
+            self.broker.clone(),
+            self.transport.clone(),
+            self.peer_timeout,
+        )));
+        self.tasks
+            .push(tokio::spawn(reconcile_membership(self.raft.clone())));
+    }
+
+    /// What the admin endpoint needs: status and `join_cluster`.
+    pub fn control(&self, record: NodeRecord) -> ClusterControl {
+        ClusterControl {
+            raft: self.raft.clone(),
+            transport: self.transport.clone(),
+            broker: self.broker.clone(),
+            record,
+        }
+    }
+
+    /// The [`MetaCommit`] that proposes through Raft.
+    pub fn meta(&self) -> Arc<RaftMeta> {
+        Arc::new(RaftMeta {
+            raft: self.raft.clone(),
+            broker: self.broker.clone(),
+            applied: self.applied.clone(),
+            commit_timeout: self.commit_timeout,
+            rng: Mutex::new(StdRng::seed_from_u64(self.node_id)),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// The Raft member (for status and admin commands).
+    pub fn raft(&self) -> &MetaRaft {
+        &self.raft
+    }
+
+    /// The node links.
+    pub fn transport(&self) -> &TcpTransport {
+        &self.transport
+    }
+
+    /// Stops the tasks, Raft and the links.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+        self.transport.shutdown();
+    }
+}
+
+fn write_marker(path: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(b"initialised\n")?;
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The config's vhosts, users and permissions as commands (a cluster takes them once, when
+/// it is created; afterwards they live in the metadata and change through `warrenctl`).
+fn config_commands(config: &Config) -> Vec<Command> {
+    let mut c: Vec<Command> = config
+        .vhosts
+        .iter()
+        .map(|v| Command::AddVhost {
+            name: v.name.clone(),
+        })
+        .collect();
+    c.extend(config.users.iter().map(|u| {
+        Command::PutUser(User {
+            name: u.name.clone(),
+            password: u.password.clone(),
+            tags: u.tags.clone(),
+        })
+    }));
+    c.extend(config.permissions.iter().map(|p| {
+        Command::SetPermissions(Permission {
+            user: p.user.clone(),
+            vhost: p.vhost.clone(),
+            configure: p.configure.clone(),
+            write: p.write.clone(),
+            read: p.read.clone(),
+        })
+    }));
+    c
+}
+
+/// The follower task: every new applied state goes to the broker, then its index is
+/// published; registered nodes become link peers.
+async fn follow(
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    transport: TcpTransport,
+    applied: watch::Sender<u64>,
+    clock: Clock,
+) {
+    let mut views = raft.subscribe();
+    let mut peers: BTreeMap<NodeId, String> = BTreeMap::new();
+    loop {
+        let view = views.borrow_and_update().clone();
+        broker.follow(view.state.clone(), clock.now());
+        for (id, n) in &view.state.nodes {
+            if peers.get(id) != Some(&n.link) {
+                transport.set_peer(*id, n.link.clone());
+                peers.insert(*id, n.link.clone());
+            }
+        }
+        for id in &view.state.forgotten {
+            if peers.remove(id).is_some() {
+                transport.remove_peer(*id);
+            }
+        }
+        let _ = applied.send(view.applied_index.unwrap_or(0));
+        if views.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The failure detector: a registered node not heard from for `peer_timeout` is down.
+/// Every node tells its broker (for the replies about queues on down nodes); the leader
+/// proposes `NodeDown` once per outage.
+async fn watch_nodes(
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    transport: TcpTransport,
+    peer_timeout: Duration,
+) {
+    let me = raft.id();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // Nobody is declared down before a full timeout has passed since this node (or its
+    // leadership) began: links need that long to come up.
+    let mut watching_since = tokio::time::Instant::now();
+    let mut was_leader = false;
+    let mut declared: BTreeSet<NodeId> = BTreeSet::new();
+    loop {
+        tick.tick().await;
+        let state = raft.snapshot();
+        let leader = raft.is_leader();
+        if leader && !was_leader {
+            watching_since = tokio::time::Instant::now();
+        }
+        was_leader = leader;
+        let settled = watching_since.elapsed() >= peer_timeout;
+        let down: BTreeSet<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|&id| id != me && settled && !transport.peer_alive(id))
+            .collect();
+        declared.retain(|id| down.contains(id));
+        broker.set_down_nodes(down.clone());
+        if !leader {
+            continue;
+        }
+        for id in down {
+            if declared.contains(&id) {
+                continue;
+            }
+            tracing::warn!(node = id, "node down: removing its transient and exclusive queues");
+            match raft.propose(Command::NodeDown { id }).await {
+                Ok(_) => {
+                    declared.insert(id);
+                }
+                Err(e) => tracing::warn!(node = id, error = %e, "cannot record a node as down"),
+            }
+        }
+    }
+}
+
+/// The membership task, on the leader: the Raft membership follows the nodes table.
+async fn reconcile_membership(raft: MetaRaft) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if !raft.is_leader() {
+            continue;
+        }
+        let state = raft.snapshot();
+        let m = raft.membership();
+        // Forgotten nodes leave first, so a vote is never waited on from a node gone for good.
+        let gone_voters: Vec<NodeId> = m
+            .voters
+            .keys()
+            .copied()
+            .filter(|id| state.forgotten.contains(id))
+            .collect();
+        if !gone_voters.is_empty() {
+            let voters: BTreeSet<NodeId> = m
+                .voters
+                .keys()
+                .copied()
+                .filter(|id| !state.forgotten.contains(id))
+                .collect();
+            if let Err(e) = raft.change_voters(voters, false).await {
+                tracing::warn!(error = %e, "cannot remove forgotten voters");
+            }
+            continue;
+        }
+        let gone_learners: BTreeSet<NodeId> = m
+            .learners
+            .keys()
+            .copied()
+            .filter(|id| state.forgotten.contains(id))
+            .collect();
+        if !gone_learners.is_empty() {
+            if let Err(e) = raft.remove_learners(gone_learners).await {
+                tracing::warn!(error = %e, "cannot remove forgotten learners");
+            }
+            continue;
+        }
+        for (id, n) in &state.nodes {
+            if m.voters.contains_key(id) || m.learners.contains_key(id) {
+                continue;
+            }
+            tracing::info!(node = id, link = %n.link, "adding a node as a learner");
+            if let Err(e) = raft.add_learner(*id, n.link.clone()).await {
+                tracing::warn!(node = id, error = %e, "cannot add a learner");
+            }
+        }
+        let m = raft.membership();
+        if m.voters.len() < MAX_VOTERS {
+            let promote: Vec<NodeId> = m
+                .learners
+                .keys()
+                .copied()
+                .filter(|id| state.nodes.contains_key(id))
+                .take(MAX_VOTERS - m.voters.len())
+                .collect();
+            if !promote.is_empty() {
+                let voters: BTreeSet<NodeId> =
+                    m.voters.keys().copied().chain(promote.iter().copied()).collect();
+                tracing::info!(nodes = ?promote, "promoting learners to voters");
+                if let Err(e) = raft.change_voters(voters, true).await {
+                    tracing::warn!(error = %e, "cannot promote learners");
+                }
+            }
+        }
+    }
+}
+
+/// The admin endpoint's view of the cluster: `cluster_status` and `join_cluster`.
+#[derive(Clone)]
+pub struct ClusterControl {
+    raft: MetaRaft,
+    transport: TcpTransport,
+    broker: Arc<Broker>,
+    record: NodeRecord,
+}
+
+impl std::fmt::Debug for ClusterControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterControl")
+            .field("node", &self.record.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterControl {
+    /// `cluster_status`: every registered node, whether it runs (as the failure detector
+    /// sees it from here), its Raft role and addresses; then members not registered yet.
+    pub fn status(&self) -> crate::admin::Response {
+        let state = self.raft.snapshot();
+        let m = self.raft.membership();
+        let leader = self.raft.leader();
+        let role = |id: NodeId| {
+            if leader == Some(id) {
+                "leader"
+            } else if m.voters.contains_key(&id) {
+                "voter"
+            } else if m.learners.contains_key(&id) {
+                "learner"
+            } else {
+                "joining"
+            }
+        };
+        let me = self.record.id;
+        let mut rows: Vec<Vec<String>> = state
+            .nodes
+            .values()
+            .map(|n| {
+                let running = n.id == me || !self.broker.node_is_down(n.id);
+                vec![
+                    n.name.clone(),
+                    n.id.to_string(),
+                    running.to_string(),
+                    role(n.id).into(),
+                    n.amqp.clone(),
+                    n.link.clone(),
+                ]
+            })
+            .collect();
+        for (id, link) in m.voters.iter().chain(m.learners.iter()) {
+            if !state.nodes.contains_key(id) {
+                rows.push(vec![
+                    String::new(),
+                    id.to_string(),
+                    self.transport.peer_alive(*id).to_string(),
+                    role(*id).into(),
+                    String::new(),
+                    link.clone(),
+                ]);
+            }
+        }
+        crate::admin::Response::table(
+            ["node", "id", "running", "raft", "amqp", "link"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            rows,
+        )
+    }
+
+    /// `join_cluster SEED`: registers this node with the cluster `seed` (an admin address)
+    /// belongs to, using the caller's credentials, and learns its members' link addresses.
+    /// The leader then adds this node as a learner (a voter while there are fewer than
+    /// five); this node serves clients once it has caught up.
+    pub async fn join(&self, seed: &str, auth: &crate::admin::Auth) -> crate::admin::Response {
+        use crate::admin::{Request, Response};
+        let members = self.raft.membership();
+        if !members.voters.is_empty() || self.raft.leader().is_some() {
+            return Response::refused(
+                "this node already belongs to a cluster (forget it there and start afresh)",
+            );
+        }
+        let requests = [
+            Request::RegisterMember(self.record.clone()),
+            Request::ClusterStatus,
+        ];
+        let replies = match super::admin::call(seed, auth, &requests).await {
+            Ok(r) => r,
+            Err(e) => return Response::refused(format!("cannot reach {seed}: {e}")),
+        };
+        if let Some(refusal) = replies.iter().find(|r| !r.ok) {
+            return Response::refused(format!("{seed} refused: {}", refusal.message));
+        }
+        let status = &replies[1];
+        let id_col = status.columns.iter().position(|c| c == "id");
+        let link_col = status.columns.iter().position(|c| c == "link");
+        if let (Some(i), Some(l)) = (id_col, link_col) {
+            for row in &status.rows {
+                if let Ok(id) = row[i].parse::<NodeId>() {
+                    if id != self.record.id && !row[l].is_empty() {
+                        self.transport.set_peer(id, row[l].clone());
+                    }
+                }
+            }
+        }
+        Response::done(format!(
+            "node {} registered with the cluster of {seed}; it serves clients once it has caught up",
+            self.record.id
+        ))
+    }
+}
+
+/// A clustered node's [`MetaCommit`]: places new queues, proposes through Raft (a follower
+/// forwards to the leader), and resolves once this node's broker has followed the entry.
+pub struct RaftMeta {
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    applied: watch::Receiver<u64>,
+    commit_timeout: Duration,
+    rng: Mutex<StdRng>,
+}
+
+impl std::fmt::Debug for RaftMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftMeta").finish_non_exhaustive()
+    }
+}
+
+/// Where `queue-master-locator` puts new queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Locator {
+    /// The node the declaring client is connected to (RabbitMQ's default).
+    ClientLocal,
+    /// The live node running the fewest queues.
+    MinMasters,
+    /// A live node at random.
+    Random,
+}
+
+impl Locator {
+    /// The locator for `def`: its `x-queue-master-locator` argument, else its effective
+    /// policy's `queue-master-locator`, else client-local. Exclusive queues are always local.
+    pub fn of(def: &QueueDef, state: &MetaState) -> Locator {
+        if def.exclusive_owner.is_some() {
+            return Locator::ClientLocal;
+        }
+        let arg = def
+            .arguments
+            .inner()
+            .get("x-queue-master-locator")
+            .and_then(crate::meta::args::string);
+        let policy = || {
+            let v = state.vhost(&def.vhost)?;
+            match v
+                .effective_policy(&def.name, true)
+                .definition
+                .get("queue-master-locator")
+            {
+                Some(crate::meta::policy::PolicyValue::Str(s)) => Some(s.clone()),
+                _ => None,
+            }
+        };
+        match arg.or_else(policy).as_deref() {
+            Some("min-masters") => Locator::MinMasters,
+            Some("random") => Locator::Random,
+            _ => Locator::ClientLocal,
+        }
+    }
+
+    /// The home for a new queue: `local` for client-local; otherwise among `live` nodes
+    /// (which include `local`), by queue count or at random.
+    pub fn place(
+        self,
+        local: NodeId,
+        live: &[NodeId],
+        state: &MetaState,
+        rng: &mut impl Rng,
+    ) -> NodeId {
+        if live.is_empty() {
+            return local;
+        }
+        match self {
+            Locator::ClientLocal => local,
+            Locator::Random => live[rng.gen_range(0..live.len())],
+            Locator::MinMasters => {
+                let mut counts: BTreeMap<NodeId, usize> = live.iter().map(|&n| (n, 0)).collect();
+                for v in state.vhosts.values() {
+                    for q in v.queues.values() {
+                        if let Some(c) = counts.get_mut(&q.home) {
+                            *c += 1;
+                        }
+                    }
+                }
+                counts
+                    .into_iter()
+                    .min_by_key(|&(n, c)| (c, n))
+                    .map_or(local, |(n, _)| n)
+            }
+        }
+    }
+}
+
+impl RaftMeta {
+    fn place(&self, def: &QueueDef) -> NodeId {
+        let me = self.broker.node_id();
+        let state = self.raft.snapshot();
+        if let Some(existing) = state.vhost(&def.vhost).and_then(|v| v.queues.get(&def.name)) {
+            return existing.home;
+        }
+        let live: Vec<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|&n| n == me || !self.broker.node_is_down(n))
+            .collect();
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        Locator::of(def, &state).place(me, &live, &state, &mut *rng)
+    }
+}
+
+impl MetaCommit for RaftMeta {
+    fn commit(&self, mut command: Command, _now: Instant) -> MetaFuture {
+        if let Command::DeclareQueue(def) = &mut command {
+            if def.home == 0 {
+                def.home = self.place(def);
+            }
+        }
+        let raft = self.raft.clone();
+        let mut applied = self.applied.clone();
+        let timeout = self.commit_timeout;
+        Box::pin(async move {
+            let response = raft
+                .propose(command)
+                .await
+                .map_err(|e| MetaError::Unavailable {
+                    maybe_applied: e.outcome_unknown(),
+                    reason: e.to_string(),
+                })?;
+            // This node's broker follows the entry before the session reads it (declare-ok
+            // counts, the consumer a basic.consume adds to the new queue).
+            let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
+            match response.outcome {
+                Ok(s) => Ok(Applied {
+                    created: s.created,
+                    removed: Removed {
+                        queues: s.removed_queues,
+                        exchanges: s.removed_exchanges,
+                    },
+                }),
+                Err(r) => Err(MetaError::Replicated {
+                    code: r.code,
+                    text: r.text,
+                }),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amq_protocol::types::{AMQPValue, FieldTable};
+
+    fn state_with(nodes: &[NodeId], queues: &[(&str, NodeId)]) -> MetaState {
+        let mut s = MetaState::default();
+        s.apply(&Command::AddVhost { name: "/".into() }).unwrap();
+        for &id in nodes {
+            s.apply(&Command::RegisterNode(NodeRecord {
+                id,
+                name: format!("n{id}"),
+                amqp: String::new(),
+                admin: String::new(),
+                link: String::new(),
+            }))
+            .unwrap();
+        }
+        for (name, home) in queues {
+            s.apply(&Command::DeclareQueue(def(name, FieldTable::default(), *home)))
+                .unwrap();
+        }
+        s
+    }
+
+    fn def(name: &str, arguments: FieldTable, home: NodeId) -> QueueDef {
+        QueueDef {
+            vhost: "/".into(),
+            name: name.into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments,
+            home,
+        }
+    }
+
+    fn locator_arg(value: &str) -> FieldTable {
+        let mut t = FieldTable::default();
+        t.insert(
+            "x-queue-master-locator".into(),
+            AMQPValue::LongString(value.into()),
+        );
+        t
+    }
+
+    #[test]
+    fn the_locator_comes_from_the_argument_then_the_policy() {
+        let mut s = state_with(&[1, 2], &[]);
+        assert_eq!(
+            Locator::of(&def("q", FieldTable::default(), 0), &s),
+            Locator::ClientLocal
+        );
+        assert_eq!(
+            Locator::of(&def("q", locator_arg("min-masters"), 0), &s),
+            Locator::MinMasters
+        );
+        s.apply(&Command::SetPolicy {
+            policy: crate::meta::policy::Policy {
+                vhost: "/".into(),
+                name: "spread".into(),
+                pattern: "^spread".into(),
+                apply_to: crate::meta::policy::ApplyTo::Queues,
+                priority: 0,
+                definition: [(
+                    "queue-master-locator".to_string(),
+                    crate::meta::policy::PolicyValue::Str("random".into()),
+                )]
+                .into(),
+            },
+            operator: false,
+        })
+        .unwrap();
+        assert_eq!(
+            Locator::of(&def("spread.1", FieldTable::default(), 0), &s),
+            Locator::Random
+        );
+        assert_eq!(
+            Locator::of(&def("spread.1", locator_arg("client-local"), 0), &s),
+            Locator::ClientLocal,
+            "the argument wins over the policy"
+        );
+        let mut exclusive = def("spread.2", locator_arg("min-masters"), 0);
+        exclusive.exclusive_owner = Some(1);
+        assert_eq!(Locator::of(&exclusive, &s), Locator::ClientLocal);
+    }
+
+    #[test]
+    fn min_masters_picks_the_live_node_with_the_fewest_queues() {
+        let s = state_with(&[1, 2, 3], &[("a", 1), ("b", 1), ("c", 2), ("d", 3), ("e", 3)]);
+        let mut rng = StdRng::seed_from_u64(1);
+        assert_eq!(Locator::MinMasters.place(1, &[1, 2, 3], &s, &mut rng), 2);
+        assert_eq!(
+            Locator::MinMasters.place(1, &[1, 3], &s, &mut rng),
+            1,
+            "a down node is not a candidate; ties go to the lowest id"
+        );
+        assert_eq!(Locator::ClientLocal.place(3, &[1, 2, 3], &s, &mut rng), 3);
+        let picks: BTreeSet<NodeId> = (0..64)
+            .map(|_| Locator::Random.place(1, &[1, 2, 3], &s, &mut rng))
+            .collect();
+        assert_eq!(picks, BTreeSet::from([1, 2, 3]));
+    }
+}

@@ -1,0 +1,750 @@
+//! Real three-process clusters on loopback: each node is the `warren` binary started with a
+//! generated `[cluster]` config, clients are lapin, administration is the `warrenctl` binary.
+//!
+//! Every cluster gets its own 127.x.y.0/24 addresses (x, y from the process id and a counter),
+//! so clusters of concurrent tests never meet, and nodes use the standard ports on their own
+//! address. Processes are killed when a [`Cluster`] is dropped; every wait is bounded.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use amq_protocol::types::{AMQPValue, FieldTable};
+use common::{reply_code, within};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
+
+/// Upper bound for a node to start serving clients.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct NodeProc {
+    id: u64,
+    ip: String,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    fn amqp_uri(&self) -> String {
+        format!("amqp://guest:guest@{}:5672/%2f", self.ip)
+    }
+
+    fn admin(&self) -> String {
+        format!("{}:5679", self.ip)
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(&self.log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_warren"))
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "info,openraft=warn")
+            .env("NO_COLOR", "1")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start warren");
+        self.child = Some(child);
+    }
+
+    /// `kill -9`.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for the process to exit (a clean shutdown).
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: sending a signal to our own child process by pid.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// How many times this process run has logged that it serves clients.
+    fn ready_count(&self) -> usize {
+        self.log_text().matches("node listening").count()
+    }
+}
+
+struct Cluster {
+    dir: PathBuf,
+    nodes: Vec<NodeProc>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("cluster logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+fn config_text(id: u64, ip: &str, ips: &[String], data: &Path) -> String {
+    let mut members = String::new();
+    for (i, peer) in ips.iter().enumerate() {
+        members.push_str(&format!(
+            "[[cluster.initial_members]]\nid = {}\nlink = \"{peer}:25672\"\n\n",
+            i + 1
+        ));
+    }
+    format!(
+        r#"[node]
+name = "warren{id}@test"
+data_dir = "{data}"
+
+[amqp]
+listen = "{ip}:5672"
+
+[admin]
+listen = "{ip}:5679"
+
+[limits]
+memory_high_watermark_bytes = 1073741824
+
+[cluster]
+node_id = {id}
+cluster_id = "test-{cluster}"
+listen = "{ip}:25672"
+peer_timeout_ms = 1500
+heartbeat_ms = 100
+commit_timeout_ms = 5000
+
+{members}"#,
+        data = data.display(),
+        cluster = ips[0]
+    )
+}
+
+impl Cluster {
+    /// Starts three nodes and waits until each serves clients.
+    async fn start(name: &str) -> Cluster {
+        let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let (a, b) = (10 + (pid % 200), (pid / 200 % 50) * 5 + n);
+        let dir = std::env::temp_dir().join(format!("warren-cluster-{name}-{pid}-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let ips: Vec<String> = (1..=3).map(|i| format!("127.{a}.{b}.{i}")).collect();
+        let mut nodes = Vec::new();
+        for (i, ip) in ips.iter().enumerate() {
+            let id = i as u64 + 1;
+            let config = dir.join(format!("node{id}.toml"));
+            let data = dir.join(format!("data{id}"));
+            std::fs::write(&config, config_text(id, ip, &ips, &data)).expect("config");
+            nodes.push(NodeProc {
+                id,
+                ip: ip.clone(),
+                config,
+                log: dir.join(format!("node{id}.log")),
+                child: None,
+            });
+        }
+        let mut cluster = Cluster { dir, nodes };
+        for n in &mut cluster.nodes {
+            n.spawn();
+        }
+        for i in 0..3 {
+            cluster.wait_serving(i, 1).await;
+        }
+        cluster
+    }
+
+    fn node(&self, id: u64) -> &NodeProc {
+        &self.nodes[id as usize - 1]
+    }
+
+    /// Waits until node `id`'s log says it serves clients for the `runs`-th time.
+    async fn wait_serving(&self, index: usize, runs: usize) {
+        let node = &self.nodes[index];
+        let deadline = Instant::now() + START_TIMEOUT;
+        while node.ready_count() < runs {
+            assert!(
+                Instant::now() < deadline,
+                "node {} did not start serving; log:\n{}",
+                node.id,
+                node.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Restarts node `id` (already stopped or killed) and waits until it serves again.
+    async fn restart(&mut self, id: u64) {
+        let i = id as usize - 1;
+        // A fresh log per run keeps "node listening" counts simple.
+        self.nodes[i].spawn();
+        self.wait_serving(i, 1).await;
+    }
+
+    /// Runs warrenctl against node `id`.
+    async fn ctl(&self, id: u64, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warrenctl"));
+        cmd.arg("--node").arg(self.node(id).admin()).args(args);
+        within(
+            "warrenctl",
+            tokio::task::spawn_blocking(move || cmd.output().expect("run warrenctl")),
+        )
+        .await
+        .expect("join")
+    }
+
+    /// warrenctl's output rows (header first), failing on a non-zero exit.
+    async fn ctl_rows(&self, id: u64, args: &[&str]) -> Vec<Vec<String>> {
+        let out = self.ctl(id, args).await;
+        assert!(
+            out.status.success(),
+            "warrenctl {args:?} on node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split('\t').map(str::to_string).collect())
+            .collect()
+    }
+
+    /// The leader's id as node `asked` sees it, if any.
+    async fn leader(&self, asked: u64) -> Option<u64> {
+        let out = self.ctl(asked, &["cluster_status"]).await;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .skip(1)
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .find(|c| c.get(3) == Some(&"leader"))
+            .and_then(|c| c[1].parse().ok())
+    }
+
+    /// Waits until node `asked` knows a leader accepted by `ok`; how long that took.
+    async fn wait_leader(&self, asked: u64, ok: impl Fn(u64) -> bool) -> (u64, Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.leader(asked).await {
+                if ok(l) {
+                    return (l, start.elapsed());
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no acceptable leader seen by node {asked}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Queue names node `id` lists.
+    async fn queues(&self, id: u64) -> BTreeSet<String> {
+        self.ctl_rows(id, &["list_queues", "name"])
+            .await
+            .into_iter()
+            .skip(1)
+            .map(|r| r[0].clone())
+            .collect()
+    }
+}
+
+async fn connect(uri: &str) -> Connection {
+    within(
+        "connect",
+        Connection::connect(uri, ConnectionProperties::default()),
+    )
+    .await
+    .expect("connect")
+}
+
+async fn channel(conn: &Connection) -> Channel {
+    within("channel", conn.create_channel())
+        .await
+        .expect("channel")
+}
+
+async fn declare(ch: &Channel, name: &str, durable: bool, args: FieldTable) -> lapin::Result<()> {
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable,
+                ..Default::default()
+            },
+            args,
+        ),
+    )
+    .await
+    .map(|_| ())
+}
+
+fn locator(value: &str) -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert(
+        "x-queue-master-locator".into(),
+        AMQPValue::LongString(value.into()),
+    );
+    t
+}
+
+/// Publishes with confirms on `ch` (in confirm mode); whether the broker acked.
+async fn publish_acked(ch: &Channel, exchange: &str, key: &str, body: &[u8]) -> bool {
+    let confirm = within(
+        "basic.publish",
+        ch.basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default().with_delivery_mode(2),
+        ),
+    )
+    .await
+    .expect("publish");
+    within("confirm", confirm)
+        .await
+        .expect("confirm")
+        .is_ack()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_is_shared_and_queues_live_where_the_locator_puts_them() {
+    let cluster = Cluster::start("shared").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    within(
+        "exchange.declare",
+        ch1.exchange_declare(
+            "orders".into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("declare exchange on node 1");
+    declare(&ch1, "orders.eu", true, FieldTable::default())
+        .await
+        .expect("declare on node 1");
+    within(
+        "queue.bind",
+        ch1.queue_bind(
+            "orders.eu".into(),
+            "orders".into(),
+            "eu.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("bind");
+
+    // Node 2 sees the definitions at once: a passive declare of the exchange and the
+    // queue succeeds, and warrenctl on node 3 lists the queue on node 1.
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    within(
+        "passive exchange.declare",
+        ch2.exchange_declare(
+            "orders".into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("the exchange is known on node 2");
+    within(
+        "passive queue.declare",
+        ch2.queue_declare(
+            "orders.eu".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("the queue is known on node 2");
+    let rows = cluster
+        .ctl_rows(3, &["list_queues", "name", "pid", "durable"])
+        .await;
+    assert_eq!(rows[0], ["name", "pid", "durable"]);
+    assert!(
+        rows.contains(&vec![
+            "orders.eu".to_string(),
+            "warren1@test".to_string(),
+            "true".to_string()
+        ]),
+        "{rows:?}"
+    );
+
+    // Publishing on the queue's node routes through the replicated binding.
+    within("confirm.select", ch1.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .expect("confirm.select");
+    assert!(publish_acked(&ch1, "orders", "eu.fr", b"order-1").await);
+    let got = within(
+        "basic.get",
+        ch1.basic_get("orders.eu".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the message is there");
+    assert_eq!(got.delivery.data, b"order-1");
+
+    // Until publishes are forwarded between nodes, a message routed on node 2 to the queue
+    // on node 1 is nacked, never acked and dropped.
+    within("confirm.select", ch2.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .expect("confirm.select");
+    assert!(!publish_acked(&ch2, "orders", "eu.de", b"order-2").await);
+
+    // Placement: client-local by default; min-masters spreads queues over the nodes.
+    declare(&ch2, "local.2", true, FieldTable::default())
+        .await
+        .expect("declare");
+    for i in 0..6 {
+        declare(&ch1, &format!("spread.{i}"), true, locator("min-masters"))
+            .await
+            .expect("declare with min-masters");
+    }
+    let rows = cluster.ctl_rows(1, &["list_queues", "name", "pid"]).await;
+    let home = |q: &str| {
+        rows.iter()
+            .find(|r| r[0] == q)
+            .map(|r| r[1].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(home("local.2"), "warren2@test");
+    let spread: BTreeSet<String> = (0..6).map(|i| home(&format!("spread.{i}"))).collect();
+    assert_eq!(
+        spread,
+        BTreeSet::from([
+            "warren1@test".to_string(),
+            "warren2@test".to_string(),
+            "warren3@test".to_string()
+        ]),
+        "min-masters used every node: {rows:?}"
+    );
+
+    // A policy set on node 3 is everywhere; a queue on node 1 gets it.
+    let out = cluster
+        .ctl(
+            3,
+            &[
+                "set_policy",
+                "cap",
+                "^orders\\.",
+                r#"{"max-length":1}"#,
+                "--apply-to",
+                "queues",
+            ],
+        )
+        .await;
+    assert!(out.status.success(), "{out:?}");
+    let rows = cluster
+        .ctl_rows(1, &["list_queues", "name", "policy"])
+        .await;
+    assert!(
+        rows.contains(&vec!["orders.eu".to_string(), "cap".to_string()]),
+        "{rows:?}"
+    );
+    for i in 0..3 {
+        assert!(publish_acked(&ch1, "orders", "eu.x", format!("m{i}").as_bytes()).await);
+    }
+    let rows = cluster
+        .ctl_rows(1, &["list_queues", "name", "messages"])
+        .await;
+    assert!(
+        rows.contains(&vec!["orders.eu".to_string(), "1".to_string()]),
+        "max-length 1 from the policy applies on the queue's node: {rows:?}"
+    );
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+}
+
+/// Declares `name` on a fresh channel of `conn`, retrying while the cluster elects a
+/// leader; whether the broker confirmed it (declare-ok) within the deadline.
+async fn declare_until_ok(uri: &str, name: &str, deadline: Instant) -> bool {
+    // Re-declaring is idempotent, so a declare whose outcome was lost is simply retried.
+    while Instant::now() < deadline {
+        let Ok(Ok(conn)) = tokio::time::timeout(
+            Duration::from_secs(3),
+            Connection::connect(uri, ConnectionProperties::default()),
+        )
+        .await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if let Ok(ch) = conn.create_channel().await {
+            match tokio::time::timeout(
+                Duration::from_secs(8),
+                ch.queue_declare(
+                    name.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                ),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {
+                    let _ = conn.close(200, "bye".into()).await;
+                    return true;
+                }
+                Ok(Err(e)) => {
+                    // 541: the metadata store had no leader or no outcome; retried.
+                    assert_eq!(reply_code(&e), Some(541), "unexpected refusal: {e}");
+                }
+                Err(_) => {}
+            }
+        }
+        let _ = conn.close(200, "bye".into()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_follower_and_the_leader_loses_no_acknowledged_definition() {
+    let mut cluster = Cluster::start("failover").await;
+    let (leader, _) = cluster.wait_leader(1, |_| true).await;
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let survivor = (1..=3)
+        .find(|&n| n != leader && n != follower)
+        .expect("a third node");
+    // A stream of declares through the third node, running while nodes die: a follower
+    // after 10 acknowledged declares, then (once it is back) the leader after 25.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let uri = cluster.node(survivor).amqp_uri();
+    let counter = done.clone();
+    let stream = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut acked = Vec::new();
+        for i in 0..40 {
+            let name = format!("def.{i}");
+            if declare_until_ok(&uri, &name, deadline).await {
+                acked.push(name);
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+            // Paced, so the kills land in the middle of the stream.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        acked
+    });
+    let reach = |n: usize| {
+        let done = done.clone();
+        async move {
+            while done.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    reach(10).await;
+    cluster.nodes[follower as usize - 1].kill();
+    reach(15).await;
+    cluster.restart(follower).await;
+    reach(25).await;
+    cluster.nodes[leader as usize - 1].kill();
+    let (new_leader, took) = cluster.wait_leader(survivor, |l| l != leader).await;
+    eprintln!("new leader {new_leader} {took:?} after the old one was killed");
+    assert!(took < Duration::from_secs(10), "a new leader within seconds");
+    let acked = tokio::time::timeout(Duration::from_secs(90), stream)
+        .await
+        .expect("the declares finished")
+        .expect("join");
+    assert_eq!(acked.len(), 40, "every declare eventually succeeded");
+    // The old leader comes back as a follower with every definition.
+    cluster.restart(leader).await;
+    for n in 1..=3 {
+        let names = cluster.queues(n).await;
+        let missing: Vec<&String> = acked.iter().filter(|q| !names.contains(*q)).collect();
+        assert!(missing.is_empty(), "node {n} lacks acknowledged {missing:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_brings_back_durable_definitions_and_policies() {
+    let mut cluster = Cluster::start("restart").await;
+    let c = connect(&cluster.node(2).amqp_uri()).await;
+    let ch = channel(&c).await;
+    declare(&ch, "keep.durable", true, FieldTable::default())
+        .await
+        .expect("declare durable");
+    declare(&ch, "lose.transient", false, FieldTable::default())
+        .await
+        .expect("declare transient");
+    within("confirm.select", ch.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .expect("confirm.select");
+    for i in 0..5 {
+        assert!(publish_acked(&ch, "", "keep.durable", format!("p{i}").as_bytes()).await);
+    }
+    let out = cluster
+        .ctl(
+            1,
+            &["set_policy", "ttl", "^keep", r#"{"message-ttl":600000}"#],
+        )
+        .await;
+    assert!(out.status.success(), "{out:?}");
+    let _ = c.close(200, "bye".into()).await;
+
+    for n in &mut cluster.nodes {
+        n.stop();
+    }
+    for n in &mut cluster.nodes {
+        n.spawn();
+    }
+    for i in 0..3 {
+        cluster.wait_serving(i, 1).await;
+    }
+    for n in 1..=3 {
+        let names = cluster.queues(n).await;
+        assert!(names.contains("keep.durable"), "node {n}: {names:?}");
+        assert!(
+            !names.contains("lose.transient"),
+            "a transient queue does not outlive its node's restart (node {n}: {names:?})"
+        );
+        let policies = cluster.ctl_rows(n, &["list_policies"]).await;
+        assert!(
+            policies.iter().skip(1).any(|r| r[1] == "ttl"),
+            "node {n}: {policies:?}"
+        );
+    }
+    // The persistent messages are back on the queue's node.
+    let c = connect(&cluster.node(2).amqp_uri()).await;
+    let ch = channel(&c).await;
+    let mut bodies = Vec::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch.basic_get("keep.durable".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    {
+        bodies.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    assert_eq!(bodies, ["p0", "p1", "p2", "p3", "p4"]);
+    let _ = c.close(200, "bye".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_wait() {
+    let mut cluster = Cluster::start("nodedown").await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    declare(&ch3, "n3.durable", true, FieldTable::default())
+        .await
+        .expect("declare");
+    declare(&ch3, "n3.transient", false, FieldTable::default())
+        .await
+        .expect("declare");
+    within(
+        "exclusive declare",
+        ch3.queue_declare(
+            "n3.exclusive".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("declare exclusive");
+    let before = cluster.queues(1).await;
+    assert!(before.contains("n3.exclusive") && before.contains("n3.transient"));
+
+    cluster.nodes[2].kill();
+    let start = Instant::now();
+    loop {
+        let names = cluster.queues(1).await;
+        if !names.contains("n3.transient") && !names.contains("n3.exclusive") {
+            assert!(names.contains("n3.durable"), "{names:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "node 3's transient queues outlived it: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Using the durable queue of the down node answers as RabbitMQ does.
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let err = within(
+        "basic.get",
+        ch1.basic_get("n3.durable".into(), BasicGetOptions::default()),
+    )
+    .await
+    .expect_err("the queue's node is down");
+    assert_eq!(reply_code(&err), Some(404), "{err}");
+    assert!(err.to_string().contains("down or inaccessible"), "{err}");
+    let _ = c1.close(200, "bye".into()).await;
+
+    // It comes back with its node.
+    cluster.restart(3).await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    within(
+        "passive declare",
+        ch3.queue_declare(
+            "n3.durable".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("the durable queue is back");
+    let _ = c3.close(200, "bye".into()).await;
+}

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use common::{reply_code, within};
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
@@ -337,10 +338,7 @@ async fn publish_acked(ch: &Channel, exchange: &str, key: &str, body: &[u8]) -> 
     )
     .await
     .expect("publish");
-    within("confirm", confirm)
-        .await
-        .expect("confirm")
-        .is_ack()
+    within("confirm", confirm).await.expect("confirm").is_ack()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -423,9 +421,12 @@ async fn metadata_is_shared_and_queues_live_where_the_locator_puts_them() {
     );
 
     // Publishing on the queue's node routes through the replicated binding.
-    within("confirm.select", ch1.confirm_select(ConfirmSelectOptions::default()))
-        .await
-        .expect("confirm.select");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     assert!(publish_acked(&ch1, "orders", "eu.fr", b"order-1").await);
     let got = within(
         "basic.get",
@@ -436,12 +437,66 @@ async fn metadata_is_shared_and_queues_live_where_the_locator_puts_them() {
     .expect("the message is there");
     assert_eq!(got.delivery.data, b"order-1");
 
-    // Until publishes are forwarded between nodes, a message routed on node 2 to the queue
-    // on node 1 is nacked, never acked and dropped.
-    within("confirm.select", ch2.confirm_select(ConfirmSelectOptions::default()))
+    // Publish on node 2, consume on node 3: the message goes to the queue's node 1, is
+    // confirmed once there, and is delivered through node 3; a rejected delivery comes
+    // back redelivered, an ack removes it.
+    within(
+        "confirm.select",
+        ch2.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch2, "orders", "eu.de", b"order-2").await);
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    within("basic.qos", ch3.basic_qos(1, BasicQosOptions::default()))
         .await
-        .expect("confirm.select");
-    assert!(!publish_acked(&ch2, "orders", "eu.de", b"order-2").await);
+        .expect("qos");
+    let mut deliveries = common::consume_tagged(&ch3, "orders.eu", "c3", Default::default()).await;
+    let first = deliveries.next().await;
+    assert_eq!(first.data, b"order-2");
+    assert!(!first.redelivered);
+    within(
+        "basic.reject",
+        first.acker.reject(BasicRejectOptions { requeue: true }),
+    )
+    .await
+    .expect("reject");
+    let again = deliveries.next().await;
+    assert_eq!(again.data, b"order-2");
+    assert!(again.redelivered, "requeued on node 1, redelivered");
+    within("basic.ack", again.acker.ack(BasicAckOptions::default()))
+        .await
+        .expect("ack");
+    let start = Instant::now();
+    loop {
+        let rows = cluster
+            .ctl_rows(1, &["list_queues", "name", "messages"])
+            .await;
+        if rows.contains(&vec!["orders.eu".to_string(), "0".to_string()]) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{rows:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The consumer on node 3 gets what is published on node 1 too, in order.
+    for i in 0..20 {
+        assert!(publish_acked(&ch1, "orders", "eu.it", format!("n{i}").as_bytes()).await);
+    }
+    for i in 0..20 {
+        let d = deliveries.next().await;
+        assert_eq!(d.data, format!("n{i}").as_bytes());
+        within("basic.ack", d.acker.ack(BasicAckOptions::default()))
+            .await
+            .expect("ack");
+    }
+    within(
+        "basic.cancel",
+        ch3.basic_cancel("c3".into(), BasicCancelOptions::default()),
+    )
+    .await
+    .expect("cancel");
+    let _ = c3.close(200, "bye".into()).await;
 
     // Placement: client-local by default; min-masters spreads queues over the nodes.
     declare(&ch2, "local.2", true, FieldTable::default())
@@ -595,7 +650,10 @@ async fn killing_a_follower_and_the_leader_loses_no_acknowledged_definition() {
     cluster.nodes[leader as usize - 1].kill();
     let (new_leader, took) = cluster.wait_leader(survivor, |l| l != leader).await;
     eprintln!("new leader {new_leader} {took:?} after the old one was killed");
-    assert!(took < Duration::from_secs(10), "a new leader within seconds");
+    assert!(
+        took < Duration::from_secs(10),
+        "a new leader within seconds"
+    );
     let acked = tokio::time::timeout(Duration::from_secs(90), stream)
         .await
         .expect("the declares finished")
@@ -606,7 +664,10 @@ async fn killing_a_follower_and_the_leader_loses_no_acknowledged_definition() {
     for n in 1..=3 {
         let names = cluster.queues(n).await;
         let missing: Vec<&String> = acked.iter().filter(|q| !names.contains(*q)).collect();
-        assert!(missing.is_empty(), "node {n} lacks acknowledged {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "node {n} lacks acknowledged {missing:?}"
+        );
     }
 }
 
@@ -621,9 +682,12 @@ async fn a_full_restart_brings_back_durable_definitions_and_policies() {
     declare(&ch, "lose.transient", false, FieldTable::default())
         .await
         .expect("declare transient");
-    within("confirm.select", ch.confirm_select(ConfirmSelectOptions::default()))
-        .await
-        .expect("confirm.select");
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
     for i in 0..5 {
         assert!(publish_acked(&ch, "", "keep.durable", format!("p{i}").as_bytes()).await);
     }
@@ -701,8 +765,27 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
     .expect("declare exclusive");
     let before = cluster.queues(1).await;
     assert!(before.contains("n3.exclusive") && before.contains("n3.transient"));
+    // A consumer on node 1 of the durable queue on node 3.
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let mut remote =
+        common::consume_tagged(&ch1, "n3.durable", "watcher", Default::default()).await;
+    within(
+        "confirm.select",
+        ch3.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch3, "", "n3.durable", b"before").await);
+    let d = remote.next().await;
+    assert_eq!(d.data, b"before");
 
     cluster.nodes[2].kill();
+    // As RabbitMQ, the consumer of a queue whose node went down is cancelled.
+    match remote.next_event().await {
+        Ok(None) => {}
+        other => panic!("expected a consumer cancel, got {other:?}"),
+    }
     let start = Instant::now();
     loop {
         let names = cluster.queues(1).await;
@@ -717,7 +800,6 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Using the durable queue of the down node answers as RabbitMQ does.
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
     let ch1 = channel(&c1).await;
     let err = within(
         "basic.get",
@@ -746,5 +828,15 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
     )
     .await
     .expect("the durable queue is back");
+    // Its persistent message, delivered before the crash and never acked, is still there.
+    let got = within(
+        "basic.get",
+        ch3.basic_get("n3.durable".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the unacked message survived");
+    assert_eq!(got.delivery.data, b"before");
+    assert!(got.delivery.redelivered);
     let _ = c3.close(200, "bye".into()).await;
 }

@@ -12,6 +12,7 @@ pub mod exchange;
 pub mod message;
 pub mod outbox;
 pub mod queue;
+pub mod remote;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -21,9 +22,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::Config;
+use crate::meta::args::QueueArgs;
 use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
-use crate::meta::args::QueueArgs;
 use crate::meta::{Command, MetaError, MetaState, Permission, QueueDef, User, Vhost};
 use crate::time::Instant;
 
@@ -31,6 +32,9 @@ pub use durability::Durability;
 pub use message::Message;
 pub use outbox::{ChannelLink, Delivery, OutItem, Outbox};
 pub use queue::{Consumer, DeadLetter, Queue, QueueHandle};
+pub use remote::{
+    ChannelKey, QueueRef, RemoteConsumer, RemoteLink, RemoteOutcomes, RemoteQueue, Settle,
+};
 
 /// How a publish went.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +45,9 @@ pub struct PublishOutcome {
     pub rejected: bool,
     /// The group-commit ticket its confirm waits for (0: nothing to wait for).
     pub ticket: u64,
+    /// The [`RemoteOutcomes`] id its confirm waits for, when it went to queues of other
+    /// nodes (0: none).
+    pub remote: u64,
 }
 
 /// Where durable definitions go after every change that affects them (the runtime writes
@@ -72,6 +79,10 @@ pub struct Broker {
     node_id: u64,
     /// Cluster nodes the failure detector considers down.
     down_nodes: RwLock<std::collections::BTreeSet<u64>>,
+    /// Reaches queues of other nodes; set once in cluster mode.
+    remote: std::sync::OnceLock<Arc<dyn RemoteLink>>,
+    /// Outcomes of publishes forwarded to other nodes.
+    remote_outcomes: RemoteOutcomes,
 }
 
 impl std::fmt::Debug for Broker {
@@ -145,6 +156,8 @@ impl Broker {
             epoch_unix_ms,
             node_id: 0,
             down_nodes: RwLock::new(Default::default()),
+            remote: std::sync::OnceLock::new(),
+            remote_outcomes: RemoteOutcomes::default(),
         }
     }
 
@@ -158,6 +171,32 @@ impl Broker {
     /// This node's id in the cluster (0: not clustered).
     pub fn node_id(&self) -> u64 {
         self.node_id
+    }
+
+    /// Sets the relay that reaches queues of other nodes (cluster mode, once).
+    pub fn set_remote_link(&self, link: Arc<dyn RemoteLink>) {
+        let _ = self.remote.set(link);
+    }
+
+    /// Outcomes of publishes forwarded to other nodes.
+    pub fn remote_outcomes(&self) -> &RemoteOutcomes {
+        &self.remote_outcomes
+    }
+
+    /// The queue `name` of `vhost` when another live node runs it (and the relay is set).
+    pub fn remote_queue(&self, vhost: &str, name: &str) -> Option<Arc<RemoteQueue>> {
+        let link = self.remote.get()?;
+        let snapshot = self.snapshot();
+        let def = snapshot.vhost(vhost)?.queues.get(name)?;
+        if def.home == self.node_id || self.node_is_down(def.home) {
+            return None;
+        }
+        Some(Arc::new(RemoteQueue {
+            node: def.home,
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            link: link.clone(),
+        }))
     }
 
     /// Records which cluster nodes the failure detector considers down.
@@ -473,14 +512,19 @@ impl Broker {
         );
         let mut outcome = PublishOutcome::default();
         let mut dead = Vec::new();
+        let mut remote: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
         for name in &targets {
             let Some(handle) = self.queue(&vhost.name, name) else {
-                if vhost.queues.contains_key(name) {
-                    // Routed to a queue another node runs: until publishes are forwarded
-                    // there, the publisher hears a nack rather than an ack for a message
-                    // no queue took.
+                if let Some(def) = vhost.queues.get(name) {
                     outcome.routed += 1;
-                    outcome.rejected = true;
+                    if def.home != self.node_id && self.remote.get().is_some() {
+                        // Another node runs it: forwarded below, one message per node.
+                        remote.entry(def.home).or_default().push(name.clone());
+                    } else {
+                        // Its node is unknown or the queue is going away: a nack, never an
+                        // ack for a message no queue took.
+                        outcome.rejected = true;
+                    }
                 }
                 continue;
             };
@@ -497,7 +541,46 @@ impl Broker {
         for (handle, letters) in dead {
             self.dead_letter(&handle, letters, now);
         }
+        if let (Some(link), false) = (self.remote.get(), remote.is_empty()) {
+            let id = self.remote_outcomes.issue(remote.len() as u32);
+            for (node, queues) in remote {
+                link.publish(node, &vhost.name, queues, message.clone(), id);
+            }
+            outcome.remote = id;
+        }
         outcome
+    }
+
+    /// Enqueues a message forwarded by another node into queues of this one (already
+    /// routed there). Returns whether every queue took it and the group-commit ticket to
+    /// wait for before saying so.
+    pub fn publish_forwarded(
+        &self,
+        vhost: &str,
+        queues: &[String],
+        message: Arc<Message>,
+        now: Instant,
+    ) -> (bool, u64) {
+        let mut taken = true;
+        let mut ticket = 0;
+        let mut dead = Vec::new();
+        for name in queues {
+            let Some(handle) = self.queue(vhost, name) else {
+                // Deleted meanwhile (or not ours any more).
+                taken = false;
+                continue;
+            };
+            let r = handle.lock().publish(&handle, message.clone(), now);
+            taken &= r.accepted;
+            ticket = ticket.max(r.ticket);
+            if !r.dead.is_empty() {
+                dead.push((handle.clone(), r.dead));
+            }
+        }
+        for (handle, letters) in dead {
+            self.dead_letter(&handle, letters, now);
+        }
+        (taken, ticket)
     }
 
     /// Republishes dead letters of `from` to its dead-letter exchange.

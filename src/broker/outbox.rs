@@ -21,7 +21,7 @@ pub struct Delivery {
     /// Consumer tag.
     pub consumer_tag: Arc<str>,
     /// The queue it comes from (acks go back there).
-    pub queue: Arc<QueueHandle>,
+    pub queue: super::remote::QueueRef,
     /// The queue's sequence number for the message.
     pub seq: u64,
     /// The message.

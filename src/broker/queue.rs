@@ -679,7 +679,7 @@ impl Queue {
             let delivery = Delivery {
                 channel: c.link.channel,
                 consumer_tag: c.tag.clone(),
-                queue: me.clone(),
+                queue: super::remote::QueueRef::Local(me.clone()),
                 seq: entry.seq,
                 message: entry.message.clone(),
                 redelivered: entry.redelivered,

@@ -125,6 +125,9 @@ pub struct NodeRecord {
     pub admin: String,
     /// Its node-link listener.
     pub link: String,
+    /// Drawn at each start: a new value tells the other nodes that the node restarted (and
+    /// lost its channels and consumers), however quickly.
+    pub incarnation: u64,
 }
 
 impl QueueDef {
@@ -845,6 +848,7 @@ mod tests {
             amqp: String::new(),
             admin: String::new(),
             link: String::new(),
+            incarnation: 0,
         }
     }
 
@@ -873,7 +877,12 @@ mod tests {
     }
 
     fn queue_names(s: &MetaState) -> Vec<&str> {
-        s.vhost("/").unwrap().queues.keys().map(|k| k.as_str()).collect()
+        s.vhost("/")
+            .unwrap()
+            .queues
+            .keys()
+            .map(|k| k.as_str())
+            .collect()
     }
 
     #[test]
@@ -881,7 +890,12 @@ mod tests {
         let mut s = two_node_state();
         let applied = s.apply(&Command::NodeDown { id: 1 }).unwrap();
         assert_eq!(queue_names(&s), ["d1", "d2", "t2"]);
-        let mut removed: Vec<&str> = applied.removed.queues.iter().map(|(_, q)| q.as_str()).collect();
+        let mut removed: Vec<&str> = applied
+            .removed
+            .queues
+            .iter()
+            .map(|(_, q)| q.as_str())
+            .collect();
         removed.sort();
         assert_eq!(removed, ["t1", "x"]);
         assert!(s.vhost("/").unwrap().bindings_from("amq.fanout").is_empty());

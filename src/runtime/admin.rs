@@ -136,8 +136,7 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
     }
     match admin::plan(&ctx.broker, &ctx.node, request) {
         Handled::Reply(r) => r,
-        Handled::Commit { command, ok } => match ctx.meta.commit(command, ctx.clock.now()).await
-        {
+        Handled::Commit { command, ok } => match ctx.meta.commit(command, ctx.clock.now()).await {
             Ok(_) => Response::done(ok),
             Err(e) => Response::refused(e.to_string()),
         },

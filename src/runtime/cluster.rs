@@ -31,6 +31,7 @@ use super::clock::Clock;
 use super::conn_task::{MetaCommit, MetaFuture};
 use super::file_disk::FileDisk;
 use super::node_link::{NodeLinkConfig, TcpTransport};
+use super::relay::Relay;
 use crate::broker::Broker;
 use crate::config::{ClusterConfig, Config};
 use crate::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
@@ -73,6 +74,7 @@ pub struct Cluster {
     commit_timeout: Duration,
     peer_timeout: Duration,
     initialised_here: bool,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -159,14 +161,15 @@ impl Cluster {
         }
 
         let (applied_tx, applied) = watch::channel(0u64);
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(follow(
+        let relay: Arc<std::sync::OnceLock<Arc<Relay>>> = Arc::default();
+        let tasks = vec![tokio::spawn(follow(
             raft.clone(),
             broker.clone(),
             transport.clone(),
             applied_tx,
             clock,
-        )));
+            relay.clone(),
+        ))];
         Ok(Cluster {
             node_id: cc.node_id,
             raft,
@@ -176,6 +179,7 @@ impl Cluster {
             commit_timeout: Duration::from_millis(cc.commit_timeout_ms),
             peer_timeout: Duration::from_millis(cc.peer_timeout_ms),
             initialised_here,
+            relay,
             tasks,
         })
     }
@@ -237,6 +241,12 @@ impl Cluster {
         }
     }
 
+    /// Installs the relay that serves queues across nodes (before clients connect).
+    pub fn install_relay(&self, meta: Arc<dyn MetaCommit>, clock: Clock) {
+        let relay = Relay::install(self.broker.clone(), self.transport.clone(), meta, clock);
+        let _ = self.relay.set(relay);
+    }
+
     /// Starts the failure detector and the membership task (once ready).
     pub fn start_watchers(&mut self) {
         self.tasks.push(tokio::spawn(watch_nodes(
@@ -244,6 +254,7 @@ impl Cluster {
             self.broker.clone(),
             self.transport.clone(),
             self.peer_timeout,
+            self.relay.clone(),
         )));
         self.tasks
             .push(tokio::spawn(reconcile_membership(self.raft.clone())));
@@ -345,9 +356,11 @@ async fn follow(
     transport: TcpTransport,
     applied: watch::Sender<u64>,
     clock: Clock,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
 ) {
     let mut views = raft.subscribe();
     let mut peers: BTreeMap<NodeId, String> = BTreeMap::new();
+    let mut incarnations: BTreeMap<NodeId, u64> = BTreeMap::new();
     loop {
         let view = views.borrow_and_update().clone();
         broker.follow(view.state.clone(), clock.now());
@@ -355,6 +368,17 @@ async fn follow(
             if peers.get(id) != Some(&n.link) {
                 transport.set_peer(*id, n.link.clone());
                 peers.insert(*id, n.link.clone());
+            }
+            // A node that registered a new incarnation restarted: whatever it held for
+            // this node's channels, and this node for its, is gone.
+            if incarnations
+                .insert(*id, n.incarnation)
+                .is_some_and(|old| old != n.incarnation)
+                && *id != raft.id()
+            {
+                if let Some(r) = relay.get() {
+                    r.node_down(*id);
+                }
             }
         }
         for id in &view.state.forgotten {
@@ -377,8 +401,10 @@ async fn watch_nodes(
     broker: Arc<Broker>,
     transport: TcpTransport,
     peer_timeout: Duration,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
 ) {
     let me = raft.id();
+    let mut was_down: BTreeSet<NodeId> = BTreeSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     // Nobody is declared down before a full timeout has passed since this node (or its
     // leadership) began: links need that long to come up.
@@ -402,6 +428,12 @@ async fn watch_nodes(
             .collect();
         declared.retain(|id| down.contains(id));
         broker.set_down_nodes(down.clone());
+        if let Some(r) = relay.get() {
+            for id in down.difference(&was_down) {
+                r.node_down(*id);
+            }
+        }
+        was_down = down.clone();
         if !leader {
             continue;
         }
@@ -409,7 +441,10 @@ async fn watch_nodes(
             if declared.contains(&id) {
                 continue;
             }
-            tracing::warn!(node = id, "node down: removing its transient and exclusive queues");
+            tracing::warn!(
+                node = id,
+                "node down: removing its transient and exclusive queues"
+            );
             match raft.propose(Command::NodeDown { id }).await {
                 Ok(_) => {
                     declared.insert(id);
@@ -480,8 +515,12 @@ async fn reconcile_membership(raft: MetaRaft) {
                 .take(MAX_VOTERS - m.voters.len())
                 .collect();
             if !promote.is_empty() {
-                let voters: BTreeSet<NodeId> =
-                    m.voters.keys().copied().chain(promote.iter().copied()).collect();
+                let voters: BTreeSet<NodeId> = m
+                    .voters
+                    .keys()
+                    .copied()
+                    .chain(promote.iter().copied())
+                    .collect();
                 tracing::info!(nodes = ?promote, "promoting learners to voters");
                 if let Err(e) = raft.change_voters(voters, true).await {
                     tracing::warn!(error = %e, "cannot promote learners");
@@ -699,7 +738,10 @@ impl RaftMeta {
     fn place(&self, def: &QueueDef) -> NodeId {
         let me = self.broker.node_id();
         let state = self.raft.snapshot();
-        if let Some(existing) = state.vhost(&def.vhost).and_then(|v| v.queues.get(&def.name)) {
+        if let Some(existing) = state
+            .vhost(&def.vhost)
+            .and_then(|v| v.queues.get(&def.name))
+        {
             return existing.home;
         }
         let live: Vec<NodeId> = state
@@ -766,12 +808,17 @@ mod tests {
                 amqp: String::new(),
                 admin: String::new(),
                 link: String::new(),
+                incarnation: 0,
             }))
             .unwrap();
         }
         for (name, home) in queues {
-            s.apply(&Command::DeclareQueue(def(name, FieldTable::default(), *home)))
-                .unwrap();
+            s.apply(&Command::DeclareQueue(def(
+                name,
+                FieldTable::default(),
+                *home,
+            )))
+            .unwrap();
         }
         s
     }
@@ -840,7 +887,10 @@ mod tests {
 
     #[test]
     fn min_masters_picks_the_live_node_with_the_fewest_queues() {
-        let s = state_with(&[1, 2, 3], &[("a", 1), ("b", 1), ("c", 2), ("d", 3), ("e", 3)]);
+        let s = state_with(
+            &[1, 2, 3],
+            &[("a", 1), ("b", 1), ("c", 2), ("d", 3), ("e", 3)],
+        );
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(Locator::MinMasters.place(1, &[1, 2, 3], &s, &mut rng), 2);
         assert_eq!(

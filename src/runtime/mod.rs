@@ -8,6 +8,8 @@
 //!   the failure detector); carries Raft today.
 //! - [`cluster`]: cluster mode: the metadata Raft member, the broker following it, the
 //!   failure detector, membership, and queue placement.
+//! - [`relay`]: queues of other nodes: forwarded publishes, remote consumers, acks and
+//!   deliveries over the node links.
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
 
 pub mod admin;
@@ -19,6 +21,7 @@ pub mod file_disk;
 pub mod inspect;
 pub mod node;
 pub mod node_link;
+pub mod relay;
 pub mod storage;
 pub mod transport;
 

@@ -202,6 +202,7 @@ impl Node {
             amqp: addr.to_string(),
             admin: admin_addr.to_string(),
             link: c.transport().local_addr().to_string(),
+            incarnation: rand::random(),
         });
         // The admin endpoint serves while a clustered node waits for its cluster
         // (`join_cluster` is how a new node gets one).
@@ -228,6 +229,7 @@ impl Node {
             let id = record.id;
             tracing::info!(node_id = id, "waiting to catch up with the cluster");
             c.wait_ready().await;
+            c.install_relay(meta.clone(), clock);
             c.join_metadata(&config, record).await;
             c.start_watchers();
             tracing::info!(node_id = id, "caught up with the cluster");

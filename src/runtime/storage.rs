@@ -715,7 +715,7 @@ fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64) -> Entry {
     entry
 }
 
-fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
+pub(crate) fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
     let stored = StoredMessage::decode(bytes).ok()?;
     let (_, properties) = parse_properties(&stored.properties_raw[..]).ok()?;
     Some(Message {

@@ -22,7 +22,10 @@ use crate::amqp::reply_code::{
     precondition_failed, resource_locked, unexpected_frame, AmqpError,
 };
 use crate::amqp::{short, ReplyCode};
-use crate::broker::{ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle};
+use crate::broker::{
+    ChannelKey, ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle,
+    QueueRef, RemoteConsumer, RemoteOutcomes, Settle,
+};
 use crate::meta::Command;
 use crate::time::Instant;
 
@@ -37,13 +40,13 @@ struct PendingPublish {
 
 #[derive(Debug)]
 struct UnackedRef {
-    queue: Arc<QueueHandle>,
+    queue: QueueRef,
     seq: u64,
 }
 
 #[derive(Debug)]
 struct ConsumerRef {
-    queue: Arc<QueueHandle>,
+    queue: QueueRef,
 }
 
 #[derive(Debug)]
@@ -83,11 +86,15 @@ enum Waiting {
         ack: bool,
         /// Group-commit ticket (0: none).
         ticket: u64,
+        /// Outcome of the part forwarded to other nodes (0: none).
+        remote: u64,
     },
     /// tx.commit-ok.
     CommitOk {
         /// Group-commit ticket (0: none).
         ticket: u64,
+        /// Outcome of the parts forwarded to other nodes (0: none).
+        remote: u64,
     },
 }
 
@@ -110,14 +117,20 @@ pub(super) fn unavailable_queue(c: &Connection, name: &str) -> AmqpError {
         ));
     }
     not_found(format!(
-        "queue '{name}' in vhost '{vhost}' runs on node '{node}'; consuming from, reading or purging a queue of another node is not supported yet: connect to '{node}'"
+        "queue '{name}' in vhost '{vhost}' runs on node '{node}'; basic.get and queue.purge of a queue of another node are not supported yet: connect to '{node}'"
     ))
 }
 
 impl Waiting {
     fn ticket(&self) -> u64 {
         match self {
-            Waiting::Confirm { ticket, .. } | Waiting::CommitOk { ticket } => *ticket,
+            Waiting::Confirm { ticket, .. } | Waiting::CommitOk { ticket, .. } => *ticket,
+        }
+    }
+
+    fn remote(&self) -> u64 {
+        match self {
+            Waiting::Confirm { remote, .. } | Waiting::CommitOk { remote, .. } => *remote,
         }
     }
 }
@@ -396,7 +409,14 @@ impl Channel {
     ) -> Result<(), AmqpError> {
         let name = self.resolve_queue_name(m.queue.as_str())?;
         perms(c)?.check(Access::Read, "queue", &name)?;
-        let h = self.queue_handle(c, &name)?;
+        let remote = match c.broker.queue(&c.vhost, &name) {
+            Some(_) => None,
+            None => c.broker.remote_queue(&c.vhost, &name),
+        };
+        let h = match &remote {
+            Some(_) => None,
+            None => Some(self.queue_handle(c, &name)?),
+        };
         let tag = if m.consumer_tag.as_str().is_empty() {
             c.broker.generate_consumer_tag()
         } else {
@@ -423,6 +443,47 @@ impl Channel {
                     ))
                 }
             },
+        };
+        if let Some(rq) = remote {
+            // A queue of another node: its node attaches the consumer and checks
+            // exclusivity; a refusal there comes back as a consumer cancel.
+            if !m.nowait {
+                c.send_method(
+                    self.id,
+                    AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                        consumer_tag: short(&tag),
+                    })),
+                );
+            }
+            let key = ChannelKey {
+                conn: c.id,
+                channel: self.id,
+            };
+            rq.link.consume(
+                &rq,
+                key,
+                &c.outbox,
+                RemoteConsumer {
+                    tag: Arc::from(tag.as_str()),
+                    no_ack: m.no_ack,
+                    prefetch: self.prefetch as u32,
+                    global_prefetch: self.link.global_prefetch.load(Ordering::Acquire),
+                    priority,
+                    exclusive: m.exclusive,
+                },
+            );
+            self.consumers.insert(
+                tag,
+                ConsumerRef {
+                    queue: QueueRef::Remote(rq),
+                },
+            );
+            return Ok(());
+        }
+        let Some(h) = h else {
+            return Err(self.queue_handle(c, &name).err().unwrap_or_else(|| {
+                not_found(format!("no queue '{name}' in vhost '{}'", c.vhost))
+            }));
         };
         let consumer = Consumer {
             tag: Arc::from(tag.as_str()),
@@ -451,7 +512,12 @@ impl Channel {
         if !dead.is_empty() {
             c.broker.dead_letter(&h, dead, now);
         }
-        self.consumers.insert(tag, ConsumerRef { queue: h });
+        self.consumers.insert(
+            tag,
+            ConsumerRef {
+                queue: QueueRef::Local(h),
+            },
+        );
         Ok(())
     }
 
@@ -478,7 +544,7 @@ impl Channel {
                     self.unacked.insert(
                         tag,
                         UnackedRef {
-                            queue: h.clone(),
+                            queue: QueueRef::Local(h.clone()),
                             seq: entry.seq,
                         },
                     );
@@ -551,7 +617,7 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let refs = self.take_tags(tag, multiple)?;
-        settle_refs(c, refs, requeue, now);
+        settle_refs(c, self.id, refs, requeue, now);
         if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
             // Channel-wide credit came back: other queues may be waiting on it.
             self.poke_consumed_queues(c, now);
@@ -561,21 +627,25 @@ impl Channel {
 
     fn requeue_all(&mut self, c: &mut Connection, now: Instant) {
         let refs: Vec<UnackedRef> = std::mem::take(&mut self.unacked).into_values().collect();
-        settle_refs(c, refs, Some(true), now);
+        settle_refs(c, self.id, refs, Some(true), now);
     }
 
     fn poke_consumed_queues(&self, c: &Connection, now: Instant) {
         let mut seen: Vec<*const QueueHandle> = Vec::new();
         for cons in self.consumers.values() {
-            let p = Arc::as_ptr(&cons.queue);
+            // A queue of another node gets its credit back with the ack itself.
+            let QueueRef::Local(q) = &cons.queue else {
+                continue;
+            };
+            let p = Arc::as_ptr(q);
             if seen.contains(&p) {
                 continue;
             }
             seen.push(p);
             let mut dead = Vec::new();
-            cons.queue.lock().deliver(&cons.queue, now, &mut dead);
+            q.lock().deliver(q, now, &mut dead);
             if !dead.is_empty() {
-                c.broker.dead_letter(&cons.queue, dead, now);
+                c.broker.dead_letter(q, dead, now);
             }
         }
     }
@@ -585,10 +655,22 @@ impl Channel {
     fn detach_consumer(
         &self,
         c: &Connection,
-        queue: &Arc<QueueHandle>,
+        queue: &QueueRef,
         tag: &str,
         now: Instant,
     ) -> Option<Command> {
+        let queue = match queue {
+            QueueRef::Local(q) => q,
+            QueueRef::Remote(r) => {
+                // Its node detaches it, and deletes the queue if it auto-deletes.
+                let key = ChannelKey {
+                    conn: c.id,
+                    channel: self.id,
+                };
+                r.link.cancel(r, key, tag);
+                return None;
+            }
+        };
         let link = &self.link;
         let auto_delete = queue
             .lock()
@@ -725,6 +807,7 @@ impl Channel {
                 seq,
                 ack: !outcome.rejected,
                 ticket: outcome.ticket,
+                remote: outcome.remote,
             });
         }
         Ok(())
@@ -752,20 +835,45 @@ impl Channel {
     /// Emits what is ready, in order: confirms (a run of acks as one `multiple` ack) and
     /// tx.commit-ok, each once its group-commit ticket is durable. Returns whether something
     /// still waits for the disk (the caller registers to be woken).
-    pub fn flush_confirms(&mut self, out: &mut Vec<u8>, durability: Option<&Durability>) -> bool {
+    pub fn flush_confirms(
+        &mut self,
+        out: &mut Vec<u8>,
+        durability: Option<&Durability>,
+        remote: &RemoteOutcomes,
+    ) -> bool {
         if self.confirms.pending.is_empty() {
             return false;
         }
         let failed = durability.is_some_and(|d| d.has_failed());
-        let ready =
-            |ticket: u64| ticket == 0 || failed || durability.is_none_or(|d| d.is_durable(ticket));
+        let ready = |w: &Waiting| {
+            let ticket = w.ticket();
+            (ticket == 0 || failed || durability.is_none_or(|d| d.is_durable(ticket)))
+                && (w.remote() == 0 || remote.is_known(w.remote()))
+        };
         let n_ready = self
             .confirms
             .pending
             .iter()
-            .position(|w| !ready(w.ticket()))
+            .position(|w| !ready(w))
             .unwrap_or(self.confirms.pending.len());
-        let emit: Vec<Waiting> = self.confirms.pending.drain(..n_ready).collect();
+        let mut emit: Vec<Waiting> = self.confirms.pending.drain(..n_ready).collect();
+        // A part refused on another node (or lost with its link) makes the confirm a nack;
+        // a refused transaction still gets its commit-ok (as a refused local publish does).
+        for w in &mut emit {
+            if let Waiting::Confirm {
+                ack, remote: id, ..
+            } = w
+            {
+                if *id != 0 {
+                    *ack &= remote.take(*id).unwrap_or(false);
+                    *id = 0;
+                }
+            } else if let Waiting::CommitOk { remote: id, .. } = w {
+                if *id != 0 {
+                    remote.take(*id);
+                }
+            }
+        }
         let mut i = 0;
         while i < emit.len() {
             match emit[i] {
@@ -777,7 +885,9 @@ impl Channel {
                     );
                     i += 1;
                 }
-                Waiting::Confirm { seq, ack, ticket } if !ack || (failed && ticket != 0) => {
+                Waiting::Confirm {
+                    seq, ack, ticket, ..
+                } if !ack || (failed && ticket != 0) => {
                     // Refused by a queue, or storage failed before it was durable: the
                     // publisher must not believe it safe.
                     frame::encode_method(
@@ -837,10 +947,14 @@ impl Channel {
                 self.tx = Some(Tx::default());
                 let snapshot = c.snapshot();
                 let mut ticket = 0;
+                let mut remote = Vec::new();
                 if let Some(vhost) = snapshot.vhost(&c.vhost) {
                     for (exchange, message, mandatory) in t.publishes {
                         let outcome = c.broker.publish(vhost, &exchange, message.clone(), now);
                         ticket = ticket.max(outcome.ticket);
+                        if outcome.remote != 0 {
+                            remote.push(outcome.remote);
+                        }
                         if outcome.routed == 0 && mandatory {
                             self.send_return(c, &message);
                         }
@@ -859,7 +973,13 @@ impl Channel {
                     r?;
                 }
                 // commit-ok promises the persistent messages are on disk: it waits for them.
-                self.confirms.pending.push(Waiting::CommitOk { ticket });
+                let remote = match remote.len() {
+                    0 => 0,
+                    _ => c.broker.remote_outcomes().join(&remote),
+                };
+                self.confirms
+                    .pending
+                    .push(Waiting::CommitOk { ticket, remote });
                 Ok(())
             }
             tx::AMQPMethod::Rollback(_) => {
@@ -939,7 +1059,11 @@ impl Channel {
         self.requeue_all(c, now);
         self.content = None;
         self.tx = None;
-        self.confirms.pending.clear();
+        for w in self.confirms.pending.drain(..) {
+            if w.remote() != 0 {
+                c.broker.remote_outcomes().forget(w.remote());
+            }
+        }
         self.link.flow_active.store(false, Ordering::Release);
     }
 }
@@ -950,26 +1074,33 @@ fn perms(c: &Connection) -> Result<&super::permissions::Permissions, AmqpError> 
         .ok_or_else(|| access_refused("no permissions in this vhost"))
 }
 
-/// Settles unacked references, grouped by queue, in tag order.
-fn settle_refs(c: &Connection, refs: Vec<UnackedRef>, requeue: Option<bool>, now: Instant) {
-    let mut by_queue: Vec<(Arc<QueueHandle>, Vec<u64>)> = Vec::new();
+/// Settles unacked references of channel `channel`, grouped by queue, in tag order.
+fn settle_refs(
+    c: &Connection,
+    channel: u16,
+    refs: Vec<UnackedRef>,
+    requeue: Option<bool>,
+    now: Instant,
+) {
+    let mut by_queue: Vec<(QueueRef, Vec<u64>)> = Vec::new();
     for r in refs {
-        match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &r.queue)) {
+        match by_queue.iter_mut().find(|(q, _)| q.same(&r.queue)) {
             Some((_, seqs)) => seqs.push(r.seq),
             None => by_queue.push((r.queue, vec![r.seq])),
         }
     }
+    let how = match requeue {
+        None => Settle::Ack,
+        Some(requeue) => Settle::Nack { requeue },
+    };
+    let key = ChannelKey {
+        conn: c.id,
+        channel,
+    };
     for (q, seqs) in by_queue {
-        let mut dead = Vec::new();
-        {
-            let mut g = q.lock();
-            match requeue {
-                None => g.ack(&q, &seqs, now, &mut dead),
-                Some(requeue) => g.settle(&q, &seqs, requeue, now, &mut dead),
-            }
-        }
-        if !dead.is_empty() {
-            c.broker.dead_letter(&q, dead, now);
+        let dead = q.settle(key, &seqs, how, now);
+        if let (QueueRef::Local(h), false) = (&q, dead.is_empty()) {
+            c.broker.dead_letter(h, dead, now);
         }
     }
 }

@@ -32,6 +32,7 @@
 
 mod metadata;
 
+use crate::broker::{ChannelKey, Settle};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -593,10 +594,12 @@ impl Connection {
         for item in self.outbox.close() {
             if let OutItem::Deliver(d) = item {
                 if d.ack_required {
-                    let mut dead = Vec::new();
+                    let key = ChannelKey {
+                        conn: self.id,
+                        channel: d.channel,
+                    };
                     d.queue
-                        .lock()
-                        .settle(&d.queue, &[d.seq], true, now, &mut dead);
+                        .settle(key, &[d.seq], Settle::Nack { requeue: true }, now);
                 }
             }
         }
@@ -634,10 +637,12 @@ impl Connection {
                         }
                         _ => {
                             if d.ack_required {
-                                let mut dead = Vec::new();
+                                let key = ChannelKey {
+                                    conn: self.id,
+                                    channel: d.channel,
+                                };
                                 d.queue
-                                    .lock()
-                                    .settle(&d.queue, &[d.seq], true, now, &mut dead);
+                                    .settle(key, &[d.seq], Settle::Nack { requeue: true }, now);
                             }
                         }
                     }
@@ -805,18 +810,23 @@ impl Connection {
     /// resumes, so they keep their place among its replies.
     fn flush_confirms(&mut self) {
         let durability = self.broker.durability().cloned();
+        let broker = self.broker.clone();
+        let remote = broker.remote_outcomes();
         let mut waiting = false;
         for (ch, c) in self.channels.iter_mut() {
             if !self.meta.is_parked(*ch) {
-                waiting |= c.flush_confirms(&mut self.out, durability.as_deref());
+                waiting |= c.flush_confirms(&mut self.out, durability.as_deref(), remote);
             }
         }
-        if let (true, Some(d)) = (waiting, durability) {
-            d.wait(&self.outbox);
+        if waiting {
+            if let Some(d) = &durability {
+                d.wait(&self.outbox);
+            }
+            remote.wait(&self.outbox);
             // The mark may have moved between the check and the registration.
             for (ch, c) in self.channels.iter_mut() {
                 if !self.meta.is_parked(*ch) {
-                    c.flush_confirms(&mut self.out, Some(&d));
+                    c.flush_confirms(&mut self.out, durability.as_deref(), remote);
                 }
             }
         }

@@ -144,6 +144,7 @@ mod tests {
                 amqp: "127.0.0.1:5673".into(),
                 admin: "127.0.0.1:5680".into(),
                 link: "127.0.0.1:25673".into(),
+                incarnation: 0,
             }),
             Command::RegisterNode(NodeRecord {
                 id: 3,
@@ -151,6 +152,7 @@ mod tests {
                 amqp: String::new(),
                 admin: String::new(),
                 link: String::new(),
+                incarnation: 0,
             }),
             Command::ForgetNode { id: 3 },
             Command::PutUser(User {

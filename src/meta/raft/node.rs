@@ -333,8 +333,7 @@ impl MetaRaft {
     pub async fn wait_caught_up(&self, timeout: Duration) -> bool {
         self.wait_metrics(timeout, |m| {
             m.current_leader.is_some()
-                && m
-                    .last_applied
+                && m.last_applied
                     .is_some_and(|l| l.leader_id.term == m.current_term)
         })
         .await

@@ -31,6 +31,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 type Reply = Result<Vec<u8>, RemoteFailure>;
 
+/// What a [`BrokerService`] answers: now, or once something finishes (a publish waits for
+/// its fsync before the publisher's node may confirm it).
+pub enum BrokerReply {
+    /// The reply frame.
+    Now(Vec<u8>),
+    /// The reply frame, later.
+    Later(std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>>),
+}
+
+/// The handler of [`Service::Broker`] requests. Called on the link's reader, one request at
+/// a time in arrival order, so what one node sends another is applied in the order sent
+/// (a publish before the ack that follows it); it must not block.
+pub trait BrokerService: Send + Sync {
+    /// Handles `payload` from node `from`.
+    fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply;
+}
+
 /// One established connection to a peer.
 struct Link {
     peer: NodeId,
@@ -105,6 +122,7 @@ struct Shared {
     dials: Mutex<BTreeMap<NodeId, Arc<tokio::sync::Mutex<Backoff>>>>,
     last_seen: Mutex<BTreeMap<NodeId, Instant>>,
     raft: Mutex<Option<RpcServer>>,
+    broker: Mutex<Option<Arc<dyn BrokerService>>>,
     stop: CancellationToken,
 }
 
@@ -130,6 +148,7 @@ impl TcpTransport {
             dials: Mutex::new(BTreeMap::new()),
             last_seen: Mutex::new(BTreeMap::new()),
             raft: Mutex::new(None),
+            broker: Mutex::new(None),
             stop: CancellationToken::new(),
         });
         tokio::spawn(accept_loop(Arc::clone(&shared), listener));
@@ -167,6 +186,42 @@ impl TcpTransport {
         *lock(&self.shared.raft) = Some(server);
     }
 
+    /// Delivers incoming broker requests to `service`.
+    pub fn serve_broker(&self, service: Arc<dyn BrokerService>) {
+        *lock(&self.shared.broker) = Some(service);
+    }
+
+    /// Queues a [`Service::Broker`] request for `node` (dialling it if needed) and returns
+    /// the receiver of its reply. Requests queued by one caller reach the peer in the order
+    /// queued; only the wait for room on the link is awaited here, not the reply.
+    pub async fn send_broker(
+        &self,
+        node: NodeId,
+        payload: Vec<u8>,
+    ) -> Result<oneshot::Receiver<Reply>, TransportError> {
+        if payload.len() + 64 > self.shared.cfg.max_frame {
+            return Err(TransportError::Io(format!(
+                "request of {} bytes exceeds the {}-byte frame limit",
+                payload.len(),
+                self.shared.cfg.max_frame
+            )));
+        }
+        let link = link_to(&self.shared, node, None).await?;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&link.pending).insert(id, tx);
+        let env = Envelope::Request {
+            id,
+            service: Service::Broker,
+            payload,
+        };
+        if link.closed.is_cancelled() || link.out.send(env).await.is_err() {
+            lock(&link.pending).remove(&id);
+            return Err(TransportError::Io("link closed".into()));
+        }
+        Ok(rx)
+    }
+
     /// When a frame last arrived from `node`, if ever.
     pub fn last_seen(&self, node: NodeId) -> Option<Instant> {
         lock(&self.shared.last_seen).get(&node).copied()
@@ -196,6 +251,7 @@ impl TcpTransport {
             link.close();
         }
         *lock(&self.shared.raft) = None;
+        *lock(&self.shared.broker) = None;
     }
 }
 
@@ -555,6 +611,45 @@ async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: FrameReader
                     // The link may have closed meanwhile; the caller then sees that.
                     let _ = out.send(Envelope::Response { id, result }).await;
                 });
+            }
+            Envelope::Request {
+                id,
+                service: Service::Broker,
+                payload,
+            } => {
+                let service = lock(&shared.broker).clone();
+                let reply = match service {
+                    Some(s) => s.handle(peer, payload),
+                    None => BrokerReply::Now(Vec::new()),
+                };
+                let out = link.out.clone();
+                match reply {
+                    BrokerReply::Now(frame) => {
+                        let env = Envelope::Response {
+                            id,
+                            result: Ok(frame),
+                        };
+                        // Never wait on our own writer here: if both nodes' readers waited
+                        // for their writers while each peer's reader waited too, the link
+                        // would deadlock. Replies are matched by id, so order is free.
+                        if let Err(mpsc::error::TrySendError::Full(env)) = out.try_send(env) {
+                            tokio::spawn(async move {
+                                let _ = out.send(env).await;
+                            });
+                        }
+                    }
+                    BrokerReply::Later(fut) => {
+                        tokio::spawn(async move {
+                            let frame = fut.await;
+                            let _ = out
+                                .send(Envelope::Response {
+                                    id,
+                                    result: Ok(frame),
+                                })
+                                .await;
+                        });
+                    }
+                }
             }
             Envelope::Response { id, result } => {
                 if let Some(tx) = lock(&link.pending).remove(&id) {

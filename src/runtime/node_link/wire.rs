@@ -24,6 +24,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub enum Service {
     /// The metadata Raft group's RPCs.
     Raft,
+    /// Broker traffic for queues of another node (publishes, consumers, acks,
+    /// deliveries): handled in arrival order, see [`super::transport::BrokerService`].
+    Broker,
 }
 
 /// Why a peer could not answer a request.

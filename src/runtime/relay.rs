@@ -1,0 +1,848 @@
+//! The relay: queues of other nodes, reached over the node links ([`Service::Broker`]).
+//!
+//! A session on node C that publishes to, consumes from or acks a queue whose home is node H
+//! calls this node's [`Relay`] through the broker's [`RemoteLink`]; the relay queues a
+//! [`RelayMsg`] for H on a per-node sender task, so messages reach H in the order the
+//! session made them. H's relay handles each request on the link's reader, in arrival order:
+//!
+//! - `Publish`: enqueued in the named queues at once; the reply (taken or not) waits for the
+//!   group commit when the message is persistent in a durable queue, so C's publisher is
+//!   confirmed only once H has the message on disk.
+//! - `Consume`: H keeps one *proxy channel* per remote channel: a [`ChannelLink`] whose
+//!   outbox is drained by a forwarder task that sends deliveries (and broker cancels) back
+//!   to C in batches, and returns the outbox credit once C has taken them, so the queue's
+//!   ordinary flow control (prefetch, outbox bytes) paces a remote consumer as a local one.
+//! - `Settle` / `Cancel`: acks, nacks, requeues and cancels of a proxy channel; a cancel
+//!   that leaves an auto-delete queue without consumers deletes it (through Raft).
+//!
+//! On C, deliveries land in the consumer connection's outbox as [`QueueRef::Remote`]
+//! deliveries, so its acks travel back. When H goes down, C cancels its consumers on H's
+//! queues (consumer cancel notify, as RabbitMQ does); when C goes down, H requeues what C's
+//! channels held and drops their consumers. Forwarded publishes whose link fails are nacked.
+//!
+//! Not forwarded yet (answered as documented in `docs/clustering.md`): basic.get, purge and
+//! the counts of a queue of another node, and dead letters routed to another node's queues.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, Notify};
+
+use super::clock::Clock;
+use super::conn_task::MetaCommit;
+use super::node_link::transport::{BrokerReply, BrokerService};
+use super::node_link::TcpTransport;
+use super::storage::decode_message;
+use crate::broker::{
+    Broker, ChannelKey, ChannelLink, Consumer, Delivery, Message, OutItem, Outbox, QueueRef,
+    RemoteConsumer, RemoteLink, RemoteQueue, Settle,
+};
+use crate::meta::{Command, NodeId};
+use crate::store::message_codec::StoredMessage;
+
+/// Bytes a proxy channel's outbox holds before its queues wait (as a connection's).
+const PROXY_OUTBOX_BYTES: usize = 4 << 20;
+/// Deliveries sent to the consumer's node in one request, at most.
+const BATCH: usize = 256;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A message on the wire: its id and its stored form (raw properties, as published).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct WireMessage {
+    id: u128,
+    bytes: Vec<u8>,
+}
+
+impl WireMessage {
+    fn of(m: &Message) -> WireMessage {
+        WireMessage {
+            id: m.id,
+            bytes: StoredMessage {
+                exchange: m.exchange.clone(),
+                routing_key: m.routing_key.clone(),
+                properties_raw: m.properties_raw.clone(),
+                body: m.body.clone(),
+            }
+            .encode(),
+        }
+    }
+
+    fn message(&self) -> Option<Message> {
+        decode_message(&self.bytes, self.id)
+    }
+}
+
+/// One delivery sent back to the consumer's node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct WireDelivery {
+    vhost: String,
+    queue: String,
+    tag: String,
+    seq: u64,
+    redelivered: bool,
+    ack_required: bool,
+    message: WireMessage,
+}
+
+/// How a settle travels.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+enum WireSettle {
+    Ack,
+    Requeue,
+    Drop,
+}
+
+/// What crosses the node link for the broker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum RelayMsg {
+    /// To the queues' node: enqueue.
+    Publish {
+        vhost: String,
+        queues: Vec<String>,
+        message: WireMessage,
+    },
+    /// To the queue's node: attach a consumer of channel `key` of the sender.
+    Consume {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        tag: String,
+        no_ack: bool,
+        prefetch: u32,
+        global_prefetch: u32,
+        priority: i32,
+        exclusive: bool,
+    },
+    /// To the queue's node: detach a consumer.
+    Cancel {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        tag: String,
+    },
+    /// To the queue's node: ack, nack or requeue deliveries of channel `key`.
+    Settle {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        seqs: Vec<u64>,
+        how: WireSettle,
+    },
+    /// To the consumer's node: deliveries and broker cancels for channel `key`.
+    Deliver {
+        conn: u64,
+        channel: u16,
+        deliveries: Vec<WireDelivery>,
+        cancels: Vec<String>,
+    },
+}
+
+/// The answer to a [`RelayMsg`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum RelayReply {
+    Done,
+    /// A publish: whether every queue took it.
+    Published(bool),
+    /// A delivery batch: the (queue, seq) of deliveries the consumer's connection was gone
+    /// for; the home node requeues them.
+    Undelivered(Vec<(String, String, u64)>),
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Plain owned data into a Vec: cannot fail.
+    bincode::serialize(v).unwrap_or_default()
+}
+
+/// A message queued for another node, with what to do with its reply.
+struct Outgoing {
+    payload: Vec<u8>,
+    /// The publish outcome this answers (0: none).
+    outcome: u64,
+    /// Outbox credit to return (and queues to poke) once a delivery batch is answered.
+    after: Option<Arc<ProxyChannel>>,
+    released: usize,
+}
+
+/// On the queue's node: the stand-in for one channel of a consumer on another node.
+struct ProxyChannel {
+    node: NodeId,
+    key: ChannelKey,
+    link: Arc<ChannelLink>,
+    outbox: Arc<Outbox>,
+    /// Consumers attached through it: (vhost, queue, tag).
+    consumers: Mutex<Vec<(String, String, Arc<str>)>>,
+    /// Deliveries sent and not settled: (vhost, queue, seq).
+    unacked: Mutex<BTreeSet<(String, String, u64)>>,
+}
+
+/// On the consumer's node: where deliveries for a channel go.
+struct ConsumerSink {
+    outbox: Weak<Outbox>,
+    /// Consumers of this channel on queues of other nodes: (node, tag).
+    tags: Vec<(NodeId, Arc<str>)>,
+}
+
+struct Inner {
+    broker: Arc<Broker>,
+    transport: TcpTransport,
+    meta: Arc<dyn MetaCommit>,
+    clock: Clock,
+    me: NodeId,
+    link: Weak<Relay>,
+    senders: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
+    proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
+    sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
+}
+
+/// This node's relay (both roles: sessions here using queues elsewhere, and queues here
+/// used from elsewhere).
+pub struct Relay {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("node", &self.inner.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// A relay for `broker` over `transport`; it serves the link's broker requests and is
+    /// the broker's [`RemoteLink`].
+    pub fn install(
+        broker: Arc<Broker>,
+        transport: TcpTransport,
+        meta: Arc<dyn MetaCommit>,
+        clock: Clock,
+    ) -> Arc<Relay> {
+        let me = broker.node_id();
+        let relay = Arc::new_cyclic(|weak| Relay {
+            inner: Arc::new(Inner {
+                broker: broker.clone(),
+                transport: transport.clone(),
+                meta,
+                clock,
+                me,
+                link: weak.clone(),
+                senders: Mutex::new(HashMap::new()),
+                proxies: Mutex::new(HashMap::new()),
+                sinks: Mutex::new(HashMap::new()),
+            }),
+        });
+        transport.serve_broker(Arc::new(Service {
+            inner: relay.inner.clone(),
+        }));
+        broker.set_remote_link(relay.clone());
+        relay
+    }
+
+    /// `node` went down: consumers here on its queues are cancelled, and what its channels
+    /// held here is requeued.
+    pub fn node_down(&self, node: NodeId) {
+        self.inner.drop_proxies_of(node);
+        let mut sinks = lock(&self.inner.sinks);
+        for (key, sink) in sinks.iter_mut() {
+            let (gone, kept): (Vec<_>, Vec<_>) = sink.tags.drain(..).partition(|(n, _)| *n == node);
+            sink.tags = kept;
+            if let Some(outbox) = sink.outbox.upgrade() {
+                for (_, tag) in gone {
+                    let _ = outbox.push(OutItem::Cancel {
+                        channel: key.channel,
+                        consumer_tag: tag,
+                    });
+                }
+            }
+        }
+        sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
+        lock(&self.inner.senders).remove(&node);
+    }
+}
+
+impl Inner {
+    /// Queues `msg` for `node`, in order with everything else sent there.
+    fn send(&self, node: NodeId, msg: &RelayMsg, outcome: u64) {
+        self.send_raw(node, encode(msg), outcome, None, 0);
+    }
+
+    fn send_raw(
+        &self,
+        node: NodeId,
+        payload: Vec<u8>,
+        outcome: u64,
+        after: Option<Arc<ProxyChannel>>,
+        released: usize,
+    ) {
+        let out = Outgoing {
+            payload,
+            outcome,
+            after,
+            released,
+        };
+        let mut senders = lock(&self.senders);
+        let tx = senders
+            .entry(node)
+            .or_insert_with(|| self.spawn_sender(node));
+        if let Err(mpsc::error::SendError(out)) = tx.send(out) {
+            // The sender task ended (shutdown): fail what needed an answer.
+            self.failed(out);
+        }
+    }
+
+    fn spawn_sender(&self, node: NodeId) -> mpsc::UnboundedSender<Outgoing> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+        let Some(relay) = self.link.upgrade() else {
+            return tx;
+        };
+        let inner = relay.inner.clone();
+        tokio::spawn(async move {
+            while let Some(out) = rx.recv().await {
+                match inner.transport.send_broker(node, out.payload.clone()).await {
+                    Ok(reply) => {
+                        let inner = inner.clone();
+                        tokio::spawn(async move {
+                            match reply.await {
+                                Ok(Ok(bytes)) => inner.answered(node, out, &bytes),
+                                _ => inner.failed(out),
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::debug!(node, error = %e, "relay: cannot reach node");
+                        inner.failed(out);
+                    }
+                }
+            }
+        });
+        tx
+    }
+
+    fn answered(&self, node: NodeId, out: Outgoing, bytes: &[u8]) {
+        let reply: Option<RelayReply> = bincode::deserialize(bytes).ok();
+        if out.outcome != 0 {
+            let taken = matches!(reply, Some(RelayReply::Published(true)));
+            self.broker.remote_outcomes().resolve(out.outcome, taken);
+        }
+        if let Some(proxy) = out.after {
+            if let Some(RelayReply::Undelivered(list)) = reply {
+                // The consumer's connection went away before they reached it.
+                for (vhost, queue, seq) in list {
+                    lock(&proxy.unacked).remove(&(vhost.clone(), queue.clone(), seq));
+                    self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+                }
+            }
+            self.release(&proxy, out.released);
+        }
+        let _ = node;
+    }
+
+    fn failed(&self, out: Outgoing) {
+        if out.outcome != 0 {
+            self.broker.remote_outcomes().resolve(out.outcome, false);
+        }
+        if let Some(proxy) = out.after {
+            self.release(&proxy, out.released);
+        }
+    }
+
+    /// Returns outbox credit of a proxy channel and pokes the queues that waited for it.
+    fn release(&self, proxy: &ProxyChannel, bytes: usize) {
+        let now = self.clock.now();
+        for q in proxy.outbox.release(bytes) {
+            let mut dead = Vec::new();
+            q.lock().deliver(&q, now, &mut dead);
+            if !dead.is_empty() {
+                self.broker.dead_letter(&q, dead, now);
+            }
+        }
+    }
+
+    fn settle_local(&self, vhost: &str, queue: &str, seqs: &[u64], how: Settle) {
+        let Some(h) = self.broker.queue(vhost, queue) else {
+            return;
+        };
+        let now = self.clock.now();
+        let dead = QueueRef::Local(h.clone()).settle(
+            ChannelKey {
+                conn: 0,
+                channel: 0,
+            },
+            seqs,
+            how,
+            now,
+        );
+        if !dead.is_empty() {
+            self.broker.dead_letter(&h, dead, now);
+        }
+    }
+
+    /// The proxy channel for `key` of `node`, created with its forwarder on first use.
+    fn proxy(&self, node: NodeId, key: ChannelKey, global_prefetch: u32) -> Arc<ProxyChannel> {
+        let mut proxies = lock(&self.proxies);
+        if let Some(p) = proxies.get(&(node, key)) {
+            return p.clone();
+        }
+        let notify = Arc::new(Notify::new());
+        let waker = notify.clone();
+        let outbox = Arc::new(Outbox::new(
+            PROXY_OUTBOX_BYTES,
+            Box::new(move || waker.notify_one()),
+        ));
+        let link = Arc::new(ChannelLink::new(key.conn, key.channel, outbox.clone()));
+        link.global_prefetch
+            .store(global_prefetch, Ordering::Release);
+        let proxy = Arc::new(ProxyChannel {
+            node,
+            key,
+            link,
+            outbox,
+            consumers: Mutex::new(Vec::new()),
+            unacked: Mutex::new(BTreeSet::new()),
+        });
+        proxies.insert((node, key), proxy.clone());
+        if let Some(relay) = self.link.upgrade() {
+            tokio::spawn(forward(relay.inner.clone(), proxy.clone(), notify));
+        }
+        proxy
+    }
+
+    fn drop_proxies_of(&self, node: NodeId) {
+        let gone: Vec<Arc<ProxyChannel>> = {
+            let mut proxies = lock(&self.proxies);
+            let keys: Vec<_> = proxies
+                .keys()
+                .filter(|(n, _)| *n == node)
+                .copied()
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| proxies.remove(&k))
+                .collect()
+        };
+        for p in gone {
+            self.close_proxy(&p);
+        }
+    }
+
+    /// Detaches a proxy channel's consumers and requeues what it held.
+    fn close_proxy(&self, p: &Arc<ProxyChannel>) {
+        let now = self.clock.now();
+        let consumers = std::mem::take(&mut *lock(&p.consumers));
+        for (vhost, queue, tag) in consumers {
+            self.detach(p, &vhost, &queue, &tag, now);
+        }
+        // Deliveries still in the outbox were never sent.
+        for item in p.outbox.close() {
+            if let OutItem::Deliver(d) = item {
+                if d.ack_required {
+                    let (vhost, queue) = d.queue.name();
+                    let (vhost, queue) = (vhost.to_string(), queue.to_string());
+                    lock(&p.unacked).remove(&(vhost.clone(), queue.clone(), d.seq));
+                    self.settle_local(&vhost, &queue, &[d.seq], Settle::Nack { requeue: true });
+                }
+            }
+        }
+        let unacked = std::mem::take(&mut *lock(&p.unacked));
+        for (vhost, queue, seq) in unacked {
+            self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+        }
+    }
+
+    fn detach(
+        &self,
+        p: &ProxyChannel,
+        vhost: &str,
+        queue: &str,
+        tag: &str,
+        now: crate::time::Instant,
+    ) {
+        let Some(h) = self.broker.queue(vhost, queue) else {
+            return;
+        };
+        let link = &p.link;
+        let auto_delete = h
+            .lock()
+            .remove_consumers(now, |c| &*c.tag == tag && Arc::ptr_eq(&c.link, link));
+        if auto_delete {
+            let meta = self.meta.clone();
+            let command = Command::DeleteQueue {
+                vhost: vhost.to_string(),
+                name: queue.to_string(),
+            };
+            tokio::spawn(async move {
+                if let Err(e) = meta.commit(command, now).await {
+                    tracing::debug!(error = %e, "auto-delete of a queue not committed");
+                }
+            });
+        }
+    }
+
+    /// Handles one request from `from`, on the link's reader.
+    fn handle(&self, from: NodeId, msg: RelayMsg) -> BrokerReply {
+        let now = self.clock.now();
+        match msg {
+            RelayMsg::Publish {
+                vhost,
+                queues,
+                message,
+            } => {
+                let Some(message) = message.message() else {
+                    return BrokerReply::Now(encode(&RelayReply::Published(false)));
+                };
+                let (taken, ticket) =
+                    self.broker
+                        .publish_forwarded(&vhost, &queues, Arc::new(message), now);
+                match self.broker.durability() {
+                    Some(d) if ticket != 0 && !d.is_durable(ticket) => {
+                        let d = d.clone();
+                        BrokerReply::Later(Box::pin(async move {
+                            let ok = wait_durable(&d, ticket).await;
+                            encode(&RelayReply::Published(taken && ok))
+                        }))
+                    }
+                    _ => BrokerReply::Now(encode(&RelayReply::Published(taken))),
+                }
+            }
+            RelayMsg::Consume {
+                vhost,
+                queue,
+                conn,
+                channel,
+                tag,
+                no_ack,
+                prefetch,
+                global_prefetch,
+                priority,
+                exclusive,
+            } => {
+                let key = ChannelKey { conn, channel };
+                let tag: Arc<str> = Arc::from(tag.as_str());
+                let refuse = |why: String| {
+                    tracing::debug!(queue = %queue, error = %why, "remote consumer refused");
+                    self.send(
+                        from,
+                        &RelayMsg::Deliver {
+                            conn,
+                            channel,
+                            deliveries: Vec::new(),
+                            cancels: vec![tag.to_string()],
+                        },
+                        0,
+                    );
+                };
+                let Some(h) = self.broker.queue(&vhost, &queue) else {
+                    refuse(format!("no queue '{queue}' here"));
+                    return BrokerReply::Now(encode(&RelayReply::Done));
+                };
+                let proxy = self.proxy(from, key, global_prefetch);
+                let consumer = Consumer {
+                    tag: tag.clone(),
+                    link: proxy.link.clone(),
+                    no_ack,
+                    prefetch,
+                    priority,
+                    exclusive,
+                    in_flight: Arc::new(AtomicU32::new(0)),
+                };
+                let dead = {
+                    let mut q = h.lock();
+                    match q.check_new_consumer(&h, exclusive) {
+                        Err(e) => {
+                            drop(q);
+                            refuse(e.text);
+                            return BrokerReply::Now(encode(&RelayReply::Done));
+                        }
+                        Ok(()) => {
+                            lock(&proxy.consumers).push((vhost.clone(), queue.clone(), tag));
+                            q.add_consumer(&h, consumer, now)
+                        }
+                    }
+                };
+                if !dead.is_empty() {
+                    self.broker.dead_letter(&h, dead, now);
+                }
+                BrokerReply::Now(encode(&RelayReply::Done))
+            }
+            RelayMsg::Cancel {
+                vhost,
+                queue,
+                conn,
+                channel,
+                tag,
+            } => {
+                let key = ChannelKey { conn, channel };
+                let proxy = lock(&self.proxies).get(&(from, key)).cloned();
+                if let Some(p) = proxy {
+                    lock(&p.consumers)
+                        .retain(|(v, q, t)| !(v == &vhost && q == &queue && **t == *tag));
+                    self.detach(&p, &vhost, &queue, &tag, now);
+                }
+                BrokerReply::Now(encode(&RelayReply::Done))
+            }
+            RelayMsg::Settle {
+                vhost,
+                queue,
+                conn,
+                channel,
+                seqs,
+                how,
+            } => {
+                let key = ChannelKey { conn, channel };
+                if let Some(p) = lock(&self.proxies).get(&(from, key)).cloned() {
+                    let mut u = lock(&p.unacked);
+                    for s in &seqs {
+                        u.remove(&(vhost.clone(), queue.clone(), *s));
+                    }
+                }
+                let how = match how {
+                    WireSettle::Ack => Settle::Ack,
+                    WireSettle::Requeue => Settle::Nack { requeue: true },
+                    WireSettle::Drop => Settle::Nack { requeue: false },
+                };
+                self.settle_local(&vhost, &queue, &seqs, how);
+                BrokerReply::Now(encode(&RelayReply::Done))
+            }
+            RelayMsg::Deliver {
+                conn,
+                channel,
+                deliveries,
+                cancels,
+            } => {
+                let key = ChannelKey { conn, channel };
+                let outbox = lock(&self.sinks).get(&key).and_then(|s| s.outbox.upgrade());
+                let mut undelivered = Vec::new();
+                let Some(outbox) = outbox else {
+                    for d in deliveries.into_iter().filter(|d| d.ack_required) {
+                        undelivered.push((d.vhost, d.queue, d.seq));
+                    }
+                    return BrokerReply::Now(encode(&RelayReply::Undelivered(undelivered)));
+                };
+                let Some(relay) = self.link.upgrade() else {
+                    return BrokerReply::Now(encode(&RelayReply::Done));
+                };
+                let link: Arc<dyn RemoteLink> = relay;
+                for d in deliveries {
+                    let Some(message) = d.message.message() else {
+                        continue;
+                    };
+                    let queue = Arc::new(RemoteQueue {
+                        node: from,
+                        vhost: d.vhost.clone(),
+                        name: d.queue.clone(),
+                        link: link.clone(),
+                    });
+                    let item = OutItem::Deliver(Delivery {
+                        channel,
+                        consumer_tag: Arc::from(d.tag.as_str()),
+                        queue: QueueRef::Remote(queue),
+                        seq: d.seq,
+                        message: Arc::new(message),
+                        redelivered: d.redelivered,
+                        ack_required: d.ack_required,
+                    });
+                    if outbox.push(item).is_err() && d.ack_required {
+                        undelivered.push((d.vhost, d.queue, d.seq));
+                    }
+                }
+                for tag in cancels {
+                    if let Some(s) = lock(&self.sinks).get_mut(&key) {
+                        s.tags.retain(|(n, t)| !(*n == from && **t == *tag));
+                    }
+                    let _ = outbox.push(OutItem::Cancel {
+                        channel,
+                        consumer_tag: Arc::from(tag.as_str()),
+                    });
+                }
+                BrokerReply::Now(encode(&RelayReply::Undelivered(undelivered)))
+            }
+        }
+    }
+}
+
+/// Waits until group-commit `ticket` is durable (false if storage failed).
+async fn wait_durable(d: &Arc<crate::broker::Durability>, ticket: u64) -> bool {
+    let notify = Arc::new(Notify::new());
+    let waker = notify.clone();
+    let outbox = Arc::new(Outbox::new(0, Box::new(move || waker.notify_one())));
+    loop {
+        if d.has_failed() {
+            return false;
+        }
+        if d.is_durable(ticket) {
+            return true;
+        }
+        d.wait(&outbox);
+        // Checked again after registering: the mark may have moved in between.
+        if d.is_durable(ticket) {
+            return true;
+        }
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_millis(100), notify.notified()).await;
+    }
+}
+
+/// The forwarder of a proxy channel: drains its outbox and sends the deliveries (and
+/// broker cancels) to the consumer's node, in order.
+async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify>) {
+    let mut items = Vec::new();
+    loop {
+        notify.notified().await;
+        if !lock(&inner.proxies).contains_key(&(proxy.node, proxy.key)) {
+            return;
+        }
+        proxy.outbox.drain(&mut items);
+        while !items.is_empty() {
+            let take = items.len().min(BATCH);
+            let mut deliveries = Vec::with_capacity(take);
+            let mut cancels = Vec::new();
+            let mut bytes = 0usize;
+            for item in items.drain(..take) {
+                match item {
+                    OutItem::Deliver(d) => {
+                        bytes += d.message.size() as usize;
+                        let (vhost, queue) = d.queue.name();
+                        if d.ack_required {
+                            lock(&proxy.unacked).insert((
+                                vhost.to_string(),
+                                queue.to_string(),
+                                d.seq,
+                            ));
+                        }
+                        deliveries.push(WireDelivery {
+                            vhost: vhost.to_string(),
+                            queue: queue.to_string(),
+                            tag: d.consumer_tag.to_string(),
+                            seq: d.seq,
+                            redelivered: d.redelivered,
+                            ack_required: d.ack_required,
+                            message: WireMessage::of(&d.message),
+                        });
+                    }
+                    OutItem::Cancel { consumer_tag, .. } => {
+                        let mut c = lock(&proxy.consumers);
+                        c.retain(|(_, _, t)| *t != consumer_tag);
+                        cancels.push(consumer_tag.to_string());
+                    }
+                }
+            }
+            let msg = RelayMsg::Deliver {
+                conn: proxy.key.conn,
+                channel: proxy.key.channel,
+                deliveries,
+                cancels,
+            };
+            inner.send_raw(proxy.node, encode(&msg), 0, Some(proxy.clone()), bytes);
+        }
+    }
+}
+
+/// The link's broker requests, handed to the relay.
+struct Service {
+    inner: Arc<Inner>,
+}
+
+impl BrokerService for Service {
+    fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply {
+        match bincode::deserialize::<RelayMsg>(&payload) {
+            Ok(msg) => self.inner.handle(from, msg),
+            Err(e) => {
+                tracing::warn!(node = from, error = %e, "relay: undecodable request");
+                BrokerReply::Now(Vec::new())
+            }
+        }
+    }
+}
+
+impl RemoteLink for Relay {
+    fn publish(
+        &self,
+        node: NodeId,
+        vhost: &str,
+        queues: Vec<String>,
+        message: Arc<Message>,
+        outcome: u64,
+    ) {
+        let msg = RelayMsg::Publish {
+            vhost: vhost.to_string(),
+            queues,
+            message: WireMessage::of(&message),
+        };
+        self.inner.send(node, &msg, outcome);
+    }
+
+    fn consume(
+        &self,
+        queue: &RemoteQueue,
+        key: ChannelKey,
+        outbox: &Arc<Outbox>,
+        consumer: RemoteConsumer,
+    ) {
+        {
+            let mut sinks = lock(&self.inner.sinks);
+            let sink = sinks.entry(key).or_insert_with(|| ConsumerSink {
+                outbox: Arc::downgrade(outbox),
+                tags: Vec::new(),
+            });
+            sink.outbox = Arc::downgrade(outbox);
+            sink.tags.push((queue.node, consumer.tag.clone()));
+        }
+        let msg = RelayMsg::Consume {
+            vhost: queue.vhost.clone(),
+            queue: queue.name.clone(),
+            conn: key.conn,
+            channel: key.channel,
+            tag: consumer.tag.to_string(),
+            no_ack: consumer.no_ack,
+            prefetch: consumer.prefetch,
+            global_prefetch: consumer.global_prefetch,
+            priority: consumer.priority,
+            exclusive: consumer.exclusive,
+        };
+        self.inner.send(queue.node, &msg, 0);
+    }
+
+    fn cancel(&self, queue: &RemoteQueue, key: ChannelKey, tag: &str) {
+        {
+            let mut sinks = lock(&self.inner.sinks);
+            if let Some(s) = sinks.get_mut(&key) {
+                s.tags.retain(|(n, t)| !(*n == queue.node && &**t == tag));
+                if s.tags.is_empty() {
+                    sinks.remove(&key);
+                }
+            }
+        }
+        let msg = RelayMsg::Cancel {
+            vhost: queue.vhost.clone(),
+            queue: queue.name.clone(),
+            conn: key.conn,
+            channel: key.channel,
+            tag: tag.to_string(),
+        };
+        self.inner.send(queue.node, &msg, 0);
+    }
+
+    fn settle(&self, queue: &RemoteQueue, key: ChannelKey, seqs: Vec<u64>, how: Settle) {
+        let how = match how {
+            Settle::Ack => WireSettle::Ack,
+            Settle::Nack { requeue: true } => WireSettle::Requeue,
+            Settle::Nack { requeue: false } => WireSettle::Drop,
+        };
+        let msg = RelayMsg::Settle {
+            vhost: queue.vhost.clone(),
+            queue: queue.name.clone(),
+            conn: key.conn,
+            channel: key.channel,
+            seqs,
+            how,
+        };
+        self.inner.send(queue.node, &msg, 0);
+    }
+}

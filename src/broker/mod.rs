@@ -12,6 +12,7 @@ pub mod exchange;
 pub mod message;
 pub mod outbox;
 pub mod queue;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -21,9 +22,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::Config;
+use crate::meta::args::QueueArgs;
 use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
-use crate::meta::args::QueueArgs;
 use crate::meta::{Command, MetaError, MetaState, Permission, QueueDef, User, Vhost};
 use crate::time::Instant;
 
@@ -70,6 +71,8 @@ pub struct Broker {
     epoch_unix_ms: u64,
     /// This node's id in the cluster; 0 when not clustered.
     node_id: u64,
+    /// Live connections, channels and consumers, for the admin listings.
+    sessions: Arc<registry::Registry>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -142,6 +145,7 @@ impl Broker {
             next_conn_id: AtomicU64::new(1),
             epoch_unix_ms,
             node_id: 0,
+            sessions: Arc::default(),
         }
     }
 
@@ -155,6 +159,11 @@ impl Broker {
     /// This node's id in the cluster (0: not clustered).
     pub fn node_id(&self) -> u64 {
         self.node_id
+    }
+
+    /// The node's live connections, channels and consumers, which sessions register.
+    pub fn sessions(&self) -> &Arc<registry::Registry> {
+        &self.sessions
     }
 
     /// Sets what reads paged messages back, for existing and future queues (once, when

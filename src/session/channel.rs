@@ -22,6 +22,7 @@ use crate::amqp::reply_code::{
     precondition_failed, resource_locked, unexpected_frame, AmqpError,
 };
 use crate::amqp::{short, ReplyCode};
+use crate::broker::registry::{ChannelHandle, ConsumerInfo};
 use crate::broker::{ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle};
 use crate::meta::Command;
 use crate::time::Instant;
@@ -115,6 +116,9 @@ pub struct Channel {
     confirms: Confirms,
     tx: Option<Tx>,
     last_queue: Option<String>,
+    /// This channel's entry in the broker's session registry: updated when what it shows
+    /// changes (counts with a relaxed store, no lock).
+    listed: ChannelHandle,
 }
 
 fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
@@ -124,8 +128,8 @@ fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
 }
 
 impl Channel {
-    /// A newly opened channel.
-    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>) -> Channel {
+    /// A newly opened channel, shown in listings through `listed`.
+    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>, listed: ChannelHandle) -> Channel {
         Channel {
             id,
             link: Arc::new(ChannelLink::new(conn_id, id, outbox)),
@@ -140,6 +144,7 @@ impl Channel {
             confirms: Confirms::default(),
             tx: None,
             last_queue: None,
+            listed,
         }
     }
 
@@ -194,6 +199,7 @@ impl Channel {
                     return Err(precondition_failed("cannot switch from tx to confirm mode"));
                 }
                 self.confirm = true;
+                self.listed.set_confirm();
                 ok_or_nowait(
                     c,
                     ch,
@@ -252,9 +258,11 @@ impl Channel {
                     self.link
                         .global_prefetch
                         .store(q.prefetch_count as u32, Ordering::Release);
+                    self.listed.set_global_prefetch(q.prefetch_count as u32);
                     self.poke_consumed_queues(c, now);
                 } else {
                     self.prefetch = q.prefetch_count;
+                    self.listed.set_prefetch(q.prefetch_count as u32);
                 }
                 c.send_method(
                     ch,
@@ -266,7 +274,10 @@ impl Channel {
             basic::AMQPMethod::Cancel(m) => {
                 let tag = m.consumer_tag.as_str().to_string();
                 let auto_delete = match self.consumers.remove(&tag) {
-                    Some(cons) => self.detach_consumer(c, &cons.queue, &tag, now),
+                    Some(cons) => {
+                        self.listed.remove_consumer(&tag);
+                        self.detach_consumer(c, &cons.queue, &tag, now)
+                    }
                     None => None,
                 };
                 if let Some(command) = auto_delete {
@@ -428,6 +439,14 @@ impl Channel {
         if !dead.is_empty() {
             c.broker.dead_letter(&h, dead, now);
         }
+        self.listed.add_consumer(ConsumerInfo {
+            tag: tag.clone(),
+            queue: name,
+            ack_required: !m.no_ack,
+            prefetch: self.prefetch as u32,
+            exclusive: m.exclusive,
+            arguments: m.arguments,
+        });
         self.consumers.insert(tag, ConsumerRef { queue: h });
         Ok(())
     }
@@ -459,6 +478,7 @@ impl Channel {
                             seq: entry.seq,
                         },
                     );
+                    self.listed.set_unacked(self.unacked.len());
                 }
                 let msg = &entry.message;
                 c.send_method(
@@ -528,6 +548,7 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let refs = self.take_tags(tag, multiple)?;
+        self.listed.set_unacked(self.unacked.len());
         settle_refs(c, refs, requeue, now);
         if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
             // Channel-wide credit came back: other queues may be waiting on it.
@@ -538,6 +559,7 @@ impl Channel {
 
     fn requeue_all(&mut self, c: &mut Connection, now: Instant) {
         let refs: Vec<UnackedRef> = std::mem::take(&mut self.unacked).into_values().collect();
+        self.listed.set_unacked(0);
         settle_refs(c, refs, Some(true), now);
     }
 
@@ -743,6 +765,10 @@ impl Channel {
             .position(|w| !ready(w.ticket()))
             .unwrap_or(self.confirms.pending.len());
         let emit: Vec<Waiting> = self.confirms.pending.drain(..n_ready).collect();
+        if self.confirm {
+            // Once per flush, not per publish: the count as of the end of the last read batch.
+            self.listed.set_unconfirmed(self.confirms.pending.len());
+        }
         let mut i = 0;
         while i < emit.len() {
             match emit[i] {
@@ -803,6 +829,7 @@ impl Channel {
                 }
                 if self.tx.is_none() {
                     self.tx = Some(Tx::default());
+                    self.listed.set_transactional();
                 }
                 c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
                 Ok(())
@@ -887,12 +914,17 @@ impl Channel {
                     seq: d.seq,
                 },
             );
+            self.listed.set_unacked(self.unacked.len());
         }
     }
 
     /// The broker cancelled a consumer (queue deleted).
     pub fn handle_broker_cancel(&mut self, out: &mut Vec<u8>, tag: &str, notify: bool) {
-        if self.consumers.remove(tag).is_some() && notify {
+        if self.consumers.remove(tag).is_none() {
+            return;
+        }
+        self.listed.remove_consumer(tag);
+        if notify {
             frame::encode_method(
                 out,
                 self.id,
@@ -918,6 +950,7 @@ impl Channel {
         self.tx = None;
         self.confirms.pending.clear();
         self.link.flow_active.store(false, Ordering::Release);
+        self.listed.deregister();
     }
 }
 

@@ -257,6 +257,10 @@ impl Harness {
             PeerInfo {
                 addr: "test".into(),
                 is_loopback: true,
+                host: "127.0.0.1".into(),
+                port: 40000,
+                local_host: "127.0.0.1".into(),
+                local_port: 5672,
             },
             outbox,
             now,

@@ -1,8 +1,12 @@
 //! `warrenctl` against an in-process node: vhosts, users, permissions, policies (and their
-//! effect on a queue), refusals, authentication and the JSON formatter.
+//! effect on a queue), refusals, authentication and the JSON formatter; and the live
+//! listings (connections, channels, consumers) with lapin clients connected.
+
+mod common;
 
 use std::net::SocketAddr;
 use std::process::Output;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amq_protocol::types::FieldTable;
@@ -331,4 +335,312 @@ async fn bad_frames_close_the_connection_and_the_node_survives() {
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
     result.expect("timed out");
+}
+
+/// A lapin connection as guest to `/`, and the local address of its socket: the node's
+/// `peer_port` for it. lapin keeps its socket to itself, so this goes through
+/// `Connection::connector` with lapin's own connect step, noting the address on the way.
+async fn connect_noting_addr(node: &common::TestNode) -> (lapin::Connection, SocketAddr) {
+    use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream};
+    let slot: Arc<Mutex<Option<SocketAddr>>> = Arc::new(Mutex::new(None));
+    let seen = slot.clone();
+    let uri: lapin::uri::AMQPUri = node.uri().parse().expect("amqp uri");
+    let runtime = lapin::runtime::default_runtime().expect("lapin runtime");
+    let conn = common::within(
+        "lapin connect",
+        lapin::Connection::connector(
+            uri,
+            runtime,
+            async move |uri, runtime| {
+                let stream = uri.connect_async(&runtime).await?;
+                if let AsyncTcpStream::Plain(s) = &stream {
+                    *seen.lock().expect("slot") = s.get_ref().local_addr().ok();
+                }
+                Ok(stream)
+            },
+            lapin::ConnectionProperties::default(),
+        ),
+    )
+    .await
+    .expect("lapin connects");
+    let local = slot
+        .lock()
+        .expect("slot")
+        .expect("the connect step saw a plain TCP socket");
+    (conn, local)
+}
+
+/// The listing as rows keyed by column name, checking the header is `columns`.
+fn table(out: &str, columns: &[&str]) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(columns.join("\t").as_str()), "{out}");
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split('\t').collect();
+            assert_eq!(cells.len(), columns.len(), "{out}");
+            columns
+                .iter()
+                .zip(cells)
+                .map(|(c, v)| (c.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `args` until `check` accepts the (successful) output; the broker sees acks and
+/// closes after the client has sent them.
+async fn eventually_listed(addr: SocketAddr, args: &[&str], check: impl Fn(&str) -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        let out = ok(&ctl(addr, args).await);
+        if check(&out) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{args:?} never showed what was expected; last output:\n{out}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warrenctl_lists_live_connections_channels_and_consumers() {
+    use lapin::options::{
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+    };
+
+    let node = common::TestNode::start().await;
+    let admin = node.admin_addr();
+    let amqp_port = node.addr.port().to_string();
+
+    // Client A: channel 1 with prefetch 7 consuming (acks required) two messages it does
+    // not ack yet; channel 2 in confirm mode.
+    let (conn_a, local_a) = connect_noting_addr(&node).await;
+    let ch1 = common::open_channel(&conn_a).await;
+    common::within("basic.qos", ch1.basic_qos(7, BasicQosOptions::default()))
+        .await
+        .expect("basic.qos");
+    common::declare_queue(&ch1, "live.q").await;
+    common::declare_queue(&ch1, "live.other").await;
+    let mut consumer_a =
+        common::consume_tagged(&ch1, "live.q", "ctag-a", BasicConsumeOptions::default()).await;
+    let ch2 = common::confirm_channel(&conn_a).await;
+    common::publish_confirmed(&ch2, "", "live.q", b"one").await;
+    common::publish_confirmed(&ch2, "", "live.q", b"two").await;
+    let d1 = consumer_a.next().await;
+    let d2 = consumer_a.next().await;
+
+    // Client B: one channel, a no-ack consumer on another queue.
+    let (conn_b, local_b) = connect_noting_addr(&node).await;
+    let ch_b = common::open_channel(&conn_b).await;
+    let _consumer_b = common::consume_tagged(
+        &ch_b,
+        "live.other",
+        "ctag-b",
+        BasicConsumeOptions {
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+
+    // Connections: default columns, one row per client, found by the client's own port.
+    let out = ok(&ctl(admin, &["list_connections"]).await);
+    let conns = table(&out, &["user", "peer_host", "peer_port", "state"]);
+    assert_eq!(conns.len(), 2, "{out}");
+    for local in [local_a, local_b] {
+        let row = conns
+            .iter()
+            .find(|r| r["peer_port"] == local.port().to_string())
+            .unwrap_or_else(|| panic!("no connection with peer_port {}: {out}", local.port()));
+        assert_eq!(row["user"], "guest", "{out}");
+        assert_eq!(row["peer_host"], local.ip().to_string(), "{out}");
+        assert_eq!(row["state"], "running", "{out}");
+    }
+    let cols = [
+        "pid",
+        "name",
+        "peer_port",
+        "channels",
+        "protocol",
+        "vhost",
+        "node",
+    ];
+    let out = ok(&ctl(admin, &[&["list_connections"][..], &cols].concat()).await);
+    let conns = table(&out, &cols);
+    let a = conns
+        .iter()
+        .find(|r| r["peer_port"] == local_a.port().to_string())
+        .expect("client A listed");
+    assert_eq!(a["channels"], "2", "{out}");
+    assert_eq!(a["protocol"], "AMQP 0-9-1", "{out}");
+    assert_eq!(a["vhost"], "/", "{out}");
+    assert_eq!(
+        a["name"],
+        format!("{local_a} -> 127.0.0.1:{amqp_port}"),
+        "{out}"
+    );
+    let node_name = a["node"].clone();
+    let pid_a = a["pid"].clone();
+    assert!(
+        pid_a.starts_with(&format!("<{node_name}.")) && pid_a.ends_with('>'),
+        "{out}"
+    );
+
+    // Channels: three in all; A's carry its prefetch, unacked count and confirm mode.
+    let out = ok(&ctl(admin, &["list_channels"]).await);
+    let chans = table(
+        &out,
+        &["pid", "user", "consumer_count", "messages_unacknowledged"],
+    );
+    assert_eq!(chans.len(), 3, "{out}");
+    let cols = [
+        "pid",
+        "connection",
+        "number",
+        "consumer_count",
+        "messages_unacknowledged",
+        "prefetch_count",
+        "confirm",
+        "transactional",
+    ];
+    let out = ok(&ctl(admin, &[&["list_channels"][..], &cols].concat()).await);
+    let chans = table(&out, &cols);
+    let of_a: Vec<_> = chans.iter().filter(|r| r["connection"] == pid_a).collect();
+    assert_eq!(of_a.len(), 2, "{out}");
+    let consuming = of_a
+        .iter()
+        .find(|r| r["consumer_count"] == "1")
+        .expect("A's consuming channel");
+    assert_eq!(consuming["prefetch_count"], "7", "{out}");
+    assert_eq!(consuming["messages_unacknowledged"], "2", "{out}");
+    assert_eq!(consuming["confirm"], "false", "{out}");
+    assert_eq!(
+        consuming["pid"],
+        format!("{}.{}>", pid_a.trim_end_matches('>'), consuming["number"]),
+        "{out}"
+    );
+    let confirming = of_a
+        .iter()
+        .find(|r| r["consumer_count"] == "0")
+        .expect("A's confirm channel");
+    assert_eq!(confirming["confirm"], "true", "{out}");
+    assert_eq!(confirming["messages_unacknowledged"], "0", "{out}");
+    let consuming_pid = consuming["pid"].clone();
+
+    // Consumers: default columns; A's requires acks with prefetch 7, B's does not.
+    let out = ok(&ctl(admin, &["list_consumers"]).await);
+    let cons = table(
+        &out,
+        &[
+            "queue_name",
+            "channel_pid",
+            "consumer_tag",
+            "ack_required",
+            "prefetch_count",
+            "active",
+            "arguments",
+        ],
+    );
+    assert_eq!(cons.len(), 2, "{out}");
+    let ca = cons
+        .iter()
+        .find(|r| r["consumer_tag"] == "ctag-a")
+        .expect("ctag-a listed");
+    assert_eq!(ca["queue_name"], "live.q", "{out}");
+    assert_eq!(ca["channel_pid"], consuming_pid, "{out}");
+    assert_eq!(ca["ack_required"], "true", "{out}");
+    assert_eq!(ca["prefetch_count"], "7", "{out}");
+    assert_eq!(ca["active"], "true", "{out}");
+    assert_eq!(ca["arguments"], "{}", "{out}");
+    let cb = cons
+        .iter()
+        .find(|r| r["consumer_tag"] == "ctag-b")
+        .expect("ctag-b listed");
+    assert_eq!(cb["queue_name"], "live.other", "{out}");
+    assert_eq!(cb["ack_required"], "false", "{out}");
+    assert_eq!(cb["prefetch_count"], "0", "{out}");
+
+    // JSON formatter.
+    let out = ok(&ctl(admin, &["--formatter", "json", "list_consumers"]).await);
+    assert!(
+        out.trim_start().starts_with('[') && out.trim_end().ends_with(']'),
+        "{out}"
+    );
+    assert!(out.contains("\"consumer_tag\":\"ctag-a\""), "{out}");
+    assert!(out.contains("\"queue_name\":\"live.q\""), "{out}");
+    let out = ok(&ctl(
+        admin,
+        &["--formatter", "json", "list_connections", "peer_port"],
+    )
+    .await);
+    assert!(
+        out.contains(&format!("{{\"peer_port\":\"{}\"}}", local_a.port())),
+        "{out}"
+    );
+
+    // Refusals: an unknown column, an unknown vhost, an option these commands do not take.
+    for (cmd, good) in [
+        ("list_connections", "user"),
+        ("list_channels", "pid"),
+        ("list_consumers", "queue_name"),
+    ] {
+        let bad = ctl(admin, &[cmd, good, "bogus"]).await;
+        assert_eq!(bad.status.code(), Some(1), "{cmd}: {}", stderr(&bad));
+        assert!(stderr(&bad).contains("bogus"), "{cmd}: {}", stderr(&bad));
+        assert!(stdout(&bad).is_empty(), "{cmd}: {}", stdout(&bad));
+    }
+    let bad = ctl(admin, &["list_consumers", "-p", "no-such-vhost"]).await;
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("no-such-vhost"), "{}", stderr(&bad));
+    let bad = ctl(admin, &["list_connections", "-p", "/"]).await;
+    assert_eq!(bad.status.code(), Some(64), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("Usage"), "{}", stderr(&bad));
+    let out = ok(&ctl(admin, &["list_consumers", "-p", "/", "consumer_tag"]).await);
+    assert_eq!(table(&out, &["consumer_tag"]).len(), 2, "{out}");
+
+    // Acks bring the unacked count down; a cancel removes the consumer; a closed
+    // connection leaves the listings with its channel and consumer.
+    common::within(
+        "basic.ack",
+        ch1.basic_ack(d2.delivery_tag, BasicAckOptions { multiple: true }),
+    )
+    .await
+    .expect("basic.ack");
+    drop(d1);
+    let consuming_pid2 = consuming_pid.clone();
+    eventually_listed(
+        admin,
+        &["list_channels", "pid", "messages_unacknowledged"],
+        move |out| {
+            table(out, &["pid", "messages_unacknowledged"])
+                .iter()
+                .any(|r| r["pid"] == consuming_pid2 && r["messages_unacknowledged"] == "0")
+        },
+    )
+    .await;
+    common::within(
+        "basic.cancel",
+        ch1.basic_cancel("ctag-a".into(), BasicCancelOptions::default()),
+    )
+    .await
+    .expect("basic.cancel");
+    let out = ok(&ctl(admin, &["list_consumers", "consumer_tag"]).await);
+    assert!(!out.contains("ctag-a") && out.contains("ctag-b"), "{out}");
+    common::within("connection.close", conn_b.close(200, "bye".into()))
+        .await
+        .expect("close B");
+    let port_b = local_b.port().to_string();
+    eventually_listed(admin, &["list_connections", "peer_port"], move |out| {
+        !out.lines().any(|l| l == port_b)
+    })
+    .await;
+    let out = ok(&ctl(admin, &["list_consumers", "consumer_tag"]).await);
+    assert_eq!(table(&out, &["consumer_tag"]).len(), 0, "{out}");
+    let out = ok(&ctl(admin, &["list_channels", "connection"]).await);
+    assert_eq!(table(&out, &["connection"]).len(), 2, "{out}");
+
+    drop(conn_a);
+    node.shutdown().await;
 }

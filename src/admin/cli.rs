@@ -16,6 +16,9 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("list_users", "list_users"),
     ("list_vhosts", "list_vhosts [name]"),
     ("list_permissions", "list_permissions [-p VHOST]"),
+    ("list_connections", "list_connections [COLUMN ...]"),
+    ("list_channels", "list_channels [COLUMN ...]"),
+    ("list_consumers", "list_consumers [-p VHOST] [COLUMN ...]"),
     ("list_policies", "list_policies [-p VHOST]"),
     ("list_operator_policies", "list_operator_policies [-p VHOST]"),
     ("add_user", "add_user USER PASSWORD"),
@@ -72,6 +75,7 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
     let takes_vhost = command.contains("queues")
         || command.contains("exchanges")
         || command.contains("bindings")
+        || command.contains("consumers")
         || command.contains("permissions")
         || command.contains("polic");
     let mut it = args.iter();
@@ -131,6 +135,12 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
             Request::ListUsers
         }
         "list_vhosts" => Request::ListVhosts { columns: pos },
+        "list_connections" => Request::ListConnections { columns: pos },
+        "list_channels" => Request::ListChannels { columns: pos },
+        "list_consumers" => Request::ListConsumers {
+            vhost,
+            columns: pos,
+        },
         "list_permissions" => {
             exact(0)?;
             Request::ListPermissions { vhost }
@@ -278,5 +288,30 @@ mod tests {
         assert!(parse("set_policy", &s(&["a", "b", "{}", "--apply-to", "x"])).is_err());
         assert!(parse("add_vhost", &s(&["-p", "x", "v"])).is_err());
         assert!(parse("list_queues", &s(&["-p"])).is_err());
+        // As in rabbitmqctl, connections and channels are listed node-wide: no vhost.
+        assert!(parse("list_connections", &s(&["-p", "v"])).is_err());
+        assert!(parse("list_channels", &s(&["-p", "v"])).is_err());
+        assert!(parse("list_consumers", &s(&["-p"])).is_err());
+    }
+
+    #[test]
+    fn parses_live_listings() {
+        assert_eq!(
+            parse("list_connections", &s(&["user", "peer_port"])).unwrap(),
+            Request::ListConnections {
+                columns: s(&["user", "peer_port"])
+            }
+        );
+        assert_eq!(
+            parse("list_channels", &[]).unwrap(),
+            Request::ListChannels { columns: vec![] }
+        );
+        assert_eq!(
+            parse("list_consumers", &s(&["queue_name", "-p", "v"])).unwrap(),
+            Request::ListConsumers {
+                vhost: "v".into(),
+                columns: s(&["queue_name"])
+            }
+        );
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! This module turns a request into a response from a [`Broker`] and the current time; the
 //! socket side lives in [`crate::runtime::admin`]. Command names, arguments and columns follow
-//! `rabbitmqctl`.
+//! `rabbitmqctl`. Definitions are read from the metadata snapshot; what is live (connections,
+//! channels, consumers) from the registry the sessions publish to, [`Broker::sessions`], so
+//! those listings show the node the endpoint belongs to.
 //!
 //! - [`json`]: the small JSON reader (policy definitions) and writer (`--formatter json`).
 //! - [`cli`]: parses a `rabbitmqctl`-style argument list into a [`Request`].
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 use amq_protocol::types::{AMQPValue, FieldTable};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};
 use crate::broker::Broker;
 use crate::meta::policy::{ApplyTo, Policy};
 use crate::meta::state::{Permission, User};
@@ -174,6 +177,23 @@ pub enum Request {
     },
     /// Sent by a joining node to a member's admin endpoint: register it.
     RegisterMember(crate::meta::NodeRecord),
+    /// `list_connections [COLUMN...]`: this node's open AMQP connections.
+    ListConnections {
+        /// Requested columns.
+        columns: Vec<String>,
+    },
+    /// `list_channels [COLUMN...]`: this node's open channels.
+    ListChannels {
+        /// Requested columns.
+        columns: Vec<String>,
+    },
+    /// `list_consumers [-p VHOST] [COLUMN...]`: consumers on this node's channels.
+    ListConsumers {
+        /// Vhost.
+        vhost: String,
+        /// Requested columns.
+        columns: Vec<String>,
+    },
 }
 
 /// The answer to a request (and to [`Auth`]).
@@ -393,6 +413,150 @@ const BINDING_COLUMNS: &[&str] = &[
     "routing_key",
     "arguments",
 ];
+
+const CONNECTION_COLUMNS: &[&str] = &[
+    "pid",
+    "name",
+    "node",
+    "user",
+    "vhost",
+    "peer_host",
+    "peer_port",
+    "host",
+    "port",
+    "state",
+    "channels",
+    "protocol",
+    "timeout",
+    "frame_max",
+    "channel_max",
+    "client_properties",
+];
+const CONNECTION_DEFAULTS: &[&str] = &["user", "peer_host", "peer_port", "state"];
+const CHANNEL_COLUMNS: &[&str] = &[
+    "pid",
+    "connection",
+    "name",
+    "node",
+    "number",
+    "user",
+    "vhost",
+    "transactional",
+    "confirm",
+    "consumer_count",
+    "messages_unacknowledged",
+    "messages_unconfirmed",
+    "prefetch_count",
+    "global_prefetch_count",
+];
+const CHANNEL_DEFAULTS: &[&str] = &["pid", "user", "consumer_count", "messages_unacknowledged"];
+const CONSUMER_COLUMNS: &[&str] = &[
+    "queue_name",
+    "channel_pid",
+    "consumer_tag",
+    "ack_required",
+    "prefetch_count",
+    "active",
+    "activity_status",
+    "exclusive",
+    "arguments",
+];
+const CONSUMER_DEFAULTS: &[&str] = &[
+    "queue_name",
+    "channel_pid",
+    "consumer_tag",
+    "ack_required",
+    "prefetch_count",
+    "active",
+    "arguments",
+];
+
+/// A connection's `pid`: `<NODE.CONNID>`, e.g. `<warren@localhost.3>`, NODE being the node's
+/// name and CONNID the connection id (decimal; unique in the cluster, as the node id sits in
+/// its high bits, see [`Broker::next_connection_id`]). RabbitMQ shows an Erlang process id
+/// here; this names the same thing and stays stable for the connection's life.
+pub fn connection_pid(node: &str, conn_id: u64) -> String {
+    format!("<{node}.{conn_id}>")
+}
+
+/// A channel's `pid`: the connection's with the channel number added,
+/// `<NODE.CONNID.CHANNEL>`, e.g. `<warren@localhost.3.1>`. `list_consumers` shows it as
+/// `channel_pid`, so a consumer can be matched to its row of `list_channels`.
+pub fn channel_pid(node: &str, conn_id: u64, channel: u16) -> String {
+    format!("<{node}.{conn_id}.{channel}>")
+}
+
+fn connection_row(node: &NodeInfo, c: &ConnectionView) -> BTreeMap<&'static str, String> {
+    let i = &c.info;
+    BTreeMap::from([
+        ("pid", connection_pid(&node.name, i.id)),
+        ("name", i.name()),
+        ("node", node.name.clone()),
+        ("user", i.user.clone()),
+        ("vhost", i.vhost.clone()),
+        ("peer_host", i.peer_host.clone()),
+        ("peer_port", i.peer_port.to_string()),
+        ("host", i.host.clone()),
+        ("port", i.port.to_string()),
+        ("state", c.state.name().to_string()),
+        ("channels", c.channels.len().to_string()),
+        ("protocol", "AMQP 0-9-1".to_string()),
+        ("timeout", i.timeout_s.to_string()),
+        ("frame_max", i.frame_max.to_string()),
+        ("channel_max", i.channel_max.to_string()),
+        ("client_properties", format_table(&i.client_properties)),
+    ])
+}
+
+fn channel_row(
+    node: &NodeInfo,
+    c: &ConnectionView,
+    ch: &ChannelView,
+) -> BTreeMap<&'static str, String> {
+    let i = &c.info;
+    BTreeMap::from([
+        ("pid", channel_pid(&node.name, i.id, ch.number)),
+        ("connection", connection_pid(&node.name, i.id)),
+        ("name", format!("{} ({})", i.name(), ch.number)),
+        ("node", node.name.clone()),
+        ("number", ch.number.to_string()),
+        ("user", i.user.clone()),
+        ("vhost", i.vhost.clone()),
+        ("transactional", ch.transactional.to_string()),
+        ("confirm", ch.confirm.to_string()),
+        ("consumer_count", ch.consumers.len().to_string()),
+        ("messages_unacknowledged", ch.unacked.to_string()),
+        ("messages_unconfirmed", ch.unconfirmed.to_string()),
+        ("prefetch_count", ch.prefetch.to_string()),
+        ("global_prefetch_count", ch.global_prefetch.to_string()),
+    ])
+}
+
+/// Whether a consumer gets messages: always, unless its queue is single-active-consumer and
+/// another consumer is the active one. Reads the queue (the registry lock is not held).
+fn consumer_activity(
+    broker: &Broker,
+    vhost: &str,
+    conn_id: u64,
+    channel: u16,
+    k: &ConsumerInfo,
+) -> (bool, &'static str) {
+    let Some(h) = broker.queue(vhost, &k.queue) else {
+        return (true, "up");
+    };
+    let q = h.lock();
+    match q.single_active_consumer() {
+        None => (true, "up"),
+        Some(a) => {
+            let me = a.link.conn_id == conn_id && a.link.channel == channel && *a.tag == *k.tag;
+            if me {
+                (true, "single_active")
+            } else {
+                (false, "waiting")
+            }
+        }
+    }
+}
 
 fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
@@ -812,5 +976,273 @@ fn plan_inner(
                 format!("registered node {} ({})", record.name, record.id),
             )
         }
+        Request::ListConnections { columns } => {
+            let rows = broker
+                .sessions()
+                .connections()
+                .iter()
+                .map(|c| connection_row(node, c))
+                .collect();
+            select(CONNECTION_COLUMNS, CONNECTION_DEFAULTS, columns, rows)
+        }
+        Request::ListChannels { columns } => {
+            let conns = broker.sessions().connections();
+            let rows = conns
+                .iter()
+                .flat_map(|c| c.channels.iter().map(move |ch| channel_row(node, c, ch)))
+                .collect();
+            select(CHANNEL_COLUMNS, CHANNEL_DEFAULTS, columns, rows)
+        }
+        Request::ListConsumers { vhost, columns } => {
+            if meta.vhost(vhost).is_none() {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            }
+            let conns = broker.sessions().connections();
+            let mut rows = Vec::new();
+            for c in conns.iter().filter(|c| &c.info.vhost == vhost) {
+                for ch in &c.channels {
+                    for k in &ch.consumers {
+                        let (active, status) =
+                            consumer_activity(broker, vhost, c.info.id, ch.number, k);
+                        rows.push(BTreeMap::from([
+                            ("queue_name", k.queue.clone()),
+                            ("channel_pid", channel_pid(&node.name, c.info.id, ch.number)),
+                            ("consumer_tag", k.tag.clone()),
+                            ("ack_required", k.ack_required.to_string()),
+                            ("prefetch_count", k.prefetch.to_string()),
+                            ("active", active.to_string()),
+                            ("activity_status", status.to_string()),
+                            ("exclusive", k.exclusive.to_string()),
+                            ("arguments", format_table(&k.arguments)),
+                        ]));
+                    }
+                }
+            }
+            select(CONSUMER_COLUMNS, CONSUMER_DEFAULTS, columns, rows)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::registry::{ConnectionInfo, ConnectionState};
+    use crate::broker::{ChannelLink, Consumer, Outbox};
+    use crate::config::Config;
+    use crate::meta::QueueDef;
+    use amq_protocol::types::FieldTable;
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+
+    fn node() -> NodeInfo {
+        NodeInfo {
+            name: "warren@test".into(),
+        }
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    fn conn_info(id: u64, port: u16) -> ConnectionInfo {
+        ConnectionInfo {
+            id,
+            user: "guest".into(),
+            vhost: "/".into(),
+            peer_host: "127.0.0.1".into(),
+            peer_port: port,
+            host: "127.0.0.1".into(),
+            port: 5672,
+            timeout_s: 60,
+            frame_max: 131_072,
+            channel_max: 2047,
+            client_properties: FieldTable::default(),
+        }
+    }
+
+    fn consumer_info(tag: &str, queue: &str) -> ConsumerInfo {
+        ConsumerInfo {
+            tag: tag.into(),
+            queue: queue.into(),
+            ack_required: true,
+            prefetch: 10,
+            exclusive: false,
+            arguments: FieldTable::default(),
+        }
+    }
+
+    fn reply(broker: &Broker, r: Request) -> Response {
+        handle(broker, &node(), &r, Instant::from_millis(0))
+    }
+
+    #[test]
+    fn live_listings_show_what_sessions_registered() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        broker
+            .apply(
+                &Command::AddVhost {
+                    name: "other".into(),
+                },
+                Instant::from_millis(0),
+            )
+            .unwrap();
+        let conn = broker
+            .sessions()
+            .register(conn_info(5, 40001), ConnectionState::Running);
+        let ch = conn.open_channel(1);
+        ch.set_prefetch(10);
+        ch.set_unacked(2);
+        ch.add_consumer(consumer_info("ctag", "q"));
+
+        let r = reply(&broker, Request::ListConnections { columns: vec![] });
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(r.columns, s(&["user", "peer_host", "peer_port", "state"]));
+        assert_eq!(r.rows, vec![s(&["guest", "127.0.0.1", "40001", "running"])]);
+        let r = reply(
+            &broker,
+            Request::ListConnections {
+                columns: s(&["pid", "name", "channels", "protocol"]),
+            },
+        );
+        assert_eq!(
+            r.rows,
+            vec![s(&[
+                "<warren@test.5>",
+                "127.0.0.1:40001 -> 127.0.0.1:5672",
+                "1",
+                "AMQP 0-9-1"
+            ])]
+        );
+
+        let r = reply(&broker, Request::ListChannels { columns: vec![] });
+        assert_eq!(
+            r.columns,
+            s(&["pid", "user", "consumer_count", "messages_unacknowledged"])
+        );
+        assert_eq!(r.rows, vec![s(&["<warren@test.5.1>", "guest", "1", "2"])]);
+        let r = reply(
+            &broker,
+            Request::ListChannels {
+                columns: s(&["connection", "number", "prefetch_count", "confirm"]),
+            },
+        );
+        assert_eq!(r.rows, vec![s(&["<warren@test.5>", "1", "10", "false"])]);
+
+        let r = reply(
+            &broker,
+            Request::ListConsumers {
+                vhost: "/".into(),
+                columns: vec![],
+            },
+        );
+        assert_eq!(r.columns, s(CONSUMER_DEFAULTS));
+        assert_eq!(
+            r.rows,
+            vec![s(&[
+                "q",
+                "<warren@test.5.1>",
+                "ctag",
+                "true",
+                "10",
+                "true",
+                "{}"
+            ])]
+        );
+        // Another vhost has none; an unknown one is refused; so is an unknown column.
+        let r = reply(
+            &broker,
+            Request::ListConsumers {
+                vhost: "other".into(),
+                columns: vec![],
+            },
+        );
+        assert!(r.ok && r.rows.is_empty());
+        let r = reply(
+            &broker,
+            Request::ListConsumers {
+                vhost: "nope".into(),
+                columns: vec![],
+            },
+        );
+        assert!(!r.ok && r.message.contains("nope"), "{}", r.message);
+        for bad in [
+            Request::ListConnections {
+                columns: s(&["user", "bogus"]),
+            },
+            Request::ListChannels {
+                columns: s(&["bogus"]),
+            },
+            Request::ListConsumers {
+                vhost: "/".into(),
+                columns: s(&["bogus"]),
+            },
+        ] {
+            let r = reply(&broker, bad);
+            assert!(!r.ok && r.message.contains("bogus"), "{}", r.message);
+        }
+
+        // Gone with their handles.
+        drop(ch);
+        let r = reply(&broker, Request::ListChannels { columns: vec![] });
+        assert!(r.ok && r.rows.is_empty());
+        drop(conn);
+        let r = reply(&broker, Request::ListConnections { columns: vec![] });
+        assert!(r.ok && r.rows.is_empty());
+    }
+
+    #[test]
+    fn only_the_single_active_consumer_is_active() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        let mut args = FieldTable::default();
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        broker
+            .apply(
+                &Command::DeclareQueue(QueueDef {
+                    vhost: "/".into(),
+                    name: "sac".into(),
+                    durable: false,
+                    exclusive_owner: None,
+                    auto_delete: false,
+                    arguments: args,
+                    home: 0,
+                }),
+                Instant::from_millis(0),
+            )
+            .unwrap();
+        let h = broker.queue("/", "sac").unwrap();
+        let conn = broker
+            .sessions()
+            .register(conn_info(9, 40002), ConnectionState::Running);
+        let mut chans = Vec::new();
+        for (number, tag) in [(1u16, "first"), (2, "second")] {
+            let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+            let consumer = Consumer {
+                tag: Arc::from(tag),
+                link: Arc::new(ChannelLink::new(9, number, outbox)),
+                no_ack: false,
+                prefetch: 0,
+                priority: 0,
+                exclusive: false,
+                in_flight: Arc::new(AtomicU32::new(0)),
+            };
+            h.lock().add_consumer(&h, consumer, Instant::from_millis(0));
+            let ch = conn.open_channel(number);
+            ch.add_consumer(consumer_info(tag, "sac"));
+            chans.push(ch);
+        }
+        let r = reply(
+            &broker,
+            Request::ListConsumers {
+                vhost: "/".into(),
+                columns: s(&["consumer_tag", "active", "activity_status"]),
+            },
+        );
+        assert_eq!(
+            r.rows,
+            vec![
+                s(&["first", "true", "single_active"]),
+                s(&["second", "false", "waiting"])
+            ]
+        );
     }
 }

@@ -12,6 +12,7 @@ pub mod exchange;
 pub mod message;
 pub mod outbox;
 pub mod queue;
+pub mod registry;
 pub mod remote;
 
 use std::collections::HashMap;
@@ -83,6 +84,8 @@ pub struct Broker {
     remote: std::sync::OnceLock<Arc<dyn RemoteLink>>,
     /// Outcomes of publishes forwarded to other nodes.
     remote_outcomes: RemoteOutcomes,
+    /// Live connections, channels and consumers, for the admin listings.
+    sessions: Arc<registry::Registry>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -158,6 +161,7 @@ impl Broker {
             down_nodes: RwLock::new(Default::default()),
             remote: std::sync::OnceLock::new(),
             remote_outcomes: RemoteOutcomes::default(),
+            sessions: Arc::default(),
         }
     }
 
@@ -210,6 +214,11 @@ impl Broker {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains(&id)
+    }
+
+    /// The node's live connections, channels and consumers, which sessions register.
+    pub fn sessions(&self) -> &Arc<registry::Registry> {
+        &self.sessions
     }
 
     /// Sets what reads paged messages back, for existing and future queues (once, when

@@ -378,6 +378,17 @@ impl Queue {
         self.consumers.len() as u32
     }
 
+    /// Under `x-single-active-consumer`, the one consumer messages go to (the first attached,
+    /// as `pick_consumer` chooses); `None` when the queue is not single-active-consumer (every
+    /// consumer is active then) or has no consumer.
+    pub fn single_active_consumer(&self) -> Option<&Consumer> {
+        if self.args.single_active_consumer {
+            self.consumers.first()
+        } else {
+            None
+        }
+    }
+
     /// When the queue was last used (for `x-expires`).
     pub fn last_used(&self) -> Instant {
         self.last_used

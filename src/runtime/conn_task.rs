@@ -178,18 +178,19 @@ async fn drain_meta(
 }
 
 /// Runs a connection to completion, committing metadata through the node's `MetaCommit`.
-pub async fn run<S>(stream: S, peer: SocketAddr, ctx: ConnContext)
+pub async fn run<S>(stream: S, peer: SocketAddr, local: SocketAddr, ctx: ConnContext)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let meta = ctx.meta.clone();
-    run_with_meta(stream, peer, ctx, meta).await
+    run_with_meta(stream, peer, local, ctx, meta).await
 }
 
 /// Runs a connection to completion, committing metadata through `meta`.
 pub async fn run_with_meta<S>(
     stream: S,
     peer: SocketAddr,
+    local: SocketAddr,
     mut ctx: ConnContext,
     meta: Arc<dyn MetaCommit>,
 ) where
@@ -205,6 +206,10 @@ pub async fn run_with_meta<S>(
     let info = PeerInfo {
         addr: peer.to_string(),
         is_loopback: peer.ip().is_loopback(),
+        host: peer.ip().to_string(),
+        port: peer.port(),
+        local_host: local.ip().to_string(),
+        local_port: local.port(),
     };
     let mut session = Connection::new(
         ctx.broker.clone(),
@@ -452,7 +457,8 @@ mod tests {
     ) -> (DuplexStream, tokio::task::JoinHandle<()>) {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let peer: SocketAddr = "127.0.0.1:5000".parse().expect("address");
-        let task = tokio::spawn(run_with_meta(server, peer, node.ctx.clone(), meta));
+        let local: SocketAddr = "127.0.0.1:5672".parse().expect("address");
+        let task = tokio::spawn(run_with_meta(server, peer, local, node.ctx.clone(), meta));
         (client, task)
     }
 

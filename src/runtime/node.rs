@@ -291,7 +291,8 @@ impl Node {
                     r = listener.accept() => match r {
                         Ok((stream, peer)) => {
                             let ctx = ctx.clone();
-                            accept_tracker.spawn(conn_task::run(stream, peer, ctx));
+                            let local = listener.stream_local_addr(&stream).unwrap_or(addr);
+                            accept_tracker.spawn(conn_task::run(stream, peer, local, ctx));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "accept failed");

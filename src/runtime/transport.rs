@@ -14,6 +14,11 @@ pub trait Listener: Send + 'static {
     fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Stream, SocketAddr)>> + Send;
     /// The address it is bound to.
     fn local_addr(&self) -> io::Result<SocketAddr>;
+    /// The node's end of an accepted stream (the bound address unless the stream knows
+    /// better, e.g. which interface a wildcard listener accepted on).
+    fn stream_local_addr(&self, _stream: &Self::Stream) -> io::Result<SocketAddr> {
+        self.local_addr()
+    }
 }
 
 /// A network: binds listeners.
@@ -44,6 +49,10 @@ impl Listener for TokioListener {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.0.local_addr()
+    }
+
+    fn stream_local_addr(&self, stream: &Self::Stream) -> io::Result<SocketAddr> {
+        stream.local_addr()
     }
 }
 

@@ -22,6 +22,7 @@ use crate::amqp::reply_code::{
     precondition_failed, resource_locked, unexpected_frame, AmqpError,
 };
 use crate::amqp::{short, ReplyCode};
+use crate::broker::registry::{ChannelHandle, ConsumerInfo};
 use crate::broker::{
     ChannelKey, ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle,
     QueueRef, RemoteConsumer, RemoteOutcomes, Settle,
@@ -151,6 +152,9 @@ pub struct Channel {
     confirms: Confirms,
     tx: Option<Tx>,
     last_queue: Option<String>,
+    /// This channel's entry in the broker's session registry: updated when what it shows
+    /// changes (counts with a relaxed store, no lock).
+    listed: ChannelHandle,
 }
 
 fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
@@ -160,8 +164,8 @@ fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
 }
 
 impl Channel {
-    /// A newly opened channel.
-    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>) -> Channel {
+    /// A newly opened channel, shown in listings through `listed`.
+    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>, listed: ChannelHandle) -> Channel {
         Channel {
             id,
             link: Arc::new(ChannelLink::new(conn_id, id, outbox)),
@@ -176,6 +180,7 @@ impl Channel {
             confirms: Confirms::default(),
             tx: None,
             last_queue: None,
+            listed,
         }
     }
 
@@ -230,6 +235,7 @@ impl Channel {
                     return Err(precondition_failed("cannot switch from tx to confirm mode"));
                 }
                 self.confirm = true;
+                self.listed.set_confirm();
                 ok_or_nowait(
                     c,
                     ch,
@@ -288,9 +294,11 @@ impl Channel {
                     self.link
                         .global_prefetch
                         .store(q.prefetch_count as u32, Ordering::Release);
+                    self.listed.set_global_prefetch(q.prefetch_count as u32);
                     self.poke_consumed_queues(c, now);
                 } else {
                     self.prefetch = q.prefetch_count;
+                    self.listed.set_prefetch(q.prefetch_count as u32);
                 }
                 c.send_method(
                     ch,
@@ -302,7 +310,10 @@ impl Channel {
             basic::AMQPMethod::Cancel(m) => {
                 let tag = m.consumer_tag.as_str().to_string();
                 let auto_delete = match self.consumers.remove(&tag) {
-                    Some(cons) => self.detach_consumer(c, &cons.queue, &tag, now),
+                    Some(cons) => {
+                        self.listed.remove_consumer(&tag);
+                        self.detach_consumer(c, &cons.queue, &tag, now)
+                    }
                     None => None,
                 };
                 if let Some(command) = auto_delete {
@@ -459,6 +470,14 @@ impl Channel {
                 conn: c.id,
                 channel: self.id,
             };
+            self.listed.add_consumer(ConsumerInfo {
+                tag: tag.clone(),
+                queue: name,
+                ack_required: !m.no_ack,
+                prefetch: self.prefetch as u32,
+                exclusive: m.exclusive,
+                arguments: m.arguments,
+            });
             rq.link.consume(
                 &rq,
                 key,
@@ -512,6 +531,14 @@ impl Channel {
         if !dead.is_empty() {
             c.broker.dead_letter(&h, dead, now);
         }
+        self.listed.add_consumer(ConsumerInfo {
+            tag: tag.clone(),
+            queue: name,
+            ack_required: !m.no_ack,
+            prefetch: self.prefetch as u32,
+            exclusive: m.exclusive,
+            arguments: m.arguments,
+        });
         self.consumers.insert(
             tag,
             ConsumerRef {
@@ -548,6 +575,7 @@ impl Channel {
                             seq: entry.seq,
                         },
                     );
+                    self.listed.set_unacked(self.unacked.len());
                 }
                 let msg = &entry.message;
                 c.send_method(
@@ -617,6 +645,7 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let refs = self.take_tags(tag, multiple)?;
+        self.listed.set_unacked(self.unacked.len());
         settle_refs(c, self.id, refs, requeue, now);
         if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
             // Channel-wide credit came back: other queues may be waiting on it.
@@ -627,6 +656,7 @@ impl Channel {
 
     fn requeue_all(&mut self, c: &mut Connection, now: Instant) {
         let refs: Vec<UnackedRef> = std::mem::take(&mut self.unacked).into_values().collect();
+        self.listed.set_unacked(0);
         settle_refs(c, self.id, refs, Some(true), now);
     }
 
@@ -874,6 +904,10 @@ impl Channel {
                 }
             }
         }
+        if self.confirm {
+            // Once per flush, not per publish: the count as of the end of the last read batch.
+            self.listed.set_unconfirmed(self.confirms.pending.len());
+        }
         let mut i = 0;
         while i < emit.len() {
             match emit[i] {
@@ -936,6 +970,7 @@ impl Channel {
                 }
                 if self.tx.is_none() {
                     self.tx = Some(Tx::default());
+                    self.listed.set_transactional();
                 }
                 c.send_method(ch, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
                 Ok(())
@@ -1030,12 +1065,17 @@ impl Channel {
                     seq: d.seq,
                 },
             );
+            self.listed.set_unacked(self.unacked.len());
         }
     }
 
     /// The broker cancelled a consumer (queue deleted).
     pub fn handle_broker_cancel(&mut self, out: &mut Vec<u8>, tag: &str, notify: bool) {
-        if self.consumers.remove(tag).is_some() && notify {
+        if self.consumers.remove(tag).is_none() {
+            return;
+        }
+        self.listed.remove_consumer(tag);
+        if notify {
             frame::encode_method(
                 out,
                 self.id,
@@ -1065,6 +1105,7 @@ impl Channel {
             }
         }
         self.link.flow_active.store(false, Ordering::Release);
+        self.listed.deregister();
     }
 }
 

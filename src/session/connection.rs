@@ -29,6 +29,12 @@
 //!
 //! Errors never escape: a soft error closes the channel with `channel.close`, a hard one the
 //! connection with `connection.close`, both with the spec's reply code.
+//!
+//! # Listings
+//! From connection.open until teardown the connection is listed in the broker's session
+//! registry ([`crate::broker::registry`]) for `warrenctl list_connections` and the like; its
+//! channels keep their entries current as they change (counts by relaxed stores, so the
+//! per-message path takes no lock).
 
 mod metadata;
 
@@ -45,6 +51,7 @@ use super::permissions::Permissions;
 use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
 use crate::amqp::{short, AmqpError, ReplyCode};
+use crate::broker::registry::{ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionState};
 use crate::broker::{Broker, OutItem, Outbox};
 use crate::meta::{Command, MetaState};
 use crate::time::Instant;
@@ -90,6 +97,14 @@ pub struct PeerInfo {
     pub addr: String,
     /// Whether the peer is on a loopback address.
     pub is_loopback: bool,
+    /// The peer's IP as text (IPv6 without brackets), for listings.
+    pub host: String,
+    /// The peer's port.
+    pub port: u16,
+    /// The node's end of the socket: IP as text.
+    pub local_host: String,
+    /// The node's end of the socket: port.
+    pub local_port: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +145,11 @@ pub struct Connection {
     pub(crate) user: String,
     pub(crate) vhost: String,
     pub(crate) caps: ClientCapabilities,
+    /// From start-ok; kept until open, when the connection is listed with it.
+    pub(crate) client_properties: amq_protocol::types::FieldTable,
+    /// The connection's entry in the broker's session registry, from connection.open until
+    /// teardown (dropping it removes the entry).
+    listed: Option<ConnectionHandle>,
     pub(crate) permissions: Option<Permissions>,
     channels: BTreeMap<u16, Channel>,
     pub(crate) outbox: Arc<Outbox>,
@@ -180,6 +200,8 @@ impl Connection {
             user: String::new(),
             vhost: String::new(),
             caps: ClientCapabilities::default(),
+            client_properties: Default::default(),
+            listed: None,
             permissions: None,
             channels: BTreeMap::new(),
             outbox,
@@ -396,6 +418,7 @@ impl Connection {
                 handshake::handle_open(self, &snapshot, o.virtual_host.as_str())?;
                 self.state = State::Open;
                 self.deadline = None;
+                self.list();
                 tracing::info!(conn = self.id, peer = %self.peer.addr, user = %self.user, vhost = %self.vhost, "connection opened");
                 Ok(())
             }
@@ -457,8 +480,12 @@ impl Connection {
                             self.channel_max
                         )));
                     }
+                    let listed = match &self.listed {
+                        Some(l) => l.open_channel(ch),
+                        None => ChannelHandle::detached(ch),
+                    };
                     self.channels
-                        .insert(ch, Channel::new(self.id, ch, self.outbox.clone()));
+                        .insert(ch, Channel::new(self.id, ch, self.outbox.clone(), listed));
                     self.send_method(
                         ch,
                         AMQPClass::Channel(chm::AMQPMethod::OpenOk(chm::OpenOk {})),
@@ -591,6 +618,8 @@ impl Connection {
         for (_, mut c) in channels {
             c.teardown(self, now);
         }
+        // Gone from the listings as soon as it releases what it held.
+        self.listed = None;
         for item in self.outbox.close() {
             if let OutItem::Deliver(d) = item {
                 if d.ack_required {
@@ -681,12 +710,14 @@ impl Connection {
                 );
             }
         }
+        self.publish_state();
     }
 
     /// A message was published: under the alarm this blocks the connection.
     pub(crate) fn note_publish(&mut self) {
         if self.alarm && !self.blocked {
             self.blocked = true;
+            self.publish_state();
             if self.caps.connection_blocked {
                 self.send_method(
                     0,
@@ -799,6 +830,39 @@ impl Connection {
     /// Whether the connection is done; the caller writes what is left and closes.
     pub fn is_finished(&self) -> bool {
         self.state == State::Finished
+    }
+
+    /// Lists the connection in the broker's session registry (at connection.open).
+    fn list(&mut self) {
+        let info = ConnectionInfo {
+            id: self.id,
+            user: self.user.clone(),
+            vhost: self.vhost.clone(),
+            peer_host: self.peer.host.clone(),
+            peer_port: self.peer.port,
+            host: self.peer.local_host.clone(),
+            port: self.peer.local_port,
+            timeout_s: (self.heartbeat_ms / 1000) as u16,
+            frame_max: self.frame_max,
+            channel_max: self.channel_max,
+            client_properties: std::mem::take(&mut self.client_properties),
+        };
+        self.listed = Some(self.broker.sessions().register(info, self.flow_state()));
+    }
+
+    fn flow_state(&self) -> ConnectionState {
+        match (self.alarm, self.blocked) {
+            (_, true) => ConnectionState::Blocked,
+            (true, false) => ConnectionState::Blocking,
+            (false, false) => ConnectionState::Running,
+        }
+    }
+
+    /// Tells the registry about a change of the alarm or of `blocked` (both rare).
+    fn publish_state(&self) {
+        if let Some(l) = &self.listed {
+            l.set_state(self.flow_state());
+        }
     }
 
     /// Queues a method frame.

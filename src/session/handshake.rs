@@ -151,6 +151,7 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         )));
     }
     c.user = user;
+    c.client_properties = s.client_properties;
     c.send_method(
         0,
         AMQPClass::Connection(conn::AMQPMethod::Tune(conn::Tune {

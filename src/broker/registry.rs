@@ -1,0 +1,465 @@
+//! The node's live sessions — open connections, their channels and consumers — as the
+//! sessions that own them publish them, so `warrenctl list_connections`, `list_channels` and
+//! `list_consumers` can read them without asking the connection tasks.
+//!
+//! Each session writes only its own entry and the admin side only reads, so what changes
+//! rarely (a connection opening, a channel opening or closing, a consumer added or
+//! cancelled) goes through a mutex, while the counters that move with traffic (unacked,
+//! unconfirmed) are relaxed atomics the channel stores when they change: the per-message path
+//! takes no lock and never waits for a reader. A listing is a consistent view per channel
+//! at best, like RabbitMQ's, which also asks each channel process in turn.
+//!
+//! Entries are removed by dropping their handle ([`ConnectionHandle`], [`ChannelHandle`]),
+//! so a session that ends any way at all leaves nothing behind.
+//!
+//! Locks here are leaves: nothing else is locked while one is held.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use amq_protocol::types::FieldTable;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Entries are plain data replaced whole; a panic elsewhere cannot leave one half-written.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a connection is, fixed once it is open.
+#[derive(Clone, Debug)]
+pub struct ConnectionInfo {
+    /// Connection id (unique in the cluster, see [`super::Broker::next_connection_id`]).
+    pub id: u64,
+    /// Authenticated user.
+    pub user: String,
+    /// Vhost it opened.
+    pub vhost: String,
+    /// Client address (IP text, IPv6 without brackets).
+    pub peer_host: String,
+    /// Client port.
+    pub peer_port: u16,
+    /// The node's end of the socket (IP text).
+    pub host: String,
+    /// The node's port.
+    pub port: u16,
+    /// Negotiated heartbeat (seconds, 0: none).
+    pub timeout_s: u16,
+    /// Negotiated frame_max.
+    pub frame_max: u32,
+    /// Negotiated channel_max.
+    pub channel_max: u16,
+    /// What the client sent in connection.start-ok.
+    pub client_properties: FieldTable,
+}
+
+impl ConnectionInfo {
+    /// RabbitMQ's connection name: `PEER:PORT -> HOST:PORT`, IPv6 addresses in brackets.
+    pub fn name(&self) -> String {
+        fn addr(host: &str, port: u16) -> String {
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        }
+        format!(
+            "{} -> {}",
+            addr(&self.peer_host, self.peer_port),
+            addr(&self.host, self.port)
+        )
+    }
+}
+
+/// A connection's flow state, as `list_connections` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Open and read.
+    Running,
+    /// The memory alarm is on, but the connection has not published since: still read.
+    Blocking,
+    /// It published under the alarm: not read until the alarm clears.
+    Blocked,
+}
+
+impl ConnectionState {
+    /// The name RabbitMQ uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectionState::Running => "running",
+            ConnectionState::Blocking => "blocking",
+            ConnectionState::Blocked => "blocked",
+        }
+    }
+
+    fn from_u8(v: u8) -> ConnectionState {
+        match v {
+            1 => ConnectionState::Blocking,
+            2 => ConnectionState::Blocked,
+            _ => ConnectionState::Running,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            ConnectionState::Running => 0,
+            ConnectionState::Blocking => 1,
+            ConnectionState::Blocked => 2,
+        }
+    }
+}
+
+/// One consumer, as `list_consumers` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsumerInfo {
+    /// Consumer tag.
+    pub tag: String,
+    /// Queue consumed from (in the connection's vhost).
+    pub queue: String,
+    /// Whether deliveries must be acknowledged (not no-ack).
+    pub ack_required: bool,
+    /// The channel's per-consumer prefetch when it subscribed (0: unlimited).
+    pub prefetch: u32,
+    /// Exclusive consumer.
+    pub exclusive: bool,
+    /// basic.consume arguments.
+    pub arguments: FieldTable,
+}
+
+#[derive(Debug)]
+struct ChannelEntry {
+    number: u16,
+    prefetch: AtomicU32,
+    global_prefetch: AtomicU32,
+    unacked: AtomicU64,
+    unconfirmed: AtomicU64,
+    confirm: AtomicBool,
+    transactional: AtomicBool,
+    consumers: Mutex<BTreeMap<String, ConsumerInfo>>,
+}
+
+#[derive(Debug)]
+struct ConnectionEntry {
+    info: ConnectionInfo,
+    state: AtomicU8,
+    channels: Mutex<BTreeMap<u16, Arc<ChannelEntry>>>,
+}
+
+/// A channel as read by a listing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelView {
+    /// Channel number.
+    pub number: u16,
+    /// `basic.qos` per-consumer prefetch.
+    pub prefetch: u32,
+    /// `basic.qos global=true` prefetch.
+    pub global_prefetch: u32,
+    /// Delivered, not yet acknowledged.
+    pub unacked: u64,
+    /// Published in confirm mode, not yet confirmed.
+    pub unconfirmed: u64,
+    /// In confirm mode.
+    pub confirm: bool,
+    /// In tx mode.
+    pub transactional: bool,
+    /// Its consumers, by tag.
+    pub consumers: Vec<ConsumerInfo>,
+}
+
+/// A connection as read by a listing.
+#[derive(Clone, Debug)]
+pub struct ConnectionView {
+    /// What it is.
+    pub info: ConnectionInfo,
+    /// Flow state.
+    pub state: ConnectionState,
+    /// Its open channels, by number.
+    pub channels: Vec<ChannelView>,
+}
+
+/// The node's live connections, by id.
+#[derive(Debug, Default)]
+pub struct Registry {
+    connections: Mutex<BTreeMap<u64, Arc<ConnectionEntry>>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Lists `info` until the returned handle is dropped. A second registration of the same
+    /// id replaces the first.
+    pub fn register(
+        self: &Arc<Self>,
+        info: ConnectionInfo,
+        state: ConnectionState,
+    ) -> ConnectionHandle {
+        let entry = Arc::new(ConnectionEntry {
+            info,
+            state: AtomicU8::new(state.to_u8()),
+            channels: Mutex::new(BTreeMap::new()),
+        });
+        lock(&self.connections).insert(entry.info.id, entry.clone());
+        ConnectionHandle {
+            registry: self.clone(),
+            entry,
+        }
+    }
+
+    /// Every live connection with its channels and consumers, in id order.
+    pub fn connections(&self) -> Vec<ConnectionView> {
+        // Copy the entries out first so no session waits on this lock while channels are read.
+        let entries: Vec<Arc<ConnectionEntry>> =
+            lock(&self.connections).values().cloned().collect();
+        entries
+            .iter()
+            .map(|e| {
+                let channels: Vec<Arc<ChannelEntry>> =
+                    lock(&e.channels).values().cloned().collect();
+                ConnectionView {
+                    info: e.info.clone(),
+                    state: ConnectionState::from_u8(e.state.load(Ordering::Relaxed)),
+                    channels: channels.iter().map(|c| c.view()).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// How many connections are listed.
+    pub fn len(&self) -> usize {
+        lock(&self.connections).len()
+    }
+
+    /// Whether no connection is listed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl ChannelEntry {
+    fn new(number: u16) -> ChannelEntry {
+        ChannelEntry {
+            number,
+            prefetch: AtomicU32::new(0),
+            global_prefetch: AtomicU32::new(0),
+            unacked: AtomicU64::new(0),
+            unconfirmed: AtomicU64::new(0),
+            confirm: AtomicBool::new(false),
+            transactional: AtomicBool::new(false),
+            consumers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn view(&self) -> ChannelView {
+        ChannelView {
+            number: self.number,
+            prefetch: self.prefetch.load(Ordering::Relaxed),
+            global_prefetch: self.global_prefetch.load(Ordering::Relaxed),
+            unacked: self.unacked.load(Ordering::Relaxed),
+            unconfirmed: self.unconfirmed.load(Ordering::Relaxed),
+            confirm: self.confirm.load(Ordering::Relaxed),
+            transactional: self.transactional.load(Ordering::Relaxed),
+            consumers: lock(&self.consumers).values().cloned().collect(),
+        }
+    }
+}
+
+/// A session's hold on its connection's entry; dropping it removes the entry.
+#[derive(Debug)]
+pub struct ConnectionHandle {
+    registry: Arc<Registry>,
+    entry: Arc<ConnectionEntry>,
+}
+
+impl ConnectionHandle {
+    /// Sets the flow state.
+    pub fn set_state(&self, state: ConnectionState) {
+        self.entry.state.store(state.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Lists channel `number` until the returned handle is dropped or deregistered.
+    pub fn open_channel(&self, number: u16) -> ChannelHandle {
+        let entry = Arc::new(ChannelEntry::new(number));
+        lock(&self.entry.channels).insert(number, entry.clone());
+        ChannelHandle {
+            entry,
+            conn: Some(self.entry.clone()),
+        }
+    }
+}
+
+impl Drop for ConnectionHandle {
+    fn drop(&mut self) {
+        let mut conns = lock(&self.registry.connections);
+        // Only our own entry: a later registration under the same id is not ours to remove.
+        if conns
+            .get(&self.entry.info.id)
+            .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
+        {
+            conns.remove(&self.entry.info.id);
+        }
+    }
+}
+
+/// A channel's entry, written by the channel that owns it. Dropping it (or
+/// [`ChannelHandle::deregister`]) removes the channel from its connection's listing; writes
+/// after that go nowhere.
+#[derive(Debug)]
+pub struct ChannelHandle {
+    entry: Arc<ChannelEntry>,
+    /// The connection it is listed under; `None` once deregistered (or never listed).
+    conn: Option<Arc<ConnectionEntry>>,
+}
+
+impl ChannelHandle {
+    /// A handle listed nowhere, for a channel of a connection that is not registered.
+    pub fn detached(number: u16) -> ChannelHandle {
+        ChannelHandle {
+            entry: Arc::new(ChannelEntry::new(number)),
+            conn: None,
+        }
+    }
+
+    /// Removes the channel from the listing (idempotent).
+    pub fn deregister(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let mut channels = lock(&conn.channels);
+            if channels
+                .get(&self.entry.number)
+                .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
+            {
+                channels.remove(&self.entry.number);
+            }
+        }
+    }
+
+    /// `basic.qos` per-consumer prefetch.
+    pub fn set_prefetch(&self, n: u32) {
+        self.entry.prefetch.store(n, Ordering::Relaxed);
+    }
+
+    /// `basic.qos global=true` prefetch.
+    pub fn set_global_prefetch(&self, n: u32) {
+        self.entry.global_prefetch.store(n, Ordering::Relaxed);
+    }
+
+    /// Deliveries awaiting an ack. A relaxed store: the owner calls it whenever its count
+    /// changes, so it must cost no more than that.
+    pub fn set_unacked(&self, n: usize) {
+        self.entry.unacked.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Publishes awaiting a confirm.
+    pub fn set_unconfirmed(&self, n: usize) {
+        self.entry.unconfirmed.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// confirm.select.
+    pub fn set_confirm(&self) {
+        self.entry.confirm.store(true, Ordering::Relaxed);
+    }
+
+    /// tx.select.
+    pub fn set_transactional(&self) {
+        self.entry.transactional.store(true, Ordering::Relaxed);
+    }
+
+    /// A consumer was added.
+    pub fn add_consumer(&self, consumer: ConsumerInfo) {
+        lock(&self.entry.consumers).insert(consumer.tag.clone(), consumer);
+    }
+
+    /// A consumer went (cancelled by the client or the broker).
+    pub fn remove_consumer(&self, tag: &str) {
+        lock(&self.entry.consumers).remove(tag);
+    }
+}
+
+impl Drop for ChannelHandle {
+    fn drop(&mut self) {
+        self.deregister();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64) -> ConnectionInfo {
+        ConnectionInfo {
+            id,
+            user: "guest".into(),
+            vhost: "/".into(),
+            peer_host: "::1".into(),
+            peer_port: 40000,
+            host: "127.0.0.1".into(),
+            port: 5672,
+            timeout_s: 60,
+            frame_max: 131_072,
+            channel_max: 2047,
+            client_properties: FieldTable::default(),
+        }
+    }
+
+    fn consumer(tag: &str) -> ConsumerInfo {
+        ConsumerInfo {
+            tag: tag.into(),
+            queue: "q".into(),
+            ack_required: true,
+            prefetch: 5,
+            exclusive: false,
+            arguments: FieldTable::default(),
+        }
+    }
+
+    #[test]
+    fn sessions_appear_and_disappear_with_their_handles() {
+        let reg = Arc::new(Registry::new());
+        let conn = reg.register(info(7), ConnectionState::Running);
+        let mut ch1 = conn.open_channel(1);
+        let ch2 = conn.open_channel(2);
+        ch1.set_prefetch(5);
+        ch1.set_unacked(3);
+        ch1.set_confirm();
+        ch1.add_consumer(consumer("a"));
+        ch1.add_consumer(consumer("b"));
+        ch1.remove_consumer("a");
+        conn.set_state(ConnectionState::Blocked);
+
+        let list = reg.connections();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].info.id, 7);
+        assert_eq!(list[0].info.name(), "[::1]:40000 -> 127.0.0.1:5672");
+        assert_eq!(list[0].state, ConnectionState::Blocked);
+        let chans = &list[0].channels;
+        assert_eq!(chans.iter().map(|c| c.number).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!((chans[0].prefetch, chans[0].unacked), (5, 3));
+        assert!(chans[0].confirm && !chans[0].transactional);
+        assert_eq!(chans[0].consumers, vec![consumer("b")]);
+
+        ch1.deregister();
+        ch1.set_unacked(9); // goes nowhere
+        assert_eq!(reg.connections()[0].channels.len(), 1);
+        drop(ch2);
+        assert!(reg.connections()[0].channels.is_empty());
+        drop(conn);
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn a_stale_handle_does_not_remove_its_successor() {
+        let reg = Arc::new(Registry::new());
+        let conn = reg.register(info(1), ConnectionState::Running);
+        let old = conn.open_channel(1);
+        let new = conn.open_channel(1);
+        drop(old);
+        assert_eq!(reg.connections()[0].channels.len(), 1);
+        drop(new);
+        let again = reg.register(info(1), ConnectionState::Running);
+        drop(conn);
+        assert_eq!(reg.len(), 1, "the older handle left the newer entry alone");
+        drop(again);
+        assert!(reg.is_empty());
+    }
+}

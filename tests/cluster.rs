@@ -107,6 +107,8 @@ impl NodeProc {
 struct Cluster {
     dir: PathBuf,
     nodes: Vec<NodeProc>,
+    /// The initial members' addresses (the first names the cluster).
+    ips: Vec<String>,
 }
 
 impl Drop for Cluster {
@@ -122,7 +124,7 @@ impl Drop for Cluster {
     }
 }
 
-fn config_text(id: u64, ip: &str, ips: &[String], data: &Path) -> String {
+fn config_text(id: u64, ip: &str, cluster: &str, ips: &[String], data: &Path) -> String {
     let mut members = String::new();
     for (i, peer) in ips.iter().enumerate() {
         members.push_str(&format!(
@@ -154,7 +156,6 @@ commit_timeout_ms = 5000
 
 {members}"#,
         data = data.display(),
-        cluster = ips[0]
     )
 }
 
@@ -173,7 +174,7 @@ impl Cluster {
             let id = i as u64 + 1;
             let config = dir.join(format!("node{id}.toml"));
             let data = dir.join(format!("data{id}"));
-            std::fs::write(&config, config_text(id, ip, &ips, &data)).expect("config");
+            std::fs::write(&config, config_text(id, ip, &ips[0], &ips, &data)).expect("config");
             nodes.push(NodeProc {
                 id,
                 ip: ip.clone(),
@@ -182,7 +183,11 @@ impl Cluster {
                 child: None,
             });
         }
-        let mut cluster = Cluster { dir, nodes };
+        let mut cluster = Cluster {
+            dir,
+            nodes,
+            ips: ips.clone(),
+        };
         for n in &mut cluster.nodes {
             n.spawn();
         }
@@ -209,6 +214,26 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Starts node `id` with a `[cluster]` section but outside the initial members: it
+    /// waits for `join_cluster`. Returns its index.
+    fn spawn_joiner(&mut self, id: u64) -> usize {
+        let prefix = self.ips[0].rsplit_once('.').expect("an ip").0.to_string();
+        let ip = format!("{prefix}.{id}");
+        let config = self.dir.join(format!("node{id}.toml"));
+        let data = self.dir.join(format!("data{id}"));
+        std::fs::write(&config, config_text(id, &ip, &self.ips[0], &[], &data)).expect("config");
+        let mut node = NodeProc {
+            id,
+            ip,
+            config,
+            log: self.dir.join(format!("node{id}.log")),
+            child: None,
+        };
+        node.spawn();
+        self.nodes.push(node);
+        self.nodes.len() - 1
     }
 
     /// Restarts node `id` (already stopped or killed) and waits until it serves again.
@@ -839,4 +864,103 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
     assert_eq!(got.delivery.data, b"before");
     assert!(got.delivery.redelivered);
     let _ = c3.close(200, "bye".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_node_joins_as_a_voter_and_is_forgotten() {
+    let mut cluster = Cluster::start("join").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "before.join", true, FieldTable::default())
+        .await
+        .expect("declare");
+    let index = cluster.spawn_joiner(4);
+    // Not a member yet: its admin endpoint answers, its AMQP listener does not serve.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        cluster.nodes[index].ready_count(),
+        0,
+        "serves only once joined"
+    );
+    let seed = cluster.node(1).admin();
+    let out = cluster.ctl(4, &["join_cluster", &seed]).await;
+    assert!(
+        out.status.success(),
+        "join_cluster: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.wait_serving(index, 1).await;
+    // Registered, a voter (fewer than five), with the metadata: the queue declared before.
+    let start = Instant::now();
+    loop {
+        let rows = cluster.ctl_rows(1, &["cluster_status"]).await;
+        let four = rows.iter().find(|r| r[1] == "4").cloned();
+        if four
+            .as_ref()
+            .is_some_and(|r| r[3] == "voter" || r[3] == "leader")
+        {
+            assert_eq!(four.expect("row")[0], "warren4@test");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{rows:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cluster.queues(4).await.contains("before.join"));
+    // A queue declared on the new node lives there and is usable from node 1.
+    let c4 = connect(&cluster.node(4).amqp_uri()).await;
+    let ch4 = channel(&c4).await;
+    declare(&ch4, "on.four", true, FieldTable::default())
+        .await
+        .expect("declare on node 4");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "on.four", b"to four").await);
+    let got = within(
+        "basic.get",
+        ch4.basic_get("on.four".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("forwarded from node 1");
+    assert_eq!(got.delivery.data, b"to four");
+    let _ = c4.close(200, "bye".into()).await;
+
+    // A node cannot forget itself; another node forgets it: it leaves the membership and
+    // its queues go.
+    let out = cluster
+        .ctl(4, &["forget_cluster_node", "warren4@test"])
+        .await;
+    assert!(!out.status.success());
+    cluster.nodes[index].kill();
+    let out = cluster
+        .ctl(2, &["forget_cluster_node", "warren4@test"])
+        .await;
+    assert!(
+        out.status.success(),
+        "forget: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = Instant::now();
+    loop {
+        let rows = cluster.ctl_rows(1, &["cluster_status"]).await;
+        if rows.len() == 4 && !rows.iter().any(|r| r[1] == "4") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{rows:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names = cluster.queues(1).await;
+    assert!(
+        !names.contains("on.four") && names.contains("before.join"),
+        "{names:?}"
+    );
+    // The three remaining nodes still commit metadata.
+    declare(&ch1, "after.forget", true, FieldTable::default())
+        .await
+        .expect("declare after forget");
+    let _ = c1.close(200, "bye".into()).await;
 }

@@ -363,7 +363,11 @@ async fn follow(
     let mut incarnations: BTreeMap<NodeId, u64> = BTreeMap::new();
     loop {
         let view = views.borrow_and_update().clone();
-        broker.follow(view.state.clone(), clock.now());
+        // Until the group has applied a command, the broker keeps the config's users (so a
+        // node waiting to join can still be administered: `join_cluster` needs a login).
+        if view.state.version > 0 {
+            broker.follow(view.state.clone(), clock.now());
+        }
         for (id, n) in &view.state.nodes {
             if peers.get(id) != Some(&n.link) {
                 transport.set_peer(*id, n.link.clone());
@@ -903,5 +907,73 @@ mod tests {
             .map(|_| Locator::Random.place(1, &[1, 2, 3], &s, &mut rng))
             .collect();
         assert_eq!(picks, BTreeSet::from([1, 2, 3]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registered_nodes_become_voters_up_to_five_then_learners() {
+        use crate::meta::raft::tests::harness::{self, fast_config};
+        harness::bounded(async {
+            let mut c = harness::Cluster::new(3, fast_config()).await;
+            for id in 4..=6 {
+                c.disks.insert(id, crate::store::MemDisk::new());
+                c.start(id).await;
+            }
+            let leader = c.leader(&[], Duration::from_secs(10)).await;
+            c.propose(Command::AddVhost { name: "/".into() }, &[]).await;
+            for id in 1..=6 {
+                let r = c
+                    .propose(
+                        Command::RegisterNode(NodeRecord {
+                            id,
+                            name: format!("n{id}"),
+                            amqp: String::new(),
+                            admin: String::new(),
+                            link: format!("node-{id}"),
+                            incarnation: 0,
+                        }),
+                        &[],
+                    )
+                    .await;
+                assert!(r.outcome.is_ok());
+            }
+            let tasks: Vec<_> = c
+                .nodes
+                .values()
+                .map(|n| tokio::spawn(reconcile_membership(n.clone())))
+                .collect();
+            let node = c.nodes[&leader].clone();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let m = node.membership();
+                if m.voters.len() == MAX_VOTERS && m.learners.len() == 1 {
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{m:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Forgetting a voter promotes the learner in its place.
+            let forgotten = *node
+                .membership()
+                .voters
+                .keys()
+                .find(|&&id| id != leader)
+                .expect("a voter");
+            c.propose(Command::ForgetNode { id: forgotten }, &[]).await;
+            loop {
+                let m = node.membership();
+                if m.voters.len() == MAX_VOTERS
+                    && m.learners.is_empty()
+                    && !m.voters.contains_key(&forgotten)
+                {
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{m:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for t in tasks {
+                t.abort();
+            }
+        })
+        .await;
     }
 }

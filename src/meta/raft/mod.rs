@@ -32,7 +32,7 @@ pub mod state_machine;
 pub mod types;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use network::{RaftTransport, RpcServer, TransportError};
 pub use node::{

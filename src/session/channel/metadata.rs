@@ -487,7 +487,16 @@ fn check_queue_delete(
     if_empty: bool,
 ) -> Result<Option<u32>, AmqpError> {
     let Some(handle) = c.broker.queue(vhost, name) else {
-        return Ok(None);
+        let snapshot = c.broker.snapshot();
+        let Some(def) = snapshot.vhost(vhost).and_then(|v| v.queues.get(name)) else {
+            return Ok(None);
+        };
+        if c.broker.node_is_down(def.home) {
+            return Err(super::unavailable_queue(c, name));
+        }
+        // Another node runs it: the deletion is committed like any other; its count and
+        // the if-unused / if-empty checks are that node's, not forwarded yet (reported 0).
+        return Ok(Some(0));
     };
     let q = handle.lock();
     if q.exclusive_owner().is_some_and(|o| o != c.id) {

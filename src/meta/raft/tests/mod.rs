@@ -4,6 +4,6 @@
 
 mod cluster;
 mod forward;
-mod harness;
+pub(crate) mod harness;
 mod storage;
 mod suite;

@@ -51,6 +51,10 @@ struct Args {
     /// Broker URI (amqp://user:pass@host:port/vhost; the vhost is percent-encoded)
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     uri: String,
+    /// Broker URI the consumers connect to (default: --uri): in a cluster, consume on
+    /// another node than the one producers publish to
+    #[arg(long)]
+    consumer_uri: Option<String>,
     /// Number of producers, one connection each [default: 1, 0 with --consume-only]
     #[arg(long, short = 'x')]
     producers: Option<usize>,
@@ -171,6 +175,12 @@ async fn run(args: Args) -> Result<bool> {
     if uri.scheme == AMQPScheme::AMQPS {
         bail!("amqps:// (TLS) is not supported; use amqp://");
     }
+    let consumer_uri: AMQPUri = match &args.consumer_uri {
+        None => uri.clone(),
+        Some(s) => s
+            .parse()
+            .map_err(|e| anyhow!("invalid --consumer-uri '{s}': {e}"))?,
+    };
     let producers = match (args.consume_only, args.producers) {
         (true, Some(n)) if n > 0 => bail!("--consume-only conflicts with --producers {n}"),
         (true, _) => 0,
@@ -272,7 +282,9 @@ async fn run(args: Args) -> Result<bool> {
     let mut pconns = Vec::new();
     let opened: Result<()> = async {
         for i in 0..consumers {
-            cconns.push(consumer::setup(&uri, &format!("warren-perf consumer-{i}"), &ccfg).await?);
+            cconns.push(
+                consumer::setup(&consumer_uri, &format!("warren-perf consumer-{i}"), &ccfg).await?,
+            );
         }
         for i in 0..producers {
             pconns.push(producer::setup(&uri, &format!("warren-perf producer-{i}"), &pcfg).await?);

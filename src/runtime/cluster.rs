@@ -122,6 +122,11 @@ impl Cluster {
             .collect();
         link.heartbeat_interval = Duration::from_millis(cc.heartbeat_ms);
         link.peer_timeout = Duration::from_millis(cc.peer_timeout_ms);
+        // A forwarded publish or delivery carries a whole message: room for the largest one
+        // a client may publish, plus the envelope.
+        link.max_frame = link
+            .max_frame
+            .max(config.amqp.max_message_size_bytes as usize + (1 << 20));
         let transport = TcpTransport::bind(&cc.listen, link)
             .await
             .map_err(|source| ClusterError::Link {

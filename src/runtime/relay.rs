@@ -44,8 +44,12 @@ use crate::store::message_codec::StoredMessage;
 
 /// Bytes a proxy channel's outbox holds before its queues wait (as a connection's).
 const PROXY_OUTBOX_BYTES: usize = 4 << 20;
-/// Deliveries sent to the consumer's node in one request, at most.
+/// Deliveries sent to the consumer's node in one message, at most.
 const BATCH: usize = 256;
+/// Messages for one node sent as one request, at most...
+const SEND_BATCH: usize = 128;
+/// ...and message bytes (a single bigger message still goes alone).
+const SEND_BATCH_BYTES: usize = 1 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -145,6 +149,19 @@ enum RelayMsg {
     },
 }
 
+impl RelayMsg {
+    /// Roughly the bytes it takes on the wire (message bodies and properties).
+    fn size(&self) -> usize {
+        match self {
+            RelayMsg::Publish { message, .. } => message.bytes.len(),
+            RelayMsg::Deliver { deliveries, .. } => {
+                deliveries.iter().map(|d| d.message.bytes.len()).sum()
+            }
+            _ => 64,
+        }
+    }
+}
+
 /// The answer to a [`RelayMsg`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum RelayReply {
@@ -163,7 +180,7 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 
 /// A message queued for another node, with what to do with its reply.
 struct Outgoing {
-    payload: Vec<u8>,
+    msg: RelayMsg,
     /// The publish outcome this answers (0: none).
     outcome: u64,
     /// Outbox credit to return (and queues to poke) once a delivery batch is answered.
@@ -270,20 +287,20 @@ impl Relay {
 
 impl Inner {
     /// Queues `msg` for `node`, in order with everything else sent there.
-    fn send(&self, node: NodeId, msg: &RelayMsg, outcome: u64) {
-        self.send_raw(node, encode(msg), outcome, None, 0);
+    fn send(&self, node: NodeId, msg: RelayMsg, outcome: u64) {
+        self.send_raw(node, msg, outcome, None, 0);
     }
 
     fn send_raw(
         &self,
         node: NodeId,
-        payload: Vec<u8>,
+        msg: RelayMsg,
         outcome: u64,
         after: Option<Arc<ProxyChannel>>,
         released: usize,
     ) {
         let out = Outgoing {
-            payload,
+            msg,
             outcome,
             after,
             released,
@@ -298,27 +315,65 @@ impl Inner {
         }
     }
 
+    /// The sender task for `node`: takes what is queued (up to [`SEND_BATCH`] messages or
+    /// 1 MiB at a time) as one request, in order; a second task handles the replies in the
+    /// same order.
     fn spawn_sender(&self, node: NodeId) -> mpsc::UnboundedSender<Outgoing> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
         let Some(relay) = self.link.upgrade() else {
             return tx;
         };
         let inner = relay.inner.clone();
+        type Pending = (
+            Vec<Outgoing>,
+            tokio::sync::oneshot::Receiver<
+                Result<Vec<u8>, crate::runtime::node_link::wire::RemoteFailure>,
+            >,
+        );
+        let (reply_tx, mut reply_rx) = mpsc::unbounded_channel::<Pending>();
+        let answers = inner.clone();
         tokio::spawn(async move {
-            while let Some(out) = rx.recv().await {
-                match inner.transport.send_broker(node, out.payload.clone()).await {
+            while let Some((outs, reply)) = reply_rx.recv().await {
+                let replies: Option<Vec<RelayReply>> = match reply.await {
+                    Ok(Ok(bytes)) => bincode::deserialize(&bytes).ok(),
+                    _ => None,
+                };
+                match replies {
+                    Some(replies) => {
+                        for (i, out) in outs.into_iter().enumerate() {
+                            answers.answered(out, replies.get(i));
+                        }
+                    }
+                    None => outs.into_iter().for_each(|o| answers.failed(o)),
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut bytes = first.msg.size();
+                let mut batch = vec![first];
+                while batch.len() < SEND_BATCH && bytes < SEND_BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(o) => {
+                            bytes += o.msg.size();
+                            batch.push(o);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let msgs: Vec<&RelayMsg> = batch.iter().map(|o| &o.msg).collect();
+                let payload = encode(&msgs);
+                match inner.transport.send_broker(node, payload).await {
                     Ok(reply) => {
-                        let inner = inner.clone();
-                        tokio::spawn(async move {
-                            match reply.await {
-                                Ok(Ok(bytes)) => inner.answered(node, out, &bytes),
-                                _ => inner.failed(out),
-                            }
-                        });
+                        if let Err(mpsc::error::SendError((outs, _))) =
+                            reply_tx.send((batch, reply))
+                        {
+                            outs.into_iter().for_each(|o| inner.failed(o));
+                        }
                     }
                     Err(e) => {
                         tracing::debug!(node, error = %e, "relay: cannot reach node");
-                        inner.failed(out);
+                        batch.into_iter().for_each(|o| inner.failed(o));
                     }
                 }
             }
@@ -326,8 +381,7 @@ impl Inner {
         tx
     }
 
-    fn answered(&self, node: NodeId, out: Outgoing, bytes: &[u8]) {
-        let reply: Option<RelayReply> = bincode::deserialize(bytes).ok();
+    fn answered(&self, out: Outgoing, reply: Option<&RelayReply>) {
         if out.outcome != 0 {
             let taken = matches!(reply, Some(RelayReply::Published(true)));
             self.broker.remote_outcomes().resolve(out.outcome, taken);
@@ -336,13 +390,12 @@ impl Inner {
             if let Some(RelayReply::Undelivered(list)) = reply {
                 // The consumer's connection went away before they reached it.
                 for (vhost, queue, seq) in list {
-                    lock(&proxy.unacked).remove(&(vhost.clone(), queue.clone(), seq));
-                    self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+                    lock(&proxy.unacked).remove(&(vhost.clone(), queue.clone(), *seq));
+                    self.settle_local(vhost, queue, &[*seq], Settle::Nack { requeue: true });
                 }
             }
             self.release(&proxy, out.released);
         }
-        let _ = node;
     }
 
     fn failed(&self, out: Outgoing) {
@@ -485,8 +538,9 @@ impl Inner {
         }
     }
 
-    /// Handles one request from `from`, on the link's reader.
-    fn handle(&self, from: NodeId, msg: RelayMsg) -> BrokerReply {
+    /// Handles one message from `from`, on the link's reader: its reply, and the
+    /// group-commit ticket that must be durable before the reply may say "taken" (0: none).
+    fn handle_one(&self, from: NodeId, msg: RelayMsg) -> (RelayReply, u64) {
         let now = self.clock.now();
         match msg {
             RelayMsg::Publish {
@@ -495,21 +549,12 @@ impl Inner {
                 message,
             } => {
                 let Some(message) = message.message() else {
-                    return BrokerReply::Now(encode(&RelayReply::Published(false)));
+                    return (RelayReply::Published(false), 0);
                 };
                 let (taken, ticket) =
                     self.broker
                         .publish_forwarded(&vhost, &queues, Arc::new(message), now);
-                match self.broker.durability() {
-                    Some(d) if ticket != 0 && !d.is_durable(ticket) => {
-                        let d = d.clone();
-                        BrokerReply::Later(Box::pin(async move {
-                            let ok = wait_durable(&d, ticket).await;
-                            encode(&RelayReply::Published(taken && ok))
-                        }))
-                    }
-                    _ => BrokerReply::Now(encode(&RelayReply::Published(taken))),
-                }
+                (RelayReply::Published(taken), ticket)
             }
             RelayMsg::Consume {
                 vhost,
@@ -529,7 +574,7 @@ impl Inner {
                     tracing::debug!(queue = %queue, error = %why, "remote consumer refused");
                     self.send(
                         from,
-                        &RelayMsg::Deliver {
+                        RelayMsg::Deliver {
                             conn,
                             channel,
                             deliveries: Vec::new(),
@@ -540,7 +585,7 @@ impl Inner {
                 };
                 let Some(h) = self.broker.queue(&vhost, &queue) else {
                     refuse(format!("no queue '{queue}' here"));
-                    return BrokerReply::Now(encode(&RelayReply::Done));
+                    return (RelayReply::Done, 0);
                 };
                 let proxy = self.proxy(from, key, global_prefetch);
                 let consumer = Consumer {
@@ -558,7 +603,7 @@ impl Inner {
                         Err(e) => {
                             drop(q);
                             refuse(e.text);
-                            return BrokerReply::Now(encode(&RelayReply::Done));
+                            return (RelayReply::Done, 0);
                         }
                         Ok(()) => {
                             lock(&proxy.consumers).push((vhost.clone(), queue.clone(), tag));
@@ -569,7 +614,7 @@ impl Inner {
                 if !dead.is_empty() {
                     self.broker.dead_letter(&h, dead, now);
                 }
-                BrokerReply::Now(encode(&RelayReply::Done))
+                (RelayReply::Done, 0)
             }
             RelayMsg::Cancel {
                 vhost,
@@ -585,7 +630,7 @@ impl Inner {
                         .retain(|(v, q, t)| !(v == &vhost && q == &queue && **t == *tag));
                     self.detach(&p, &vhost, &queue, &tag, now);
                 }
-                BrokerReply::Now(encode(&RelayReply::Done))
+                (RelayReply::Done, 0)
             }
             RelayMsg::Settle {
                 vhost,
@@ -608,7 +653,7 @@ impl Inner {
                     WireSettle::Drop => Settle::Nack { requeue: false },
                 };
                 self.settle_local(&vhost, &queue, &seqs, how);
-                BrokerReply::Now(encode(&RelayReply::Done))
+                (RelayReply::Done, 0)
             }
             RelayMsg::Deliver {
                 conn,
@@ -623,10 +668,10 @@ impl Inner {
                     for d in deliveries.into_iter().filter(|d| d.ack_required) {
                         undelivered.push((d.vhost, d.queue, d.seq));
                     }
-                    return BrokerReply::Now(encode(&RelayReply::Undelivered(undelivered)));
+                    return (RelayReply::Undelivered(undelivered), 0);
                 };
                 let Some(relay) = self.link.upgrade() else {
-                    return BrokerReply::Now(encode(&RelayReply::Done));
+                    return (RelayReply::Done, 0);
                 };
                 let link: Arc<dyn RemoteLink> = relay;
                 for d in deliveries {
@@ -661,8 +706,40 @@ impl Inner {
                         consumer_tag: Arc::from(tag.as_str()),
                     });
                 }
-                BrokerReply::Now(encode(&RelayReply::Undelivered(undelivered)))
+                (RelayReply::Undelivered(undelivered), 0)
             }
+        }
+    }
+
+    /// Handles a batch of messages from `from`, in order; the replies, in order, once every
+    /// forwarded publish among them is durable.
+    fn handle(&self, from: NodeId, batch: Vec<RelayMsg>) -> BrokerReply {
+        let mut ticket = 0;
+        let replies: Vec<RelayReply> = batch
+            .into_iter()
+            .map(|m| {
+                let (r, t) = self.handle_one(from, m);
+                ticket = ticket.max(t);
+                r
+            })
+            .collect();
+        match self.broker.durability() {
+            Some(d) if ticket != 0 && !d.is_durable(ticket) => {
+                let d = d.clone();
+                BrokerReply::Later(Box::pin(async move {
+                    // One wait for the batch: tickets are marked durable in order.
+                    let ok = wait_durable(&d, ticket).await;
+                    let replies: Vec<RelayReply> = replies
+                        .into_iter()
+                        .map(|r| match r {
+                            RelayReply::Published(taken) => RelayReply::Published(taken && ok),
+                            other => other,
+                        })
+                        .collect();
+                    encode(&replies)
+                }))
+            }
+            _ => BrokerReply::Now(encode(&replies)),
         }
     }
 }
@@ -700,7 +777,18 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
         }
         proxy.outbox.drain(&mut items);
         while !items.is_empty() {
-            let take = items.len().min(BATCH);
+            // At most BATCH deliveries and about SEND_BATCH_BYTES per message.
+            let mut take = 0;
+            let mut size = 0;
+            for item in &items {
+                if take == BATCH || (take > 0 && size >= SEND_BATCH_BYTES) {
+                    break;
+                }
+                if let OutItem::Deliver(d) = item {
+                    size += d.message.size() as usize;
+                }
+                take += 1;
+            }
             let mut deliveries = Vec::with_capacity(take);
             let mut cancels = Vec::new();
             let mut bytes = 0usize;
@@ -739,7 +827,7 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                 deliveries,
                 cancels,
             };
-            inner.send_raw(proxy.node, encode(&msg), 0, Some(proxy.clone()), bytes);
+            inner.send_raw(proxy.node, msg, 0, Some(proxy.clone()), bytes);
         }
     }
 }
@@ -751,8 +839,8 @@ struct Service {
 
 impl BrokerService for Service {
     fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply {
-        match bincode::deserialize::<RelayMsg>(&payload) {
-            Ok(msg) => self.inner.handle(from, msg),
+        match bincode::deserialize::<Vec<RelayMsg>>(&payload) {
+            Ok(batch) => self.inner.handle(from, batch),
             Err(e) => {
                 tracing::warn!(node = from, error = %e, "relay: undecodable request");
                 BrokerReply::Now(Vec::new())
@@ -775,7 +863,7 @@ impl RemoteLink for Relay {
             queues,
             message: WireMessage::of(&message),
         };
-        self.inner.send(node, &msg, outcome);
+        self.inner.send(node, msg, outcome);
     }
 
     fn consume(
@@ -806,7 +894,7 @@ impl RemoteLink for Relay {
             priority: consumer.priority,
             exclusive: consumer.exclusive,
         };
-        self.inner.send(queue.node, &msg, 0);
+        self.inner.send(queue.node, msg, 0);
     }
 
     fn cancel(&self, queue: &RemoteQueue, key: ChannelKey, tag: &str) {
@@ -826,7 +914,7 @@ impl RemoteLink for Relay {
             channel: key.channel,
             tag: tag.to_string(),
         };
-        self.inner.send(queue.node, &msg, 0);
+        self.inner.send(queue.node, msg, 0);
     }
 
     fn settle(&self, queue: &RemoteQueue, key: ChannelKey, seqs: Vec<u64>, how: Settle) {
@@ -843,6 +931,6 @@ impl RemoteLink for Relay {
             seqs,
             how,
         };
-        self.inner.send(queue.node, &msg, 0);
+        self.inner.send(queue.node, msg, 0);
     }
 }

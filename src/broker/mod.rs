@@ -28,6 +28,7 @@ use crate::meta::definitions::Definitions;
 use crate::meta::state::Applied;
 use crate::meta::{Command, MetaError, MetaState, Permission, QueueDef, User, Vhost};
 use crate::time::Instant;
+use imbl::ordmap::DiffItem;
 
 pub use durability::Durability;
 pub use message::Message;
@@ -468,35 +469,50 @@ impl Broker {
                 let reshaped = before.is_none_or(|b| {
                     b.policies != v.policies || b.operator_policies != v.operator_policies
                 });
+                let args_of = |name: &str, def: &QueueDef| match def.effective_args(v) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        // Validated when declared; a policy may still make it invalid.
+                        tracing::warn!(queue = %name, error = %e, "policy not applied");
+                        def.args().ok()
+                    }
+                };
                 let local = queues.entry(vname.clone()).or_default();
-                local.retain(|name, h| {
-                    let keep = v.queues.get(name).is_some_and(|d| d.home == home);
-                    if !keep {
-                        h.lock().delete(h);
-                    }
-                    keep
-                });
-                for (name, def) in &v.queues {
-                    if def.home != home {
-                        continue;
-                    }
-                    let args = match def.effective_args(v) {
-                        Ok(a) => a,
-                        Err(e) => {
-                            // Validated when declared; a policy may still make it invalid.
-                            tracing::warn!(queue = %name, error = %e, "policy not applied");
-                            match def.args() {
-                                Ok(a) => a,
-                                Err(_) => continue,
+                // The queues that changed: the persistent maps share what did not, so the
+                // walk costs the changes, not the vhost's size.
+                let changed: Vec<(&String, Option<&QueueDef>)> = match before {
+                    Some(b) => b
+                        .queues
+                        .diff(&v.queues)
+                        .map(|d| match d {
+                            DiffItem::Add(k, def) => (k, Some(def)),
+                            DiffItem::Update { new: (k, def), .. } => (k, Some(def)),
+                            DiffItem::Remove(k, _) => (k, None),
+                        })
+                        .collect(),
+                    None => v.queues.iter().map(|(k, d)| (k, Some(d))).collect(),
+                };
+                for (name, def) in changed {
+                    match def.filter(|d| d.home == home) {
+                        None => {
+                            if let Some(h) = local.remove(name) {
+                                h.lock().delete(&h);
                             }
                         }
-                    };
-                    match local.get(name) {
-                        None => {
-                            local.insert(name.clone(), self.new_queue(def, args, now));
+                        Some(def) => {
+                            if !local.contains_key(name) {
+                                if let Some(args) = args_of(name, def) {
+                                    local.insert(name.clone(), self.new_queue(def, args, now));
+                                }
+                            }
                         }
-                        Some(h) if reshaped => h.lock().set_args(args),
-                        Some(_) => {}
+                    }
+                }
+                if reshaped && before.is_some() {
+                    for (name, h) in local.iter() {
+                        if let Some(args) = v.queues.get(name).and_then(|d| args_of(name, d)) {
+                            h.lock().set_args(args);
+                        }
                     }
                 }
             }
@@ -843,5 +859,53 @@ mod tests {
             "the refused declare left no trace"
         );
         assert!(broker.queue("/", "lost").is_none());
+    }
+
+    #[test]
+    fn following_a_replicated_state_runs_exactly_the_queues_homed_here() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(1);
+        let mut state = MetaState::default();
+        let mut follow = |c: &Command| {
+            state.apply(c).unwrap();
+            broker.follow(Arc::new(state.clone()), Instant::default());
+        };
+        follow(&Command::AddVhost { name: "/".into() });
+        for (name, home) in [("capped.here", 1), ("there", 2), ("free.here", 1)] {
+            let mut def = match durable_queue(name) {
+                Command::DeclareQueue(d) => d,
+                _ => unreachable!(),
+            };
+            def.home = home;
+            follow(&Command::DeclareQueue(def));
+        }
+        let local =
+            |b: &Broker| -> Vec<String> { b.all_queues().iter().map(|h| h.name.clone()).collect() };
+        assert_eq!(local(&broker), ["capped.here", "free.here"]);
+        assert_eq!(broker.snapshot().vhost("/").unwrap().queues.len(), 3);
+        // A policy reshapes the live queue it matches.
+        follow(&max_length_policy(2));
+        publish_n(&broker, "capped.here", 5);
+        publish_n(&broker, "free.here", 5);
+        let count = |q: &str| broker.queue("/", q).unwrap().lock().message_count();
+        assert_eq!((count("capped.here"), count("free.here")), (2, 5));
+        // Deleting tears the local queue down; another node's queue never ran here.
+        follow(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "free.here".into(),
+        });
+        follow(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "there".into(),
+        });
+        assert_eq!(local(&broker), ["capped.here"]);
+        // Several commands folded into one state are followed as one.
+        state
+            .apply(&Command::DeleteVhost { name: "/".into() })
+            .unwrap();
+        state
+            .apply(&Command::AddVhost { name: "/".into() })
+            .unwrap();
+        broker.follow(Arc::new(state.clone()), Instant::default());
+        assert!(local(&broker).is_empty());
     }
 }

@@ -1,9 +1,15 @@
 //! The metadata itself and the pure `apply` of commands to it.
 //!
-//! Collections are `BTreeMap`s so every iteration (listing, deletion cascades) is in a fixed
-//! order on every node. Vhosts sit behind `Arc` so a command copies only the vhost it changes.
+//! Collections are ordered maps so every iteration (listing, deletion cascades) is in a fixed
+//! order on every node. Vhosts sit behind `Arc` so a command copies only the vhost it changes,
+//! and a vhost's exchanges, queues and bindings are persistent maps ([`OrdMap`]), so copying a
+//! vhost costs O(1) and a change O(log n), however many queues it holds.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// A persistent (structurally shared) ordered map: every applied command publishes a new
+/// metadata snapshot, and copying a vhost's maps for it must not cost O(queues).
+pub use imbl::OrdMap;
 use std::sync::Arc;
 
 use amq_protocol::types::FieldTable;
@@ -224,11 +230,11 @@ pub struct Vhost {
     /// Name.
     pub name: String,
     /// Exchanges by name.
-    pub exchanges: BTreeMap<String, ExchangeDef>,
+    pub exchanges: OrdMap<String, ExchangeDef>,
     /// Queues by name.
-    pub queues: BTreeMap<String, QueueDef>,
+    pub queues: OrdMap<String, QueueDef>,
     /// Bindings by source exchange, in creation order.
-    pub bindings: BTreeMap<String, Vec<Binding>>,
+    pub bindings: OrdMap<String, Vec<Binding>>,
     /// Policies by name.
     pub policies: BTreeMap<String, Policy>,
     /// Operator policies by name.
@@ -301,12 +307,20 @@ impl Vhost {
 
     /// Removes every binding to `dest`, then auto-delete exchanges left without bindings.
     fn remove_bindings_to(&mut self, dest: &Destination, removed: &mut Removed) {
+        // Only the lists that change are touched (copied, if a snapshot shares them).
+        let sources: Vec<String> = self
+            .bindings
+            .iter()
+            .filter(|(_, list)| list.iter().any(|b| &b.destination == dest))
+            .map(|(s, _)| s.clone())
+            .collect();
         let mut emptied = Vec::new();
-        for (source, list) in self.bindings.iter_mut() {
-            let before = list.len();
-            list.retain(|b| &b.destination != dest);
-            if list.len() != before && list.is_empty() {
-                emptied.push(source.clone());
+        for source in sources {
+            if let Some(list) = self.bindings.get_mut(&source) {
+                list.retain(|b| &b.destination != dest);
+                if list.is_empty() {
+                    emptied.push(source);
+                }
             }
         }
         for source in emptied {

@@ -964,3 +964,118 @@ async fn a_fourth_node_joins_as_a_voter_and_is_forgotten() {
         .expect("declare after forget");
     let _ = c1.close(200, "bye".into()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_get_counts_purge_and_delete_reach_another_nodes_queue() {
+    let cluster = Cluster::start("get").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "remote.q", true, FieldTable::default())
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    for i in 0..3 {
+        assert!(publish_acked(&ch1, "", "remote.q", format!("m{i}").as_bytes()).await);
+    }
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    let passive = |ch: Channel| async move {
+        within(
+            "passive declare",
+            ch.queue_declare(
+                "remote.q".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            ),
+        )
+        .await
+    };
+    let q = passive(ch2.clone()).await.expect("passive declare");
+    assert_eq!((q.message_count(), q.consumer_count()), (3, 0));
+
+    // basic.get with ack from node 2; a reject requeues on node 1, an ack removes.
+    let get = |ch: Channel, no_ack: bool| async move {
+        within(
+            "basic.get",
+            ch.basic_get("remote.q".into(), BasicGetOptions { no_ack }),
+        )
+        .await
+        .expect("get")
+    };
+    let first = get(ch2.clone(), false).await.expect("a message");
+    assert_eq!(first.delivery.data, b"m0");
+    assert_eq!(first.message_count, 2);
+    within(
+        "basic.reject",
+        first
+            .delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: true }),
+    )
+    .await
+    .expect("reject");
+    let again = get(ch2.clone(), false).await.expect("requeued");
+    assert_eq!(again.delivery.data, b"m0");
+    assert!(again.delivery.redelivered);
+    within(
+        "basic.ack",
+        again.delivery.acker.ack(BasicAckOptions::default()),
+    )
+    .await
+    .expect("ack");
+    let no_ack = get(ch2.clone(), true).await.expect("m1");
+    assert_eq!(no_ack.delivery.data, b"m1");
+    let q = passive(ch2.clone()).await.expect("passive declare");
+    assert_eq!(q.message_count(), 1, "m0 acked, m1 taken without ack");
+
+    // A delete with if-empty is refused while a message is there (406, channel closed).
+    let err = within(
+        "queue.delete",
+        ch2.queue_delete(
+            "remote.q".into(),
+            lapin::options::QueueDeleteOptions {
+                if_empty: true,
+                ..Default::default()
+            },
+        ),
+    )
+    .await
+    .expect_err("not empty");
+    assert_eq!(reply_code(&err), Some(406), "{err}");
+    let ch2 = channel(&c2).await;
+    let purged = within(
+        "queue.purge",
+        ch2.queue_purge("remote.q".into(), Default::default()),
+    )
+    .await
+    .expect("purge");
+    assert_eq!(purged, 1);
+    assert!(
+        get(ch2.clone(), true).await.is_none(),
+        "get-empty after the purge"
+    );
+    let deleted = within(
+        "queue.delete",
+        ch2.queue_delete(
+            "remote.q".into(),
+            lapin::options::QueueDeleteOptions {
+                if_empty: true,
+                ..Default::default()
+            },
+        ),
+    )
+    .await
+    .expect("delete once empty");
+    assert_eq!(deleted, 0);
+    assert!(!cluster.queues(1).await.contains("remote.q"));
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+}

@@ -90,6 +90,81 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
     fn cancel(&self, queue: &RemoteQueue, key: ChannelKey, tag: &str);
     /// Settles deliveries `seqs` of `queue` made to channel `key`.
     fn settle(&self, queue: &RemoteQueue, key: ChannelKey, seqs: Vec<u64>, how: Settle);
+    /// Asks the queue's node something whose answer a parked channel waits for; the future
+    /// resolves to the answer (or [`QueueReply::Unavailable`]) and never fails otherwise.
+    fn call(&self, call: QueueCall) -> CallFuture;
+}
+
+/// The answer to a [`QueueCall`], later.
+pub type CallFuture = std::pin::Pin<Box<dyn std::future::Future<Output = QueueReply> + Send>>;
+
+/// A question to the node of a queue, asked by a parked channel.
+#[derive(Clone, Debug)]
+pub enum QueueCall {
+    /// basic.get: the next message, kept unacknowledged for channel `key` unless `no_ack`.
+    Get {
+        /// The queue.
+        queue: Arc<RemoteQueue>,
+        /// The asking channel (its acks come back with this key).
+        key: ChannelKey,
+        /// no-ack mode.
+        no_ack: bool,
+    },
+    /// The message and consumer counts (declare-ok, delete checks).
+    Counts {
+        /// The queue.
+        queue: Arc<RemoteQueue>,
+    },
+    /// queue.purge.
+    Purge {
+        /// The queue.
+        queue: Arc<RemoteQueue>,
+    },
+}
+
+impl QueueCall {
+    /// The queue asked about.
+    pub fn queue(&self) -> &Arc<RemoteQueue> {
+        match self {
+            QueueCall::Get { queue, .. }
+            | QueueCall::Counts { queue }
+            | QueueCall::Purge { queue } => queue,
+        }
+    }
+}
+
+/// A message basic.get took from a queue of another node.
+#[derive(Clone, Debug)]
+pub struct RemoteGot {
+    /// Its sequence number in the queue (acks name it).
+    pub seq: u64,
+    /// Delivered before.
+    pub redelivered: bool,
+    /// The message.
+    pub message: Arc<Message>,
+    /// Messages left in the queue.
+    pub remaining: u32,
+    /// The queue of another node it came from (`None` for a local queue): if the channel
+    /// that asked is gone when it arrives, it goes back there.
+    pub source: Option<Arc<RemoteQueue>>,
+}
+
+/// The answer to a [`QueueCall`].
+#[derive(Clone, Debug)]
+pub enum QueueReply {
+    /// basic.get: the message, or `None` when the queue is empty.
+    Got(Option<RemoteGot>),
+    /// Ready messages and consumers.
+    Counts {
+        /// Ready messages.
+        messages: u32,
+        /// Consumers.
+        consumers: u32,
+    },
+    /// Messages purged.
+    Purged(u32),
+    /// The queue is gone there, or its node could not be reached: the text says which.
+    Unavailable(String),
 }
 
 /// A queue of another node.

@@ -248,7 +248,13 @@ impl Cluster {
 
     /// Installs the relay that serves queues across nodes (before clients connect).
     pub fn install_relay(&self, meta: Arc<dyn MetaCommit>, clock: Clock) {
-        let relay = Relay::install(self.broker.clone(), self.transport.clone(), meta, clock);
+        let relay = Relay::install(
+            self.broker.clone(),
+            self.transport.clone(),
+            meta,
+            clock,
+            self.applied.clone(),
+        );
         let _ = self.relay.set(relay);
     }
 
@@ -280,6 +286,7 @@ impl Cluster {
         Arc::new(RaftMeta {
             raft: self.raft.clone(),
             broker: self.broker.clone(),
+            relay: self.relay.clone(),
             applied: self.applied.clone(),
             commit_timeout: self.commit_timeout,
             rng: Mutex::new(StdRng::seed_from_u64(self.node_id)),
@@ -658,6 +665,7 @@ impl ClusterControl {
 pub struct RaftMeta {
     raft: MetaRaft,
     broker: Arc<Broker>,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
     applied: watch::Receiver<u64>,
     commit_timeout: Duration,
     rng: Mutex<StdRng>,
@@ -771,6 +779,13 @@ impl MetaCommit for RaftMeta {
                 def.home = self.place(def);
             }
         }
+        // A queue created on another node must exist there before declare-ok: the client
+        // may publish to it or consume from it at once.
+        let remote_home = match &command {
+            Command::DeclareQueue(def) if def.home != self.broker.node_id() => Some(def.home),
+            _ => None,
+        };
+        let relay = self.relay.get().cloned();
         let raft = self.raft.clone();
         let mut applied = self.applied.clone();
         let timeout = self.commit_timeout;
@@ -785,6 +800,12 @@ impl MetaCommit for RaftMeta {
             // This node's broker follows the entry before the session reads it (declare-ok
             // counts, the consumer a basic.consume adds to the new queue).
             let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
+            if let (Some(home), Some(relay), true) = (remote_home, relay, response.outcome.is_ok())
+            {
+                if !relay.barrier(home, response.index).await {
+                    tracing::warn!(node = home, "the queue's node did not confirm the declare");
+                }
+            }
             match response.outcome {
                 Ok(s) => Ok(Applied {
                     created: s.created,

@@ -25,6 +25,7 @@ use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
 use super::clock::Clock;
+use crate::broker::remote::{CallFuture, QueueReply};
 use crate::broker::{Broker, Outbox};
 use crate::meta::Command;
 use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig};
@@ -84,23 +85,35 @@ impl MetaCommit for LocalMeta {
     }
 }
 
-/// One connection's commits in flight, oldest first. Bounded by the session: one per parked
-/// channel plus the teardown's.
+/// One connection's commits and queue calls in flight, oldest first. Bounded by the
+/// session: one per parked channel plus the teardown's.
 #[derive(Default)]
 struct InFlight {
     commits: Vec<(MetaToken, MetaFuture)>,
+    calls: Vec<(MetaToken, CallFuture)>,
+}
+
+/// A finished commit or queue call.
+enum Done {
+    Commit(MetaResult),
+    Call(QueueReply),
 }
 
 impl InFlight {
     fn is_empty(&self) -> bool {
-        self.commits.is_empty()
+        self.commits.is_empty() && self.calls.is_empty()
     }
 
     /// Starts the session's next command, once the previous one has finished: a
     /// connection's commands are committed one at a time, so they apply in the order the
     /// session emitted them even where each travels on its own (forwarded from a follower
-    /// to the Raft leader, two proposals could otherwise overtake each other).
+    /// to the Raft leader, two proposals could otherwise overtake each other). Queue calls
+    /// start at once: the relay keeps them in order per node.
     fn start(&mut self, session: &mut Connection, meta: &dyn MetaCommit, clock: &Clock) {
+        while let Some((token, call)) = session.poll_queue_call() {
+            let link = call.queue().link.clone();
+            self.calls.push((token, link.call(call)));
+        }
         if !self.commits.is_empty() {
             return;
         }
@@ -110,16 +123,26 @@ impl InFlight {
         }
     }
 
-    /// Polls every commit once: the finished ones in order, or `Pending` when none finished
-    /// (each unfinished one has registered the task's waker).
-    fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Vec<(MetaToken, MetaResult)>> {
+    /// Polls everything once: the finished ones (commits in order), or `Pending` when none
+    /// finished (each unfinished one has registered the task's waker).
+    fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Vec<(MetaToken, Done)>> {
         let mut finished = Vec::new();
         let mut i = 0;
         while i < self.commits.len() {
             match self.commits[i].1.as_mut().poll(cx) {
                 Poll::Ready(result) => {
                     let (token, _) = self.commits.remove(i);
-                    finished.push((token, result));
+                    finished.push((token, Done::Commit(result)));
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        let mut i = 0;
+        while i < self.calls.len() {
+            match self.calls[i].1.as_mut().poll(cx) {
+                Poll::Ready(reply) => {
+                    let (token, _) = self.calls.remove(i);
+                    finished.push((token, Done::Call(reply)));
                 }
                 Poll::Pending => i += 1,
             }
@@ -128,6 +151,16 @@ impl InFlight {
             Poll::Pending
         } else {
             Poll::Ready(finished)
+        }
+    }
+}
+
+/// Hands finished commits and calls back to the session.
+fn feed(session: &mut Connection, finished: Vec<(MetaToken, Done)>, clock: &Clock) {
+    for (token, done) in finished {
+        match done {
+            Done::Commit(result) => session.handle_meta_result(token, result, clock.now()),
+            Done::Call(reply) => session.handle_queue_reply(token, reply, clock.now()),
         }
     }
 }
@@ -146,14 +179,12 @@ async fn settle_meta(
         if in_flight.is_empty() {
             return fed;
         }
-        // One poll, without waiting: a commit that is not finished is left to the select.
+        // One poll, without waiting: what is not finished is left to the select.
         let polled = std::future::poll_fn(|cx| Poll::Ready(in_flight.poll_finished(cx))).await;
         let Poll::Ready(finished) = polled else {
             return fed;
         };
-        for (token, result) in finished {
-            session.handle_meta_result(token, result, clock.now());
-        }
+        feed(session, finished, clock);
         fed = true;
     }
 }
@@ -171,9 +202,7 @@ async fn drain_meta(
             return;
         }
         let finished = std::future::poll_fn(|cx| in_flight.poll_finished(cx)).await;
-        for (token, result) in finished {
-            session.handle_meta_result(token, result, clock.now());
-        }
+        feed(session, finished, clock);
     }
 }
 
@@ -282,9 +311,7 @@ pub async fn run_with_meta<S>(
                 done = std::future::poll_fn(|cx| in_flight.poll_finished(cx)),
                     if !in_flight.is_empty() =>
                 {
-                    for (token, result) in done {
-                        session.handle_meta_result(token, result, clock.now());
-                    }
+                    feed(&mut session, done, &clock);
                 }
                 r = wr.write(&wbuf[wpos..]), if wpos < wbuf.len() => {
                     match r {

@@ -28,13 +28,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::clock::Clock;
 use super::conn_task::MetaCommit;
 use super::node_link::transport::{BrokerReply, BrokerService};
 use super::node_link::TcpTransport;
 use super::storage::decode_message;
+use crate::broker::remote::{CallFuture, QueueCall, QueueReply, RemoteGot};
 use crate::broker::{
     Broker, ChannelKey, ChannelLink, Consumer, Delivery, Message, OutItem, Outbox, QueueRef,
     RemoteConsumer, RemoteLink, RemoteQueue, Settle,
@@ -140,6 +141,20 @@ enum RelayMsg {
         seqs: Vec<u64>,
         how: WireSettle,
     },
+    /// To the queue's node: basic.get for channel `key` of the sender.
+    Get {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        no_ack: bool,
+    },
+    /// To the queue's node: its ready message and consumer counts.
+    Counts { vhost: String, queue: String },
+    /// Answered once the receiver's broker has followed the metadata up to Raft `index`.
+    Barrier { index: u64 },
+    /// To the queue's node: queue.purge.
+    Purge { vhost: String, queue: String },
     /// To the consumer's node: deliveries and broker cancels for channel `key`.
     Deliver {
         conn: u64,
@@ -171,6 +186,14 @@ enum RelayReply {
     /// A delivery batch: the (queue, seq) of deliveries the consumer's connection was gone
     /// for; the home node requeues them.
     Undelivered(Vec<(String, String, u64)>),
+    /// basic.get: (seq, redelivered, message, messages left), or empty.
+    Got(Option<(u64, bool, WireMessage, u32)>),
+    /// Ready messages and consumers.
+    Counts(u32, u32),
+    /// Messages purged.
+    Purged(u32),
+    /// The queue is not (or no longer) on this node.
+    Missing(String),
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -186,6 +209,10 @@ struct Outgoing {
     /// Outbox credit to return (and queues to poke) once a delivery batch is answered.
     after: Option<Arc<ProxyChannel>>,
     released: usize,
+    /// A parked channel waiting for the answer.
+    reply_to: Option<oneshot::Sender<QueueReply>>,
+    /// The queue a call is about.
+    source: Option<Arc<RemoteQueue>>,
 }
 
 /// On the queue's node: the stand-in for one channel of a consumer on another node.
@@ -213,6 +240,8 @@ struct Inner {
     meta: Arc<dyn MetaCommit>,
     clock: Clock,
     me: NodeId,
+    /// The Raft index this node's broker has followed.
+    applied: watch::Receiver<u64>,
     link: Weak<Relay>,
     senders: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
     proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
@@ -241,6 +270,7 @@ impl Relay {
         transport: TcpTransport,
         meta: Arc<dyn MetaCommit>,
         clock: Clock,
+        applied: watch::Receiver<u64>,
     ) -> Arc<Relay> {
         let me = broker.node_id();
         let relay = Arc::new_cyclic(|weak| Relay {
@@ -250,6 +280,7 @@ impl Relay {
                 meta,
                 clock,
                 me,
+                applied,
                 link: weak.clone(),
                 senders: Mutex::new(HashMap::new()),
                 proxies: Mutex::new(HashMap::new()),
@@ -261,6 +292,24 @@ impl Relay {
         }));
         broker.set_remote_link(relay.clone());
         relay
+    }
+
+    /// Waits until `node`'s broker has followed the metadata up to Raft index `index` (so a
+    /// queue declared there by that entry exists there); false if it did not answer in time.
+    pub async fn barrier(&self, node: NodeId, index: u64) -> bool {
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            node,
+            Outgoing {
+                msg: RelayMsg::Barrier { index },
+                outcome: 0,
+                after: None,
+                released: 0,
+                reply_to: Some(tx),
+                source: None,
+            },
+        );
+        matches!(rx.await, Ok(QueueReply::Counts { .. }))
     }
 
     /// `node` went down: consumers here on its queues are cancelled, and what its channels
@@ -304,7 +353,13 @@ impl Inner {
             outcome,
             after,
             released,
+            reply_to: None,
+            source: None,
         };
+        self.enqueue(node, out);
+    }
+
+    fn enqueue(&self, node: NodeId, out: Outgoing) {
         let mut senders = lock(&self.senders);
         let tx = senders
             .entry(node)
@@ -382,6 +437,30 @@ impl Inner {
     }
 
     fn answered(&self, out: Outgoing, reply: Option<&RelayReply>) {
+        if let Some(tx) = out.reply_to {
+            let answer = match reply {
+                Some(RelayReply::Got(got)) => {
+                    QueueReply::Got(got.as_ref().and_then(|(seq, redelivered, m, remaining)| {
+                        Some(RemoteGot {
+                            seq: *seq,
+                            redelivered: *redelivered,
+                            message: Arc::new(m.message()?),
+                            remaining: *remaining,
+                            source: out.source.clone(),
+                        })
+                    }))
+                }
+                Some(RelayReply::Counts(messages, consumers)) => QueueReply::Counts {
+                    messages: *messages,
+                    consumers: *consumers,
+                },
+                Some(RelayReply::Purged(n)) => QueueReply::Purged(*n),
+                Some(RelayReply::Missing(text)) => QueueReply::Unavailable(text.clone()),
+                _ => QueueReply::Unavailable("unexpected answer from the queue's node".into()),
+            };
+            let _ = tx.send(answer);
+            return;
+        }
         if out.outcome != 0 {
             let taken = matches!(reply, Some(RelayReply::Published(true)));
             self.broker.remote_outcomes().resolve(out.outcome, taken);
@@ -399,6 +478,12 @@ impl Inner {
     }
 
     fn failed(&self, out: Outgoing) {
+        if let Some(tx) = out.reply_to {
+            let _ = tx.send(QueueReply::Unavailable(
+                "the queue's node could not be reached".into(),
+            ));
+            return;
+        }
         if out.outcome != 0 {
             self.broker.remote_outcomes().resolve(out.outcome, false);
         }
@@ -655,6 +740,50 @@ impl Inner {
                 self.settle_local(&vhost, &queue, &seqs, how);
                 (RelayReply::Done, 0)
             }
+            RelayMsg::Get {
+                vhost,
+                queue,
+                conn,
+                channel,
+                no_ack,
+            } => {
+                let Some(h) = self.broker.queue(&vhost, &queue) else {
+                    return (RelayReply::Missing(missing(&vhost, &queue)), 0);
+                };
+                let mut dead = Vec::new();
+                let got = h.lock().get(now, !no_ack, &mut dead);
+                if !dead.is_empty() {
+                    self.broker.dead_letter(&h, dead, now);
+                }
+                let got = got.map(|(entry, remaining)| {
+                    if !no_ack {
+                        // Its ack (or the channel's end) comes back through the proxy channel.
+                        let proxy = self.proxy(from, ChannelKey { conn, channel }, 0);
+                        lock(&proxy.unacked).insert((vhost.clone(), queue.clone(), entry.seq));
+                    }
+                    (
+                        entry.seq,
+                        entry.redelivered,
+                        WireMessage::of(&entry.message),
+                        remaining,
+                    )
+                });
+                (RelayReply::Got(got), 0)
+            }
+            // Handled with its batch in `handle` (it waits for the follower, not the disk).
+            RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0), 0),
+            RelayMsg::Counts { vhost, queue } => match self.broker.queue(&vhost, &queue) {
+                Some(h) => {
+                    let mut q = h.lock();
+                    q.touch(now);
+                    (RelayReply::Counts(q.message_count(), q.consumer_count()), 0)
+                }
+                None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
+            },
+            RelayMsg::Purge { vhost, queue } => match self.broker.queue(&vhost, &queue) {
+                Some(h) => (RelayReply::Purged(h.lock().purge()), 0),
+                None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
+            },
             RelayMsg::Deliver {
                 conn,
                 channel,
@@ -715,20 +844,39 @@ impl Inner {
     /// forwarded publish among them is durable.
     fn handle(&self, from: NodeId, batch: Vec<RelayMsg>) -> BrokerReply {
         let mut ticket = 0;
+        let mut index = 0;
         let replies: Vec<RelayReply> = batch
             .into_iter()
             .map(|m| {
+                if let RelayMsg::Barrier { index: i } = m {
+                    // A `Counts` of 0s is the "followed" answer: the asker needs no other.
+                    index = index.max(i);
+                    return RelayReply::Counts(0, 0);
+                }
                 let (r, t) = self.handle_one(from, m);
                 ticket = ticket.max(t);
                 r
             })
             .collect();
-        match self.broker.durability() {
-            Some(d) if ticket != 0 && !d.is_durable(ticket) => {
-                let d = d.clone();
+        let behind = *self.applied.borrow() < index;
+        let durability = self.broker.durability().cloned();
+        let unsynced = durability
+            .as_ref()
+            .is_some_and(|d| ticket != 0 && !d.is_durable(ticket));
+        match durability {
+            _ if behind || unsynced => {
+                let mut applied = self.applied.clone();
                 BrokerReply::Later(Box::pin(async move {
+                    if behind {
+                        let wait = applied.wait_for(|i| *i >= index);
+                        let _ =
+                            tokio::time::timeout(std::time::Duration::from_secs(10), wait).await;
+                    }
                     // One wait for the batch: tickets are marked durable in order.
-                    let ok = wait_durable(&d, ticket).await;
+                    let ok = match (&durability, unsynced) {
+                        (Some(d), true) => wait_durable(d, ticket).await,
+                        _ => true,
+                    };
                     let replies: Vec<RelayReply> = replies
                         .into_iter()
                         .map(|r| match r {
@@ -742,6 +890,11 @@ impl Inner {
             _ => BrokerReply::Now(encode(&replies)),
         }
     }
+}
+
+/// RabbitMQ's 404 text for a queue that is not there.
+fn missing(vhost: &str, queue: &str) -> String {
+    format!("no queue '{queue}' in vhost '{vhost}'")
 }
 
 /// Waits until group-commit `ticket` is durable (false if storage failed).
@@ -915,6 +1068,44 @@ impl RemoteLink for Relay {
             tag: tag.to_string(),
         };
         self.inner.send(queue.node, msg, 0);
+    }
+
+    fn call(&self, call: QueueCall) -> CallFuture {
+        let q = call.queue().clone();
+        let msg = match call {
+            QueueCall::Get { key, no_ack, .. } => RelayMsg::Get {
+                vhost: q.vhost.clone(),
+                queue: q.name.clone(),
+                conn: key.conn,
+                channel: key.channel,
+                no_ack,
+            },
+            QueueCall::Counts { .. } => RelayMsg::Counts {
+                vhost: q.vhost.clone(),
+                queue: q.name.clone(),
+            },
+            QueueCall::Purge { .. } => RelayMsg::Purge {
+                vhost: q.vhost.clone(),
+                queue: q.name.clone(),
+            },
+        };
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            q.node,
+            Outgoing {
+                msg,
+                outcome: 0,
+                after: None,
+                released: 0,
+                reply_to: Some(tx),
+                source: Some(q.clone()),
+            },
+        );
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                QueueReply::Unavailable("the queue's node could not be reached".into())
+            })
+        })
     }
 
     fn settle(&self, queue: &RemoteQueue, key: ChannelKey, seqs: Vec<u64>, how: Settle) {

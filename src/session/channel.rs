@@ -23,6 +23,7 @@ use crate::amqp::reply_code::{
 };
 use crate::amqp::{short, ReplyCode};
 use crate::broker::registry::{ChannelHandle, ConsumerInfo};
+use crate::broker::remote::{QueueCall, RemoteGot};
 use crate::broker::{
     ChannelKey, ChannelLink, Consumer, Delivery, Durability, Message, Outbox, QueueHandle,
     QueueRef, RemoteConsumer, RemoteOutcomes, Settle,
@@ -551,53 +552,91 @@ impl Channel {
     fn get(&mut self, c: &mut Connection, g: basic::Get, now: Instant) -> Result<(), AmqpError> {
         let name = self.resolve_queue_name(g.queue.as_str())?;
         perms(c)?.check(Access::Read, "queue", &name)?;
+        if c.broker.queue(&c.vhost, &name).is_none() {
+            if let Some(queue) = c.broker.remote_queue(&c.vhost, &name) {
+                // Its node takes the message; the channel waits for it (get-ok or
+                // get-empty come in order with the channel's other replies).
+                let key = ChannelKey {
+                    conn: c.id,
+                    channel: self.id,
+                };
+                c.park_call(
+                    self.id,
+                    QueueCall::Get {
+                        queue: queue.clone(),
+                        key,
+                        no_ack: g.no_ack,
+                    },
+                    Then::BasicGet {
+                        queue,
+                        no_ack: g.no_ack,
+                    },
+                );
+                return Ok(());
+            }
+        }
         let h = self.queue_handle(c, &name)?;
         let mut dead = Vec::new();
         let got = h.lock().get(now, !g.no_ack, &mut dead);
         if !dead.is_empty() {
             c.broker.dead_letter(&h, dead, now);
         }
-        match got {
-            None => {
-                c.send_method(
-                    self.id,
-                    AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-                );
-            }
-            Some((entry, remaining)) => {
-                let tag = self.next_delivery_tag;
-                self.next_delivery_tag += 1;
-                if !g.no_ack {
-                    self.unacked.insert(
-                        tag,
-                        UnackedRef {
-                            queue: QueueRef::Local(h.clone()),
-                            seq: entry.seq,
-                        },
-                    );
-                    self.listed.set_unacked(self.unacked.len());
-                }
-                let msg = &entry.message;
-                c.send_method(
-                    self.id,
-                    AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
-                        delivery_tag: tag,
-                        redelivered: entry.redelivered,
-                        exchange: short(&msg.exchange),
-                        routing_key: short(&msg.routing_key),
-                        message_count: remaining,
-                    })),
-                );
-                frame::encode_content(
-                    &mut c.out,
-                    self.id,
-                    &msg.properties_raw,
-                    &msg.body,
-                    c.frame_max,
-                );
-            }
-        }
+        let got = got.map(|(entry, remaining)| RemoteGot {
+            seq: entry.seq,
+            redelivered: entry.redelivered,
+            message: entry.message.clone(),
+            remaining,
+            source: None,
+        });
+        self.send_get_reply(c, QueueRef::Local(h), got, g.no_ack);
         Ok(())
+    }
+
+    /// get-ok with the message (recorded as unacked unless `no_ack`), or get-empty.
+    pub(super) fn send_get_reply(
+        &mut self,
+        c: &mut Connection,
+        queue: QueueRef,
+        got: Option<RemoteGot>,
+        no_ack: bool,
+    ) {
+        let Some(got) = got else {
+            c.send_method(
+                self.id,
+                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+            );
+            return;
+        };
+        let tag = self.next_delivery_tag;
+        self.next_delivery_tag += 1;
+        if !no_ack {
+            self.unacked.insert(
+                tag,
+                UnackedRef {
+                    queue,
+                    seq: got.seq,
+                },
+            );
+            self.listed.set_unacked(self.unacked.len());
+        }
+        let msg = &got.message;
+        c.send_method(
+            self.id,
+            AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
+                delivery_tag: tag,
+                redelivered: got.redelivered,
+                exchange: short(&msg.exchange),
+                routing_key: short(&msg.routing_key),
+                message_count: got.remaining,
+            })),
+        );
+        frame::encode_content(
+            &mut c.out,
+            self.id,
+            &msg.properties_raw,
+            &msg.body,
+            c.frame_max,
+        );
     }
 
     fn tx_acks(&mut self) -> &mut Vec<TxAck> {

@@ -59,7 +59,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use amq_protocol::types::ShortString;
 
+use std::sync::Arc;
+
 use crate::amqp::frame::{Frame, FrameKind};
+use crate::broker::remote::{QueueCall, RemoteQueue};
 use crate::meta::state::Applied;
 use crate::meta::{Command, MetaError};
 
@@ -113,6 +116,24 @@ pub(crate) enum Then {
         consumer_tag: ShortString,
         nowait: bool,
     },
+    /// basic.get of a queue of another node: get-ok or get-empty ([`QueueCall::Get`]).
+    BasicGet {
+        queue: Arc<RemoteQueue>,
+        no_ack: bool,
+    },
+    /// queue.declare (passive, or after its command) of a queue of another node: its counts
+    /// in declare-ok ([`QueueCall::Counts`]).
+    QueueDeclareCounts { name: String, nowait: bool },
+    /// queue.purge of a queue of another node ([`QueueCall::Purge`]).
+    QueuePurge { nowait: bool },
+    /// queue.delete with if-unused / if-empty of a queue of another node: its counts decide
+    /// whether the delete command is emitted ([`QueueCall::Counts`]).
+    QueueDeleteChecked {
+        name: String,
+        if_unused: bool,
+        if_empty: bool,
+        nowait: bool,
+    },
 }
 
 impl Then {
@@ -128,6 +149,10 @@ impl Then {
             Then::QueueUnbind => (50, 50),
             Then::QueueDelete { .. } => (50, 40),
             Then::BasicCancel { .. } => (60, 30),
+            Then::BasicGet { .. } => (60, 70),
+            Then::QueueDeclareCounts { .. } => (50, 10),
+            Then::QueuePurge { .. } => (50, 30),
+            Then::QueueDeleteChecked { .. } => (50, 40),
         }
     }
 }
@@ -171,6 +196,8 @@ struct Parked {
 pub(crate) struct MetaPort {
     next_seq: u64,
     outgoing: VecDeque<(MetaToken, Command)>,
+    /// Questions to other nodes' queues, in emission order.
+    calls: VecDeque<(MetaToken, QueueCall)>,
     parked: BTreeMap<u16, Parked>,
     backlog_bytes: usize,
     /// A frame did not fit: input stops until a channel resumes.
@@ -204,6 +231,30 @@ impl MetaPort {
         if let Some(old) = old {
             self.backlog_bytes -= old.backlog.iter().map(ParkedFrame::cost).sum::<usize>();
         }
+    }
+
+    /// Emits `call` for channel `channel`, which is parked until its answer.
+    pub(crate) fn park_call(&mut self, channel: u16, call: QueueCall, then: Then) {
+        assert!(channel != 0, "channel 0 never parks");
+        let token = self.token(channel);
+        self.calls.push_back((token, call));
+        let old = self.parked.insert(
+            channel,
+            Parked {
+                token,
+                then,
+                backlog: VecDeque::new(),
+            },
+        );
+        debug_assert!(old.is_none(), "channel {channel} parked twice");
+        if let Some(old) = old {
+            self.backlog_bytes -= old.backlog.iter().map(ParkedFrame::cost).sum::<usize>();
+        }
+    }
+
+    /// The next question for the runtime.
+    pub(crate) fn poll_call(&mut self) -> Option<(MetaToken, QueueCall)> {
+        self.calls.pop_front()
     }
 
     /// Emits `command` with nobody waiting for its result.

@@ -14,11 +14,14 @@ use crate::amqp::reply_code::{
     access_refused, command_invalid, not_found, precondition_failed, resource_locked, AmqpError,
 };
 use crate::amqp::short;
+use crate::broker::remote::{QueueCall, QueueReply, RemoteQueue};
+use crate::broker::QueueRef;
 use crate::meta::{Binding, Command, Destination, ExchangeDef, ExchangeKind, MetaError, QueueDef};
 use crate::session::connection::Connection;
 use crate::session::meta::{MetaResult, Then};
 use crate::session::permissions::Access;
 use crate::time::Instant;
+use std::sync::Arc;
 
 impl Channel {
     // ---- exchange.* ----
@@ -154,11 +157,19 @@ impl Channel {
                 let mut name = d.queue.as_str().to_string();
                 if d.passive {
                     let name = self.resolve_queue_name(&name)?;
-                    // A queue another live node runs exists: its counts are reported as 0
-                    // until queue operations are forwarded between nodes.
-                    let (messages, consumers) = if runs_elsewhere(c, &name) {
-                        (0, 0)
-                    } else {
+                    // A queue another live node runs: that node tells its counts.
+                    if let Some(queue) = remote_of(c, &name) {
+                        c.park_call(
+                            ch,
+                            QueueCall::Counts { queue },
+                            Then::QueueDeclareCounts {
+                                name,
+                                nowait: d.nowait,
+                            },
+                        );
+                        return Ok(());
+                    }
+                    let (messages, consumers) = {
                         let h = self.queue_handle(c, &name)?;
                         let q = h.lock();
                         (q.message_count(), q.consumer_count())
@@ -241,6 +252,14 @@ impl Channel {
             qm::AMQPMethod::Purge(p) => {
                 let name = self.resolve_queue_name(p.queue.as_str())?;
                 perms(c)?.check(Access::Read, "queue", &name)?;
+                if let Some(queue) = remote_of(c, &name) {
+                    c.park_call(
+                        ch,
+                        QueueCall::Purge { queue },
+                        Then::QueuePurge { nowait: p.nowait },
+                    );
+                    return Ok(());
+                }
                 let h = self.queue_handle(c, &name)?;
                 let n = h.lock().purge();
                 ok_or_nowait(
@@ -254,6 +273,20 @@ impl Channel {
             qm::AMQPMethod::Delete(d) => {
                 let name = self.resolve_queue_name(d.queue.as_str())?;
                 perms(c)?.check(Access::Configure, "queue", &name)?;
+                if let Some(queue) = remote_of(c, &name) {
+                    // Its node tells the counts the checks and delete-ok need.
+                    c.park_call(
+                        ch,
+                        QueueCall::Counts { queue },
+                        Then::QueueDeleteChecked {
+                            name,
+                            if_unused: d.if_unused,
+                            if_empty: d.if_empty,
+                            nowait: d.nowait,
+                        },
+                    );
+                    return Ok(());
+                }
                 let Some(message_count) =
                     check_queue_delete(c, &vhost, &name, d.if_unused, d.if_empty)?
                 else {
@@ -388,11 +421,109 @@ impl Channel {
                     basic::CancelOk { consumer_tag },
                 )))
             }
+            Then::BasicGet { .. }
+            | Then::QueueDeclareCounts { .. }
+            | Then::QueuePurge { .. }
+            | Then::QueueDeleteChecked { .. } => {
+                // These wait for a queue call, never for a command (see `resume_call`).
+                tracing::error!(channel = ch, "a metadata result for a queue call's method");
+                return Err(AmqpError::new(
+                    crate::amqp::ReplyCode::InternalError,
+                    "metadata result for a queue call",
+                ));
+            }
         };
         if let Some(m) = reply {
             c.send_method(ch, m);
         }
         Ok(())
+    }
+
+    /// Finishes a method that waited for the node of a queue of another node.
+    pub(crate) fn resume_call(
+        &mut self,
+        c: &mut Connection,
+        then: Then,
+        reply: QueueReply,
+        _now: Instant,
+    ) -> Result<(), AmqpError> {
+        let ch = self.id;
+        match (then, reply) {
+            (_, QueueReply::Unavailable(text)) => Err(not_found(text)),
+            (Then::BasicGet { queue, no_ack }, QueueReply::Got(got)) => {
+                self.send_get_reply(c, QueueRef::Remote(queue), got, no_ack);
+                Ok(())
+            }
+            (
+                Then::QueueDeclareCounts { name, nowait },
+                QueueReply::Counts {
+                    messages,
+                    consumers,
+                },
+            ) => {
+                ok_or_nowait(
+                    c,
+                    ch,
+                    nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
+                        queue: short(&name),
+                        message_count: messages,
+                        consumer_count: consumers,
+                    })),
+                );
+                self.last_queue = Some(name);
+                Ok(())
+            }
+            (Then::QueuePurge { nowait }, QueueReply::Purged(n)) => {
+                ok_or_nowait(
+                    c,
+                    ch,
+                    nowait,
+                    AMQPClass::Queue(qm::AMQPMethod::PurgeOk(qm::PurgeOk { message_count: n })),
+                );
+                Ok(())
+            }
+            (
+                Then::QueueDeleteChecked {
+                    name,
+                    if_unused,
+                    if_empty,
+                    nowait,
+                },
+                QueueReply::Counts {
+                    messages,
+                    consumers,
+                },
+            ) => {
+                let vhost = c.vhost.clone();
+                if if_unused && consumers > 0 {
+                    return Err(precondition_failed(format!(
+                        "queue '{name}' in vhost '{vhost}' in use"
+                    )));
+                }
+                if if_empty && messages > 0 {
+                    return Err(precondition_failed(format!(
+                        "queue '{name}' in vhost '{vhost}' is not empty"
+                    )));
+                }
+                c.park(
+                    ch,
+                    Command::DeleteQueue { vhost, name },
+                    Then::QueueDelete {
+                        message_count: messages,
+                        nowait,
+                    },
+                );
+                Ok(())
+            }
+            (then, reply) => {
+                tracing::error!(?then, ?reply, "queue reply does not fit its method");
+                Err(AmqpError::new(
+                    crate::amqp::ReplyCode::InternalError,
+                    "queue reply does not fit its method",
+                ))
+            }
+        }
     }
 
     /// queue.declare after its command: the queue must be ours to use; declare-ok.
@@ -407,19 +538,16 @@ impl Channel {
         let vhost = &c.vhost;
         let Some(h) = c.broker.queue(vhost, &name) else {
             // A queue another (live) node runs: the declare itself is committed; its counts
-            // are that node's to tell, and are reported as 0 until queue operations are
-            // forwarded between nodes.
-            if !runs_elsewhere(c, &name) {
+            // are that node's to tell, so the channel waits for them.
+            let Some(queue) = remote_of(c, &name) else {
                 return Err(super::unavailable_queue(c, &name));
-            }
-            self.last_queue = Some(name.clone());
-            return Ok((!nowait).then(|| {
-                AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
-                    queue: short(&name),
-                    message_count: 0,
-                    consumer_count: 0,
-                }))
-            }));
+            };
+            c.park_call(
+                self.id,
+                QueueCall::Counts { queue },
+                Then::QueueDeclareCounts { name, nowait },
+            );
+            return Ok(None);
         };
         let (messages, consumers) = {
             let mut q = h.lock();
@@ -443,13 +571,12 @@ impl Channel {
     }
 }
 
-/// Whether `name` is a queue of this vhost that another live node of the cluster runs.
-fn runs_elsewhere(c: &Connection, name: &str) -> bool {
-    c.broker
-        .snapshot()
-        .vhost(&c.vhost)
-        .and_then(|v| v.queues.get(name))
-        .is_some_and(|d| d.home != c.broker.node_id() && !c.broker.node_is_down(d.home))
+/// The queue `name` of this vhost when another live node of the cluster runs it.
+fn remote_of(c: &Connection, name: &str) -> Option<Arc<RemoteQueue>> {
+    if c.broker.queue(&c.vhost, name).is_some() {
+        return None;
+    }
+    c.broker.remote_queue(&c.vhost, name)
 }
 
 /// The bind or unbind command between exchanges, after the permission checks.

@@ -1000,6 +1000,18 @@ async fn basic_get_counts_purge_and_delete_reach_another_nodes_queue() {
     };
     let q = passive(ch2.clone()).await.expect("passive declare");
     assert_eq!((q.message_count(), q.consumer_count()), (3, 0));
+    // warrenctl on node 2 asks node 1 for the counts of its queue.
+    let rows = cluster
+        .ctl_rows(2, &["list_queues", "name", "messages", "pid"])
+        .await;
+    assert!(
+        rows.contains(&vec![
+            "remote.q".to_string(),
+            "3".to_string(),
+            "warren1@test".to_string()
+        ]),
+        "{rows:?}"
+    );
 
     // basic.get with ack from node 2; a reject requeues on node 1, an ack removes.
     let get = |ch: Channel, no_ack: bool| async move {

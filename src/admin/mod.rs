@@ -591,8 +591,22 @@ pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant)
 /// Handles one request up to the metadata change it makes, if any: listings are answered
 /// from `broker`; a change is checked and returned as the command to commit.
 pub fn plan(broker: &Broker, node: &NodeInfo, request: &Request) -> Handled {
+    plan_with_counts(broker, node, request, &RemoteCounts::new())
+}
+
+/// Ready, unacknowledged and consumer counts of queues other nodes run, by name (what their
+/// nodes answered), for `list_queues` on a clustered node.
+pub type RemoteCounts = std::collections::HashMap<String, (u32, u32, u32)>;
+
+/// [`plan`], with the counts of queues of other nodes that the caller fetched.
+pub fn plan_with_counts(
+    broker: &Broker,
+    node: &NodeInfo,
+    request: &Request,
+    remote_counts: &RemoteCounts,
+) -> Handled {
     let mut commit = None;
-    let reply = plan_inner(broker, node, request, &mut commit);
+    let reply = plan_inner(broker, node, request, &mut commit, remote_counts);
     match commit {
         Some((command, ok)) if reply.ok => Handled::Commit { command, ok },
         _ => Handled::Reply(reply),
@@ -604,6 +618,7 @@ fn plan_inner(
     node: &NodeInfo,
     request: &Request,
     commit: &mut Option<(Command, String)>,
+    remote_counts: &RemoteCounts,
 ) -> Response {
     let meta = broker.snapshot();
     let mut apply = |cmd: Command, ok: String| {
@@ -629,7 +644,11 @@ fn plan_inner(
                                 g.paged_count() + g.beta_count(),
                             )
                         }
-                        None => (0, 0, 0, 0),
+                        // Another node's queue: the counts its node gave the caller, if any.
+                        None => match remote_counts.get(&q.name) {
+                            Some(&(ready, unacked, consumers)) => (ready, unacked, consumers, 0),
+                            None => (0, 0, 0, 0),
+                        },
                     };
                     let total = ready as u64 + unacked as u64;
                     let home = meta

@@ -160,6 +160,8 @@ pub enum QueueReply {
         messages: u32,
         /// Consumers.
         consumers: u32,
+        /// Delivered and not yet acknowledged.
+        unacked: u32,
     },
     /// Messages purged.
     Purged(u32),

@@ -17,6 +17,7 @@ use super::clock::Clock;
 use super::cluster::ClusterControl;
 use super::conn_task::MetaCommit;
 use crate::admin::{self, Auth, FrameError, Handled, NodeInfo, Request, Response};
+use crate::broker::remote::{QueueCall, QueueReply};
 use crate::broker::Broker;
 
 /// How long the first frame (authentication) may take to arrive.
@@ -134,13 +135,50 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
         (Request::JoinCluster { seed }, Some(c)) => return c.join(seed, auth).await,
         _ => {}
     }
-    match admin::plan(&ctx.broker, &ctx.node, request) {
+    let counts = match request {
+        Request::ListQueues { vhost, .. } => remote_counts(&ctx.broker, vhost).await,
+        _ => admin::RemoteCounts::new(),
+    };
+    match admin::plan_with_counts(&ctx.broker, &ctx.node, request, &counts) {
         Handled::Reply(r) => r,
         Handled::Commit { command, ok } => match ctx.meta.commit(command, ctx.clock.now()).await {
             Ok(_) => Response::done(ok),
             Err(e) => Response::refused(e.to_string()),
         },
     }
+}
+
+/// The counts of `vhost`'s queues that other nodes run, asked of those nodes at once (a
+/// node that does not answer leaves its queues out: they list as 0).
+async fn remote_counts(broker: &Broker, vhost: &str) -> admin::RemoteCounts {
+    let snapshot = broker.snapshot();
+    let Some(v) = snapshot.vhost(vhost) else {
+        return admin::RemoteCounts::new();
+    };
+    let calls: Vec<_> = v
+        .queues
+        .keys()
+        .filter(|name| broker.queue(vhost, name).is_none())
+        .filter_map(|name| broker.remote_queue(vhost, name))
+        .map(|q| {
+            let name = q.name.clone();
+            let link = q.link.clone();
+            let call = link.call(QueueCall::Counts { queue: q });
+            (name, call)
+        })
+        .collect();
+    let mut counts = admin::RemoteCounts::new();
+    for (name, call) in calls {
+        if let Ok(QueueReply::Counts {
+            messages,
+            consumers,
+            unacked,
+        }) = tokio::time::timeout(IO_DEADLINE, call).await
+        {
+            counts.insert(name, (messages, unacked, consumers));
+        }
+    }
+    counts
 }
 
 /// Runs `requests` against the admin endpoint at `addr` as `auth` (one node asking

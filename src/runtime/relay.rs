@@ -188,8 +188,8 @@ enum RelayReply {
     Undelivered(Vec<(String, String, u64)>),
     /// basic.get: (seq, redelivered, message, messages left), or empty.
     Got(Option<(u64, bool, WireMessage, u32)>),
-    /// Ready messages and consumers.
-    Counts(u32, u32),
+    /// Ready messages, consumers, unacknowledged messages.
+    Counts(u32, u32, u32),
     /// Messages purged.
     Purged(u32),
     /// The queue is not (or no longer) on this node.
@@ -450,9 +450,10 @@ impl Inner {
                         })
                     }))
                 }
-                Some(RelayReply::Counts(messages, consumers)) => QueueReply::Counts {
+                Some(RelayReply::Counts(messages, consumers, unacked)) => QueueReply::Counts {
                     messages: *messages,
                     consumers: *consumers,
+                    unacked: *unacked,
                 },
                 Some(RelayReply::Purged(n)) => QueueReply::Purged(*n),
                 Some(RelayReply::Missing(text)) => QueueReply::Unavailable(text.clone()),
@@ -771,12 +772,19 @@ impl Inner {
                 (RelayReply::Got(got), 0)
             }
             // Handled with its batch in `handle` (it waits for the follower, not the disk).
-            RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0), 0),
+            RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0, 0), 0),
             RelayMsg::Counts { vhost, queue } => match self.broker.queue(&vhost, &queue) {
                 Some(h) => {
                     let mut q = h.lock();
                     q.touch(now);
-                    (RelayReply::Counts(q.message_count(), q.consumer_count()), 0)
+                    (
+                        RelayReply::Counts(
+                            q.message_count(),
+                            q.consumer_count(),
+                            q.unacked_count(),
+                        ),
+                        0,
+                    )
                 }
                 None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
             },
@@ -851,7 +859,7 @@ impl Inner {
                 if let RelayMsg::Barrier { index: i } = m {
                     // A `Counts` of 0s is the "followed" answer: the asker needs no other.
                     index = index.max(i);
-                    return RelayReply::Counts(0, 0);
+                    return RelayReply::Counts(0, 0, 0);
                 }
                 let (r, t) = self.handle_one(from, m);
                 ticket = ticket.max(t);

@@ -459,6 +459,7 @@ impl Channel {
                 QueueReply::Counts {
                     messages,
                     consumers,
+                    ..
                 },
             ) => {
                 ok_or_nowait(
@@ -493,6 +494,7 @@ impl Channel {
                 QueueReply::Counts {
                     messages,
                     consumers,
+                    ..
                 },
             ) => {
                 let vhost = c.vhost.clone();

@@ -25,6 +25,7 @@ pub mod admin;
 pub mod amqp;
 pub mod broker;
 pub mod config;
+pub mod gm;
 pub mod meta;
 pub mod runtime;
 pub mod session;

@@ -1,0 +1,607 @@
+//! One GM member as a sans-IO state machine (gm.erl §1.4–1.8 of the reference notes).
+//!
+//! In: [`Member::broadcast`], [`Member::confirmed_broadcast`], [`Member::flush`] (the owner
+//! calls it when idle or on its timer), [`Member::handle_view`] (a newer group record from
+//! the metadata), [`Member::handle_message`] (from the left neighbour). Out:
+//! [`Member::poll_transmit`] (messages for the right neighbour) and [`Member::poll_event`]
+//! (deliveries, confirmations, membership changes).
+//!
+//! A message stamped with a view newer than the member's is held until the metadata catches
+//! up (a message sent at view N is only interpreted with a view ≥ N); an activity or catch-up
+//! from anyone but the current left neighbour is ignored (the catch-up that follows every
+//! change of neighbour repairs the gap). Deaths are not detected here: they arrive as newer
+//! records, recorded through Raft by the node failure detector, so a member cut off from
+//! the majority keeps its old view and its laps cannot complete.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::view::{GroupRecord, MemberId, View};
+
+/// A member's publish sequence number.
+pub type PubNum = u64;
+
+/// What one member tracks about the messages of one origin (itself, another member, or a
+/// dead member it inherited).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending<M> {
+    /// Messages seen whose ack has not come by yet, oldest first.
+    pub pending_ack: VecDeque<(PubNum, M)>,
+    /// Highest publish number seen.
+    pub last_pub: Option<PubNum>,
+    /// Highest ack number seen.
+    pub last_ack: Option<PubNum>,
+}
+
+impl<M> Default for Pending<M> {
+    fn default() -> Self {
+        Pending {
+            pending_ack: VecDeque::new(),
+            last_pub: None,
+            last_ack: None,
+        }
+    }
+}
+
+/// One origin's part of an activity: new publishes, and acks of earlier ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item<M> {
+    /// The origin.
+    pub id: MemberId,
+    /// Publishes travelling their first lap.
+    pub pubs: Vec<(PubNum, M)>,
+    /// Acks travelling their second lap.
+    pub acks: Vec<PubNum>,
+}
+
+/// What travels from a member to its right neighbour.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GmMsg<M> {
+    /// Batched publishes and acks.
+    Activity {
+        /// The sender's view version.
+        version: u64,
+        /// The sender (must be the receiver's left).
+        from: MemberId,
+        /// Per origin.
+        items: Vec<Item<M>>,
+    },
+    /// The sender's whole bookkeeping, sent to a new right neighbour.
+    Catchup {
+        /// The sender's view version.
+        version: u64,
+        /// The sender (must be the receiver's left).
+        from: MemberId,
+        /// Per origin.
+        state: BTreeMap<MemberId, Pending<M>>,
+    },
+}
+
+impl<M> GmMsg<M> {
+    fn version(&self) -> u64 {
+        match self {
+            GmMsg::Activity { version, .. } | GmMsg::Catchup { version, .. } => *version,
+        }
+    }
+}
+
+/// What the member tells its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event<M> {
+    /// The member is in the group with these members (the joiner's first event).
+    Joined {
+        /// Live members.
+        members: Vec<MemberId>,
+    },
+    /// A message to hand to the application (its own ones at once, at broadcast).
+    Deliver {
+        /// The origin.
+        from: MemberId,
+        /// The message.
+        msg: M,
+    },
+    /// A `confirmed_broadcast` completed its lap (or the member became alone).
+    Confirmed(u64),
+    /// Members were born or died (G5: a birth before any of its messages; G6: no death of a
+    /// member not seen born).
+    MembersChanged {
+        /// New members.
+        births: Vec<MemberId>,
+        /// Dead members.
+        deaths: Vec<MemberId>,
+    },
+    /// These dead members this one inherited have nothing in flight: the owner should
+    /// erase them from the group record (a compare-and-set through the metadata).
+    EraseAliases(Vec<MemberId>),
+    /// The record no longer lists this member alive: it has stopped.
+    Stopped,
+}
+
+/// One GM member.
+#[derive(Debug)]
+pub struct Member<M> {
+    me: MemberId,
+    view: View,
+    /// `None` until a joiner gets its first catch-up.
+    state: Option<BTreeMap<MemberId, Pending<M>>>,
+    next_pub: PubNum,
+    buffer: Vec<(PubNum, M)>,
+    confirms: VecDeque<(PubNum, u64)>,
+    held: Vec<GmMsg<M>>,
+    erasing: BTreeSet<MemberId>,
+    /// Members seen alive while this one had its state. Only those may it have erased when
+    /// it inherits them: a member whose state came after a death (a joiner whose left died
+    /// before its catch-up) cannot know what of the dead member is still in flight.
+    seen_alive: BTreeSet<MemberId>,
+    out: VecDeque<(MemberId, GmMsg<M>)>,
+    events: VecDeque<Event<M>>,
+    stopped: bool,
+}
+
+impl<M: Clone> Member<M> {
+    /// The member `me` of the group `record` lists it in. The first member starts with an
+    /// empty state; a joiner waits for the catch-up of its left neighbour (which sends it
+    /// when it sees the record with the joiner on its right).
+    pub fn new(me: MemberId, record: &GroupRecord) -> Member<M> {
+        let view = View::of(record);
+        let alone = view.ring == [me];
+        let mut m = Member {
+            me,
+            view,
+            state: None,
+            next_pub: 0,
+            buffer: Vec::new(),
+            confirms: VecDeque::new(),
+            held: Vec::new(),
+            erasing: BTreeSet::new(),
+            seen_alive: BTreeSet::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            stopped: false,
+        };
+        if !m.view.is_alive(me) {
+            m.stopped = true;
+            m.events.push_back(Event::Stopped);
+            return m;
+        }
+        if alone {
+            m.state = Some(BTreeMap::from([(me, Pending::default())]));
+            m.seen_alive.insert(me);
+        }
+        m.events.push_back(Event::Joined {
+            members: m.view.ring.clone(),
+        });
+        m
+    }
+
+    /// This member.
+    pub fn id(&self) -> MemberId {
+        self.me
+    }
+
+    /// The view version it acts on.
+    pub fn version(&self) -> u64 {
+        self.view.version
+    }
+
+    /// Whether it has stopped (lost membership).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Whether it has its state (a joiner gets it with its first catch-up).
+    pub fn is_ready(&self) -> bool {
+        self.state.is_some()
+    }
+
+    /// Whether nothing is buffered, nothing is held for anyone, and every publish of its
+    /// own (and of the members it inherited) has had its ack back (drain before stop).
+    pub fn is_quiet(&self) -> bool {
+        let me = self.me;
+        self.buffer.is_empty()
+            && self.state.as_ref().is_none_or(|s| {
+                s.iter().all(|(id, p)| {
+                    p.pending_ack.is_empty()
+                        && (self.view.owner(*id) != Some(me) || p.last_pub == p.last_ack)
+                })
+            })
+    }
+
+    /// The bookkeeping of `id` (tests and diagnostics).
+    pub fn pending(&self, id: MemberId) -> Option<&Pending<M>> {
+        self.state.as_ref()?.get(&id)
+    }
+
+    /// Broadcasts `msg`: delivered here at once (G4), buffered until [`Member::flush`].
+    pub fn broadcast(&mut self, msg: M) {
+        if self.stopped {
+            return;
+        }
+        let n = self.next_pub;
+        self.next_pub += 1;
+        self.events.push_back(Event::Deliver {
+            from: self.me,
+            msg: msg.clone(),
+        });
+        self.buffer.push((n, msg));
+    }
+
+    /// Broadcasts `msg` and flushes; [`Event::Confirmed`] with `token` follows once it has
+    /// completed a lap (G7).
+    pub fn confirmed_broadcast(&mut self, msg: M, token: u64) {
+        if self.stopped {
+            return;
+        }
+        let n = self.next_pub;
+        self.broadcast(msg);
+        self.confirms.push_back((n, token));
+        self.flush();
+    }
+
+    /// Sends what was broadcast since the last flush to the right neighbour, as one
+    /// activity.
+    pub fn flush(&mut self) {
+        if self.stopped || self.buffer.is_empty() || self.state.is_none() {
+            return;
+        }
+        let pubs = std::mem::take(&mut self.buffer);
+        let me = self.me;
+        if self.view.ring == [me] {
+            // Alone: the lap is complete at once.
+            self.release_confirms(pubs.last().map(|p| p.0));
+            return;
+        }
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        let own = state.entry(me).or_default();
+        own.last_pub = pubs.last().map(|p| p.0).or(own.last_pub);
+        own.pending_ack.extend(pubs.iter().cloned());
+        self.send_right(vec![Item {
+            id: me,
+            pubs,
+            acks: Vec::new(),
+        }]);
+    }
+
+    /// The next message for a neighbour.
+    pub fn poll_transmit(&mut self) -> Option<(MemberId, GmMsg<M>)> {
+        self.out.pop_front()
+    }
+
+    /// The next event for the owner.
+    pub fn poll_event(&mut self) -> Option<Event<M>> {
+        self.events.pop_front()
+    }
+
+    /// A newer group record: neighbours, births and deaths, inheritance; a catch-up to a new
+    /// right neighbour; held messages that the new view makes interpretable.
+    pub fn handle_view(&mut self, record: &GroupRecord) {
+        if self.stopped || record.version <= self.view.version {
+            return;
+        }
+        let new = View::of(record);
+        let old = std::mem::replace(&mut self.view, new);
+        if !self.view.is_alive(self.me) {
+            self.stopped = true;
+            self.events.push_back(Event::Stopped);
+            return;
+        }
+        let known = old.known();
+        let births: Vec<MemberId> = self
+            .view
+            .ring
+            .iter()
+            .copied()
+            .filter(|id| !known.contains(id))
+            .collect();
+        let deaths: Vec<MemberId> = old
+            .ring
+            .iter()
+            .copied()
+            .filter(|id| !self.view.is_alive(*id))
+            .collect();
+        if !births.is_empty() || !deaths.is_empty() {
+            self.events
+                .push_back(Event::MembersChanged { births, deaths });
+        }
+        let me = self.me;
+        if self.view.ring == [me] {
+            // Alone: nothing can be in flight any more.
+            self.state = Some(BTreeMap::from([(me, Pending::default())]));
+            self.release_confirms(Some(PubNum::MAX));
+            let buffered = std::mem::take(&mut self.buffer);
+            drop(buffered);
+        } else if let Some(state) = self.state.as_mut() {
+            let known = self.view.known();
+            // Members erased from the record had nothing in flight.
+            state.retain(|id, _| known.contains(id));
+            for id in known {
+                state.entry(id).or_default();
+            }
+        }
+        self.erasing
+            .retain(|id| self.view.inheritor.contains_key(id));
+        if self.state.is_some() {
+            self.seen_alive.extend(self.view.ring.iter().copied());
+        }
+        if old.right(me) != self.view.right(me) && self.view.ring != [me] {
+            if let (Some(state), Some(right)) = (self.state.as_ref(), self.view.right(me)) {
+                self.out.push_back((
+                    right,
+                    GmMsg::Catchup {
+                        version: self.view.version,
+                        from: me,
+                        state: state.clone(),
+                    },
+                ));
+            }
+        }
+        self.maybe_erase_aliases();
+        let held = std::mem::take(&mut self.held);
+        for msg in held {
+            self.handle_message(msg);
+        }
+    }
+
+    /// A message from a neighbour.
+    pub fn handle_message(&mut self, msg: GmMsg<M>) {
+        if self.stopped {
+            return;
+        }
+        if msg.version() > self.view.version {
+            // Lemma 3: interpret it only with a view at least as new as the sender's.
+            self.held.push(msg);
+            return;
+        }
+        let left = self.view.left(self.me);
+        match msg {
+            GmMsg::Activity { from, items, .. } => {
+                if Some(from) != left || self.state.is_none() {
+                    return;
+                }
+                self.process(items);
+            }
+            GmMsg::Catchup { from, state, .. } => {
+                if Some(from) != left {
+                    return;
+                }
+                self.catchup(state);
+            }
+        }
+    }
+
+    fn send_right(&mut self, items: Vec<Item<M>>) {
+        let me = self.me;
+        match self.view.right(me) {
+            Some(right) if right != me && !items.is_empty() => self.out.push_back((
+                right,
+                GmMsg::Activity {
+                    version: self.view.version,
+                    from: me,
+                    items,
+                },
+            )),
+            _ => {}
+        }
+    }
+
+    /// Answers `confirmed_broadcast`s up to publish `upto`.
+    fn release_confirms(&mut self, upto: Option<PubNum>) {
+        let Some(upto) = upto else { return };
+        while self.confirms.front().is_some_and(|(n, _)| *n <= upto) {
+            if let Some((_, token)) = self.confirms.pop_front() {
+                self.events.push_back(Event::Confirmed(token));
+            }
+        }
+    }
+
+    /// Applies an activity from the left (or one a catch-up made), forwards what it changed,
+    /// then delivers the new publishes (forwarding first pipelines the ring).
+    fn process(&mut self, items: Vec<Item<M>>) {
+        let me = self.me;
+        let mut emitted = Vec::new();
+        let mut deliveries = Vec::new();
+        let mut confirmed = None;
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        for item in items {
+            let Some(owner) = self.view.owner(item.id) else {
+                // Neither alive nor inherited: erased, which happens only once nothing of
+                // it was in flight at its inheritor, so this is a leftover of a completed
+                // lap (births are in the view before any message of theirs, Lemma 3).
+                state.remove(&item.id);
+                continue;
+            };
+            let entry = state.entry(item.id).or_default();
+            if owner == me {
+                // Our own (or an inherited) publishes back from their lap: they become acks.
+                let mut acks = Vec::new();
+                for (n, _) in &item.pubs {
+                    if entry.pending_ack.front().is_some_and(|(p, _)| p == n) {
+                        entry.pending_ack.pop_front();
+                        acks.push(*n);
+                    } else if item.id != me && entry.last_pub.is_none_or(|l| *n > l) {
+                        // A publish of a member we inherited that went round without passing
+                        // us (we joined behind it after it passed): its lap is complete all
+                        // the same, and only its ack will free the others' copies.
+                        entry.last_pub = Some(*n);
+                        acks.push(*n);
+                    }
+                }
+                // Acks back from their lap are absorbed.
+                if let Some(last) = item.acks.last() {
+                    entry.last_ack = entry.last_ack.max(Some(*last));
+                }
+                if item.id == me {
+                    confirmed = confirmed.max(acks.last().copied());
+                }
+                if !acks.is_empty() {
+                    emitted.push(Item {
+                        id: item.id,
+                        pubs: Vec::new(),
+                        acks,
+                    });
+                }
+            } else {
+                for (n, msg) in &item.pubs {
+                    entry.pending_ack.push_back((*n, msg.clone()));
+                    entry.last_pub = entry.last_pub.max(Some(*n));
+                    deliveries.push((item.id, msg.clone()));
+                }
+                // Acks retire publishes strictly in order.
+                for _ in &item.acks {
+                    entry.pending_ack.pop_front();
+                }
+                if let Some(last) = item.acks.last() {
+                    entry.last_ack = entry.last_ack.max(Some(*last));
+                }
+                if !item.pubs.is_empty() || !item.acks.is_empty() {
+                    emitted.push(item);
+                }
+            }
+        }
+        self.release_confirms(confirmed);
+        self.send_right(emitted);
+        for (from, msg) in deliveries {
+            self.events.push_back(Event::Deliver { from, msg });
+        }
+        self.maybe_erase_aliases();
+    }
+
+    /// The left neighbour's state: a joiner adopts it; an initialised member computes what
+    /// it missed (publishes to deliver, publishes the left already retired, own publishes
+    /// that completed their lap) and processes that as an activity.
+    fn catchup(&mut self, left_state: BTreeMap<MemberId, Pending<M>>) {
+        let me = self.me;
+        let Some(state) = self.state.as_mut() else {
+            let mut adopted = left_state;
+            for id in self.view.known() {
+                adopted.entry(id).or_default();
+            }
+            // Acks of what the left no longer holds may have left it before we existed: we
+            // will never see them pass, and hold nothing they would retire.
+            for p in adopted.values_mut() {
+                let settled = match p.pending_ack.front() {
+                    None => p.last_pub,
+                    Some((first, _)) => first.checked_sub(1),
+                };
+                p.last_ack = p.last_ack.max(settled);
+            }
+            adopted.retain(|id, _| self.view.known().contains(id) || *id == me);
+            // Members we inherit already (our left died before its catch-up reached us): what
+            // our new left holds of theirs has completed its lap up to us.
+            let inherited: Vec<Item<M>> = adopted
+                .iter()
+                .filter(|(id, p)| {
+                    **id != me && self.view.owner(**id) == Some(me) && !p.pending_ack.is_empty()
+                })
+                .map(|(id, p)| Item {
+                    id: *id,
+                    pubs: p.pending_ack.iter().cloned().collect(),
+                    acks: Vec::new(),
+                })
+                .collect();
+            self.state = Some(adopted.clone());
+            self.seen_alive.extend(self.view.ring.iter().copied());
+            // The right neighbour gets the same state (gm.erl forwards it).
+            if let Some(right) = self.view.right(me).filter(|r| *r != me) {
+                self.out.push_back((
+                    right,
+                    GmMsg::Catchup {
+                        version: self.view.version,
+                        from: me,
+                        state: adopted,
+                    },
+                ));
+            }
+            self.process(inherited);
+            self.flush();
+            return;
+        };
+        let known = self.view.known();
+        let ids: BTreeSet<MemberId> = state
+            .keys()
+            .chain(left_state.keys())
+            .copied()
+            .filter(|id| known.contains(id))
+            .collect();
+        let mut items = Vec::new();
+        for id in ids {
+            let theirs = left_state.get(&id).cloned().unwrap_or_default();
+            let ours = state.entry(id).or_default();
+            if self.view.owner(id) == Some(me) {
+                // What the new left still holds of ours has passed everyone between us.
+                ours.last_ack = ours.last_ack.max(theirs.last_ack);
+                let pubs: Vec<(PubNum, M)> = theirs.pending_ack.into_iter().collect();
+                if !pubs.is_empty() {
+                    items.push(Item {
+                        id,
+                        pubs,
+                        acks: Vec::new(),
+                    });
+                }
+            } else {
+                let (retired, missed) =
+                    prefix_and_suffix(&ours.pending_ack, ours.last_pub, &theirs.pending_ack);
+                if !retired.is_empty() || !missed.is_empty() {
+                    items.push(Item {
+                        id,
+                        pubs: missed,
+                        acks: retired,
+                    });
+                }
+            }
+        }
+        self.process(items);
+    }
+
+    /// Asks for the erasure of inherited members with nothing in flight (once each).
+    fn maybe_erase_aliases(&mut self) {
+        let Some(state) = self.state.as_ref() else {
+            return;
+        };
+        let done: Vec<MemberId> = self
+            .view
+            .aliases_of(self.me)
+            .into_iter()
+            .filter(|id| !self.erasing.contains(id) && self.seen_alive.contains(id))
+            .filter(|id| {
+                state
+                    .get(id)
+                    .is_none_or(|p| p.pending_ack.is_empty() && p.last_pub == p.last_ack)
+            })
+            .collect();
+        if !done.is_empty() {
+            self.erasing.extend(done.iter().copied());
+            self.events.push_back(Event::EraseAliases(done));
+        }
+    }
+}
+
+/// `ours = P ++ C` and `theirs = C ++ S` (pending lists of one origin, oldest first, numbers
+/// increasing): the numbers of `P` (publishes the left has retired: to ack) and the entries
+/// of `S` (publishes the left saw that we did not: to deliver). What we saw before (up to
+/// `our_last_pub`, retired or not) is never in `S`: it was delivered here already.
+fn prefix_and_suffix<M: Clone>(
+    ours: &VecDeque<(PubNum, M)>,
+    our_last_pub: Option<PubNum>,
+    theirs: &VecDeque<(PubNum, M)>,
+) -> (Vec<PubNum>, Vec<(PubNum, M)>) {
+    let Some((first, _)) = theirs.front() else {
+        return (ours.iter().map(|(n, _)| *n).collect(), Vec::new());
+    };
+    let k = ours
+        .iter()
+        .position(|(n, _)| n >= first)
+        .unwrap_or(ours.len());
+    let retired: Vec<PubNum> = ours.iter().take(k).map(|(n, _)| *n).collect();
+    let missed: Vec<(PubNum, M)> = theirs
+        .iter()
+        .filter(|(n, _)| our_last_pub.is_none_or(|last| *n > last))
+        .cloned()
+        .collect();
+    (retired, missed)
+}

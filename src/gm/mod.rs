@@ -1,0 +1,23 @@
+//! GM, RabbitMQ's guaranteed-multicast ring, as a pure state machine (issue 5, in progress).
+//!
+//! Members form a ring in the group record's order; a publish travels one lap with its body
+//! and one lap as an ack, every member holding it until its ack passes; when a member dies
+//! the nearest live member downstream inherits its messages, and the member upstream of the
+//! dead one sends its new right neighbour a catch-up from which it computes what it missed.
+//! `../shared/reference/rabbitmq-mirroring.md` §1 describes the protocol this follows.
+//!
+//! - [`view`]: the group record (kept in the metadata: a Raft compare-and-set on its version
+//!   for every change) and the view a member derives from it.
+//! - [`member`]: one member: broadcast, confirmed broadcast, activity, catch-up, views.
+//!
+//! Not built yet: the group records in the metadata state machine and the node runtime that
+//! carries GM messages over the node links, durable acks, and the simulation harness.
+
+pub mod member;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+pub use member::{Event, GmMsg, Item, Member, Pending, PubNum};
+pub use view::{GroupRecord, MemberId, Slot, View};

@@ -1,0 +1,507 @@
+//! GM scenarios on an in-memory ring: every message a member emits goes into a FIFO link to
+//! its addressee, links are pumped one message at a time in a fixed order, the group record
+//! changes only through the harness (as the metadata would change it), and a killed member
+//! loses what was addressed to it. Checked: exact messages of a lap, deliveries (each once,
+//! per-origin order, identical on members that stay), confirmations, inheritance and alias
+//! erasure, joins and leaves; and a property test over random schedules.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn m(node: u64) -> MemberId {
+    MemberId { node, since: 0 }
+}
+
+/// Births and deaths one `MembersChanged` reported.
+type Change = (Vec<MemberId>, Vec<MemberId>);
+
+#[derive(Default)]
+struct Ring {
+    record: GroupRecord,
+    members: BTreeMap<MemberId, Member<String>>,
+    links: BTreeMap<(MemberId, MemberId), VecDeque<GmMsg<String>>>,
+    /// Every message sent, in order: (from, to, message).
+    trace: Vec<(MemberId, MemberId, GmMsg<String>)>,
+    delivered: BTreeMap<MemberId, Vec<(MemberId, String)>>,
+    confirmed: BTreeMap<MemberId, Vec<u64>>,
+    changes: BTreeMap<MemberId, Vec<Change>>,
+    stopped: Vec<MemberId>,
+}
+
+impl Ring {
+    /// Member 1 alone, then 2, 3, ... each joining on the right of the previous one.
+    fn new(n: u64) -> Ring {
+        let mut r = Ring {
+            record: GroupRecord {
+                version: 1,
+                members: vec![Slot::Alive(m(1))],
+            },
+            ..Ring::default()
+        };
+        r.members.insert(m(1), Member::new(m(1), &r.record));
+        for node in 2..=n {
+            r.join(m(node), m(node - 1));
+        }
+        r.pump();
+        r
+    }
+
+    fn bump(&mut self) {
+        self.record.version += 1;
+        let record = self.record.clone();
+        for member in self.members.values_mut() {
+            member.handle_view(&record);
+        }
+        self.collect();
+    }
+
+    /// `id` joins on the right of `left`.
+    fn join(&mut self, id: MemberId, left: MemberId) {
+        let at = self
+            .record
+            .members
+            .iter()
+            .position(|s| s.id() == left)
+            .expect("left is a member");
+        self.record.members.insert(at + 1, Slot::Alive(id));
+        self.record.version += 1;
+        self.members.insert(id, Member::new(id, &self.record));
+        self.record.version -= 1;
+        self.bump();
+    }
+
+    /// `id` dies: what was on its way to it is lost; with `lose_sent`, so is what it had
+    /// sent and its neighbour had not read yet.
+    fn kill(&mut self, id: MemberId, lose_sent: bool) {
+        self.members.remove(&id);
+        self.links
+            .retain(|(from, to), _| *to != id && !(lose_sent && *from == id));
+        for s in &mut self.record.members {
+            if *s == Slot::Alive(id) {
+                *s = Slot::Dead(id);
+            }
+        }
+        self.bump();
+    }
+
+    /// Takes every member's output into the links and its events into the records.
+    fn collect(&mut self) {
+        let mut erase = Vec::new();
+        for (id, member) in self.members.iter_mut() {
+            while let Some((to, msg)) = member.poll_transmit() {
+                self.trace.push((*id, to, msg.clone()));
+                self.links.entry((*id, to)).or_default().push_back(msg);
+            }
+            while let Some(e) = member.poll_event() {
+                match e {
+                    Event::Deliver { from, msg } => {
+                        self.delivered.entry(*id).or_default().push((from, msg))
+                    }
+                    Event::Confirmed(t) => self.confirmed.entry(*id).or_default().push(t),
+                    Event::MembersChanged { births, deaths } => {
+                        self.changes.entry(*id).or_default().push((births, deaths))
+                    }
+                    Event::EraseAliases(ids) => erase.extend(ids),
+                    Event::Stopped => self.stopped.push(*id),
+                    Event::Joined { .. } => {}
+                }
+            }
+        }
+        if !erase.is_empty() {
+            // The metadata erases them (one compare-and-set per request in the node).
+            self.record
+                .members
+                .retain(|s| !matches!(s, Slot::Dead(id) if erase.contains(id)));
+            self.bump();
+        }
+    }
+
+    /// Delivers one pending message (the first non-empty link in order); false when none.
+    fn step(&mut self) -> bool {
+        let Some((&(from, to), _)) = self.links.iter().find(|(_, q)| !q.is_empty()) else {
+            return false;
+        };
+        let msg = self
+            .links
+            .get_mut(&(from, to))
+            .and_then(|q| q.pop_front())
+            .expect("non-empty");
+        if let Some(member) = self.members.get_mut(&to) {
+            member.handle_message(msg);
+        }
+        self.collect();
+        true
+    }
+
+    fn pump(&mut self) {
+        for member in self.members.values_mut() {
+            member.flush();
+        }
+        self.collect();
+        let mut n = 0;
+        while self.step() {
+            n += 1;
+            assert!(n < 100_000, "the ring does not settle");
+        }
+    }
+
+    fn broadcast(&mut self, id: MemberId, msg: &str) {
+        self.members
+            .get_mut(&id)
+            .expect("member")
+            .broadcast(msg.into());
+        self.collect();
+    }
+
+    /// Messages `id` delivered from `origin`, in order.
+    fn from(&self, id: MemberId, origin: MemberId) -> Vec<String> {
+        self.delivered
+            .get(&id)
+            .map(|d| {
+                d.iter()
+                    .filter(|(o, _)| *o == origin)
+                    .map(|(_, s)| s.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn all_quiet(&self) -> bool {
+        self.members.values().all(|m| m.is_quiet())
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_publish_travels_one_lap_with_its_body_and_one_as_an_ack() {
+    let mut r = Ring::new(3);
+    r.trace.clear();
+    r.members
+        .get_mut(&m(1))
+        .expect("member")
+        .confirmed_broadcast("x".into(), 7);
+    r.collect();
+    assert!(!r.confirmed.contains_key(&m(1)), "not before the lap");
+    r.pump();
+    let item = |id: MemberId, pubs: &[(u64, &str)], acks: &[u64]| Item {
+        id,
+        pubs: pubs.iter().map(|(n, s)| (*n, s.to_string())).collect(),
+        acks: acks.to_vec(),
+    };
+    let hops: Vec<(MemberId, MemberId, Vec<Item<String>>)> = r
+        .trace
+        .iter()
+        .map(|(f, t, msg)| match msg {
+            GmMsg::Activity { items, .. } => (*f, *t, items.clone()),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    let v = r.record.version;
+    assert!(r
+        .trace
+        .iter()
+        .all(|(_, _, msg)| matches!(msg, GmMsg::Activity { version, .. } if *version == v)));
+    assert_eq!(
+        hops,
+        vec![
+            (m(1), m(2), vec![item(m(1), &[(0, "x")], &[])]),
+            (m(2), m(3), vec![item(m(1), &[(0, "x")], &[])]),
+            (m(3), m(1), vec![item(m(1), &[(0, "x")], &[])]),
+            (m(1), m(2), vec![item(m(1), &[], &[0])]),
+            (m(2), m(3), vec![item(m(1), &[], &[0])]),
+            (m(3), m(1), vec![item(m(1), &[], &[0])]),
+        ]
+    );
+    assert_eq!(r.confirmed[&m(1)], [7]);
+    for id in [m(1), m(2), m(3)] {
+        assert_eq!(r.from(id, m(1)), strings(&["x"]), "{id:?}");
+    }
+    assert!(r.all_quiet());
+}
+
+#[test]
+fn every_member_delivers_every_message_once_in_per_origin_order() {
+    let mut r = Ring::new(4);
+    for i in 0..5 {
+        for id in 1..=4 {
+            r.broadcast(m(id), &format!("{id}-{i}"));
+        }
+        if i % 2 == 0 {
+            r.pump();
+        }
+    }
+    r.pump();
+    for to in 1..=4 {
+        for origin in 1..=4 {
+            let expect: Vec<String> = (0..5).map(|i| format!("{origin}-{i}")).collect();
+            assert_eq!(r.from(m(to), m(origin)), expect, "{to} from {origin}");
+        }
+    }
+    assert!(r.all_quiet());
+}
+
+#[test]
+fn a_member_dying_with_messages_on_its_way_loses_none_of_them() {
+    let mut r = Ring::new(4);
+    r.broadcast(m(1), "a");
+    r.broadcast(m(1), "b");
+    r.members.get_mut(&m(1)).expect("member").flush();
+    r.collect();
+    // 2 reads the activity (and forwards it) but 3 never gets it: 2 dies with it unread.
+    assert!(r.step());
+    r.kill(m(2), true);
+    r.pump();
+    for id in [1, 3, 4] {
+        assert_eq!(r.from(m(id), m(1)), strings(&["a", "b"]), "{id}");
+    }
+    assert!(r.all_quiet());
+    // The death is reported once to each survivor, after its birth.
+    for id in [1, 3, 4] {
+        let deaths: Vec<&MemberId> = r.changes[&m(id)]
+            .iter()
+            .flat_map(|(_, d)| d.iter())
+            .collect();
+        assert_eq!(deaths, [&m(2)], "{id}");
+    }
+}
+
+#[test]
+fn the_next_member_downstream_inherits_a_dead_origin_and_then_erases_it() {
+    let mut r = Ring::new(4);
+    r.broadcast(m(2), "p");
+    r.broadcast(m(2), "q");
+    r.members.get_mut(&m(2)).expect("member").flush();
+    r.collect();
+    // 3 gets them; 2 dies before they reach 4 and 1.
+    assert!(r.step());
+    r.kill(m(2), false);
+    r.pump();
+    for id in [1, 3, 4] {
+        assert_eq!(r.from(m(id), m(2)), strings(&["p", "q"]), "{id}");
+    }
+    assert!(r.all_quiet());
+    assert!(
+        r.record.members.iter().all(|s| s.id() != m(2)),
+        "the inheritor had 2 erased once nothing was in flight: {:?}",
+        r.record
+    );
+}
+
+#[test]
+fn chained_deaths_pass_the_inheritance_on() {
+    let mut r = Ring::new(5);
+    r.broadcast(m(2), "two");
+    r.broadcast(m(1), "one");
+    for id in [1, 2] {
+        r.members.get_mut(&m(id)).expect("member").flush();
+    }
+    r.collect();
+    assert!(r.step());
+    // 3 (the inheritor of 2) dies too, before anything settles.
+    r.kill(m(2), false);
+    r.kill(m(3), true);
+    r.pump();
+    for id in [1, 4, 5] {
+        assert_eq!(r.from(m(id), m(1)), strings(&["one"]), "{id}");
+        let from_two = r.from(m(id), m(2));
+        assert!(from_two.len() <= 1, "no duplicates at {id}: {from_two:?}");
+    }
+    // What reached any survivor reached every survivor.
+    let reached = r.from(m(4), m(2));
+    for id in [1, 5] {
+        assert_eq!(r.from(m(id), m(2)), reached, "{id}");
+    }
+    assert!(r.all_quiet());
+    assert_eq!(
+        r.record.members.len(),
+        3,
+        "both dead members erased: {:?}",
+        r.record
+    );
+}
+
+#[test]
+fn a_joiner_gets_messages_published_after_it_joined_and_no_duplicates() {
+    let mut r = Ring::new(3);
+    r.broadcast(m(1), "before");
+    r.members.get_mut(&m(1)).expect("member").flush();
+    r.collect();
+    assert!(r.step(), "in flight when 4 joins");
+    r.join(m(4), m(3));
+    r.broadcast(m(2), "after");
+    r.pump();
+    assert_eq!(r.from(m(4), m(2)), strings(&["after"]));
+    assert!(r.from(m(4), m(1)).len() <= 1, "at most once");
+    for id in [1, 2, 3] {
+        assert_eq!(r.from(m(id), m(1)), strings(&["before"]));
+        assert_eq!(r.from(m(id), m(2)), strings(&["after"]));
+    }
+    assert!(r.all_quiet());
+    // G5: each member saw 4's birth.
+    for id in [1, 2, 3] {
+        assert!(
+            r.changes[&m(id)].iter().any(|(b, _)| b.contains(&m(4))),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn a_member_left_out_of_the_record_stops_and_the_rest_carry_on() {
+    let mut r = Ring::new(3);
+    r.broadcast(m(3), "pending");
+    r.members.get_mut(&m(3)).expect("member").flush();
+    r.collect();
+    // 3 is recorded dead while its member still runs (it was cut off): it stops.
+    for s in &mut r.record.members {
+        if *s == Slot::Alive(m(3)) {
+            *s = Slot::Dead(m(3));
+        }
+    }
+    r.bump();
+    assert_eq!(r.stopped, [m(3)]);
+    r.members.remove(&m(3));
+    r.links.retain(|(_, to), _| *to != m(3));
+    r.pump();
+    let one = r.from(m(1), m(3));
+    assert_eq!(r.from(m(2), m(3)), one, "survivors agree");
+    assert!(r.all_quiet());
+}
+
+#[test]
+fn a_lone_member_confirms_at_once_and_a_stale_view_is_held() {
+    let record = GroupRecord {
+        version: 1,
+        members: vec![Slot::Alive(m(1))],
+    };
+    let mut a: Member<String> = Member::new(m(1), &record);
+    a.confirmed_broadcast("solo".into(), 1);
+    let events: Vec<Event<String>> = std::iter::from_fn(|| a.poll_event()).collect();
+    assert!(events.contains(&Event::Confirmed(1)), "{events:?}");
+    assert!(a.poll_transmit().is_none());
+    // A message stamped with a newer view waits for it.
+    let two = GroupRecord {
+        version: 2,
+        members: vec![Slot::Alive(m(2)), Slot::Alive(m(1))],
+    };
+    a.handle_message(GmMsg::Activity {
+        version: 2,
+        from: m(2),
+        items: vec![Item {
+            id: m(2),
+            pubs: vec![(0, "late".into())],
+            acks: vec![],
+        }],
+    });
+    assert!(std::iter::from_fn(|| a.poll_event()).all(|e| !matches!(e, Event::Deliver { .. })));
+    a.handle_view(&two);
+    let delivered: Vec<Event<String>> = std::iter::from_fn(|| a.poll_event()).collect();
+    assert!(
+        delivered.contains(&Event::Deliver {
+            from: m(2),
+            msg: "late".into()
+        }),
+        "{delivered:?}"
+    );
+}
+
+/// One step of a random schedule.
+#[derive(Clone, Debug)]
+enum Op {
+    Broadcast(u64),
+    Flush(u64),
+    Step,
+    Kill(u64, bool),
+    /// A new member joins on the right of this one.
+    Join(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u64..=5).prop_map(Op::Broadcast),
+        2 => (1u64..=5).prop_map(Op::Flush),
+        8 => Just(Op::Step),
+        1 => ((1u64..=5), any::<bool>()).prop_map(|(n, lose)| Op::Kill(n, lose)),
+        1 => (1u64..=5).prop_map(Op::Join),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any schedule of broadcasts, deliveries, deaths (at least two members left) and joins:
+    /// once the ring settles, no member delivered anything twice, each origin's messages
+    /// arrived in order (G3) without gaps (G2), the first members that survive delivered
+    /// the same per-origin sequences and a joiner a suffix of them, every survivor's
+    /// messages reached every survivor, and nothing is left in flight.
+    #[test]
+    fn random_schedules_keep_the_guarantees(ops in prop::collection::vec(op(), 1..120)) {
+        let mut r = Ring::new(5);
+        let mut sent: BTreeMap<MemberId, u64> = BTreeMap::new();
+        let mut next = 6;
+        for op in ops {
+            match op {
+                Op::Join(n) if r.members.contains_key(&m(n)) && next < 9 => {
+                    r.join(m(next), m(n));
+                    next += 1;
+                }
+                Op::Broadcast(n) if r.members.contains_key(&m(n)) => {
+                    let k = sent.entry(m(n)).or_default();
+                    r.broadcast(m(n), &format!("{n}-{k}"));
+                    *k += 1;
+                }
+                Op::Flush(n) => {
+                    if let Some(member) = r.members.get_mut(&m(n)) {
+                        member.flush();
+                    }
+                    r.collect();
+                }
+                Op::Step => { r.step(); }
+                Op::Kill(n, lose) if r.members.len() > 2 && r.members.contains_key(&m(n)) => {
+                    r.kill(m(n), lose);
+                }
+                _ => {}
+            }
+        }
+        r.pump();
+        let survivors: Vec<MemberId> = r.members.keys().copied().collect();
+        let founders: Vec<MemberId> = survivors.iter().copied().filter(|id| id.node <= 5).collect();
+        for origin in (1..next).map(m) {
+            let reference = founders.first().map(|f| r.from(*f, origin));
+            for id in &survivors {
+                let got = r.from(*id, origin);
+                // In order, no gaps, no duplicates: a contiguous run of what origin sent,
+                // from its first message for members there from the start.
+                let first = got.first().map(|s| {
+                    s.rsplit('-').next().and_then(|k| k.parse::<usize>().ok()).unwrap_or(0)
+                });
+                let start = if id.node <= 5 { 0 } else { first.unwrap_or(0) };
+                let expect: Vec<String> =
+                    (start..start + got.len()).map(|k| format!("{}-{}", origin.node, k)).collect();
+                prop_assert_eq!(&got, &expect, "{:?} from {:?}", id, origin);
+                if let Some(reference) = &reference {
+                    if id.node <= 5 {
+                        prop_assert_eq!(&got, reference, "{:?} and the first founder disagree on {:?}", id, origin);
+                    } else {
+                        prop_assert!(reference.ends_with(&got), "{:?} got no suffix of {:?}", id, origin);
+                    }
+                }
+            }
+            if survivors.contains(&origin) {
+                let all = sent.get(&origin).copied().unwrap_or(0) as usize;
+                for id in &survivors {
+                    if id.node <= 5 || origin == *id {
+                        prop_assert_eq!(r.from(*id, origin).len(), all, "{:?}'s messages reach {:?}", origin, id);
+                    }
+                }
+            }
+        }
+        prop_assert!(r.all_quiet());
+    }
+}

@@ -81,6 +81,22 @@ pub enum Command {
         /// The node.
         id: NodeId,
     },
+    /// Compare-and-set of a GM group record: applied only if the group is at
+    /// `expected_version` (0: it does not exist yet); the version then goes up by one, so
+    /// membership changes are totally ordered (GM's G8).
+    GmGroup {
+        /// Group name.
+        name: String,
+        /// The version the change was computed from.
+        expected_version: u64,
+        /// The new ring.
+        members: Vec<crate::gm::Slot>,
+    },
+    /// Removes a GM group record (its queue is gone).
+    GmForget {
+        /// Group name.
+        name: String,
+    },
     /// Add a binding (idempotent).
     Bind(Binding),
     /// Remove a binding (idempotent, as RabbitMQ).

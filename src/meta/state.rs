@@ -383,6 +383,9 @@ pub struct MetaState {
     /// Ids of forgotten nodes: they leave the Raft membership and may not register again
     /// (node ids are never reused).
     pub forgotten: std::collections::BTreeSet<NodeId>,
+    /// GM group records by group name: the ring order each group's members follow, changed
+    /// only by compare-and-set on its version ([`Command::GmGroup`]).
+    pub gm_groups: BTreeMap<String, crate::gm::GroupRecord>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -517,6 +520,37 @@ impl MetaState {
                     q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
                         || (q.home == *id && !q.durable)
                 })?;
+            }
+            Command::GmGroup {
+                name,
+                expected_version,
+                members,
+            } => {
+                let current = self.gm_groups.get(name).map_or(0, |g| g.version);
+                if current != *expected_version {
+                    return Err(MetaError::Admin(format!(
+                        "gm group '{name}' is at version {current}, not {expected_version}"
+                    )));
+                }
+                let mut seen = BTreeSet::new();
+                if !members.iter().all(|s| seen.insert(s.id())) {
+                    return Err(MetaError::Invalid(format!(
+                        "gm group '{name}' lists a member twice"
+                    )));
+                }
+                applied.created = current == 0;
+                self.gm_groups.insert(
+                    name.clone(),
+                    crate::gm::GroupRecord {
+                        version: current + 1,
+                        members: members.clone(),
+                    },
+                );
+            }
+            Command::GmForget { name } => {
+                if self.gm_groups.remove(name).is_none() {
+                    return Err(MetaError::Admin(format!("no gm group '{name}'")));
+                }
             }
             Command::SetPolicy { policy, operator } => {
                 policy.validate(*operator)?;
@@ -940,5 +974,38 @@ mod tests {
         again.home = 1;
         assert!(!s.apply(&Command::DeclareQueue(again)).unwrap().created);
         assert_eq!(s.vhost("/").unwrap().queues["d2"].home, 2);
+    }
+
+    #[test]
+    fn gm_group_records_change_only_by_compare_and_set() {
+        use crate::gm::{MemberId, Slot};
+        let a = MemberId { node: 1, since: 0 };
+        let b = MemberId { node: 2, since: 1 };
+        let set = |expected_version: u64, members: Vec<Slot>| Command::GmGroup {
+            name: "q".into(),
+            expected_version,
+            members,
+        };
+        let mut s = state();
+        assert!(s.apply(&set(0, vec![Slot::Alive(a)])).unwrap().created);
+        assert_eq!(s.gm_groups["q"].version, 1);
+        // Two members computed a change from version 1; only the first one applies.
+        s.apply(&set(1, vec![Slot::Alive(a), Slot::Alive(b)]))
+            .unwrap();
+        let before = s.clone();
+        assert!(s
+            .apply(&set(1, vec![Slot::Dead(a), Slot::Alive(b)]))
+            .is_err());
+        assert!(s
+            .apply(&set(2, vec![Slot::Alive(a), Slot::Alive(a)]))
+            .is_err());
+        assert_eq!(s, before, "refused changes change nothing");
+        s.apply(&set(2, vec![Slot::Dead(a), Slot::Alive(b)]))
+            .unwrap();
+        assert_eq!(s.gm_groups["q"].version, 3);
+        assert_eq!(s.gm_groups["q"].members, [Slot::Dead(a), Slot::Alive(b)]);
+        s.apply(&Command::GmForget { name: "q".into() }).unwrap();
+        assert!(s.gm_groups.is_empty());
+        assert!(s.apply(&Command::GmForget { name: "q".into() }).is_err());
     }
 }

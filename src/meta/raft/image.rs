@@ -31,6 +31,7 @@ pub struct StateImage {
     permissions: Vec<Permission>,
     nodes: Vec<NodeRecord>,
     forgotten: Vec<u64>,
+    gm_groups: Vec<(String, crate::gm::GroupRecord)>,
     version: u64,
 }
 
@@ -69,6 +70,11 @@ impl StateImage {
             permissions: state.permissions.values().cloned().collect(),
             nodes: state.nodes.values().cloned().collect(),
             forgotten: state.forgotten.iter().copied().collect(),
+            gm_groups: state
+                .gm_groups
+                .iter()
+                .map(|(k, g)| (k.clone(), g.clone()))
+                .collect(),
             version: state.version,
         }
     }
@@ -116,6 +122,7 @@ impl StateImage {
                 .collect::<BTreeMap<_, _>>(),
             nodes: self.nodes.into_iter().map(|n| (n.id, n)).collect(),
             forgotten: self.forgotten.into_iter().collect(),
+            gm_groups: self.gm_groups.into_iter().collect(),
             version: self.version,
         }
     }
@@ -155,6 +162,14 @@ mod tests {
                 incarnation: 0,
             }),
             Command::ForgetNode { id: 3 },
+            Command::GmGroup {
+                name: "q".into(),
+                expected_version: 0,
+                members: vec![
+                    crate::gm::Slot::Alive(crate::gm::MemberId { node: 2, since: 1 }),
+                    crate::gm::Slot::Dead(crate::gm::MemberId { node: 1, since: 0 }),
+                ],
+            },
             Command::PutUser(User {
                 name: "guest".into(),
                 password: "guest".into(),

@@ -1091,3 +1091,97 @@ async fn basic_get_counts_purge_and_delete_reach_another_nodes_queue() {
     let _ = c1.close(200, "bye".into()).await;
     let _ = c2.close(200, "bye".into()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_reach_a_queue_on_another_node() {
+    let cluster = Cluster::start("dlx").await;
+    // The dead-letter queue lives on node 2, the queue that dead-letters on node 1.
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    within(
+        "exchange.declare",
+        ch2.exchange_declare(
+            "dlx".into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("declare dlx");
+    declare(&ch2, "dead.letters", true, FieldTable::default())
+        .await
+        .expect("declare on node 2");
+    within(
+        "queue.bind",
+        ch2.queue_bind(
+            "dead.letters".into(),
+            "dlx".into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("bind");
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("dlx".into()),
+    );
+    declare(&ch1, "work", true, args)
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "work", b"poison").await);
+    let got = within(
+        "basic.get",
+        ch1.basic_get("work".into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .expect("get")
+    .expect("the message");
+    within(
+        "basic.reject",
+        got.delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: false }),
+    )
+    .await
+    .expect("reject");
+    // The rejected message is dead-lettered by node 1 into the queue on node 2.
+    let start = Instant::now();
+    let dead = loop {
+        if let Some(m) = within(
+            "basic.get",
+            ch2.basic_get("dead.letters".into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("get")
+        {
+            break m;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no dead letter arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.delivery.data, b"poison");
+    let death = dead
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-death").cloned());
+    assert!(death.is_some(), "x-death is set");
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+}

@@ -654,6 +654,15 @@ impl Broker {
                         continue;
                     }
                     let Some(handle) = self.queue(&vhost.name, &name) else {
+                        // A queue another node runs: forwarded there (RabbitMQ dead-letters
+                        // without confirms too, so nobody waits for the answer).
+                        if let (Some(link), Some(def)) =
+                            (self.remote.get(), vhost.queues.get(&name))
+                        {
+                            if def.home != self.node_id {
+                                link.publish(def.home, &vhost.name, vec![name], message.clone(), 0);
+                            }
+                        }
                         continue;
                     };
                     let r = handle.lock().publish(&handle, message.clone(), now);

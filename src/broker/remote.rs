@@ -69,7 +69,7 @@ pub enum Settle {
 /// block); what they send to one node arrives there in call order.
 pub trait RemoteLink: Send + Sync + std::fmt::Debug {
     /// Forwards `message`, routed to `queues` of `vhost` on `node`; the home node's answer
-    /// resolves one part of `outcome` in [`RemoteOutcomes`].
+    /// resolves one part of `outcome` in [`RemoteOutcomes`] (0: nobody waits for it).
     fn publish(
         &self,
         node: NodeId,

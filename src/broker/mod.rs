@@ -107,28 +107,7 @@ impl Broker {
         epoch_unix_ms: u64,
     ) -> Broker {
         let mut meta = MetaState::default();
-        let mut commands = Vec::new();
-        for v in &config.vhosts {
-            commands.push(Command::AddVhost {
-                name: v.name.clone(),
-            });
-        }
-        for u in &config.users {
-            commands.push(Command::PutUser(User {
-                name: u.name.clone(),
-                password: u.password.clone(),
-                tags: u.tags.clone(),
-            }));
-        }
-        for p in &config.permissions {
-            commands.push(Command::SetPermissions(Permission {
-                user: p.user.clone(),
-                vhost: p.vhost.clone(),
-                configure: p.configure.clone(),
-                write: p.write.clone(),
-                read: p.read.clone(),
-            }));
-        }
+        let commands = config_commands(config);
         for c in &commands {
             if let Err(e) = meta.apply(c) {
                 // The config was validated; a failure here means the config checks missed it.
@@ -696,6 +675,35 @@ impl Broker {
             .map(|(vhost, name)| Command::DeleteQueue { vhost, name })
             .collect()
     }
+}
+
+/// The config's vhosts, users and permissions as metadata commands: applied by a single
+/// node at start, proposed once by the node that creates a cluster.
+pub fn config_commands(config: &Config) -> Vec<Command> {
+    let mut c: Vec<Command> = config
+        .vhosts
+        .iter()
+        .map(|v| Command::AddVhost {
+            name: v.name.clone(),
+        })
+        .collect();
+    c.extend(config.users.iter().map(|u| {
+        Command::PutUser(User {
+            name: u.name.clone(),
+            password: u.password.clone(),
+            tags: u.tags.clone(),
+        })
+    }));
+    c.extend(config.permissions.iter().map(|p| {
+        Command::SetPermissions(Permission {
+            user: p.user.clone(),
+            vhost: p.vhost.clone(),
+            configure: p.configure.clone(),
+            write: p.write.clone(),
+            read: p.read.clone(),
+        })
+    }));
+    c
 }
 
 /// Whether applying `command` can change the durable definitions.

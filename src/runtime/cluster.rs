@@ -36,7 +36,7 @@ use crate::broker::Broker;
 use crate::config::{ClusterConfig, Config};
 use crate::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use crate::meta::state::{Applied, Removed};
-use crate::meta::{Command, MetaError, MetaState, NodeRecord, Permission, QueueDef, User};
+use crate::meta::{Command, MetaError, MetaState, NodeRecord, QueueDef};
 use crate::time::Instant;
 
 /// The most voters the group has; later nodes stay learners (they replicate, do not vote).
@@ -217,7 +217,7 @@ impl Cluster {
         let meta = self.meta();
         let now = Instant::from_millis(0);
         if self.initialised_here {
-            for c in config_commands(config) {
+            for c in crate::broker::config_commands(config) {
                 if let Err(e) = meta.commit(c, now).await {
                     tracing::warn!(error = %e, "cannot seed a definition from the config");
                 }
@@ -329,35 +329,6 @@ fn write_marker(path: &Path) -> std::io::Result<()> {
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
-}
-
-/// The config's vhosts, users and permissions as commands (a cluster takes them once, when
-/// it is created; afterwards they live in the metadata and change through `warrenctl`).
-fn config_commands(config: &Config) -> Vec<Command> {
-    let mut c: Vec<Command> = config
-        .vhosts
-        .iter()
-        .map(|v| Command::AddVhost {
-            name: v.name.clone(),
-        })
-        .collect();
-    c.extend(config.users.iter().map(|u| {
-        Command::PutUser(User {
-            name: u.name.clone(),
-            password: u.password.clone(),
-            tags: u.tags.clone(),
-        })
-    }));
-    c.extend(config.permissions.iter().map(|p| {
-        Command::SetPermissions(Permission {
-            user: p.user.clone(),
-            vhost: p.vhost.clone(),
-            configure: p.configure.clone(),
-            write: p.write.clone(),
-            read: p.read.clone(),
-        })
-    }));
-    c
 }
 
 /// The follower task: every new applied state goes to the broker, then its index is

@@ -215,29 +215,20 @@ impl MetaPort {
 
     /// Emits `command` for channel `channel` (not 0), which is parked until its result.
     pub(crate) fn park(&mut self, channel: u16, command: Command, then: Then) {
-        assert!(channel != 0, "channel 0 never parks");
-        let token = self.token(channel);
+        let token = self.park_channel(channel, then);
         self.outgoing.push_back((token, command));
-        let old = self.parked.insert(
-            channel,
-            Parked {
-                token,
-                then,
-                backlog: VecDeque::new(),
-            },
-        );
-        // A parked channel processes nothing, so it cannot emit a second command.
-        debug_assert!(old.is_none(), "channel {channel} parked twice");
-        if let Some(old) = old {
-            self.backlog_bytes -= old.backlog.iter().map(ParkedFrame::cost).sum::<usize>();
-        }
     }
 
     /// Emits `call` for channel `channel`, which is parked until its answer.
     pub(crate) fn park_call(&mut self, channel: u16, call: QueueCall, then: Then) {
+        let token = self.park_channel(channel, then);
+        self.calls.push_back((token, call));
+    }
+
+    /// Parks `channel` until the result for the returned token comes back.
+    fn park_channel(&mut self, channel: u16, then: Then) -> MetaToken {
         assert!(channel != 0, "channel 0 never parks");
         let token = self.token(channel);
-        self.calls.push_back((token, call));
         let old = self.parked.insert(
             channel,
             Parked {
@@ -246,10 +237,12 @@ impl MetaPort {
                 backlog: VecDeque::new(),
             },
         );
+        // A parked channel processes nothing, so it cannot emit a second request.
         debug_assert!(old.is_none(), "channel {channel} parked twice");
         if let Some(old) = old {
             self.backlog_bytes -= old.backlog.iter().map(ParkedFrame::cost).sum::<usize>();
         }
+        token
     }
 
     /// The next question for the runtime.

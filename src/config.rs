@@ -466,4 +466,35 @@ mod tests {
         let err = Config::parse("[amqp]\nframe_max_bytes = 100\n", "t").unwrap_err();
         assert!(err.to_string().contains("frame_max_bytes"), "{err}");
     }
+
+    #[test]
+    fn an_inconsistent_cluster_section_is_refused_with_its_key() {
+        let base = "[cluster]\ncluster_id = \"c\"\nlisten = \"127.0.0.1:0\"\n";
+        let member = |id: u64| format!("[[cluster.initial_members]]\nid = {id}\nlink = \"x:1\"\n");
+        let cases = [
+            (format!("{base}node_id = 0\n"), "cluster.node_id"),
+            (
+                format!("{base}node_id = 1\n{}", member(2)),
+                "cluster.initial_members",
+            ),
+            (
+                format!("{base}node_id = 1\n{}{}", member(1), member(1)),
+                "cluster.initial_members",
+            ),
+            (
+                format!("{base}node_id = 1\nheartbeat_ms = 500\npeer_timeout_ms = 400\n"),
+                "cluster.peer_timeout_ms",
+            ),
+        ];
+        for (text, key) in cases {
+            let err = Config::parse(&text, "t").unwrap_err();
+            assert!(err.to_string().contains(key), "{text}: {err}");
+        }
+        let ok = Config::parse(
+            &format!("{base}node_id = 2\n{}{}", member(1), member(2)),
+            "t",
+        )
+        .expect("a valid cluster section");
+        assert_eq!(ok.cluster.expect("cluster").initial_members.len(), 2);
+    }
 }

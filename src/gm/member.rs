@@ -94,10 +94,13 @@ pub enum Event<M> {
         /// Live members.
         members: Vec<MemberId>,
     },
-    /// A message to hand to the application (its own ones at once, at broadcast).
+    /// A message to hand to the application (its own ones at once, at broadcast). With
+    /// durable acks the owner calls [`Member::release`] with `num` once it is durable.
     Deliver {
         /// The origin.
         from: MemberId,
+        /// Its publish number (per origin, increasing).
+        num: PubNum,
         /// The message.
         msg: M,
     },
@@ -137,6 +140,13 @@ pub struct Member<M> {
     out: VecDeque<(MemberId, GmMsg<M>)>,
     events: VecDeque<Event<M>>,
     stopped: bool,
+    /// Durable acks: a publish is forwarded (so its lap can complete) only once the owner
+    /// released it; `held_out` keeps what waits, in order.
+    durable_acks: bool,
+    released: BTreeMap<MemberId, PubNum>,
+    held_out: VecDeque<Item<M>>,
+    /// Highest own publish whose lap has completed (confirms also wait for own release).
+    lap_done: Option<PubNum>,
 }
 
 impl<M: Clone> Member<M> {
@@ -159,6 +169,10 @@ impl<M: Clone> Member<M> {
             out: VecDeque::new(),
             events: VecDeque::new(),
             stopped: false,
+            durable_acks: false,
+            released: BTreeMap::new(),
+            held_out: VecDeque::new(),
+            lap_done: None,
         };
         if !m.view.is_alive(me) {
             m.stopped = true;
@@ -173,6 +187,28 @@ impl<M: Clone> Member<M> {
             members: m.view.ring.clone(),
         });
         m
+    }
+
+    /// Durable acks: no publish leaves this member, and no own publish is confirmed, before
+    /// the owner [`Member::release`]s it (say, once it is on disk), so a completed lap (and
+    /// a `confirmed_broadcast`) means every member holds it durably.
+    pub fn with_durable_acks(mut self) -> Member<M> {
+        self.durable_acks = true;
+        self
+    }
+
+    /// Durable acks: the publishes of `origin` up to `upto` are durable here. Publishes
+    /// waiting on them move on; own confirms whose lap is done are answered.
+    pub fn release(&mut self, origin: MemberId, upto: PubNum) {
+        if self.stopped || !self.durable_acks {
+            return;
+        }
+        let r = self.released.entry(origin).or_insert(upto);
+        *r = (*r).max(upto);
+        if origin == self.me {
+            self.release_confirms(self.lap_done);
+        }
+        self.drain_held();
     }
 
     /// This member.
@@ -196,14 +232,17 @@ impl<M: Clone> Member<M> {
     }
 
     /// Whether nothing is buffered, nothing is held for anyone, and every publish of its
-    /// own (and of the members it inherited) has had its ack back (drain before stop).
+    /// own (and of the members it inherited) has had its ack back and been confirmed
+    /// (drain before stop).
     pub fn is_quiet(&self) -> bool {
         let me = self.me;
         self.buffer.is_empty()
+            && self.held_out.is_empty()
+            && self.confirms.is_empty()
             && self.state.as_ref().is_none_or(|s| {
                 s.iter().all(|(id, p)| {
                     p.pending_ack.is_empty()
-                        && (self.view.owner(*id) != Some(me) || p.last_pub == p.last_ack)
+                        && (self.view.owner(*id) != Some(me) || p.last_ack >= p.last_pub)
                 })
             })
     }
@@ -222,6 +261,7 @@ impl<M: Clone> Member<M> {
         self.next_pub += 1;
         self.events.push_back(Event::Deliver {
             from: self.me,
+            num: n,
             msg: msg.clone(),
         });
         self.buffer.push((n, msg));
@@ -249,7 +289,7 @@ impl<M: Clone> Member<M> {
         let me = self.me;
         if self.view.ring == [me] {
             // Alone: the lap is complete at once.
-            self.release_confirms(pubs.last().map(|p| p.0));
+            self.lap_completed(pubs.last().map(|p| p.0));
             return;
         }
         let Some(state) = self.state.as_mut() else {
@@ -310,7 +350,8 @@ impl<M: Clone> Member<M> {
         if self.view.ring == [me] {
             // Alone: nothing can be in flight any more.
             self.state = Some(BTreeMap::from([(me, Pending::default())]));
-            self.release_confirms(Some(PubNum::MAX));
+            self.held_out.clear();
+            self.lap_completed(Some(PubNum::MAX));
             let buffered = std::mem::take(&mut self.buffer);
             drop(buffered);
         } else if let Some(state) = self.state.as_mut() {
@@ -328,12 +369,13 @@ impl<M: Clone> Member<M> {
         }
         if old.right(me) != self.view.right(me) && self.view.ring != [me] {
             if let (Some(state), Some(right)) = (self.state.as_ref(), self.view.right(me)) {
+                let state = self.forwarded_only(state.clone());
                 self.out.push_back((
                     right,
                     GmMsg::Catchup {
                         version: self.view.version,
                         from: me,
-                        state: state.clone(),
+                        state,
                     },
                 ));
             }
@@ -372,6 +414,57 @@ impl<M: Clone> Member<M> {
         }
     }
 
+    /// What a catch-up may tell the right: with durable acks, publishes still held here
+    /// (not released, so not forwarded) are left out; they follow as activity.
+    fn forwarded_only(
+        &self,
+        mut state: BTreeMap<MemberId, Pending<M>>,
+    ) -> BTreeMap<MemberId, Pending<M>> {
+        let mut first_held: BTreeMap<MemberId, PubNum> = BTreeMap::new();
+        for item in &self.held_out {
+            if let Some((n, _)) = item.pubs.first() {
+                first_held.entry(item.id).or_insert(*n);
+            }
+        }
+        for (id, first) in first_held {
+            if let Some(p) = state.get_mut(&id) {
+                p.pending_ack.retain(|(n, _)| *n < first);
+                p.last_pub = first.checked_sub(1).min(p.last_pub);
+            }
+        }
+        state
+    }
+
+    /// Queues items for the right neighbour; with durable acks they wait, in order, until
+    /// their publishes are released.
+    fn emit(&mut self, items: Vec<Item<M>>) {
+        if !self.durable_acks {
+            self.send_right(items);
+            return;
+        }
+        self.held_out.extend(items);
+        self.drain_held();
+    }
+
+    fn drain_held(&mut self) {
+        let mut ready = Vec::new();
+        while let Some(item) = self.held_out.front() {
+            let released = self.released.get(&item.id).copied();
+            let ok = item.id == self.me
+                || item
+                    .pubs
+                    .last()
+                    .is_none_or(|(n, _)| released.is_some_and(|r| r >= *n));
+            if !ok {
+                break;
+            }
+            if let Some(item) = self.held_out.pop_front() {
+                ready.push(item);
+            }
+        }
+        self.send_right(ready);
+    }
+
     fn send_right(&mut self, items: Vec<Item<M>>) {
         let me = self.me;
         match self.view.right(me) {
@@ -387,9 +480,22 @@ impl<M: Clone> Member<M> {
         }
     }
 
-    /// Answers `confirmed_broadcast`s up to publish `upto`.
+    /// Own publishes up to `upto` completed their lap.
+    fn lap_completed(&mut self, upto: Option<PubNum>) {
+        self.lap_done = self.lap_done.max(upto);
+        self.release_confirms(self.lap_done);
+    }
+
+    /// Answers `confirmed_broadcast`s up to publish `upto` (with durable acks, no further
+    /// than what the owner released of its own).
     fn release_confirms(&mut self, upto: Option<PubNum>) {
-        let Some(upto) = upto else { return };
+        let Some(mut upto) = upto else { return };
+        if self.durable_acks {
+            match self.released.get(&self.me) {
+                Some(r) => upto = upto.min(*r),
+                None => return,
+            }
+        }
         while self.confirms.front().is_some_and(|(n, _)| *n <= upto) {
             if let Some((_, token)) = self.confirms.pop_front() {
                 self.events.push_back(Event::Confirmed(token));
@@ -446,14 +552,21 @@ impl<M: Clone> Member<M> {
                     });
                 }
             } else {
+                let mut item = item;
+                // A publish seen before (a catch-up and a held activity can both carry it)
+                // is neither delivered nor forwarded twice.
+                item.pubs
+                    .retain(|(n, _)| entry.last_pub.is_none_or(|l| *n > l));
                 for (n, msg) in &item.pubs {
                     entry.pending_ack.push_back((*n, msg.clone()));
                     entry.last_pub = entry.last_pub.max(Some(*n));
-                    deliveries.push((item.id, msg.clone()));
+                    deliveries.push((item.id, *n, msg.clone()));
                 }
-                // Acks retire publishes strictly in order.
-                for _ in &item.acks {
-                    entry.pending_ack.pop_front();
+                // Acks retire publishes in order, up to the highest acked.
+                if let Some(last) = item.acks.iter().max() {
+                    while entry.pending_ack.front().is_some_and(|(n, _)| n <= last) {
+                        entry.pending_ack.pop_front();
+                    }
                 }
                 if let Some(last) = item.acks.last() {
                     entry.last_ack = entry.last_ack.max(Some(*last));
@@ -463,10 +576,10 @@ impl<M: Clone> Member<M> {
                 }
             }
         }
-        self.release_confirms(confirmed);
-        self.send_right(emitted);
-        for (from, msg) in deliveries {
-            self.events.push_back(Event::Deliver { from, msg });
+        self.lap_completed(confirmed);
+        self.emit(emitted);
+        for (from, num, msg) in deliveries {
+            self.events.push_back(Event::Deliver { from, num, msg });
         }
         self.maybe_erase_aliases();
     }
@@ -535,6 +648,9 @@ impl<M: Clone> Member<M> {
             if self.view.owner(id) == Some(me) {
                 // What the new left still holds of ours has passed everyone between us.
                 ours.last_ack = ours.last_ack.max(theirs.last_ack);
+                // An ack that went round means its publish did (with durable acks the
+                // publish may have passed us before we had our state).
+                ours.last_pub = ours.last_pub.max(ours.last_ack);
                 let pubs: Vec<(PubNum, M)> = theirs.pending_ack.into_iter().collect();
                 if !pubs.is_empty() {
                     items.push(Item {
@@ -571,7 +687,7 @@ impl<M: Clone> Member<M> {
             .filter(|id| {
                 state
                     .get(id)
-                    .is_none_or(|p| p.pending_ack.is_empty() && p.last_pub == p.last_ack)
+                    .is_none_or(|p| p.pending_ack.is_empty() && p.last_ack >= p.last_pub)
             })
             .collect();
         if !done.is_empty() {

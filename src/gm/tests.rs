@@ -29,24 +29,64 @@ struct Ring {
     confirmed: BTreeMap<MemberId, Vec<u64>>,
     changes: BTreeMap<MemberId, Vec<Change>>,
     stopped: Vec<MemberId>,
+    /// Members run with durable acks.
+    durable: bool,
+    /// Per member and origin: the highest publish number delivered, and released.
+    seen: BTreeMap<MemberId, BTreeMap<MemberId, PubNum>>,
+    released: BTreeMap<MemberId, BTreeMap<MemberId, PubNum>>,
+    /// Broadcasts so far (a clock for "ready before"), when each member got its state (a
+    /// joiner with its first catch-up: what was in flight then is backlog, not delivered to
+    /// it), and each confirmed broadcast's (origin, token = publish number) time.
+    clock: usize,
+    ready: BTreeMap<MemberId, usize>,
+    sent_at: BTreeMap<(MemberId, u64), usize>,
+    /// Confirmations that came while a member there before the broadcast had not released.
+    violations: Vec<String>,
 }
 
 impl Ring {
     /// Member 1 alone, then 2, 3, ... each joining on the right of the previous one.
     fn new(n: u64) -> Ring {
+        Ring::build(n, false)
+    }
+
+    fn build(n: u64, durable: bool) -> Ring {
         let mut r = Ring {
             record: GroupRecord {
                 version: 1,
                 members: vec![Slot::Alive(m(1))],
             },
+            durable,
             ..Ring::default()
         };
-        r.members.insert(m(1), Member::new(m(1), &r.record));
+        let first = r.member(m(1));
+        r.members.insert(m(1), first);
         for node in 2..=n {
             r.join(m(node), m(node - 1));
         }
         r.pump();
         r
+    }
+
+    fn member(&mut self, id: MemberId) -> Member<String> {
+        let member = Member::new(id, &self.record);
+        if self.durable {
+            member.with_durable_acks()
+        } else {
+            member
+        }
+    }
+
+    /// `id` releases everything it delivered (durable acks: it is on disk now).
+    fn release(&mut self, id: MemberId) {
+        let seen = self.seen.get(&id).cloned().unwrap_or_default();
+        if let Some(member) = self.members.get_mut(&id) {
+            for (origin, n) in seen {
+                member.release(origin, n);
+                self.released.entry(id).or_default().insert(origin, n);
+            }
+        }
+        self.collect();
     }
 
     fn bump(&mut self) {
@@ -68,7 +108,8 @@ impl Ring {
             .expect("left is a member");
         self.record.members.insert(at + 1, Slot::Alive(id));
         self.record.version += 1;
-        self.members.insert(id, Member::new(id, &self.record));
+        let member = self.member(id);
+        self.members.insert(id, member);
         self.record.version -= 1;
         self.bump();
     }
@@ -90,23 +131,48 @@ impl Ring {
     /// Takes every member's output into the links and its events into the records.
     fn collect(&mut self) {
         let mut erase = Vec::new();
+        let mut confirmed = Vec::new();
         for (id, member) in self.members.iter_mut() {
+            if member.is_ready() {
+                self.ready.entry(*id).or_insert(self.clock);
+            }
             while let Some((to, msg)) = member.poll_transmit() {
                 self.trace.push((*id, to, msg.clone()));
                 self.links.entry((*id, to)).or_default().push_back(msg);
             }
             while let Some(e) = member.poll_event() {
                 match e {
-                    Event::Deliver { from, msg } => {
-                        self.delivered.entry(*id).or_default().push((from, msg))
+                    Event::Deliver { from, num, msg } => {
+                        self.delivered.entry(*id).or_default().push((from, msg));
+                        self.seen.entry(*id).or_default().insert(from, num);
                     }
-                    Event::Confirmed(t) => self.confirmed.entry(*id).or_default().push(t),
+                    Event::Confirmed(t) => {
+                        self.confirmed.entry(*id).or_default().push(t);
+                        confirmed.push((*id, t));
+                    }
                     Event::MembersChanged { births, deaths } => {
                         self.changes.entry(*id).or_default().push((births, deaths))
                     }
                     Event::EraseAliases(ids) => erase.extend(ids),
                     Event::Stopped => self.stopped.push(*id),
                     Event::Joined { .. } => {}
+                }
+            }
+        }
+        if self.durable {
+            // A confirmed publish is released on every live member that had its state before
+            // it was sent (when the origin is left alone, the others are dead and owe nothing).
+            for (origin, t) in confirmed {
+                let at = self.sent_at.get(&(origin, t)).copied().unwrap_or(0);
+                for id in self.members.keys() {
+                    let released = self.released.get(id).and_then(|r| r.get(&origin));
+                    if self.ready.get(id).is_some_and(|b| *b < at)
+                        && released.is_none_or(|r| *r < t)
+                    {
+                        self.violations.push(format!(
+                            "{origin:?}'s {t} confirmed before {id:?} released it"
+                        ));
+                    }
                 }
             }
         }
@@ -142,17 +208,57 @@ impl Ring {
         }
         self.collect();
         let mut n = 0;
-        while self.step() {
+        loop {
+            while self.step() {
+                n += 1;
+                assert!(n < 100_000, "the ring does not settle");
+            }
+            if !self.durable || self.all_quiet() {
+                break;
+            }
+            // Durable acks: everyone writes what it has, and the ring moves on.
+            let ids: Vec<MemberId> = self.members.keys().copied().collect();
+            for id in ids {
+                self.release(id);
+            }
             n += 1;
-            assert!(n < 100_000, "the ring does not settle");
+            assert!(
+                n < 100_000,
+                "the durable ring does not settle: {:#?}",
+                self.members
+                    .values()
+                    .filter(|m| !m.is_quiet())
+                    .collect::<Vec<_>>()
+            );
         }
     }
 
+    /// Delivers every pending message, releasing nothing.
+    fn pump_without_release(&mut self) {
+        for member in self.members.values_mut() {
+            member.flush();
+        }
+        self.collect();
+        while self.step() {}
+    }
+
     fn broadcast(&mut self, id: MemberId, msg: &str) {
+        self.clock += 1;
         self.members
             .get_mut(&id)
             .expect("member")
             .broadcast(msg.into());
+        self.collect();
+    }
+
+    /// A confirmed broadcast whose token is its publish number (`k`-th of `id`).
+    fn confirmed_broadcast(&mut self, id: MemberId, msg: &str, k: u64) {
+        self.clock += 1;
+        self.sent_at.insert((id, k), self.clock);
+        self.members
+            .get_mut(&id)
+            .expect("member")
+            .confirmed_broadcast(msg.into(), k);
         self.collect();
     }
 
@@ -405,6 +511,7 @@ fn a_lone_member_confirms_at_once_and_a_stale_view_is_held() {
     assert!(
         delivered.contains(&Event::Deliver {
             from: m(2),
+            num: 0,
             msg: "late".into()
         }),
         "{delivered:?}"
@@ -503,5 +610,125 @@ proptest! {
             }
         }
         prop_assert!(r.all_quiet());
+    }
+}
+
+#[test]
+fn durable_acks_hold_each_hop_until_released_and_the_confirm_until_the_origin_released() {
+    let mut r = Ring::build(3, true);
+    r.confirmed_broadcast(m(1), "p", 0);
+    // 1 → 2: the publish goes out at once (the origin's write runs alongside the lap).
+    assert!(r.step());
+    assert_eq!(r.from(m(2), m(1)), strings(&["p"]));
+    assert!(
+        !r.step(),
+        "2 forwards nothing before it released the publish"
+    );
+    r.release(m(2));
+    assert!(r.step(), "2 → 3 once released");
+    assert_eq!(r.from(m(3), m(1)), strings(&["p"]));
+    assert!(!r.step(), "3 holds it until released");
+    r.release(m(3));
+    assert!(r.step(), "3 → 1: the lap is done");
+    assert!(
+        !r.confirmed.contains_key(&m(1)),
+        "no confirm before the origin itself released"
+    );
+    r.release(m(1));
+    assert_eq!(r.confirmed.get(&m(1)), Some(&vec![0]));
+    r.pump();
+    assert!(r.all_quiet());
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+#[test]
+fn a_catchup_leaves_out_what_the_sender_has_not_released() {
+    let mut r = Ring::build(3, true);
+    r.confirmed_broadcast(m(1), "p", 0);
+    assert!(r.step(), "1 → 2");
+    // 2 holds "p" (not released) when 3 dies: its catch-up to 1 must not say it has it
+    // forwarded, or 1 would count the lap complete.
+    r.kill(m(3), false);
+    r.pump_without_release();
+    assert!(!r.confirmed.contains_key(&m(1)), "{:?}", r.confirmed);
+    r.release(m(1));
+    r.pump_without_release();
+    assert!(!r.confirmed.contains_key(&m(1)), "2 has not released it");
+    r.release(m(2));
+    r.pump_without_release();
+    assert_eq!(r.confirmed.get(&m(1)), Some(&vec![0]));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+/// One step of a random schedule with durable acks.
+#[derive(Clone, Debug)]
+enum DurableOp {
+    Confirmed(u64),
+    Release(u64),
+    Step,
+    Kill(u64, bool),
+    Join(u64),
+}
+
+fn durable_op() -> impl Strategy<Value = DurableOp> {
+    prop_oneof![
+        4 => (1u64..=5).prop_map(DurableOp::Confirmed),
+        3 => (1u64..=8).prop_map(DurableOp::Release),
+        8 => Just(DurableOp::Step),
+        1 => ((1u64..=5), any::<bool>()).prop_map(|(n, lose)| DurableOp::Kill(n, lose)),
+        1 => (1u64..=5).prop_map(DurableOp::Join),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// With durable acks, under any schedule: no confirm reaches an origin while a live
+    /// member born before the publish has not released it; once everyone releases, every
+    /// surviving origin's confirms all come, in order, and nothing is left in flight; no
+    /// member delivers anything twice.
+    #[test]
+    fn durable_acks_confirm_only_what_every_member_released(
+        ops in prop::collection::vec(durable_op(), 1..120)
+    ) {
+        let mut r = Ring::build(5, true);
+        let mut sent: BTreeMap<MemberId, u64> = BTreeMap::new();
+        let mut next = 6;
+        for op in ops {
+            match op {
+                DurableOp::Join(n) if r.members.contains_key(&m(n)) && next < 9 => {
+                    r.join(m(next), m(n));
+                    next += 1;
+                }
+                DurableOp::Confirmed(n) if r.members.contains_key(&m(n)) => {
+                    let k = sent.entry(m(n)).or_default();
+                    let token = *k;
+                    *k += 1;
+                    r.confirmed_broadcast(m(n), &format!("{n}-{token}"), token);
+                }
+                DurableOp::Release(n) => r.release(m(n)),
+                DurableOp::Step => { r.step(); }
+                DurableOp::Kill(n, lose) if r.members.len() > 2 && r.members.contains_key(&m(n)) => {
+                    r.kill(m(n), lose);
+                }
+                _ => {}
+            }
+            prop_assert!(r.violations.is_empty(), "{:?}", r.violations);
+        }
+        r.pump();
+        prop_assert!(r.violations.is_empty(), "{:?}", r.violations);
+        prop_assert!(r.all_quiet());
+        for (origin, k) in &sent {
+            if r.members.contains_key(origin) {
+                let expect: Vec<u64> = (0..*k).collect();
+                prop_assert_eq!(r.confirmed.get(origin).cloned().unwrap_or_default(), expect);
+            }
+        }
+        for (id, got) in &r.delivered {
+            let mut seen = std::collections::BTreeSet::new();
+            for d in got {
+                prop_assert!(seen.insert(d.clone()), "{:?} delivered {:?} twice", id, d);
+            }
+        }
     }
 }

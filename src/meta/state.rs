@@ -500,7 +500,12 @@ impl MetaState {
                         node.id
                     )));
                 }
-                applied.created = self.nodes.insert(node.id, node.clone()).is_none();
+                let previous = self.nodes.insert(node.id, node.clone());
+                applied.created = previous.is_none();
+                if previous.is_some_and(|p| p.incarnation != node.incarnation) {
+                    // A new incarnation: the node restarted, and its GM members with it.
+                    self.gm_node_died(node.id);
+                }
             }
             Command::ForgetNode { id } => {
                 if self.nodes.remove(id).is_none() {
@@ -520,6 +525,10 @@ impl MetaState {
                     q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
                         || (q.home == *id && !q.durable)
                 })?;
+                // Its GM members are dead: their inheritors carry their messages on. A
+                // member that was only cut off finds itself dead when it hears of this
+                // record, and stops (its owner may join again as a new member).
+                self.gm_node_died(*id);
             }
             Command::GmGroup {
                 name,
@@ -606,6 +615,25 @@ impl MetaState {
     }
 
     /// Deletes, in every vhost, the queues `doomed` picks (with their bindings).
+    /// Marks every live GM member on `node` dead, one version step per group it was in.
+    fn gm_node_died(&mut self, node: NodeId) {
+        use crate::gm::Slot;
+        for record in self.gm_groups.values_mut() {
+            let mut changed = false;
+            for slot in &mut record.members {
+                if let Slot::Alive(id) = *slot {
+                    if id.node == node {
+                        *slot = Slot::Dead(id);
+                        changed = true;
+                    }
+                }
+            }
+            if changed {
+                record.version += 1;
+            }
+        }
+    }
+
     fn delete_queues_where(
         &mut self,
         applied: &mut Applied,
@@ -1007,5 +1035,38 @@ mod tests {
         s.apply(&Command::GmForget { name: "q".into() }).unwrap();
         assert!(s.gm_groups.is_empty());
         assert!(s.apply(&Command::GmForget { name: "q".into() }).is_err());
+    }
+
+    #[test]
+    fn a_node_down_or_restarted_kills_its_gm_members_in_every_group() {
+        use crate::gm::{MemberId, Slot};
+        let m = |node, since| MemberId { node, since };
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let group = |name: &str, members: Vec<Slot>| Command::GmGroup {
+            name: name.into(),
+            expected_version: 0,
+            members,
+        };
+        s.apply(&group("a", vec![Slot::Alive(m(1, 1)), Slot::Alive(m(2, 1))]))
+            .unwrap();
+        s.apply(&group("b", vec![Slot::Alive(m(3, 1))])).unwrap();
+        s.apply(&Command::NodeDown { id: 2 }).unwrap();
+        assert_eq!(s.gm_groups["a"].version, 2);
+        assert_eq!(
+            s.gm_groups["a"].members,
+            [Slot::Alive(m(1, 1)), Slot::Dead(m(2, 1))]
+        );
+        assert_eq!(s.gm_groups["b"].version, 1, "untouched groups keep their version");
+        // Registering the same incarnation again changes nothing; a new one is a restart.
+        s.apply(&Command::RegisterNode(node(3))).unwrap();
+        assert_eq!(s.gm_groups["b"].members, [Slot::Alive(m(3, 1))]);
+        let mut restarted = node(3);
+        restarted.incarnation = 7;
+        s.apply(&Command::RegisterNode(restarted)).unwrap();
+        assert_eq!(s.gm_groups["b"].members, [Slot::Dead(m(3, 1))]);
+        assert_eq!(s.gm_groups["b"].version, 2);
     }
 }

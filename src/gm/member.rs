@@ -216,6 +216,11 @@ impl<M: Clone> Member<M> {
         self.me
     }
 
+    /// Its right neighbour in the view it acts on (itself when alone).
+    pub fn right(&self) -> Option<MemberId> {
+        self.view.right(self.me)
+    }
+
     /// The view version it acts on.
     pub fn version(&self) -> u64 {
         self.view.version

@@ -15,9 +15,11 @@
 
 pub mod member;
 pub mod view;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;
 
 pub use member::{Event, GmMsg, Item, Member, Pending, PubNum};
 pub use view::{GroupRecord, MemberId, Slot, View};
+pub use wire::{GmFrame, GmReply, Inbox, Outbox};

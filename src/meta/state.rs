@@ -1050,8 +1050,11 @@ mod tests {
             expected_version: 0,
             members,
         };
-        s.apply(&group("a", vec![Slot::Alive(m(1, 1)), Slot::Alive(m(2, 1))]))
-            .unwrap();
+        s.apply(&group(
+            "a",
+            vec![Slot::Alive(m(1, 1)), Slot::Alive(m(2, 1))],
+        ))
+        .unwrap();
         s.apply(&group("b", vec![Slot::Alive(m(3, 1))])).unwrap();
         s.apply(&Command::NodeDown { id: 2 }).unwrap();
         assert_eq!(s.gm_groups["a"].version, 2);
@@ -1059,7 +1062,10 @@ mod tests {
             s.gm_groups["a"].members,
             [Slot::Alive(m(1, 1)), Slot::Dead(m(2, 1))]
         );
-        assert_eq!(s.gm_groups["b"].version, 1, "untouched groups keep their version");
+        assert_eq!(
+            s.gm_groups["b"].version, 1,
+            "untouched groups keep their version"
+        );
         // Registering the same incarnation again changes nothing; a new one is a restart.
         s.apply(&Command::RegisterNode(node(3))).unwrap();
         assert_eq!(s.gm_groups["b"].members, [Slot::Alive(m(3, 1))]);

@@ -10,6 +10,8 @@
 //!   failure detector, membership, and queue placement.
 //! - [`relay`]: queues of other nodes: forwarded publishes, remote consumers, acks and
 //!   deliveries over the node links.
+//! - [`gm_host`]: a node's GM members, their views from the metadata, their messages over
+//!   the node links (or any [`gm_host::GmNet`]).
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
 
 pub mod admin;
@@ -18,6 +20,7 @@ pub mod cluster;
 pub mod conn_task;
 pub mod disk_free;
 pub mod file_disk;
+pub mod gm_host;
 pub mod inspect;
 pub mod node;
 pub mod node_link;

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::meta::raft::NodeId;
 
-pub use transport::TcpTransport;
+pub use transport::{GmService, TcpTransport};
 
 /// Settings of one node's links.
 #[derive(Clone, Debug, PartialEq, Eq)]

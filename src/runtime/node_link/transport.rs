@@ -48,6 +48,9 @@ pub trait BrokerService: Send + Sync {
     fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply;
 }
 
+/// The handler of [`Service::Gm`] requests: takes a frame, returns the reply at once.
+pub type GmService = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+
 /// One established connection to a peer.
 struct Link {
     peer: NodeId,
@@ -123,6 +126,7 @@ struct Shared {
     last_seen: Mutex<BTreeMap<NodeId, Instant>>,
     raft: Mutex<Option<RpcServer>>,
     broker: Mutex<Option<Arc<dyn BrokerService>>>,
+    gm: Mutex<Option<GmService>>,
     stop: CancellationToken,
 }
 
@@ -149,6 +153,7 @@ impl TcpTransport {
             last_seen: Mutex::new(BTreeMap::new()),
             raft: Mutex::new(None),
             broker: Mutex::new(None),
+            gm: Mutex::new(None),
             stop: CancellationToken::new(),
         });
         tokio::spawn(accept_loop(Arc::clone(&shared), listener));
@@ -189,6 +194,12 @@ impl TcpTransport {
     /// Delivers incoming broker requests to `service`.
     pub fn serve_broker(&self, service: Arc<dyn BrokerService>) {
         *lock(&self.shared.broker) = Some(service);
+    }
+
+    /// Delivers incoming GM frames to `service` (a [`crate::runtime::gm_host::GmHost`]'s
+    /// `handle_frame`).
+    pub fn serve_gm(&self, service: GmService) {
+        *lock(&self.shared.gm) = Some(service);
     }
 
     /// Queues a [`Service::Broker`] request for `node` (dialling it if needed) and returns
@@ -252,6 +263,24 @@ impl TcpTransport {
         }
         *lock(&self.shared.raft) = None;
         *lock(&self.shared.broker) = None;
+        *lock(&self.shared.gm) = None;
+    }
+}
+
+impl crate::runtime::gm_host::GmNet for TcpTransport {
+    async fn call(
+        &self,
+        to: NodeId,
+        frame: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let work = async {
+            let link = link_to(&self.shared, to, None).await?;
+            link.request(Service::Gm, frame).await
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| TransportError::Timeout)?
     }
 }
 
@@ -611,6 +640,25 @@ async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: FrameReader
                     // The link may have closed meanwhile; the caller then sees that.
                     let _ = out.send(Envelope::Response { id, result }).await;
                 });
+            }
+            Envelope::Request {
+                id,
+                service: Service::Gm,
+                payload,
+            } => {
+                let service = lock(&shared.gm).clone();
+                let result = match service {
+                    Some(s) => Ok(s(&payload)),
+                    None => Err(RemoteFailure::NotServing),
+                };
+                let env = Envelope::Response { id, result };
+                let out = link.out.clone();
+                // As for broker replies: never wait on our own writer from the reader.
+                if let Err(mpsc::error::TrySendError::Full(env)) = out.try_send(env) {
+                    tokio::spawn(async move {
+                        let _ = out.send(env).await;
+                    });
+                }
             }
             Envelope::Request {
                 id,

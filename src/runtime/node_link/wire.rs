@@ -16,7 +16,7 @@ use super::LinkError;
 use crate::meta::raft::NodeId;
 
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded
 /// publishes and deliveries get their own variants so they share the one connection.
@@ -27,6 +27,8 @@ pub enum Service {
     /// Broker traffic for queues of another node (publishes, consumers, acks,
     /// deliveries): handled in arrival order, see [`super::transport::BrokerService`].
     Broker,
+    /// GM frames between members' hosts ([`crate::runtime::gm_host`]).
+    Gm,
 }
 
 /// Why a peer could not answer a request.

@@ -1,0 +1,307 @@
+//! GM over real TCP node links on 127.0.0.1: members on three in-process nodes (each with
+//! its metadata Raft member and a [`GmHost`]) join one group through Raft, broadcast, and
+//! carry on when a node dies (recorded by `NodeDown`, as the failure detector does) or a
+//! member leaves; with durable acks a confirm waits for every member's release.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use warren::gm::{Event, MemberId};
+use warren::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
+use warren::meta::Command;
+use warren::runtime::gm_host::{GmHandle, GmHost, GmHostConfig};
+use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
+use warren::store::{Disk, MemDisk};
+
+async fn bounded<F: Future<Output = ()>>(test: F) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("test finished in time");
+}
+
+struct Node {
+    link: TcpTransport,
+    raft: MetaRaft,
+    host: GmHost<TcpTransport>,
+}
+
+async fn cluster(n: u64) -> BTreeMap<NodeId, Node> {
+    let mut links = BTreeMap::new();
+    let mut addrs = BTreeMap::new();
+    for id in 1..=n {
+        let cfg = NodeLinkConfig {
+            heartbeat_interval: Duration::from_millis(50),
+            peer_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(500),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+            ..NodeLinkConfig::new("gm-test", id)
+        };
+        let link = TcpTransport::bind("127.0.0.1:0", cfg).await.expect("bind");
+        addrs.insert(id, link.local_addr().to_string());
+        links.insert(id, link);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, link) in links {
+        for (peer, addr) in &addrs {
+            if *peer != id {
+                link.set_peer(*peer, addr.clone());
+            }
+        }
+        let disk: Arc<dyn Disk> = Arc::new(MemDisk::new());
+        let raft = MetaRaft::start(
+            id,
+            link.clone(),
+            disk,
+            Path::new("/raft"),
+            &MetaRaftConfig {
+                cluster_name: "gm-test".into(),
+                heartbeat: Duration::from_millis(50),
+                election_timeout_min: Duration::from_millis(250),
+                election_timeout_max: Duration::from_millis(500),
+                propose_timeout: Duration::from_secs(3),
+                ..MetaRaftConfig::default()
+            },
+            7 + id,
+        )
+        .await
+        .expect("raft starts");
+        link.serve(raft.rpc_server());
+        let host = GmHost::new(id, link.clone(), raft.clone(), GmHostConfig::default());
+        let h = host.clone();
+        link.serve_gm(Arc::new(move |frame: &[u8]| h.handle_frame(frame)));
+        nodes.insert(id, Node { link, raft, host });
+    }
+    nodes[&1].raft.initialize(addrs).await.expect("initialise");
+    nodes
+}
+
+async fn kill(nodes: &mut BTreeMap<NodeId, Node>, id: NodeId) {
+    if let Some(node) = nodes.remove(&id) {
+        let _ = node.raft.shutdown().await;
+        node.link.shutdown();
+    }
+}
+
+/// Collects events until `want` deliveries came (or the member stopped).
+async fn deliveries(h: &mut GmHandle, want: usize) -> Vec<(MemberId, String)> {
+    let mut got = Vec::new();
+    while got.len() < want {
+        match h.next_event().await {
+            Some(Event::Deliver { from, msg, .. }) => {
+                got.push((from, String::from_utf8_lossy(&msg).into_owned()))
+            }
+            Some(Event::Stopped) | None => break,
+            Some(_) => {}
+        }
+    }
+    got
+}
+
+fn from(got: &[(MemberId, String)], origin: MemberId) -> Vec<String> {
+    got.iter()
+        .filter(|(o, _)| *o == origin)
+        .map(|(_, s)| s.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_deliver_every_broadcast_in_per_origin_order() {
+    bounded(async {
+        let nodes = cluster(3).await;
+        let mut handles = Vec::new();
+        for id in 1..=3 {
+            handles.push(nodes[&id].host.join("g", false).await.expect("join"));
+        }
+        let ids: Vec<MemberId> = handles.iter().map(|h| h.id()).collect();
+        assert_eq!(ids.iter().map(|m| m.node).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(ids.windows(2).all(|w| w[0].since < w[1].since));
+        // Let every member get its state (the joiners' catch-ups) before broadcasting, so
+        // each of them is in the group before the first message.
+        for h in &handles {
+            h.confirmed_broadcast(Bytes::from(format!("hello-{}", h.id().node)))
+                .await
+                .expect("a lap completes");
+        }
+        let mut confirms = Vec::new();
+        for h in &handles {
+            for k in 0..100 {
+                confirms.push(h.confirmed_broadcast(Bytes::from(format!("{}-{k}", h.id().node))));
+            }
+        }
+        for c in confirms {
+            c.await.expect("confirmed");
+        }
+        for h in &mut handles {
+            let got = deliveries(h, 303).await;
+            for origin in &ids {
+                let mut expect = vec![format!("hello-{}", origin.node)];
+                expect.extend((0..100).map(|k| format!("{}-{k}", origin.node)));
+                assert_eq!(from(&got, *origin), expect, "{:?} from {origin:?}", h.id());
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_recorded_through_raft_and_the_ring_closes_around_it() {
+    bounded(async {
+        let mut nodes = cluster(3).await;
+        let mut handles = BTreeMap::new();
+        for id in 1..=3 {
+            let h = nodes[&id].host.join("g", false).await.expect("join");
+            h.confirmed_broadcast(Bytes::from_static(b"warm-up"))
+                .await
+                .expect("lap");
+            handles.insert(id, h);
+        }
+        // Node 2 dies with a confirm of node 1 in flight; it cannot complete while node 2 is
+        // in the view and unreachable.
+        kill(&mut nodes, 2).await;
+        let pending = handles[&1].confirmed_broadcast(Bytes::from_static(b"during"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // What the leader's failure detector does: record the death through Raft.
+        let survivor = &nodes[&1].raft;
+        let mut recorded = false;
+        for _ in 0..50 {
+            if survivor.propose(Command::NodeDown { id: 2 }).await.is_ok() {
+                recorded = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(recorded, "NodeDown committed by the two survivors");
+        pending
+            .await
+            .expect("the lap completes around the dead member");
+        handles[&3]
+            .confirmed_broadcast(Bytes::from_static(b"after"))
+            .await
+            .expect("node 3's laps complete too");
+        let h3 = handles.get_mut(&3).expect("member on 3");
+        let mut changed = false;
+        let mut got = Vec::new();
+        while let Some(ev) = h3.try_event() {
+            match ev {
+                Event::MembersChanged { deaths, .. } => {
+                    changed |= deaths.iter().any(|d| d.node == 2)
+                }
+                Event::Deliver { msg, .. } => got.push(msg),
+                _ => {}
+            }
+        }
+        assert!(changed, "node 3 was told of node 2's death");
+        assert!(got.contains(&Bytes::from_static(b"during")));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_acks_hold_the_confirm_until_every_member_released() {
+    bounded(async {
+        let nodes = cluster(3).await;
+        let mut handles = Vec::new();
+        for id in 1..=3 {
+            handles.push(nodes[&id].host.join("d", true).await.expect("join"));
+        }
+        // Members 2 and 3 release everything they deliver, except that 3 holds "x" back.
+        let (mut a, mut rest) = (handles.remove(0), handles);
+        let mut c = rest.pop().expect("3");
+        let b = rest.pop().expect("2");
+        let b_task = tokio::spawn(async move {
+            let mut b = b;
+            while let Some(ev) = b.next_event().await {
+                if let Event::Deliver { from, num, .. } = ev {
+                    b.release(from, num);
+                }
+            }
+        });
+        let confirm = a.confirmed_broadcast(Bytes::from_static(b"x"));
+        // The origin's own copy is durable at once here.
+        loop {
+            match a.next_event().await {
+                Some(Event::Deliver { from, num, .. }) if from == a.id() => {
+                    a.release(from, num);
+                    break;
+                }
+                Some(_) => {}
+                None => panic!("member 1 stopped"),
+            }
+        }
+        let (held_from, held_num) = loop {
+            match c.next_event().await {
+                Some(Event::Deliver { from, num, msg }) if msg == "x" => break (from, num),
+                Some(_) => {}
+                None => panic!("member 3 stopped"),
+            }
+        };
+        let confirm = tokio::spawn(confirm);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !confirm.is_finished(),
+            "no confirm while member 3 holds it back"
+        );
+        c.release(held_from, held_num);
+        confirm
+            .await
+            .expect("task")
+            .expect("confirmed once 3 released");
+        b_task.abort();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_leaves_drains_first_and_the_rest_carry_on() {
+    bounded(async {
+        let nodes = cluster(3).await;
+        let mut handles = Vec::new();
+        for id in 1..=3 {
+            handles.push(nodes[&id].host.join("l", false).await.expect("join"));
+        }
+        for h in &handles {
+            h.confirmed_broadcast(Bytes::from_static(b"warm-up"))
+                .await
+                .expect("lap");
+        }
+        let leaver = handles.remove(1);
+        let last = leaver.confirmed_broadcast(Bytes::from_static(b"bye"));
+        leaver.leave().await.expect("left");
+        last.await
+            .expect("its last broadcast completed before it left");
+        let record = nodes[&1].raft.snapshot().gm_groups["l"].clone();
+        assert!(!record
+            .members
+            .contains(&warren::gm::Slot::Alive(leaver.id())));
+        handles[0]
+            .confirmed_broadcast(Bytes::from_static(b"after"))
+            .await
+            .expect("the two that stay complete laps");
+        let mut leaver = leaver;
+        let mut stopped = false;
+        while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), leaver.next_event())
+            .await
+            .ok()
+            .flatten()
+        {
+            if ev == Event::Stopped {
+                stopped = true;
+                break;
+            }
+        }
+        assert!(stopped, "the leaver stops once the record drops it");
+    })
+    .await;
+}

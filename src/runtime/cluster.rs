@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use super::clock::Clock;
 use super::conn_task::{MetaCommit, MetaFuture};
 use super::file_disk::FileDisk;
+use super::gm_host::{GmHost, GmHostConfig};
 use super::node_link::{NodeLinkConfig, TcpTransport};
 use super::relay::Relay;
 use crate::broker::Broker;
@@ -75,6 +76,7 @@ pub struct Cluster {
     peer_timeout: Duration,
     initialised_here: bool,
     relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+    gm: GmHost<TcpTransport>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -145,6 +147,16 @@ impl Cluster {
         )
         .await?;
         transport.serve(raft.rpc_server());
+        // GM members (mirrored queues) of this node: views from the metadata, frames over
+        // the node links.
+        let gm = GmHost::new(
+            cc.node_id,
+            transport.clone(),
+            raft.clone(),
+            GmHostConfig::default(),
+        );
+        let gm_frames = gm.clone();
+        transport.serve_gm(Arc::new(move |frame: &[u8]| gm_frames.handle_frame(frame)));
 
         let lowest = cc.initial_members.iter().map(|m| m.id).min();
         let mut initialised_here = false;
@@ -185,6 +197,7 @@ impl Cluster {
             peer_timeout: Duration::from_millis(cc.peer_timeout_ms),
             initialised_here,
             relay,
+            gm,
             tasks,
         })
     }
@@ -301,6 +314,11 @@ impl Cluster {
     /// The Raft member (for status and admin commands).
     pub fn raft(&self) -> &MetaRaft {
         &self.raft
+    }
+
+    /// This node's GM host.
+    pub fn gm(&self) -> &GmHost<TcpTransport> {
+        &self.gm
     }
 
     /// The node links.

@@ -13,6 +13,7 @@ compile_error!(
      RUSTFLAGS=\"--cfg tokio_unstable\""
 );
 
+pub mod gm_scenario;
 pub mod scenario;
 pub mod trace;
 pub mod transport;

@@ -1,12 +1,14 @@
 //! `sim --seed N` replays one run and prints its trace; `sim --seeds A..B` sweeps.
+//! `--scenario raft|gm|all` picks the scenario (default: all, the Raft one then the GM one).
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: sim --seed N [--quiet] | sim --seeds A..B [--verbose]
-  --seed N     run seed N, print its trace, then PASS or FAIL
-  --seeds A..B run seeds A to B-1 (A..=B includes B), one line per seed
-  --quiet      (with --seed) print only the verdict
-  --verbose    (with --seeds) print every trace, not only failing ones";
+const USAGE: &str = "usage: sim [--scenario raft|gm|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
+  --scenario S  raft: the metadata Raft group; gm: the GM ring; all (default): both
+  --seed N      run seed N, print its trace, then PASS or FAIL
+  --seeds A..B  run seeds A to B-1 (A..=B includes B), one line per seed
+  --quiet       (with --seed) print only the verdict
+  --verbose     (with --seeds) print every trace, not only failing ones";
 
 fn parse_range(s: &str) -> Option<(u64, u64)> {
     if let Some((a, b)) = s.split_once("..=") {
@@ -17,6 +19,8 @@ fn parse_range(s: &str) -> Option<(u64, u64)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
+type Scenario = (&'static str, fn(u64) -> sim::Outcome);
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| args.iter().any(|a| a == f);
@@ -26,18 +30,35 @@ fn main() -> ExitCode {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    let raft: Scenario = ("raft", sim::run_seed);
+    let gm: Scenario = ("gm", sim::gm_scenario::run_seed);
+    let scenarios: Vec<Scenario> = match value("--scenario").as_deref() {
+        None | Some("all") => vec![raft, gm],
+        Some("raft") => vec![raft],
+        Some("gm") => vec![gm],
+        Some(_) => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(seed) = value("--seed") {
         let Ok(seed) = seed.parse::<u64>() else {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         };
-        let out = sim::run_seed(seed);
-        if !flag("--quiet") {
-            for line in &out.trace {
-                println!("{line}");
+        let mut status = ExitCode::SUCCESS;
+        for (name, run) in &scenarios {
+            let out = run(seed);
+            if !flag("--quiet") {
+                for line in &out.trace {
+                    println!("{line}");
+                }
+            }
+            if report(name, &out) != ExitCode::SUCCESS {
+                status = ExitCode::FAILURE;
             }
         }
-        return report(&out);
+        return status;
     }
     if let Some(range) = value("--seeds") {
         let Some((a, b)) = parse_range(&range) else {
@@ -45,21 +66,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         };
         let mut failed = Vec::new();
+        let mut runs = 0;
         for seed in a..b {
-            let out = sim::run_seed(seed);
-            if flag("--verbose") || !out.passed() {
-                for line in &out.trace {
-                    println!("{line}");
+            for (name, run) in &scenarios {
+                runs += 1;
+                let out = run(seed);
+                if flag("--verbose") || !out.passed() {
+                    for line in &out.trace {
+                        println!("{line}");
+                    }
                 }
-            }
-            if report(&out) != ExitCode::SUCCESS {
-                failed.push(seed);
+                if report(name, &out) != ExitCode::SUCCESS {
+                    failed.push(format!("{name}:{seed}"));
+                }
             }
         }
         println!(
-            "{} of {} seeds passed{}",
-            (b - a) as usize - failed.len(),
-            b - a,
+            "{} of {runs} runs passed{}",
+            runs - failed.len(),
             if failed.is_empty() {
                 String::new()
             } else {
@@ -76,16 +100,19 @@ fn main() -> ExitCode {
     ExitCode::from(2)
 }
 
-fn report(out: &sim::Outcome) -> ExitCode {
+fn report(scenario: &str, out: &sim::Outcome) -> ExitCode {
     if out.passed() {
-        println!("seed {} PASS", out.seed);
+        println!("{scenario} seed {} PASS", out.seed);
         ExitCode::SUCCESS
     } else {
-        println!("seed {} FAIL", out.seed);
+        println!("{scenario} seed {} FAIL", out.seed);
         for f in &out.failures {
             println!("  {f}");
         }
-        println!("  reproduce: cargo run -p sim -- --seed {}", out.seed);
+        println!(
+            "  reproduce: cargo run -p sim -- --scenario {scenario} --seed {}",
+            out.seed
+        );
         ExitCode::FAILURE
     }
 }

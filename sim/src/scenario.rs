@@ -354,6 +354,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
                 Kind::Propose => handle_propose(&node, &body).await,
+                Kind::Gm | Kind::Ping => Vec::new(),
             }
         })
     });

@@ -34,6 +34,10 @@ pub enum Kind {
     Raft = 0,
     /// A client proposal (see [`crate::scenario`]).
     Propose = 1,
+    /// A GM frame for the host's [`warren::runtime::gm_host::GmHost`].
+    Gm = 2,
+    /// A liveness probe for the failure detector (answered empty).
+    Ping = 3,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -273,6 +277,8 @@ async fn serve_conn(stream: TcpStream, handler: Handler) {
         let kind = match body.remove(0) {
             0 => Kind::Raft,
             1 => Kind::Propose,
+            2 => Kind::Gm,
+            3 => Kind::Ping,
             _ => break,
         };
         let handler = Arc::clone(&handler);

@@ -216,6 +216,11 @@ impl<M: Clone> Member<M> {
         self.me
     }
 
+    /// The view it acts on.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
     /// Its right neighbour in the view it acts on (itself when alone).
     pub fn right(&self) -> Option<MemberId> {
         self.view.right(self.me)
@@ -356,7 +361,9 @@ impl<M: Clone> Member<M> {
             // Alone: nothing can be in flight any more.
             self.state = Some(BTreeMap::from([(me, Pending::default())]));
             self.held_out.clear();
-            self.lap_completed(Some(PubNum::MAX));
+            // Everything broadcast so far has completed its lap (not more: a later
+            // broadcast, once others join, must make its own).
+            self.lap_completed(self.next_pub.checked_sub(1));
             let buffered = std::mem::take(&mut self.buffer);
             drop(buffered);
         } else if let Some(state) = self.state.as_mut() {

@@ -159,13 +159,21 @@ impl Ring {
                 }
             }
         }
-        if self.durable {
-            // A confirmed publish is released on every live member that had its state before
-            // it was sent (when the origin is left alone, the others are dead and owe nothing).
+        {
+            // G7: a confirmed publish was delivered (with durable acks: released) on every
+            // live member that had its state before it was sent (when the origin is left
+            // alone, the others are dead and owe nothing).
+            let held = if self.durable {
+                &self.released
+            } else {
+                &self.seen
+            };
             for (origin, t) in confirmed {
-                let at = self.sent_at.get(&(origin, t)).copied().unwrap_or(0);
+                let Some(at) = self.sent_at.get(&(origin, t)).copied() else {
+                    continue;
+                };
                 for id in self.members.keys() {
-                    let released = self.released.get(id).and_then(|r| r.get(&origin));
+                    let released = held.get(id).and_then(|r| r.get(&origin));
                     if self.ready.get(id).is_some_and(|b| *b < at)
                         && released.is_none_or(|r| *r < t)
                     {
@@ -560,8 +568,14 @@ proptest! {
                 }
                 Op::Broadcast(n) if r.members.contains_key(&m(n)) => {
                     let k = sent.entry(m(n)).or_default();
-                    r.broadcast(m(n), &format!("{n}-{k}"));
+                    let this = *k;
                     *k += 1;
+                    // Every third one is a confirmed broadcast (token = publish number).
+                    if this.is_multiple_of(3) {
+                        r.confirmed_broadcast(m(n), &format!("{n}-{this}"), this);
+                    } else {
+                        r.broadcast(m(n), &format!("{n}-{this}"));
+                    }
                 }
                 Op::Flush(n) => {
                     if let Some(member) = r.members.get_mut(&m(n)) {
@@ -577,6 +591,7 @@ proptest! {
             }
         }
         r.pump();
+        prop_assert!(r.violations.is_empty(), "G7: {:?}", r.violations);
         let survivors: Vec<MemberId> = r.members.keys().copied().collect();
         let founders: Vec<MemberId> = survivors.iter().copied().filter(|id| id.node <= 5).collect();
         for origin in (1..next).map(m) {
@@ -731,4 +746,28 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_member_left_alone_and_joined_again_confirms_only_after_a_real_lap() {
+    let mut r = Ring::new(2);
+    r.kill(m(2), false);
+    r.pump();
+    r.join(m(3), m(1));
+    r.pump();
+    r.confirmed_broadcast(m(1), "a", 0);
+    r.confirmed_broadcast(m(1), "b", 1);
+    assert!(!r.confirmed.contains_key(&m(1)));
+    // "a" comes back first: only "a" has made its lap then.
+    while !r.confirmed.contains_key(&m(1)) {
+        assert!(r.step(), "the lap completes");
+    }
+    assert_eq!(
+        r.confirmed.get(&m(1)),
+        Some(&vec![0]),
+        "being alone once does not confirm later broadcasts early"
+    );
+    r.pump();
+    assert_eq!(r.confirmed.get(&m(1)), Some(&vec![0, 1]));
+    assert_eq!(r.from(m(3), m(1)), strings(&["a", "b"]));
 }

@@ -446,6 +446,12 @@ async fn watch_nodes(
             if declared.contains(&id) {
                 continue;
             }
+            // A leader cut off from the majority keeps believing it leads, and from there
+            // every peer looks down: only a leadership a quorum confirms may decide (the
+            // proposal would otherwise be forwarded to the real leader and commit).
+            if raft.linearizable_snapshot().await.is_err() {
+                break;
+            }
             tracing::warn!(
                 node = id,
                 "node down: removing its transient and exclusive queues"

@@ -555,11 +555,12 @@ impl<N: GmNet + Clone> MemberTask<N> {
                 }
             }
         }
-        // Streams to members that are no longer our right neighbour are dropped: what they
-        // still hold would be ignored there (a catch-up replaces it).
-        let right = self.member.right();
+        // A stream lives as long as its receiver: a member that was our right neighbour
+        // and becomes it again must get the rest of the same numbered stream (a new one
+        // would restart at 1 and be taken for a resend). Streams to dead members go.
+        let view = self.member.view();
         self.senders.retain(|to, (_, task)| {
-            let keep = Some(*to) == right;
+            let keep = view.is_alive(*to);
             if !keep {
                 task.abort();
             }

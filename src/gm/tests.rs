@@ -771,3 +771,154 @@ fn a_member_left_alone_and_joined_again_confirms_only_after_a_real_lap() {
     assert_eq!(r.confirmed.get(&m(1)), Some(&vec![0, 1]));
     assert_eq!(r.from(m(3), m(1)), strings(&["a", "b"]));
 }
+
+/// The messages sent since `from` in the trace.
+fn sent_since(r: &Ring, from: usize) -> Vec<(MemberId, MemberId, GmMsg<String>)> {
+    r.trace[from..].to_vec()
+}
+
+fn pending(pubs: &[(u64, &str)], last_pub: Option<u64>, last_ack: Option<u64>) -> Pending<String> {
+    Pending {
+        pending_ack: pubs.iter().map(|(n, s)| (*n, s.to_string())).collect(),
+        last_pub,
+        last_ack,
+    }
+}
+
+#[test]
+fn a_joiner_gets_its_left_neighbours_state_and_passes_it_on_exactly() {
+    let mut r = Ring::new(2);
+    r.broadcast(m(1), "a");
+    r.members.get_mut(&m(1)).expect("member").flush();
+    r.collect();
+    assert!(r.step(), "1 → 2: 'a' in flight at 2 when 3 joins");
+    let mark = r.trace.len();
+    r.join(m(3), m(2));
+    let v = r.record.version;
+    let state = BTreeMap::from([
+        // 2 has forwarded 'a' (to 1, its right until now) and holds it until the ack.
+        (m(1), pending(&[(0, "a")], Some(0), None)),
+        (m(2), Pending::default()),
+        (m(3), Pending::default()),
+    ]);
+    assert_eq!(
+        sent_since(&r, mark),
+        vec![
+            // 2's right changed to the joiner: its whole state goes there...
+            (
+                m(2),
+                m(3),
+                GmMsg::Catchup {
+                    version: v,
+                    from: m(2),
+                    state: state.clone()
+                }
+            ),
+        ]
+    );
+    let catchup = r
+        .links
+        .get_mut(&(m(2), m(3)))
+        .and_then(|q| q.pop_front())
+        .expect("the catch-up");
+    r.members
+        .get_mut(&m(3))
+        .expect("joiner")
+        .handle_message(catchup);
+    r.collect();
+    // ...and the joiner adopts it and forwards the same state to its right.
+    assert_eq!(
+        sent_since(&r, mark + 1),
+        vec![(
+            m(3),
+            m(1),
+            GmMsg::Catchup {
+                version: v,
+                from: m(3),
+                state
+            }
+        )]
+    );
+    r.pump();
+    assert_eq!(
+        r.from(m(3), m(1)),
+        Vec::<String>::new(),
+        "'a' was sent before 3 had its state"
+    );
+    assert!(r.all_quiet());
+}
+
+#[test]
+fn the_death_of_the_right_makes_a_catchup_and_the_new_right_gets_exactly_what_it_missed() {
+    let mut r = Ring::new(3);
+    r.broadcast(m(1), "a");
+    r.members.get_mut(&m(1)).expect("member").flush();
+    r.collect();
+    assert!(r.step(), "1 → 2");
+    // 2 dies with 'a' forwarded but unread by 3.
+    let mark = r.trace.len();
+    let before = r.record.version;
+    r.kill(m(2), true);
+    // The death is version before + 1, at which 1 sends its catch-up.
+    let v = before + 1;
+    let item = |pubs: &[(u64, &str)], acks: &[u64]| Item {
+        id: m(1),
+        pubs: pubs.iter().map(|(n, s)| (*n, s.to_string())).collect(),
+        acks: acks.to_vec(),
+    };
+    r.pump();
+    // 3 inherits 2, which it never saw carry anything: its erasure bumps the version once
+    // more (at once) before 3 reads the catch-up.
+    let after = r.record.version;
+    assert_eq!(after, v + 1);
+    let sent = sent_since(&r, mark);
+    assert_eq!(
+        sent[..4],
+        [
+            (
+                m(1),
+                m(3),
+                GmMsg::Catchup {
+                    version: v,
+                    from: m(1),
+                    state: BTreeMap::from([
+                        (m(1), pending(&[(0, "a")], Some(0), None)),
+                        (m(2), Pending::default()),
+                        (m(3), Pending::default()),
+                    ]),
+                }
+            ),
+            // 3 computes that it missed 'a', delivers it and sends it on its lap's end...
+            (
+                m(3),
+                m(1),
+                GmMsg::Activity {
+                    version: after,
+                    from: m(3),
+                    items: vec![item(&[(0, "a")], &[])]
+                }
+            ),
+            // ...which turns it into an ack that travels its own lap.
+            (
+                m(1),
+                m(3),
+                GmMsg::Activity {
+                    version: after,
+                    from: m(1),
+                    items: vec![item(&[], &[0])]
+                }
+            ),
+            (
+                m(3),
+                m(1),
+                GmMsg::Activity {
+                    version: after,
+                    from: m(3),
+                    items: vec![item(&[], &[0])]
+                }
+            ),
+        ]
+    );
+    assert_eq!(r.from(m(3), m(1)), strings(&["a"]));
+    assert!(r.all_quiet());
+}

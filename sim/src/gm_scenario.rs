@@ -126,9 +126,10 @@ struct Shared {
     records: Mutex<BTreeMap<u64, GroupRecord>>,
     failures: Mutex<Vec<String>>,
     finishing: AtomicBool,
-    /// When the last member joined: a final lap must come after it, or the joiner would
-    /// never see it.
-    last_join_at: AtomicU64,
+    /// Durable acks: members release each delivery after a simulated write; per member,
+    /// (origin, k) → when.
+    durable: AtomicBool,
+    released: Mutex<BTreeMap<MemberId, BTreeMap<(MemberId, u64), u64>>>,
 }
 
 impl Shared {
@@ -463,8 +464,9 @@ async fn run_app(
     trace: Trace,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id << 32) ^ (boot << 48) ^ 0xA99);
+    let durable = shared.durable.load(Ordering::SeqCst);
     loop {
-        let mut handle = match gm.join(GROUP, false).await {
+        let mut handle = match gm.join(GROUP, durable).await {
             Ok(h) => h,
             Err(e) => {
                 trace.log(format!("n{id} join failed: {e}"));
@@ -475,18 +477,25 @@ async fn run_app(
         let me = handle.id();
         trace.log(format!("n{id} member {} joined", name(me)));
         lock(&shared.current).insert(id, me);
-        shared.last_join_at.fetch_max(now_ms(), Ordering::SeqCst);
         let mut known: BTreeSet<MemberId> = BTreeSet::new();
         let mut k = 0u64;
         let mut inflight = tokio::task::JoinSet::new();
         let mut next_send = now_ms() + rng.gen_range(10..100);
+        // Durable acks: deliveries waiting for their simulated write, released in order.
+        let mut writes: std::collections::VecDeque<(u64, MemberId, u64)> = Default::default();
         let mut final_k: Option<u64> = None;
-        let mut final_at: Option<u64> = None;
+        // The members this member had seen join when it sent its final message: a member
+        // that joins later is owed a new final one (GM gives a joiner only what is sent
+        // after its left neighbour saw it join).
+        let mut final_covers: Option<BTreeSet<MemberId>> = None;
         let stopped = loop {
             let finishing = shared.finishing.load(Ordering::SeqCst);
-            let stale_final =
-                final_at.is_none_or(|t| t <= shared.last_join_at.load(Ordering::SeqCst));
-            if finishing && stale_final && inflight.is_empty() {
+            let current: BTreeSet<MemberId> = lock(&shared.current).values().copied().collect();
+            let stale_final = final_covers
+                .as_ref()
+                .is_none_or(|c| !current.iter().all(|m| c.contains(m)));
+            let all_seen = current.iter().all(|m| *m == me || known.contains(m));
+            if finishing && stale_final && all_seen && inflight.is_empty() {
                 // The final lap: everything before it has completed.
                 let fk = k;
                 k += 1;
@@ -494,7 +503,7 @@ async fn run_app(
                 let fut = handle.confirmed_broadcast(Bytes::copy_from_slice(&fk.to_be_bytes()));
                 inflight.spawn_local(async move { (fk, fut.await.is_ok()) });
                 final_k = Some(fk);
-                final_at = Some(now_ms());
+                final_covers = Some(known.iter().copied().chain([me]).collect());
                 lock(&shared.finals).remove(&id);
             }
             let send_now =
@@ -509,7 +518,13 @@ async fn run_app(
             tokio::select! {
                 ev = handle.next_event() => match ev {
                     None | Some(Event::Stopped) => break true,
-                    Some(ev) => on_event(id, me, ev, &mut known, &shared, &trace),
+                    Some(ev) => {
+                        if let (true, Event::Deliver { from, num, .. }) = (durable, &ev) {
+                            let due = writes.back().map_or(0, |w| w.0).max(now_ms() + rng.gen_range(0..20));
+                            writes.push_back((due, *from, *num));
+                        }
+                        on_event(id, me, ev, &mut known, &shared, &trace)
+                    }
                 },
                 done = inflight.join_next(), if !inflight.is_empty() => {
                     if let Some(Ok((ck, true))) = done {
@@ -527,6 +542,15 @@ async fn run_app(
                     }
                 },
                 _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            while writes.front().is_some_and(|w| w.0 <= now_ms()) {
+                if let Some((_, from, num)) = writes.pop_front() {
+                    handle.release(from, num);
+                    lock(&shared.released)
+                        .entry(me)
+                        .or_default()
+                        .insert((from, num), now_ms());
+                }
             }
         };
         if stopped {
@@ -600,7 +624,9 @@ pub fn run_seed(seed: u64) -> Outcome {
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6A);
     let faults = plan(&mut rng);
-    trace.log(format!("gm seed {seed}"));
+    let durable = rng.gen_bool(0.5);
+    shared.durable.store(durable, Ordering::SeqCst);
+    trace.log(format!("gm seed {seed}, durable acks {durable}"));
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
     }
@@ -679,6 +705,25 @@ pub fn run_seed(seed: u64) -> Outcome {
                 break;
             }
             if now > deadline {
+                let missing: Vec<String> = {
+                    let deliveries = lock(&shared.deliveries);
+                    current
+                        .values()
+                        .flat_map(|m| {
+                            let got = deliveries.get(m).cloned().unwrap_or_default();
+                            finals
+                                .values()
+                                .filter(move |(o, k)| {
+                                    !got.iter().any(|d| d.origin == *o && d.k == *k)
+                                })
+                                .map(move |(o, k)| format!("{} lacks {}#{k}", name(*m), name(*o)))
+                        })
+                        .collect()
+                };
+                shared.fail(
+                    &trace,
+                    format!("liveness: missing final deliveries: {missing:?}"),
+                );
                 shared.fail(&trace, format!("liveness: final laps not all done within {LIVENESS_MS}ms: finals {:?}, current {:?}", finals.iter().map(|(n, (m, k))| format!("n{n}:{}#{k}", name(*m))).collect::<Vec<_>>(), current.iter().map(|(n, m)| format!("n{n}:{}", name(*m))).collect::<Vec<_>>()));
                 break;
             }
@@ -786,6 +831,36 @@ fn check(shared: &Shared, trace: &Trace) {
                         name(*m)
                     ),
                 );
+            }
+        }
+    }
+    // With durable acks, G7 also means written: every such member (and the origin) had
+    // released the message when its confirm came.
+    if shared.durable.load(Ordering::SeqCst) {
+        let released = lock(&shared.released).clone();
+        for c in &confirms {
+            for m in c.alive.iter() {
+                let had_earlier = *m == c.origin
+                    || deliveries.get(m).is_some_and(|ds| {
+                        ds.iter()
+                            .any(|d| d.origin == c.origin && d.k < c.k && d.at <= c.at)
+                    });
+                if !had_earlier {
+                    continue;
+                }
+                let at = released.get(m).and_then(|r| r.get(&(c.origin, c.k)));
+                if at.is_none_or(|t| *t > c.at) {
+                    shared.fail(
+                        trace,
+                        format!(
+                            "G7 (durable): {}#{} confirmed at {}ms before {} released it ({at:?})",
+                            name(c.origin),
+                            c.k,
+                            c.at,
+                            name(*m)
+                        ),
+                    );
+                }
             }
         }
     }

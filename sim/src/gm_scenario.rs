@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -108,6 +108,9 @@ struct Confirm {
     alive: Vec<MemberId>,
 }
 
+/// One member's releases: (origin, k) → when.
+type Releases = BTreeMap<(MemberId, u64), u64>;
+
 #[derive(Default)]
 struct Shared {
     rafts: Mutex<BTreeMap<NodeId, MetaRaft>>,
@@ -129,7 +132,7 @@ struct Shared {
     /// Durable acks: members release each delivery after a simulated write; per member,
     /// (origin, k) → when.
     durable: AtomicBool,
-    released: Mutex<BTreeMap<MemberId, BTreeMap<(MemberId, u64), u64>>>,
+    released: Mutex<BTreeMap<MemberId, Releases>>,
 }
 
 impl Shared {

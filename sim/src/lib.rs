@@ -1,9 +1,14 @@
-//! Deterministic simulation of warren's metadata Raft group on turmoil.
+//! Deterministic simulation of warren's node code on turmoil.
 //!
-//! Three simulated hosts each run a [`warren::meta::raft::MetaRaft`] node over
-//! [`transport::TurmoilTransport`] with an in-memory disk that outlives host crashes; a
-//! client streams metadata commands while a seeded fault schedule partitions the leader and
-//! crashes nodes; checkers compare what every node applied. See `sim/README.md`.
+//! - [`scenario`]: three simulated hosts each run a [`warren::meta::raft::MetaRaft`] node
+//!   over [`transport::TurmoilTransport`] with an in-memory disk that outlives host crashes;
+//!   a client streams metadata commands while a seeded fault schedule partitions the leader
+//!   and crashes nodes; checkers compare what every node applied.
+//! - [`gm_scenario`]: four hosts each run Raft, a failure detector and a
+//!   [`warren::runtime::gm_host::GmHost`] with a broadcasting member, under partitions, held
+//!   and slow links, crashes and restarts; checkers for GM's guarantees.
+//!
+//! See `sim/README.md`.
 
 // rustdoc does not get `build.rustflags`, so documentation builds are exempt.
 #[cfg(not(any(tokio_unstable, doc)))]

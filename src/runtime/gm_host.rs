@@ -88,6 +88,9 @@ pub enum GmError {
 
 type Route = mpsc::UnboundedSender<Vec<GmMsg<Bytes>>>;
 
+/// Commands a member task takes before it flushes, at most (flush when idle or past this).
+const FLUSH_AFTER: usize = 512;
+
 struct Inner<N> {
     node: NodeId,
     net: N,
@@ -456,9 +459,13 @@ impl<N: GmNet + Clone> MemberTask<N> {
                 cmd = cmds.recv(), if cmds_open => match cmd {
                     Some(cmd) => {
                         self.on_cmd(cmd);
-                        // Everything else that is ready goes in the same flush.
-                        while let Ok(cmd) = cmds.try_recv() {
+                        // Everything else that is ready goes in the same flush, up to a
+                        // size (so a steady stream still flushes).
+                        let mut taken = 1;
+                        while taken < FLUSH_AFTER {
+                            let Ok(cmd) = cmds.try_recv() else { break };
                             self.on_cmd(cmd);
+                            taken += 1;
                         }
                         self.member.flush();
                     }

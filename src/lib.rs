@@ -5,13 +5,15 @@
 //!   `amq-protocol`, reply codes). Pure.
 //! - [`session`]: the sans-IO connection and channel state machines. Bytes in, frames out.
 //! - [`broker`]: the sans-IO domain: routing, queues, consumers, deliveries, flow credit.
-//! - [`meta`]: the metadata state machine (vhosts, users, exchanges, bindings, queues). It
-//!   applies validated commands; readers see immutable snapshots. A later step replicates its
-//!   commands with Raft.
+//! - [`meta`]: the metadata state machine (vhosts, users, exchanges, bindings, queues,
+//!   policies, nodes, GM group records). It applies validated commands; readers see
+//!   immutable snapshots; `meta::raft` replicates its commands with openraft.
+//! - [`gm`]: GM, the guaranteed-multicast ring, as a state machine (views from the metadata).
+//! - [`mirror`]: mirrored queues' policies and placement (in progress).
 //! - [`runtime`]: the only code that touches tokio, sockets and clocks: listener, connection
-//!   tasks, the node handle, shutdown.
-//! - [`store`]: storage (the `Disk` trait, record framing; message store and queue index
-//!   to come).
+//!   tasks, the node handle, cluster mode, the relay, the GM host, shutdown.
+//! - [`store`]: storage (the `Disk` trait, record framing, the message store and the queue
+//!   index).
 //! - [`config`], [`time`]: configuration and the time type the cores take as input.
 //!
 //! The sans-IO modules never use tokio, `std::net`, `std::fs`, `Instant::now`,
@@ -27,6 +29,7 @@ pub mod broker;
 pub mod config;
 pub mod gm;
 pub mod meta;
+pub mod mirror;
 pub mod runtime;
 pub mod session;
 pub mod store;

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-const CORES: &[&str] = &["amqp", "session", "broker", "meta", "store", "time.rs"];
+const CORES: &[&str] = &[
+    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "time.rs",
+];
 const FORBIDDEN: &[&str] = &[
     "tokio",
     "std::net",

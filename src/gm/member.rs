@@ -280,13 +280,20 @@ impl<M: Clone> Member<M> {
     /// Broadcasts `msg` and flushes; [`Event::Confirmed`] with `token` follows once it has
     /// completed a lap (G7).
     pub fn confirmed_broadcast(&mut self, msg: M, token: u64) {
+        self.confirmed_broadcast_buffered(msg, token);
+        self.flush();
+    }
+
+    /// As [`Member::confirmed_broadcast`], but buffered like [`Member::broadcast`]: it
+    /// leaves with the next [`Member::flush`], so an owner that flushes once per batch of
+    /// commands sends many confirmed broadcasts in one activity.
+    pub fn confirmed_broadcast_buffered(&mut self, msg: M, token: u64) {
         if self.stopped {
             return;
         }
         let n = self.next_pub;
         self.broadcast(msg);
         self.confirms.push_back((n, token));
-        self.flush();
     }
 
     /// Sends what was broadcast since the last flush to the right neighbour, as one

@@ -506,7 +506,8 @@ impl<N: GmNet + Clone> MemberTask<N> {
                 let token = self.next_token;
                 self.next_token += 1;
                 self.confirms.insert(token, tx);
-                self.member.confirmed_broadcast(msg, token);
+                // Flushed with the rest of the batch (see `run`).
+                self.member.confirmed_broadcast_buffered(msg, token);
             }
             Cmd::Release(origin, upto) => self.member.release(origin, upto),
             Cmd::Leave(tx) => self.leaving = Some(tx),
@@ -639,6 +640,8 @@ async fn run_sender<N: GmNet + Clone>(
 ) {
     let inner = &host.inner;
     let mut outbox = Outbox::new();
+    // Halved after a failed send, so a batch too large for a frame gets through in parts.
+    let mut max_batch = inner.cfg.max_batch;
     loop {
         if outbox.is_empty() {
             match rx.recv().await {
@@ -649,7 +652,7 @@ async fn run_sender<N: GmNet + Clone>(
         while let Ok(msg) = rx.try_recv() {
             outbox.push(msg);
         }
-        let Some((first_seq, msgs)) = outbox.batch(inner.cfg.max_batch) else {
+        let Some((first_seq, msgs)) = outbox.batch(max_batch) else {
             continue;
         };
         let frame = GmFrame {
@@ -663,15 +666,23 @@ async fn run_sender<N: GmNet + Clone>(
             tracing::error!(%group, "cannot encode a GM frame");
             return;
         };
-        let reply = inner
-            .net
-            .call(to.node, bytes, inner.cfg.call_timeout)
-            .await
-            .ok()
-            .and_then(|r| bincode::deserialize::<GmReply>(&r).ok());
+        let reply = match inner.net.call(to.node, bytes, inner.cfg.call_timeout).await {
+            Ok(r) => bincode::deserialize::<GmReply>(&r).ok(),
+            Err(e) => {
+                tracing::debug!(%group, to = to.node, "gm send: {e}");
+                None
+            }
+        };
         match reply {
-            Some(GmReply::Accepted { upto }) => outbox.accepted(upto),
-            Some(GmReply::NoMember) | None => tokio::time::sleep(inner.cfg.retry_after).await,
+            Some(GmReply::Accepted { upto }) => {
+                outbox.accepted(upto);
+                max_batch = inner.cfg.max_batch;
+            }
+            Some(GmReply::NoMember) => tokio::time::sleep(inner.cfg.retry_after).await,
+            None => {
+                max_batch = (max_batch / 2).max(1);
+                tokio::time::sleep(inner.cfg.retry_after).await;
+            }
         }
     }
 }

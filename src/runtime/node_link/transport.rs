@@ -274,6 +274,14 @@ impl crate::runtime::gm_host::GmNet for TcpTransport {
         frame: Vec<u8>,
         deadline: Duration,
     ) -> Result<Vec<u8>, TransportError> {
+        // As for Raft: a frame the peer must refuse would cost the link.
+        if frame.len() + 64 > self.shared.cfg.max_frame {
+            return Err(TransportError::Io(format!(
+                "GM frame of {} bytes exceeds the {}-byte frame limit",
+                frame.len(),
+                self.shared.cfg.max_frame
+            )));
+        }
         let work = async {
             let link = link_to(&self.shared, to, None).await?;
             link.request(Service::Gm, frame).await

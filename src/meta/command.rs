@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::policy::Policy;
-use super::state::{Binding, ExchangeDef, NodeId, NodeRecord, Permission, QueueDef, User};
+use super::state::{
+    Binding, ExchangeDef, MirrorRecord, NodeId, NodeRecord, Permission, QueueDef, User,
+};
 
 /// One change to the metadata.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -91,6 +93,31 @@ pub enum Command {
         expected_version: u64,
         /// The new ring.
         members: Vec<crate::gm::Slot>,
+    },
+    /// Compare-and-set of a mirrored queue's mirrors: applied only if its mirror set is at
+    /// `expected_version` (0: none yet). Mirrors must be registered nodes other than the
+    /// queue's home; exclusive queues are never mirrored.
+    SetMirrors {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The version the change was computed from.
+        expected_version: u64,
+        /// The new mirrors (`since` is set by the state machine).
+        mirrors: Vec<MirrorRecord>,
+    },
+    /// A mirror becomes the queue's master (its home) under the next epoch, if the queue is
+    /// at `expected_epoch`.
+    PromoteMirror {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The epoch the decision was made at.
+        expected_epoch: u64,
+        /// The mirror's node.
+        node: NodeId,
     },
     /// Removes a GM group record (its queue is gone).
     GmForget {

@@ -369,6 +369,30 @@ pub struct Applied {
     pub removed: Removed,
 }
 
+/// A mirror of a queue, as the metadata records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorRecord {
+    /// Its node.
+    pub node: NodeId,
+    /// The metadata version when it was added: older mirrors come first (promotion takes
+    /// the oldest synchronised one). Set by the state machine.
+    pub since: u64,
+    /// Whether it holds everything the master holds.
+    pub synchronised: bool,
+}
+
+/// A mirrored queue's mirrors (its master is the queue's home node).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorSet {
+    /// Incremented by every change (compare-and-set, [`Command::SetMirrors`]).
+    pub version: u64,
+    /// Incremented by every promotion: the master's term. A deposed master that sees a
+    /// newer epoch stands down.
+    pub epoch: u64,
+    /// The mirrors.
+    pub mirrors: Vec<MirrorRecord>,
+}
+
 /// The whole metadata.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetaState {
@@ -386,6 +410,8 @@ pub struct MetaState {
     /// GM group records by group name: the ring order each group's members follow, changed
     /// only by compare-and-set on its version ([`Command::GmGroup`]).
     pub gm_groups: BTreeMap<String, crate::gm::GroupRecord>,
+    /// Mirror sets of mirrored queues by (vhost, queue); gone with their queue.
+    pub mirror_sets: BTreeMap<(String, String), MirrorSet>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -412,6 +438,9 @@ impl MetaState {
     pub fn apply(&mut self, command: &Command) -> Result<Applied, MetaError> {
         // Validate against a copy of the affected vhost only; commit on success.
         let applied = self.apply_inner(command)?;
+        for q in &applied.removed.queues {
+            self.mirror_sets.remove(q);
+        }
         self.version += 1;
         Ok(applied)
     }
@@ -556,6 +585,18 @@ impl MetaState {
                     },
                 );
             }
+            Command::SetMirrors {
+                vhost,
+                queue,
+                expected_version,
+                mirrors,
+            } => self.set_mirrors(vhost, queue, *expected_version, mirrors)?,
+            Command::PromoteMirror {
+                vhost,
+                queue,
+                expected_epoch,
+                node,
+            } => self.promote_mirror(vhost, queue, *expected_epoch, *node)?,
             Command::GmForget { name } => {
                 if self.gm_groups.remove(name).is_none() {
                     return Err(MetaError::Admin(format!("no gm group '{name}'")));
@@ -615,6 +656,118 @@ impl MetaState {
     }
 
     /// Deletes, in every vhost, the queues `doomed` picks (with their bindings).
+    /// [`Command::SetMirrors`]: compare-and-set of a queue's mirrors.
+    fn set_mirrors(
+        &mut self,
+        vhost: &str,
+        queue: &str,
+        expected_version: u64,
+        mirrors: &[MirrorRecord],
+    ) -> Result<(), MetaError> {
+        let v = self
+            .vhosts
+            .get(vhost)
+            .ok_or_else(|| MetaError::NoVhost(vhost.to_string()))?;
+        let def = v
+            .queues
+            .get(queue)
+            .ok_or_else(|| v.not_found("queue", queue))?;
+        if def.exclusive_owner.is_some() {
+            return Err(MetaError::Invalid(format!(
+                "exclusive queue '{queue}' in vhost '{vhost}' cannot be mirrored"
+            )));
+        }
+        let key = (vhost.to_string(), queue.to_string());
+        let current = self.mirror_sets.get(&key).cloned().unwrap_or_default();
+        if current.version != expected_version {
+            return Err(MetaError::Admin(format!(
+                "mirrors of queue '{queue}' in vhost '{vhost}' are at version {}, not {expected_version}",
+                current.version
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for m in mirrors {
+            if m.node == def.home {
+                return Err(MetaError::Invalid(format!(
+                    "node {} is the master of queue '{queue}', not a mirror",
+                    m.node
+                )));
+            }
+            if !self.nodes.contains_key(&m.node) {
+                return Err(MetaError::Invalid(format!("no cluster node {}", m.node)));
+            }
+            if !seen.insert(m.node) {
+                return Err(MetaError::Invalid(format!(
+                    "node {} listed twice as a mirror of queue '{queue}'",
+                    m.node
+                )));
+            }
+        }
+        // A mirror keeps its age; a new one is as old as this change.
+        let mirrors = mirrors
+            .iter()
+            .map(|m| MirrorRecord {
+                since: current
+                    .mirrors
+                    .iter()
+                    .find(|old| old.node == m.node)
+                    .map_or(self.version, |old| old.since),
+                ..*m
+            })
+            .collect();
+        self.mirror_sets.insert(
+            key,
+            MirrorSet {
+                version: current.version + 1,
+                epoch: current.epoch,
+                mirrors,
+            },
+        );
+        Ok(())
+    }
+
+    /// [`Command::PromoteMirror`]: a mirror becomes the master under a new epoch.
+    fn promote_mirror(
+        &mut self,
+        vhost: &str,
+        queue: &str,
+        expected_epoch: u64,
+        node: NodeId,
+    ) -> Result<(), MetaError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let Some(set) = self.mirror_sets.get(&key).cloned() else {
+            return Err(MetaError::Admin(format!(
+                "queue '{queue}' in vhost '{vhost}' is not mirrored"
+            )));
+        };
+        if set.epoch != expected_epoch {
+            return Err(MetaError::Admin(format!(
+                "queue '{queue}' in vhost '{vhost}' is at epoch {}, not {expected_epoch}",
+                set.epoch
+            )));
+        }
+        if !set.mirrors.iter().any(|m| m.node == node) {
+            return Err(MetaError::Invalid(format!(
+                "node {node} holds no mirror of queue '{queue}' in vhost '{vhost}'"
+            )));
+        }
+        let v = self.vhost_mut(vhost)?;
+        let Some(def) = v.queues.get(queue).cloned() else {
+            return Err(v.not_found("queue", queue));
+        };
+        v.queues
+            .insert(queue.to_string(), QueueDef { home: node, ..def });
+        self.mirror_sets.insert(
+            key,
+            MirrorSet {
+                version: set.version + 1,
+                epoch: set.epoch + 1,
+                mirrors: set.mirrors.into_iter().filter(|m| m.node != node).collect(),
+            },
+        );
+        Ok(())
+    }
+
     /// Marks every live GM member on `node` dead, one version step per group it was in.
     fn gm_node_died(&mut self, node: NodeId) {
         use crate::gm::Slot;
@@ -1035,6 +1188,93 @@ mod tests {
         s.apply(&Command::GmForget { name: "q".into() }).unwrap();
         assert!(s.gm_groups.is_empty());
         assert!(s.apply(&Command::GmForget { name: "q".into() }).is_err());
+    }
+
+    #[test]
+    fn mirror_sets_change_by_compare_and_set_and_promotion_moves_the_home() {
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let mut q = queue("m");
+        q.durable = true;
+        q.home = 1;
+        s.apply(&Command::DeclareQueue(q)).unwrap();
+        let mirror = |node, synchronised| MirrorRecord {
+            node,
+            since: 0,
+            synchronised,
+        };
+        let set = |expected_version, mirrors: Vec<MirrorRecord>| Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version,
+            mirrors,
+        };
+        let key = ("/".to_string(), "m".to_string());
+        let before = s.version;
+        s.apply(&set(0, vec![mirror(2, false)])).unwrap();
+        assert_eq!(s.mirror_sets[&key].version, 1);
+        assert_eq!(
+            s.mirror_sets[&key].mirrors[0].since, before,
+            "age set by the state"
+        );
+        // Refused: a stale version, the master as a mirror, an unknown node, a duplicate.
+        for bad in [
+            set(0, vec![mirror(3, false)]),
+            set(1, vec![mirror(1, false)]),
+            set(1, vec![mirror(9, false)]),
+            set(1, vec![mirror(3, false), mirror(3, true)]),
+        ] {
+            let copy = s.clone();
+            assert!(s.apply(&bad).is_err(), "{bad:?}");
+            assert_eq!(s, copy, "a refused change changes nothing");
+        }
+        s.apply(&set(1, vec![mirror(2, true), mirror(3, false)]))
+            .unwrap();
+        let m = &s.mirror_sets[&key];
+        assert_eq!(
+            m.mirrors[0].since, before,
+            "an existing mirror keeps its age"
+        );
+        assert!(m.mirrors[1].since > before);
+        assert!(m.mirrors[0].synchronised);
+        // Promotion: only at the current epoch, only a mirror; the home moves.
+        let promote = |expected_epoch, node| Command::PromoteMirror {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_epoch,
+            node,
+        };
+        assert!(s.apply(&promote(0, 1)).is_err(), "node 1 is the master");
+        assert!(s.apply(&promote(1, 2)).is_err(), "stale epoch");
+        s.apply(&promote(0, 2)).unwrap();
+        assert_eq!(s.vhost("/").unwrap().queues["m"].home, 2);
+        let m = &s.mirror_sets[&key];
+        assert_eq!((m.epoch, m.version), (1, 3));
+        assert_eq!(m.mirrors.iter().map(|r| r.node).collect::<Vec<_>>(), [3]);
+        assert!(
+            s.apply(&promote(0, 3)).is_err(),
+            "a second promotion decided at the old epoch is refused"
+        );
+        // Exclusive queues are never mirrored; a deleted queue's set goes with it.
+        let mut x = queue("x");
+        x.exclusive_owner = Some((1u64 << 40) | 1);
+        x.home = 1;
+        s.apply(&Command::DeclareQueue(x)).unwrap();
+        let refused = Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "x".into(),
+            expected_version: 0,
+            mirrors: vec![mirror(2, false)],
+        };
+        assert!(s.apply(&refused).is_err());
+        s.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "m".into(),
+        })
+        .unwrap();
+        assert!(s.mirror_sets.is_empty());
     }
 
     #[test]

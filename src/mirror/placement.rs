@@ -19,17 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::policy::{HaMode, PromoteRule};
 use crate::meta::raft::NodeId;
-
-/// A mirror as the metadata records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MirrorRecord {
-    /// Its node.
-    pub node: NodeId,
-    /// When it was added (a metadata sequence number): older mirrors come first.
-    pub since: u64,
-    /// Whether it holds everything the master holds.
-    pub synchronised: bool,
-}
+pub use crate::meta::state::MirrorRecord;
 
 /// Where the queue should be.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -32,6 +32,7 @@ pub struct StateImage {
     nodes: Vec<NodeRecord>,
     forgotten: Vec<u64>,
     gm_groups: Vec<(String, crate::gm::GroupRecord)>,
+    mirror_sets: Vec<((String, String), crate::meta::state::MirrorSet)>,
     version: u64,
 }
 
@@ -74,6 +75,11 @@ impl StateImage {
                 .gm_groups
                 .iter()
                 .map(|(k, g)| (k.clone(), g.clone()))
+                .collect(),
+            mirror_sets: state
+                .mirror_sets
+                .iter()
+                .map(|(k, m)| (k.clone(), m.clone()))
                 .collect(),
             version: state.version,
         }
@@ -123,6 +129,7 @@ impl StateImage {
             nodes: self.nodes.into_iter().map(|n| (n.id, n)).collect(),
             forgotten: self.forgotten.into_iter().collect(),
             gm_groups: self.gm_groups.into_iter().collect(),
+            mirror_sets: self.mirror_sets.into_iter().collect(),
             version: self.version,
         }
     }
@@ -207,6 +214,25 @@ mod tests {
                 routing_key: "a.*".into(),
                 arguments: args,
             }),
+            Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: "m".into(),
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments: FieldTable::default(),
+                home: 0,
+            }),
+            Command::SetMirrors {
+                vhost: "/".into(),
+                queue: "m".into(),
+                expected_version: 0,
+                mirrors: vec![crate::meta::state::MirrorRecord {
+                    node: 2,
+                    since: 0,
+                    synchronised: true,
+                }],
+            },
         ];
         for c in &cmds {
             s.apply(c).expect("valid command");

@@ -922,3 +922,50 @@ fn the_death_of_the_right_makes_a_catchup_and_the_new_right_gets_exactly_what_it
     assert_eq!(r.from(m(3), m(1)), strings(&["a"]));
     assert!(r.all_quiet());
 }
+
+#[test]
+fn a_leave_with_messages_pending_drains_first_then_the_rest_carry_on() {
+    let mut r = Ring::new(3);
+    r.confirmed_broadcast(m(2), "last", 0);
+    // The owner asks to leave: it may only be recorded dead once quiet (G11).
+    assert!(!r.members[&m(2)].is_quiet(), "its broadcast is on its lap");
+    assert!(r.step(), "2 → 3");
+    assert!(!r.members[&m(2)].is_quiet());
+    r.pump();
+    assert!(r.members[&m(2)].is_quiet(), "lap and ack lap done");
+    assert_eq!(r.confirmed.get(&m(2)), Some(&vec![0]));
+    // Recorded dead (GmHandle::leave's compare-and-set): it stops; nothing is in flight
+    // of it, so its inheritor (3) has it erased at once; no catch-up carries anything of it.
+    let mark = r.trace.len();
+    for s in &mut r.record.members {
+        if *s == Slot::Alive(m(2)) {
+            *s = Slot::Dead(m(2));
+        }
+    }
+    r.bump();
+    assert_eq!(r.stopped, [m(2)]);
+    r.members.remove(&m(2));
+    assert!(
+        r.record.members.iter().all(|s| s.id() != m(2)),
+        "erased: {:?}",
+        r.record
+    );
+    // 1's right is now 3: the catch-up holds no publish of anyone.
+    let sent = sent_since(&r, mark);
+    assert!(
+        matches!(
+            sent.first(),
+            Some((from, to, GmMsg::Catchup { state, .. }))
+                if *from == m(1) && *to == m(3)
+                    && state.values().all(|p| p.pending_ack.is_empty())
+        ),
+        "{sent:?}"
+    );
+    r.broadcast(m(1), "after");
+    r.pump();
+    assert_eq!(r.from(m(3), m(1)), strings(&["after"]));
+    for id in [1, 3] {
+        assert_eq!(r.from(m(id), m(2)), strings(&["last"]), "{id}");
+    }
+    assert!(r.all_quiet());
+}

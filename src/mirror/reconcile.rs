@@ -1,0 +1,285 @@
+//! What the Raft leader proposes so that every queue's mirrors follow its policy: pure, from
+//! the metadata and the set of running nodes to a list of commands (each a compare-and-set,
+//! so a plan computed from a stale state is refused, never misapplied).
+//!
+//! Per clustered, non-exclusive queue:
+//! - no (usable) `ha-mode`: its mirrors are removed;
+//! - its master's node is down: the mirror [`promotion`] picks under
+//!   `ha-promote-on-failure` takes over (none: the queue waits for its node);
+//! - `ha-mode: nodes` excluding the master, with a synchronised listed mirror: that mirror
+//!   takes over (a planned move: only ever to a synchronised mirror);
+//! - otherwise the mirrors become [`suggested`]'s, keeping each existing mirror's
+//!   synchronised flag; new ones start unsynchronised.
+//!
+//! Not used by the runtime yet: promoting before mirrors hold the data (issue 6's data
+//! path) would move queues to nodes without their messages.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::placement::{promotion, suggested};
+use super::policy::HaPolicy;
+use crate::meta::raft::NodeId;
+use crate::meta::state::MirrorRecord;
+use crate::meta::{Command, MetaState};
+
+/// The commands that bring every queue's mirrors in line with its policy, given the nodes
+/// that are `running`.
+pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
+    let names: BTreeMap<NodeId, String> = state
+        .nodes
+        .values()
+        .map(|n| (n.id, n.name.clone()))
+        .collect();
+    let mut out = Vec::new();
+    for (vhost_name, vhost) in &state.vhosts {
+        for (name, def) in vhost.queues.iter() {
+            if def.home == 0 {
+                continue;
+            }
+            let key = (vhost_name.clone(), name.clone());
+            let current = state.mirror_sets.get(&key).cloned().unwrap_or_default();
+            let set = |mirrors: Vec<MirrorRecord>| Command::SetMirrors {
+                vhost: vhost_name.clone(),
+                queue: name.clone(),
+                expected_version: current.version,
+                mirrors,
+            };
+            let promote = |node: NodeId| Command::PromoteMirror {
+                vhost: vhost_name.clone(),
+                queue: name.clone(),
+                expected_epoch: current.epoch,
+                node,
+            };
+            let policy = HaPolicy::of(
+                &vhost.effective_policy(name, true),
+                def.exclusive_owner.is_some(),
+            );
+            let Some(policy) = policy else {
+                if !current.mirrors.is_empty() {
+                    out.push(set(Vec::new()));
+                }
+                continue;
+            };
+            if !running.contains(&def.home) {
+                if let Some(node) = promotion(&current.mirrors, running, policy.promote_on_failure)
+                {
+                    out.push(promote(node));
+                }
+                continue;
+            }
+            let placement = suggested(&policy.mode, def.home, &current.mirrors, &names, running);
+            if placement.master != def.home {
+                out.push(promote(placement.master));
+                continue;
+            }
+            let mirrors: Vec<MirrorRecord> = placement
+                .mirrors
+                .iter()
+                .map(|node| {
+                    current
+                        .mirrors
+                        .iter()
+                        .find(|m| m.node == *node)
+                        .copied()
+                        .unwrap_or(MirrorRecord {
+                            node: *node,
+                            since: 0,
+                            synchronised: false,
+                        })
+                })
+                .collect();
+            let same = mirrors.len() == current.mirrors.len()
+                && mirrors.iter().all(|m| current.mirrors.contains(m));
+            if !same {
+                out.push(set(mirrors));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::policy::{ApplyTo, Policy, PolicyValue};
+    use crate::meta::state::{NodeRecord, QueueDef};
+    use amq_protocol::types::FieldTable;
+
+    fn state() -> MetaState {
+        let mut s = MetaState::default();
+        s.apply(&Command::AddVhost { name: "/".into() }).unwrap();
+        for id in 1..=3 {
+            s.apply(&Command::RegisterNode(NodeRecord {
+                id,
+                name: format!("n{id}"),
+                amqp: String::new(),
+                admin: String::new(),
+                link: String::new(),
+                incarnation: 0,
+            }))
+            .unwrap();
+        }
+        for (name, exclusive) in [("ha.q", false), ("ha.x", true), ("plain", false)] {
+            s.apply(&Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: name.into(),
+                durable: !exclusive,
+                exclusive_owner: exclusive.then_some((1u64 << 40) | 1),
+                auto_delete: false,
+                arguments: FieldTable::default(),
+                home: 1,
+            }))
+            .unwrap();
+        }
+        s
+    }
+
+    fn policy(defs: &[(&str, PolicyValue)]) -> Command {
+        Command::SetPolicy {
+            policy: Policy {
+                vhost: "/".into(),
+                name: "ha".into(),
+                pattern: "^ha\\.".into(),
+                apply_to: ApplyTo::Queues,
+                priority: 0,
+                definition: defs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
+            },
+            operator: false,
+        }
+    }
+
+    fn s(v: &str) -> PolicyValue {
+        PolicyValue::Str(v.into())
+    }
+
+    fn up(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    /// Applies the plan until it is empty (every command must apply); returns the rounds.
+    fn settle(st: &mut MetaState, running: &BTreeSet<NodeId>) -> usize {
+        for round in 0..5 {
+            let cmds = plan(st, running);
+            if cmds.is_empty() {
+                return round;
+            }
+            for c in cmds {
+                st.apply(&c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            }
+        }
+        panic!("the plan does not settle");
+    }
+
+    fn mirrors(st: &MetaState) -> Vec<(NodeId, bool)> {
+        st.mirror_sets
+            .get(&("/".to_string(), "ha.q".to_string()))
+            .map(|m| m.mirrors.iter().map(|r| (r.node, r.synchronised)).collect())
+            .unwrap_or_default()
+    }
+
+    fn home(st: &MetaState) -> NodeId {
+        st.vhost("/").unwrap().queues["ha.q"].home
+    }
+
+    fn mark_synchronised(st: &mut MetaState, node: NodeId) {
+        let key = ("/".to_string(), "ha.q".to_string());
+        let set = st.mirror_sets[&key].clone();
+        let mirrors = set
+            .mirrors
+            .iter()
+            .map(|m| MirrorRecord {
+                synchronised: m.synchronised || m.node == node,
+                ..*m
+            })
+            .collect();
+        st.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "ha.q".into(),
+            expected_version: set.version,
+            mirrors,
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_policy_adds_mirrors_a_down_node_loses_its_own_and_clearing_removes_them() {
+        let mut st = state();
+        let all = up(&[1, 2, 3]);
+        assert!(plan(&st, &all).is_empty(), "no policy, nothing to do");
+        st.apply(&policy(&[("ha-mode", s("all"))])).unwrap();
+        assert_eq!(settle(&mut st, &all), 1);
+        assert_eq!(mirrors(&st), [(2, false), (3, false)]);
+        assert!(
+            !st.mirror_sets
+                .contains_key(&("/".to_string(), "ha.x".to_string())),
+            "exclusive queues are never mirrored"
+        );
+        assert!(
+            !st.mirror_sets
+                .contains_key(&("/".to_string(), "plain".to_string())),
+            "queues the policy does not match are not"
+        );
+        mark_synchronised(&mut st, 2);
+        settle(&mut st, &up(&[1, 2]));
+        assert_eq!(mirrors(&st), [(2, true)], "3 is down: its mirror is gone");
+        settle(&mut st, &all);
+        assert_eq!(
+            mirrors(&st),
+            [(2, true), (3, false)],
+            "3 is back: a new, unsynchronised mirror"
+        );
+        st.apply(&Command::ClearPolicy {
+            vhost: "/".into(),
+            name: "ha".into(),
+            operator: false,
+        })
+        .unwrap();
+        settle(&mut st, &all);
+        assert_eq!(mirrors(&st), []);
+    }
+
+    #[test]
+    fn a_failed_master_hands_over_to_a_synchronised_mirror_only_unless_always() {
+        let mut st = state();
+        st.apply(&policy(&[("ha-mode", s("all"))])).unwrap();
+        settle(&mut st, &up(&[1, 2, 3]));
+        // Node 1 (the master) fails; no mirror is synchronised: when-synced waits.
+        assert!(plan(&st, &up(&[2, 3])).is_empty());
+        assert_eq!(home(&st), 1);
+        mark_synchronised(&mut st, 3);
+        settle(&mut st, &up(&[2, 3]));
+        assert_eq!(home(&st), 3, "the synchronised mirror took over");
+        assert_eq!(mirrors(&st), [(2, false)]);
+        let epoch = st.mirror_sets[&("/".to_string(), "ha.q".to_string())].epoch;
+        assert_eq!(epoch, 1);
+        // With `always`, an unsynchronised mirror may take over when the master fails.
+        st.apply(&policy(&[
+            ("ha-mode", s("all")),
+            ("ha-promote-on-failure", s("always")),
+        ]))
+        .unwrap();
+        settle(&mut st, &up(&[1, 2]));
+        assert_eq!(home(&st), 2);
+    }
+
+    #[test]
+    fn a_nodes_policy_moves_the_master_once_a_listed_mirror_is_synchronised() {
+        let mut st = state();
+        st.apply(&policy(&[
+            ("ha-mode", s("nodes")),
+            ("ha-params", PolicyValue::List(vec![s("n2"), s("n3")])),
+        ]))
+        .unwrap();
+        let all = up(&[1, 2, 3]);
+        settle(&mut st, &all);
+        assert_eq!(home(&st), 1, "not before a listed mirror is synchronised");
+        assert_eq!(mirrors(&st), [(2, false), (3, false)]);
+        mark_synchronised(&mut st, 3);
+        settle(&mut st, &all);
+        assert_eq!(home(&st), 3);
+        assert_eq!(mirrors(&st), [(2, false)]);
+    }
+}

@@ -305,3 +305,21 @@ async fn a_member_that_leaves_drains_first_and_the_rest_carry_on() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_joining_at_once_on_one_node_each_get_their_own_id_and_route() {
+    bounded(async {
+        let nodes = cluster(3).await;
+        let host = nodes[&2].host.clone();
+        let (a, b) = tokio::join!(host.join("c", false), host.join("c", false));
+        let (a, b) = (a.expect("join a"), b.expect("join b"));
+        assert_ne!(a.id(), b.id());
+        let c = nodes[&1].host.join("c", false).await.expect("join c");
+        for h in [&a, &b, &c] {
+            h.confirmed_broadcast(Bytes::from_static(b"x"))
+                .await
+                .expect("every member's lap completes (each one's route exists)");
+        }
+    })
+    .await;
+}

@@ -98,6 +98,9 @@ struct Inner<N> {
     cfg: GmHostConfig,
     routes: Mutex<BTreeMap<(String, MemberId), Route>>,
     inbox: Mutex<Inbox>,
+    /// Joins on this node one at a time: two at once into one group would predict the same
+    /// member id, and the loser's cleanup would remove the winner's route.
+    joining: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -224,6 +227,7 @@ impl<N: GmNet + Clone> GmHost<N> {
                 cfg,
                 routes: Mutex::new(BTreeMap::new()),
                 inbox: Mutex::new(Inbox::new()),
+                joining: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -265,6 +269,7 @@ impl<N: GmNet + Clone> GmHost<N> {
     /// [`release`](GmHandle::release) what it delivers (see [`Member::with_durable_acks`]).
     pub async fn join(&self, group: &str, durable_acks: bool) -> Result<GmHandle, GmError> {
         let inner = &self.inner;
+        let _one_at_a_time = inner.joining.lock().await;
         for _ in 0..inner.cfg.cas_attempts {
             let current = inner
                 .raft
@@ -666,7 +671,13 @@ async fn run_sender<N: GmNet + Clone>(
             tracing::error!(%group, "cannot encode a GM frame");
             return;
         };
-        let reply = match inner.net.call(to.node, bytes, inner.cfg.call_timeout).await {
+        // A member on this node (two members of one group on one node) needs no link.
+        let sent = if to.node == inner.node {
+            Ok(host.handle_frame(&bytes))
+        } else {
+            inner.net.call(to.node, bytes, inner.cfg.call_timeout).await
+        };
+        let reply = match sent {
             Ok(r) => bincode::deserialize::<GmReply>(&r).ok(),
             Err(e) => {
                 tracing::debug!(%group, to = to.node, "gm send: {e}");

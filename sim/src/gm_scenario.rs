@@ -123,8 +123,9 @@ struct Shared {
     current: Mutex<BTreeMap<NodeId, MemberId>>,
     /// Per member, the last message it broadcast (k), and the final lap's k once done.
     finals: Mutex<BTreeMap<NodeId, (MemberId, u64)>>,
-    /// First time any node applied a record without a member it had listed dead.
-    erased_at: Mutex<BTreeMap<MemberId, u64>>,
+    /// First time any node applied a record without a member it had listed dead, and the
+    /// members that record lists alive.
+    erased_at: Mutex<BTreeMap<MemberId, (u64, BTreeSet<MemberId>)>>,
     /// Every (version → record) any node applied, to check they agree.
     records: Mutex<BTreeMap<u64, GroupRecord>>,
     failures: Mutex<Vec<String>>,
@@ -387,7 +388,10 @@ async fn watch_records(id: NodeId, raft: MetaRaft, shared: Arc<Shared>, trace: T
                     for slot in &prev.members {
                         if let Slot::Dead(dead) = slot {
                             if !record.members.iter().any(|s| s.id() == *dead) {
-                                lock(&shared.erased_at).entry(*dead).or_insert(now_ms());
+                                let alive = View::of(&record).ring.into_iter().collect();
+                                lock(&shared.erased_at)
+                                    .entry(*dead)
+                                    .or_insert((now_ms(), alive));
                             }
                         }
                     }
@@ -480,7 +484,20 @@ async fn run_app(
         let me = handle.id();
         trace.log(format!("n{id} member {} joined", name(me)));
         lock(&shared.current).insert(id, me);
-        let mut known: BTreeSet<MemberId> = BTreeSet::new();
+        // G5: a member knows the members it saw join (`Joined`, births) and those the group
+        // had before it, dead ones included (what they had in flight may still reach it).
+        let mut known: BTreeSet<MemberId> = raft
+            .snapshot()
+            .gm_groups
+            .get(GROUP)
+            .map(|r| {
+                r.members
+                    .iter()
+                    .map(|s| s.id())
+                    .filter(|m| m.since < me.since)
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut k = 0u64;
         let mut inflight = tokio::task::JoinSet::new();
         let mut next_send = now_ms() + rng.gen_range(10..100);
@@ -774,10 +791,11 @@ fn check(shared: &Shared, trace: &Trace) {
         for d in ds {
             seqs.entry((*member, d.origin)).or_default().push(d.k);
             total += 1;
-            // G10: nothing of an erased member reaches anyone after its erasure (a member
-            // cut off from the majority still delivers its own broadcasts, G4, unaware).
-            if let Some(t) = erased.get(&d.origin) {
-                if d.at > *t && d.origin != *member {
+            // G10: nothing of an erased member reaches a member alive in the erasing record
+            // after its erasure (a member already recorded dead may still be catching up,
+            // unaware, as may a member cut off delivering its own broadcasts, G4).
+            if let Some((t, alive)) = erased.get(&d.origin) {
+                if d.at > *t && d.origin != *member && alive.contains(member) {
                     shared.fail(
                         trace,
                         format!(

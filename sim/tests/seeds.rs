@@ -47,8 +47,9 @@ fn different_seeds_differ() {
 }
 
 /// GM scenario seeds CI runs (a mix of partitions, crashes, held and slow links, with and
-/// without durable acks; seeds 0, 24 and 374 found bugs, in the code or the harness, now fixed).
-const GM_CI_SEEDS: [u64; 9] = [0, 1, 3, 4, 7, 24, 42, 374, 1234];
+/// without durable acks; seeds 0, 24, 374, 1005 and 1184 found bugs, in the code or the
+/// checkers, now fixed).
+const GM_CI_SEEDS: [u64; 11] = [0, 1, 3, 4, 7, 24, 42, 374, 1005, 1184, 1234];
 
 #[test]
 fn gm_fixed_seeds_pass() {

@@ -21,6 +21,33 @@ pub struct Message {
 }
 
 impl Message {
+    /// The message whose stored form (`store::message_codec::StoredMessage`) is `bytes`,
+    /// with id `id`; `None` if the bytes or its properties do not decode.
+    pub fn from_stored(bytes: &[u8], id: u128) -> Option<Message> {
+        let stored = crate::store::message_codec::StoredMessage::decode(bytes).ok()?;
+        let (_, properties) =
+            amq_protocol::protocol::basic::parse_properties(&stored.properties_raw[..]).ok()?;
+        Some(Message {
+            id,
+            exchange: stored.exchange,
+            routing_key: stored.routing_key,
+            properties_raw: stored.properties_raw,
+            properties,
+            body: Bytes::from(stored.body.to_vec()),
+        })
+    }
+
+    /// The stored form of this message (what the message store and the index keep).
+    pub fn to_stored(&self) -> Vec<u8> {
+        crate::store::message_codec::StoredMessage {
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
+            properties_raw: self.properties_raw.clone(),
+            body: self.body.clone(),
+        }
+        .encode()
+    }
+
     /// Bytes this message accounts for in memory.
     pub fn size(&self) -> u64 {
         (self.body.len() + self.properties_raw.len() + self.routing_key.len() + 64) as u64

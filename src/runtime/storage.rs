@@ -10,14 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use amq_protocol::protocol::basic::parse_properties;
 use bytes::Bytes;
 
 use super::file_disk::FileDisk;
 use crate::broker::queue::{Delta, Entry, IndexOp, OnDisk, PageError, Pager};
 use crate::broker::{Broker, Durability, Message, QueueHandle};
 use crate::config::StorageConfig;
-use crate::store::message_codec::StoredMessage;
 use crate::store::msg_store::{MsgId, MsgStore, MsgStoreConfig, MsgStoreError};
 use crate::store::queue_index::{IndexConfig, IndexEntry, Publish, QueueIndex, QueueIndexError};
 use crate::store::{Disk, DiskError};
@@ -75,7 +73,13 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     fsync_interval_ms: u64,
     /// Wall-clock ms at the broker's Instant 0: expiry is stored as wall-clock time.
     epoch_unix_ms: u64,
+    /// Sees every queue's operations as a round writes them (mirrored queues ship them to
+    /// their mirrors: `docs/mirroring.md`).
+    tap: Mutex<Option<OpsTap>>,
 }
+
+/// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
+pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) + Send + Sync>;
 
 /// A stable folder name for a queue's index: FNV-1a 64 of `vhost \0 name`, in hex. The full
 /// name is written inside (`queue.name`) so the folder can be told apart and inspected.
@@ -274,6 +278,7 @@ impl<D: Disk + Clone> Storage<D> {
             wake: Arc::new((Mutex::new(false), Condvar::new())),
             fsync_interval_ms: config.fsync_interval_ms,
             epoch_unix_ms: broker.epoch_unix_ms(),
+            tap: Mutex::new(None),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -362,9 +367,14 @@ impl<D: Disk + Clone> Storage<D> {
             return Ok(());
         };
         let mut touched = Vec::new();
+        let tap = self.tap.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for (handle, ops) in batches {
-            if self.apply(state, &handle, ops)? {
-                touched.push((handle.vhost.clone(), handle.name.clone()));
+            let key = (handle.vhost.clone(), handle.name.clone());
+            if let Some(tap) = &tap {
+                tap(&key, &ops);
+            }
+            if self.apply(state, &key, ops)? {
+                touched.push(key);
             }
         }
         state.msg_store.flush()?;
@@ -387,6 +397,40 @@ impl<D: Disk + Clone> Storage<D> {
         if state.msg_store.compaction_due() {
             let report = state.msg_store.compact()?;
             tracing::debug!(?report, "message store compacted");
+        }
+        Ok(())
+    }
+
+    /// Installs (or removes) the tap on the operations each round writes.
+    pub fn set_ops_tap(&self, tap: Option<OpsTap>) {
+        *self.tap.lock().unwrap_or_else(|e| e.into_inner()) = tap;
+    }
+
+    /// A mirror's write: applies operations another node's queue recorded (in its order)
+    /// to this node's copy of that queue's index and message store, and fsyncs them, so
+    /// that opening the copy (as crash recovery does) gives the master's queue.
+    pub fn apply_mirrored(
+        &self,
+        vhost: &str,
+        queue: &str,
+        ops: Vec<IndexOp>,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        let touched = self.apply(state, &key, ops)?;
+        state.msg_store.flush()?;
+        state.transient_store.flush()?;
+        state.msg_store.sync()?;
+        if touched {
+            if let Some(index) = state.indexes.get_mut(&key) {
+                index.sync().map_err(|source| StorageError::Index {
+                    queue: format!("{vhost}/{queue}"),
+                    source,
+                })?;
+            }
         }
         Ok(())
     }
@@ -428,10 +472,10 @@ impl<D: Disk + Clone> Storage<D> {
     fn apply(
         &self,
         state: &mut State<D>,
-        handle: &Arc<QueueHandle>,
+        key: &(String, String),
         ops: Vec<IndexOp>,
     ) -> Result<bool, StorageError> {
-        let key = (handle.vhost.clone(), handle.name.clone());
+        let key = key.clone();
         let label = || format!("{}/{}", key.0, key.1);
         let mut touched = false;
         for op in ops {
@@ -513,13 +557,7 @@ impl<D: Disk + Clone> Storage<D> {
                     expires_at_ms,
                     persistent,
                 } => {
-                    let stored = StoredMessage {
-                        exchange: message.exchange.clone(),
-                        routing_key: message.routing_key.clone(),
-                        properties_raw: message.properties_raw.clone(),
-                        body: message.body.clone(),
-                    }
-                    .encode();
+                    let stored = message.to_stored();
                     let id = msg_id(message.id);
                     let size = stored.len() as u32;
                     let embedded = if self.index_config.embeds(stored.len()) {
@@ -716,16 +754,7 @@ fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64) -> Entry {
 }
 
 pub(crate) fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
-    let stored = StoredMessage::decode(bytes).ok()?;
-    let (_, properties) = parse_properties(&stored.properties_raw[..]).ok()?;
-    Some(Message {
-        id,
-        exchange: stored.exchange,
-        routing_key: stored.routing_key,
-        properties_raw: stored.properties_raw,
-        properties,
-        body: Bytes::from(stored.body.to_vec()),
-    })
+    Message::from_stored(bytes, id)
 }
 
 #[cfg(test)]
@@ -815,6 +844,88 @@ mod tests {
             out.push(e.message.body.to_vec());
         }
         out
+    }
+
+    /// The queue's messages as a new master would serve them: body and redelivered flag.
+    fn contents(b: &Broker) -> Vec<(Vec<u8>, bool)> {
+        let q = b.queue("/", "q").expect("queue");
+        let mut out = Vec::new();
+        let mut dead = Vec::new();
+        while let Some((e, _)) = q.lock().get(Instant::default(), false, &mut dead) {
+            out.push((e.message.body.to_vec(), e.redelivered));
+        }
+        out
+    }
+
+    #[test]
+    fn a_mirror_fed_the_masters_operations_recovers_the_masters_queue() {
+        let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+        let (b, _, s, _) = open(&master_disk);
+        let (_, _, mirror, _) = open(&mirror_disk);
+        // What the master ships: each round's operations, on the wire (as a GM broadcast
+        // would carry them).
+        type Shipped = Vec<(String, String, Vec<u8>)>;
+        let shipped: Arc<Mutex<Shipped>> = Arc::default();
+        let tap = shipped.clone();
+        s.set_ops_tap(Some(Arc::new(move |(vhost, queue), ops| {
+            tap.lock().unwrap_or_else(|e| e.into_inner()).push((
+                vhost.clone(),
+                queue.clone(),
+                crate::mirror::ops::encode(ops),
+            ));
+        })));
+        let big = vec![9u8; 10_000];
+        for body in [b"a".to_vec(), big.clone(), b"c".to_vec(), b"d".to_vec()] {
+            publish(&b, &body);
+        }
+        assert!(s.step());
+        // Two deliveries awaiting acks; the first is acked.
+        let q = b.queue("/", "q").expect("queue");
+        let mut dead = Vec::new();
+        let (first, _) = q
+            .lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("a");
+        q.lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("big");
+        q.lock()
+            .ack(&q, &[first.seq], Instant::default(), &mut dead);
+        publish(&b, b"e");
+        assert!(s.step());
+        let batches = std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner()));
+        assert!(
+            batches.len() >= 2,
+            "one batch per round that wrote the queue"
+        );
+        for (vhost, queue, bytes) in batches {
+            let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
+            mirror
+                .apply_mirrored(&vhost, &queue, ops)
+                .expect("the mirror writes");
+        }
+        // Both nodes lose power; each reopens what it fsynced.
+        master_disk.crash();
+        mirror_disk.crash();
+        let (master_again, _, _, _) = open(&master_disk);
+        let (promoted, _, _, summary) = open(&mirror_disk);
+        let expected = vec![
+            (big, true),
+            (b"c".to_vec(), false),
+            (b"d".to_vec(), false),
+            (b"e".to_vec(), false),
+        ];
+        assert_eq!(
+            contents(&master_again),
+            expected,
+            "the master's own recovery"
+        );
+        assert_eq!(
+            contents(&promoted),
+            expected,
+            "the mirror's copy: the delivered, unacked message comes back redelivered"
+        );
+        assert_eq!((summary.messages, summary.lost), (4, 0));
     }
 
     #[test]

@@ -21,7 +21,6 @@
 //! - liveness: once the faults are over, every node's member completes a lap.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -37,12 +36,12 @@ use warren::meta::Command;
 use warren::runtime::gm_host::{GmHost, GmHostConfig, GmNet};
 use warren::store::MemDisk;
 
+use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
 use crate::transport::{serve, Handler, Kind, RequestError, TurmoilTransport};
 
 /// Nodes (Raft voters, one GM member each).
 pub const NODES: u64 = 4;
-const PORT: u16 = 9000;
 const GROUP: &str = "g";
 /// Broadcasting stops this long after the start (simulated ms); faults happen before.
 const WORKLOAD_MS: u64 = 9_000;
@@ -50,14 +49,6 @@ const WORKLOAD_MS: u64 = 9_000;
 const LIVENESS_MS: u64 = 30_000;
 /// The failure detector: a node not heard from for this long is recorded down.
 const PEER_TIMEOUT_MS: u64 = 1_000;
-
-fn host(id: NodeId) -> String {
-    format!("n{id}")
-}
-
-fn addr(id: NodeId) -> String {
-    format!("n{id}:{PORT}")
-}
 
 fn now_ms() -> u64 {
     turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
@@ -213,32 +204,12 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         shared,
         trace,
     } = env;
-    let boot = {
-        let mut boots = lock(&shared.boots);
-        let b = boots.entry(id).or_insert(0);
-        *b += 1;
-        *b
-    };
+    let boot = crate::scenario::next_boot(&shared.boots, id);
     trace.log(format!("n{id} boot {boot}"));
     let listener = TcpListener::bind(("0.0.0.0", PORT)).await?;
     let transport = TurmoilTransport::new(host(id), trace.clone());
-    let node_seed = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(id * 1_000 + boot);
-    let raft = MetaRaft::start(
-        id,
-        transport.clone(),
-        Arc::new(disk),
-        Path::new("/raft"),
-        &crate::scenario::raft_config(),
-        node_seed,
-    )
-    .await?;
-    if id == 1 && boot == 1 {
-        let members = (1..=NODES).map(|n| (n, addr(n))).collect();
-        raft.initialize(members).await?;
-        trace.log("n1 initialised the cluster");
-    }
+    let raft =
+        crate::scenario::start_raft(id, boot, seed, NODES, transport.clone(), disk, &trace).await?;
     lock(&shared.rafts).insert(id, raft.clone());
     let host_cfg = GmHostConfig {
         call_timeout: Duration::from_millis(500),

@@ -31,11 +31,13 @@ const CLIENT_LIMIT_MS: u64 = 60_000;
 /// Simulated time allowed, after the client and the faults are done, for convergence.
 const CONVERGE_LIMIT_MS: u64 = 20_000;
 
-fn host(id: NodeId) -> String {
+/// The simulated host name of node `id`.
+pub(crate) fn host(id: NodeId) -> String {
     format!("n{id}")
 }
 
-fn addr(id: NodeId) -> String {
+/// The address node `id` listens on (Raft, proposals, GM, probes).
+pub(crate) fn addr(id: NodeId) -> String {
     format!("n{id}:{PORT}")
 }
 
@@ -259,6 +261,46 @@ async fn handle_propose(node: &MetaRaft, body: &[u8]) -> Vec<u8> {
     bincode::serialize(&reply).unwrap_or_default()
 }
 
+/// Counts a boot of node `id` in `boots` and returns its number (1 for the first).
+pub(crate) fn next_boot(boots: &Mutex<BTreeMap<NodeId, u64>>, id: NodeId) -> u64 {
+    let mut boots = lock(boots);
+    let b = boots.entry(id).or_insert(0);
+    *b += 1;
+    *b
+}
+
+/// Starts node `id`'s Raft member for boot `boot` of the run `seed` (its RNG seed distinct
+/// per node and boot, yet replayable); node 1's first boot initialises a cluster of nodes
+/// `1..=nodes`, each at [`addr`].
+pub(crate) async fn start_raft(
+    id: NodeId,
+    boot: u64,
+    seed: u64,
+    nodes: u64,
+    transport: TurmoilTransport,
+    disk: MemDisk,
+    trace: &Trace,
+) -> turmoil::Result<MetaRaft> {
+    let node_seed = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(id * 1_000 + boot);
+    let node = MetaRaft::start(
+        id,
+        transport,
+        Arc::new(disk),
+        Path::new("/raft"),
+        &raft_config(),
+        node_seed,
+    )
+    .await?;
+    if id == 1 && boot == 1 {
+        let members = (1..=nodes).map(|n| (n, addr(n))).collect();
+        node.initialize(members).await?;
+        trace.log("n1 initialised the cluster");
+    }
+    Ok(node)
+}
+
 /// Everything a node's host closure needs; cloned for every (re)boot.
 #[derive(Clone)]
 struct NodeEnv {
@@ -277,33 +319,11 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         shared,
         trace,
     } = env;
-    let boot = {
-        let mut boots = lock(&shared.boots);
-        let b = boots.entry(id).or_insert(0);
-        *b += 1;
-        *b
-    };
+    let boot = next_boot(&shared.boots, id);
     trace.log(format!("n{id} boot {boot}"));
     let listener = TcpListener::bind(("0.0.0.0", PORT)).await?;
     let transport = TurmoilTransport::new(host(id), trace.clone());
-    // A distinct but replayable RNG seed per node and boot.
-    let node_seed = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(id * 1_000 + boot);
-    let node = MetaRaft::start(
-        id,
-        transport,
-        Arc::new(disk),
-        Path::new("/raft"),
-        &raft_config(),
-        node_seed,
-    )
-    .await?;
-    if id == 1 && boot == 1 {
-        let members = (1..=NODES).map(|n| (n, addr(n))).collect();
-        node.initialize(members).await?;
-        trace.log("n1 initialised the cluster");
-    }
+    let node = start_raft(id, boot, seed, NODES, transport, disk, &trace).await?;
     lock(&shared.nodes).insert(id, node.clone());
 
     // Record every view the node publishes: the per-index digests the checkers compare.

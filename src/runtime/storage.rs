@@ -837,13 +837,7 @@ mod tests {
     }
 
     fn bodies(b: &Broker) -> Vec<Vec<u8>> {
-        let q = b.queue("/", "q").expect("queue");
-        let mut out = Vec::new();
-        let mut dead = Vec::new();
-        while let Some((e, _)) = q.lock().get(Instant::default(), false, &mut dead) {
-            out.push(e.message.body.to_vec());
-        }
-        out
+        contents(b).into_iter().map(|(body, _)| body).collect()
     }
 
     /// The queue's messages as a new master would serve them: body and redelivered flag.

@@ -29,6 +29,9 @@ pub struct Durability {
     inner: Mutex<Inner>,
     durable_upto: AtomicU64,
     failed: AtomicBool,
+    /// Ticket ranges `(after, upto]` written here but never confirmed by a mirrored queue's
+    /// lap (the master was deposed): their confirms are nacks. Rare, so a short list.
+    voided: Mutex<Vec<(u64, u64)>>,
     waiters: Mutex<Vec<Weak<Outbox>>>,
     wake_syncer: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -85,6 +88,37 @@ impl Durability {
         for w in waiters.into_iter().filter_map(|w| w.upgrade()) {
             w.wake();
         }
+    }
+
+    /// Tickets in `(after, upto]` will never be confirmed: a mirrored queue's batch in them
+    /// did not complete its lap. Call before [`mark_durable`](Self::mark_durable) of `upto`.
+    pub fn void(&self, after: u64, upto: u64) {
+        if upto > after {
+            self.voided
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((after, upto));
+        }
+    }
+
+    /// Whether some ticket in `[from, upto]` was voided.
+    pub fn any_void(&self, from: u64, upto: u64) -> bool {
+        self.voided
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|&(after, hi)| from <= hi && upto > after)
+    }
+
+    /// Whether the write with `ticket` must be nacked: storage failed, or its round was
+    /// voided.
+    pub fn is_refused(&self, ticket: u64) -> bool {
+        ticket != 0 && (self.has_failed() || self.any_void(ticket, ticket))
+    }
+
+    /// The highest ticket marked durable so far.
+    pub fn durable_upto(&self) -> u64 {
+        self.durable_upto.load(Ordering::Acquire)
     }
 
     /// Whether tickets were issued that are not durable yet.

@@ -479,7 +479,15 @@ impl Broker {
                             }
                         }
                         Some(def) => {
-                            if !local.contains_key(name) {
+                            // A durable queue that moved here (a mirror promoted) is not
+                            // created empty: the mirror runtime adopts this node's copy
+                            // ([`Broker::adopt_queue`]) once it holds everything.
+                            let moved_in = self.durability.is_some()
+                                && def.durable
+                                && before
+                                    .and_then(|b| b.queues.get(name))
+                                    .is_some_and(|old| old.home != home);
+                            if !local.contains_key(name) && !moved_in {
                                 if let Some(args) = args_of(name, def) {
                                     local.insert(name.clone(), self.new_queue(def, args, now));
                                 }
@@ -498,6 +506,34 @@ impl Broker {
         }
         self.version.store(meta.version, Ordering::Release);
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+
+    /// Promotion: makes the queue `vhost/name`, which moved to this node, serve here. `fill`
+    /// puts this node's copy of its messages into the new queue before anyone can reach it.
+    /// Returns `None` (and changes nothing) when the queue is no longer homed here or
+    /// already runs.
+    pub fn adopt_queue<E>(
+        &self,
+        vhost: &str,
+        name: &str,
+        now: Instant,
+        fill: impl FnOnce(&Arc<QueueHandle>) -> Result<(), E>,
+    ) -> Option<Result<Arc<QueueHandle>, E>> {
+        let state = self.snapshot();
+        let v = state.vhosts.get(vhost)?;
+        let def = v.queues.get(name).filter(|d| d.home == self.node_id)?;
+        let args = def.effective_args(v).or_else(|_| def.args()).ok()?;
+        let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+        let local = queues.entry(vhost.to_string()).or_default();
+        if local.contains_key(name) {
+            return None;
+        }
+        let handle = self.new_queue(def, args, now);
+        if let Err(e) = fill(&handle) {
+            return Some(Err(e));
+        }
+        local.insert(name.to_string(), handle.clone());
+        Some(Ok(handle))
     }
 
     /// Routes and enqueues a message. `vhost` is the caller's snapshot of the vhost.

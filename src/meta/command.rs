@@ -119,6 +119,16 @@ pub enum Command {
         /// The mirror's node.
         node: NodeId,
     },
+    /// `warrenctl sync_queue` / `cancel_sync_queue`: asks the master of a mirrored queue to
+    /// copy its backlog to its unsynchronised mirrors now (or to stop doing so).
+    SyncQueue {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// Cancel rather than start.
+        cancel: bool,
+    },
     /// Removes a GM group record (its queue is gone).
     GmForget {
         /// Group name.

@@ -391,6 +391,10 @@ pub struct MirrorSet {
     pub epoch: u64,
     /// The mirrors.
     pub mirrors: Vec<MirrorRecord>,
+    /// `sync_queue` requests so far (the master syncs when this goes up).
+    pub sync_requests: u64,
+    /// `cancel_sync_queue` requests so far.
+    pub cancel_requests: u64,
 }
 
 /// The whole metadata.
@@ -597,6 +601,24 @@ impl MetaState {
                 expected_epoch,
                 node,
             } => self.promote_mirror(vhost, queue, *expected_epoch, *node)?,
+            Command::SyncQueue {
+                vhost,
+                queue,
+                cancel,
+            } => {
+                let key = (vhost.clone(), queue.clone());
+                let Some(set) = self.mirror_sets.get_mut(&key).filter(|s| !s.mirrors.is_empty())
+                else {
+                    return Err(MetaError::Admin(format!(
+                        "queue '{queue}' in vhost '{vhost}' is not mirrored"
+                    )));
+                };
+                if *cancel {
+                    set.cancel_requests += 1;
+                } else {
+                    set.sync_requests += 1;
+                }
+            }
             Command::GmForget { name } => {
                 if self.gm_groups.remove(name).is_none() {
                     return Err(MetaError::Admin(format!("no gm group '{name}'")));
@@ -719,8 +741,8 @@ impl MetaState {
             key,
             MirrorSet {
                 version: current.version + 1,
-                epoch: current.epoch,
                 mirrors,
+                ..current
             },
         );
         Ok(())
@@ -762,15 +784,35 @@ impl MetaState {
             MirrorSet {
                 version: set.version + 1,
                 epoch: set.epoch + 1,
-                mirrors: set.mirrors.into_iter().filter(|m| m.node != node).collect(),
+                mirrors: set
+                    .mirrors
+                    .iter()
+                    .filter(|m| m.node != node)
+                    .copied()
+                    .collect(),
+                ..set
             },
         );
         Ok(())
     }
 
-    /// Marks every live GM member on `node` dead, one version step per group it was in.
+    /// Marks every live GM member on `node` dead, one version step per group it was in, and
+    /// its mirrors unsynchronised: a mirror that lost its member misses what the group
+    /// carries from then on, so it must sync again before it may be promoted.
     fn gm_node_died(&mut self, node: NodeId) {
         use crate::gm::Slot;
+        for set in self.mirror_sets.values_mut() {
+            let mut changed = false;
+            for m in &mut set.mirrors {
+                if m.node == node && m.synchronised {
+                    m.synchronised = false;
+                    changed = true;
+                }
+            }
+            if changed {
+                set.version += 1;
+            }
+        }
         for record in self.gm_groups.values_mut() {
             let mut changed = false;
             for slot in &mut record.members {
@@ -1314,5 +1356,55 @@ mod tests {
         s.apply(&Command::RegisterNode(restarted)).unwrap();
         assert_eq!(s.gm_groups["b"].members, [Slot::Dead(m(3, 1))]);
         assert_eq!(s.gm_groups["b"].version, 2);
+    }
+
+    #[test]
+    fn a_mirror_whose_node_goes_down_or_restarts_is_no_longer_synchronised() {
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let mut q = queue("m");
+        q.durable = true;
+        q.home = 1;
+        s.apply(&Command::DeclareQueue(q)).unwrap();
+        let synced = |node| MirrorRecord {
+            node,
+            since: 0,
+            synchronised: true,
+        };
+        s.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 0,
+            mirrors: vec![synced(2), synced(3)],
+        })
+        .unwrap();
+        let key = ("/".to_string(), "m".to_string());
+        let flags = |s: &MetaState| {
+            s.mirror_sets[&key]
+                .mirrors
+                .iter()
+                .map(|m| (m.node, m.synchronised))
+                .collect::<Vec<_>>()
+        };
+        s.apply(&Command::NodeDown { id: 2 }).unwrap();
+        assert_eq!(flags(&s), [(2, false), (3, true)]);
+        assert_eq!(s.mirror_sets[&key].version, 2, "a change other CAS see");
+        let mut restarted = node(3);
+        restarted.incarnation = 9;
+        s.apply(&Command::RegisterNode(restarted)).unwrap();
+        assert_eq!(flags(&s), [(2, false), (3, false)]);
+        // The master's node going down leaves its mirrors as they were (they are the
+        // candidates for its promotion).
+        s.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 3,
+            mirrors: vec![synced(2), synced(3)],
+        })
+        .unwrap();
+        s.apply(&Command::NodeDown { id: 1 }).unwrap();
+        assert_eq!(flags(&s), [(2, true), (3, true)]);
     }
 }

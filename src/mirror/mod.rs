@@ -10,6 +10,7 @@
 //! running the reconciler on the leader and the operations are not built yet
 //! (`docs/mirroring.md`).
 
+pub mod message;
 pub mod ops;
 pub mod placement;
 pub mod policy;

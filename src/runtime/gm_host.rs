@@ -155,7 +155,52 @@ impl std::fmt::Debug for Cmd {
     }
 }
 
+/// A clonable sender for one member's broadcasts and releases (the application may send
+/// from several places, e.g. the storage syncer, while one task reads the events).
+#[derive(Debug, Clone)]
+pub struct GmSender {
+    cmds: mpsc::UnboundedSender<Cmd>,
+}
+
+impl GmSender {
+    /// Broadcasts `msg`; see [`GmHandle::confirmed_broadcast`].
+    pub fn confirmed_broadcast(
+        &self,
+        msg: Bytes,
+    ) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
+        confirmed(&self.cmds, msg)
+    }
+
+    /// Broadcasts `msg` without waiting for its lap.
+    pub fn broadcast(&self, msg: Bytes) -> Result<(), GmError> {
+        self.cmds
+            .send(Cmd::Broadcast(msg))
+            .map_err(|_| GmError::Stopped)
+    }
+}
+
+fn confirmed(
+    cmds: &mpsc::UnboundedSender<Cmd>,
+    msg: Bytes,
+) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
+    let (tx, rx) = oneshot::channel();
+    let sent = cmds.send(Cmd::Confirmed(msg, tx)).is_ok();
+    async move {
+        if !sent {
+            return Err(GmError::Stopped);
+        }
+        rx.await.unwrap_or(Err(GmError::Stopped))
+    }
+}
+
 impl GmHandle {
+    /// A clonable sender for this member's broadcasts.
+    pub fn sender(&self) -> GmSender {
+        GmSender {
+            cmds: self.cmds.clone(),
+        }
+    }
+
     /// This member.
     pub fn id(&self) -> MemberId {
         self.id
@@ -179,14 +224,7 @@ impl GmHandle {
         &self,
         msg: Bytes,
     ) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
-        let (tx, rx) = oneshot::channel();
-        let sent = self.cmds.send(Cmd::Confirmed(msg, tx)).is_ok();
-        async move {
-            if !sent {
-                return Err(GmError::Stopped);
-            }
-            rx.await.unwrap_or(Err(GmError::Stopped))
-        }
+        confirmed(&self.cmds, msg)
     }
 
     /// Durable acks: `origin`'s publishes up to `upto` are durable here.

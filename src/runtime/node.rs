@@ -58,6 +58,11 @@ pub struct Node {
     syncer: Option<(Arc<Storage>, std::thread::JoinHandle<()>)>,
     syncer_stop: Arc<std::sync::atomic::AtomicBool>,
     cluster: Option<Cluster>,
+    /// Mirrored queues (clustered, with storage): the host and its tasks.
+    mirror: Option<(
+        super::mirror_host::MirrorHost<super::node_link::TcpTransport>,
+        Vec<JoinHandle<()>>,
+    )>,
 }
 
 impl std::fmt::Debug for Node {
@@ -253,6 +258,20 @@ impl Node {
             // Queues read paged-out messages back through storage.
             broker.set_pager(storage.clone());
         }
+        let mirror = match (&cluster, &storage) {
+            (Some(c), Some(storage)) => {
+                let host = super::mirror_host::MirrorHost::new(
+                    broker.clone(),
+                    storage.clone(),
+                    c.gm().clone(),
+                    c.raft().clone(),
+                    clock,
+                );
+                let tasks = host.start(Duration::from_millis(500));
+                Some((host, tasks))
+            }
+            _ => None,
+        };
         let syncer_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let syncer = match storage {
             Some(storage) => {
@@ -379,6 +398,7 @@ impl Node {
             syncer,
             syncer_stop,
             cluster,
+            mirror,
         })
     }
 
@@ -411,6 +431,12 @@ impl Node {
             .is_err()
         {
             tracing::warn!("connections still open after 5 s; stopping anyway");
+        }
+        if let Some((host, tasks)) = self.mirror {
+            host.stop();
+            for t in tasks {
+                t.abort();
+            }
         }
         if let Some(cluster) = self.cluster {
             cluster.shutdown().await;

@@ -852,6 +852,7 @@ impl Inner {
     /// forwarded publish among them is durable.
     fn handle(&self, from: NodeId, batch: Vec<RelayMsg>) -> BrokerReply {
         let mut ticket = 0;
+        let mut first_ticket = u64::MAX;
         let mut index = 0;
         let replies: Vec<RelayReply> = batch
             .into_iter()
@@ -863,6 +864,9 @@ impl Inner {
                 }
                 let (r, t) = self.handle_one(from, m);
                 ticket = ticket.max(t);
+                if t != 0 {
+                    first_ticket = first_ticket.min(t);
+                }
                 r
             })
             .collect();
@@ -882,7 +886,9 @@ impl Inner {
                     }
                     // One wait for the batch: tickets are marked durable in order.
                     let ok = match (&durability, unsynced) {
-                        (Some(d), true) => wait_durable(d, ticket).await,
+                        (Some(d), true) => {
+                            wait_durable(d, ticket).await && !d.any_void(first_ticket, ticket)
+                        }
                         _ => true,
                     };
                     let replies: Vec<RelayReply> = replies
@@ -894,6 +900,16 @@ impl Inner {
                         .collect();
                     encode(&replies)
                 }))
+            }
+            Some(d) if ticket != 0 && d.any_void(first_ticket, ticket) => {
+                let replies: Vec<RelayReply> = replies
+                    .into_iter()
+                    .map(|r| match r {
+                        RelayReply::Published(_) => RelayReply::Published(false),
+                        other => other,
+                    })
+                    .collect();
+                BrokerReply::Now(encode(&replies))
             }
             _ => BrokerReply::Now(encode(&replies)),
         }

@@ -76,10 +76,17 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     /// Sees every queue's operations as a round writes them (mirrored queues ship them to
     /// their mirrors: `docs/mirroring.md`).
     tap: Mutex<Option<OpsTap>>,
+    /// Messages a recovered (or adopted) queue takes back into RAM.
+    head_entries: usize,
 }
 
 /// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
-pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) + Send + Sync>;
+/// For a mirrored queue it ships them and returns the wait for their lap: the round's
+/// confirms are held until it completes, and refused (nacked) if it fails.
+pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> + Send + Sync>;
+
+/// Blocks until a shipped batch completed its lap; `false` when it never will.
+pub type LapWait = Box<dyn FnOnce() -> bool + Send>;
 
 /// A stable folder name for a queue's index: FNV-1a 64 of `vhost \0 name`, in hex. The full
 /// name is written inside (`queue.name`) so the folder can be told apart and inspected.
@@ -177,81 +184,20 @@ impl<D: Disk + Clone> Storage<D> {
             }
             let dir_name = queue_dir_name(&handle.vhost, &handle.name);
             known_dirs.insert(dir_name.clone());
-            let dir = queues_dir.join(&dir_name);
-            let label = format!("{}/{}", handle.vhost, handle.name);
-            let max_priority = handle.lock().args().max_priority;
-            let mut qcfg = icfg.clone();
-            if max_priority.is_none() {
-                // Only the head comes back into RAM; the rest stays on disk as delta and is
-                // read back a segment at a time (priority queues do not page: all of it).
-                qcfg.recover_head_entries = config.queue_paging_head_messages.max(1);
+            let head = config.queue_paging_head_messages.max(1);
+            let (index, store_refs) = recover_queue(
+                &disk,
+                &queues_dir.join(&dir_name),
+                &handle,
+                &icfg,
+                head,
+                &msg_store,
+                broker.epoch_unix_ms(),
+                &mut summary,
+            )?;
+            for (id, n) in store_refs {
+                *refs.entry(MsgId(id)).or_default() += n;
             }
-            let (index, recovered) =
-                QueueIndex::open(disk.clone(), &dir, qcfg).map_err(|source| {
-                    StorageError::Index {
-                        queue: label.clone(),
-                        source,
-                    }
-                })?;
-            disk.write_file(&dir.join("queue.name"), label.as_bytes())?;
-            if !recovered.damage.is_empty() {
-                tracing::error!(queue = %label, damage = ?recovered.damage, "queue index damaged; intact entries recovered");
-            }
-            summary.clean &= recovered.clean;
-            for (id, n) in &recovered.store_refs {
-                *refs.entry(MsgId(*id)).or_default() += n;
-            }
-            let rest = recovered.live - recovered.entries.len() as u64;
-            let mut entries = Vec::with_capacity(recovered.entries.len());
-            for e in recovered.entries {
-                let p = &e.publish;
-                let id = MsgId(p.msg_id);
-                if p.embedded.is_none() && max_priority.is_none() {
-                    // A paging queue takes a stored body back as a beta: read when it is
-                    // delivered, not at start (a head segment of large messages would not fit
-                    // in RAM). A body the store does not have is reported now.
-                    if !msg_store.contains(id) {
-                        summary.lost += 1;
-                        tracing::error!(queue = %label, seq = p.seq, "message body missing; skipped");
-                        continue;
-                    }
-                    entries.push(beta_entry(&e, broker.epoch_unix_ms()));
-                    continue;
-                }
-                let bytes = match &p.embedded {
-                    Some(b) => Some(b.clone()),
-                    None => {
-                        // A bit-rotted body is reported and skipped, never fatal for the node.
-                        match msg_store.read(id) {
-                            Ok(b) => b,
-                            Err(MsgStoreError::Corrupt { path, offset }) => {
-                                tracing::error!(path = %path.display(), offset, "corrupt message body");
-                                None
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                };
-                let Some(message) =
-                    bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
-                else {
-                    summary.lost += 1;
-                    tracing::error!(queue = %label, seq = p.seq, "message body missing or unreadable; skipped");
-                    continue;
-                };
-                let priority = max_priority.map_or(0, |max| message.priority().min(max));
-                entries.push(queue_entry(&e, message, priority, broker.epoch_unix_ms()));
-            }
-            summary.messages += entries.len() + rest as usize;
-            summary.queues += 1;
-            let next_seq = index.bounds().1;
-            let rest = (rest > 0).then_some(Delta {
-                start: recovered.rest_from,
-                end: next_seq,
-                count: rest,
-                bytes: recovered.rest_bytes,
-            });
-            handle.lock().restore(entries, rest, next_seq);
             indexes.insert((handle.vhost.clone(), handle.name.clone()), index);
         }
         // Bodies no queue refers to any more (acked before a crash cut the store's own
@@ -279,6 +225,7 @@ impl<D: Disk + Clone> Storage<D> {
             fsync_interval_ms: config.fsync_interval_ms,
             epoch_unix_ms: broker.epoch_unix_ms(),
             tap: Mutex::new(None),
+            head_entries: config.queue_paging_head_messages.max(1),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -368,18 +315,21 @@ impl<D: Disk + Clone> Storage<D> {
         };
         let mut touched = Vec::new();
         let tap = self.tap.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut laps = Vec::new();
         for (handle, ops) in batches {
             let key = (handle.vhost.clone(), handle.name.clone());
-            if let Some(tap) = &tap {
-                tap(&key, &ops);
+            // Shipped before the local write, so the mirrors' writes overlap this one;
+            // under the storage lock, so the mirrors see rounds in the order written here.
+            if let Some(wait) = tap.as_ref().and_then(|tap| tap(&key, &ops)) {
+                laps.push(wait);
             }
-            if self.apply(state, &key, ops)? {
+            if self.apply(state, &key, ops, false)? {
                 touched.push(key);
             }
         }
         state.msg_store.flush()?;
         state.transient_store.flush()?;
-        if self.fsync_interval_ms > 0 {
+        if self.fsync_interval_ms > 0 && laps.is_empty() {
             // Async flush (like RocketMQ's): written to the OS now, fsynced on the interval;
             // a crash may lose up to one interval of confirmed messages. Documented as such.
             self.durability.mark_durable(ticket);
@@ -392,6 +342,25 @@ impl<D: Disk + Clone> Storage<D> {
                     source,
                 })?;
             }
+        }
+        if !laps.is_empty() {
+            // The laps are waited for without the storage lock: a mirror on this node
+            // (of another queue) writes under it, and two masters waiting on each other's
+            // mirrors would otherwise deadlock.
+            drop(guard);
+            let after = self.durability.durable_upto();
+            let mut all = true;
+            for wait in laps {
+                all &= wait();
+            }
+            if !all {
+                tracing::warn!(
+                    "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
+                );
+                self.durability.void(after, ticket);
+            }
+            self.durability.mark_durable(ticket);
+            return Ok(());
         }
         self.durability.mark_durable(ticket);
         if state.msg_store.compaction_due() {
@@ -420,7 +389,7 @@ impl<D: Disk + Clone> Storage<D> {
         let Some(state) = guard.as_mut() else {
             return Ok(());
         };
-        let touched = self.apply(state, &key, ops)?;
+        let touched = self.apply(state, &key, ops, true)?;
         state.msg_store.flush()?;
         state.transient_store.flush()?;
         state.msg_store.sync()?;
@@ -462,7 +431,151 @@ impl<D: Disk + Clone> Storage<D> {
         Ok(index)
     }
 
+    /// Drops this node's copy of a queue it mirrored (index and bodies).
+    pub fn drop_copy(&self, vhost: &str, queue: &str) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        self.apply(state, &key, vec![IndexOp::DeleteQueue], true)?;
+        // A copy never opened in this run (left by an earlier one) goes too.
+        remove_index_dir(
+            &self.disk,
+            &self.queues_dir.join(queue_dir_name(vhost, queue)),
+        );
+        state.msg_store.flush()?;
+        state.msg_store.sync()?;
+        Ok(())
+    }
+
+    /// Promotion: this node's mirror copy becomes the queue `handle` (just created, not yet
+    /// serving). The copy's index is closed and opened again exactly as crash recovery
+    /// opens it, so deliveries never acked come back `redelivered`.
+    pub fn adopt(&self, handle: &QueueHandle) -> Result<RecoverySummary, StorageError> {
+        let key = (handle.vhost.clone(), handle.name.clone());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(RecoverySummary::default());
+        };
+        if let Some(index) = state.indexes.remove(&key) {
+            index.close().map_err(|source| StorageError::Index {
+                queue: format!("{}/{}", key.0, key.1),
+                source,
+            })?;
+        }
+        let mut summary = RecoverySummary {
+            clean: true,
+            ..RecoverySummary::default()
+        };
+        let dir = self.queues_dir.join(queue_dir_name(&key.0, &key.1));
+        let (index, _) = recover_queue(
+            &self.disk,
+            &dir,
+            handle,
+            &self.index_config,
+            self.head_entries,
+            &state.msg_store,
+            self.epoch_unix_ms,
+            &mut summary,
+        )?;
+        state.indexes.insert(key, index);
+        Ok(summary)
+    }
+
+    /// Runs `f` with the next seq of the queue's persistent index (0 when it has none),
+    /// under the storage lock: what `f` broadcasts is ordered after every round already
+    /// shipped and before every later one (a mirror's sync starts there).
+    pub fn at_next_seq<T>(&self, vhost: &str, queue: &str, f: impl FnOnce(u64) -> T) -> T {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let next = guard
+            .as_ref()
+            .and_then(|s| s.indexes.get(&key))
+            .map_or(0, |i| i.bounds().1);
+        f(next)
+    }
+
+    /// The lowest live seq of the queue's persistent index (`None`: empty or none).
+    pub fn low_seq(&self, vhost: &str, queue: &str) -> Option<u64> {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let index = guard.as_ref()?.indexes.get(&key)?;
+        (!index.is_empty()).then(|| index.bounds().0)
+    }
+
+    /// A sync batch: up to `max` live messages of the queue's persistent index with seq in
+    /// `[from, below)`, in seq order, as operations (a publish, and a deliver for a message
+    /// delivered and not acked). `f` gets them and the seq to continue from (`None`: the
+    /// backlog is done) under the storage lock, so what it broadcasts is ordered with the
+    /// rounds: an ack shipped before is reflected here, one shipped after comes after.
+    pub fn sync_batch<T>(
+        &self,
+        vhost: &str,
+        queue: &str,
+        from: u64,
+        below: u64,
+        max: usize,
+        f: impl FnOnce(Vec<IndexOp>, Option<u64>) -> T,
+    ) -> Result<T, StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
+            return Ok(f(Vec::new(), None));
+        };
+        let state = guard.as_ref().expect("checked above");
+        let wrap = |source| StorageError::Index {
+            queue: format!("{vhost}/{queue}"),
+            source,
+        };
+        let mut ops = Vec::new();
+        let mut taken = 0;
+        let mut next = None;
+        'segments: for n in index.segments() {
+            for e in index.read_segment(n).map_err(wrap)? {
+                let p = &e.publish;
+                if p.seq < from || !p.persistent {
+                    continue;
+                }
+                if p.seq >= below {
+                    break 'segments;
+                }
+                if taken == max {
+                    next = Some(p.seq);
+                    break 'segments;
+                }
+                let bytes = match &p.embedded {
+                    Some(b) => Some(b.clone()),
+                    None => state.msg_store.read(MsgId(p.msg_id))?,
+                };
+                let Some(message) =
+                    bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
+                else {
+                    tracing::error!(queue = %queue, seq = p.seq, "message body missing; not synced");
+                    continue;
+                };
+                ops.push(IndexOp::Publish {
+                    seq: p.seq,
+                    message: Arc::new(message),
+                    expires_at_ms: p
+                        .expires_at_ms
+                        .map_or(u64::MAX, |t| t.saturating_sub(self.epoch_unix_ms)),
+                    persistent: true,
+                });
+                if e.delivered {
+                    ops.push(IndexOp::Deliver { seq: p.seq });
+                }
+                taken += 1;
+            }
+        }
+        Ok(f(ops, next))
+    }
+
     /// Applies one queue's operations; returns whether its persistent index was written.
+    /// A mirror's (`mirrored`) skips what does not fit its copy: a publish older than the
+    /// copy's start (a mirror joins mid-stream) and a deliver or ack of a message it does
+    /// not hold (published before it joined, not synced); transient messages are not
+    /// mirrored (the master keeps them in RAM only).
     ///
     /// A queue has up to two indexes: the persistent one (durable queues: persistent
     /// messages, recorded as they arrive) and a transient one (messages paged out under
@@ -474,6 +587,7 @@ impl<D: Disk + Clone> Storage<D> {
         state: &mut State<D>,
         key: &(String, String),
         ops: Vec<IndexOp>,
+        mirrored: bool,
     ) -> Result<bool, StorageError> {
         let key = key.clone();
         let label = || format!("{}/{}", key.0, key.1);
@@ -520,6 +634,9 @@ impl<D: Disk + Clone> Storage<D> {
                     return Ok(false);
                 }
             };
+            if mirrored && transient {
+                continue;
+            }
             let opened = if transient {
                 state.transient_indexes.contains_key(&key)
             } else {
@@ -545,6 +662,16 @@ impl<D: Disk + Clone> Storage<D> {
             let Some(index) = index else {
                 continue;
             };
+            if mirrored {
+                let fits = match &op {
+                    IndexOp::Publish { seq, .. } => *seq >= index.bounds().1,
+                    IndexOp::Deliver { seq } | IndexOp::Ack { seq, .. } => index.holds(*seq),
+                    IndexOp::DeleteQueue => true,
+                };
+                if !fits {
+                    continue;
+                }
+            }
             touched |= !transient;
             let wrap = |source| StorageError::Index {
                 queue: label(),
@@ -715,6 +842,97 @@ fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     let _ = disk.remove_dir(dir);
 }
 
+/// Opens one durable queue's index (as crash recovery does) and puts what it holds back
+/// into the queue: the head in RAM, the rest left on disk as delta. Returns the index and
+/// the message-store references it holds. Used at start, and when a mirror's copy becomes
+/// the queue (promotion).
+#[allow(clippy::too_many_arguments)]
+fn recover_queue<D: Disk + Clone>(
+    disk: &D,
+    dir: &Path,
+    handle: &QueueHandle,
+    icfg: &IndexConfig,
+    head: usize,
+    msg_store: &MsgStore<D>,
+    epoch_unix_ms: u64,
+    summary: &mut RecoverySummary,
+) -> Result<(QueueIndex<D>, Vec<([u8; 16], u32)>), StorageError> {
+    let label = format!("{}/{}", handle.vhost, handle.name);
+    let max_priority = handle.lock().args().max_priority;
+    let mut qcfg = icfg.clone();
+    if max_priority.is_none() {
+        // Only the head comes back into RAM; the rest stays on disk as delta and is
+        // read back a segment at a time (priority queues do not page: all of it).
+        qcfg.recover_head_entries = head;
+    }
+    let (index, recovered) =
+        QueueIndex::open(disk.clone(), dir, qcfg).map_err(|source| StorageError::Index {
+            queue: label.clone(),
+            source,
+        })?;
+    disk.write_file(&dir.join("queue.name"), label.as_bytes())?;
+    if !recovered.damage.is_empty() {
+        tracing::error!(queue = %label, damage = ?recovered.damage, "queue index damaged; intact entries recovered");
+    }
+    summary.clean &= recovered.clean;
+    let store_refs: Vec<([u8; 16], u32)> = recovered
+        .store_refs
+        .iter()
+        .map(|(id, n)| (*id, *n))
+        .collect();
+    let rest = recovered.live - recovered.entries.len() as u64;
+    let mut entries = Vec::with_capacity(recovered.entries.len());
+    for e in recovered.entries {
+        let p = &e.publish;
+        let id = MsgId(p.msg_id);
+        if p.embedded.is_none() && max_priority.is_none() {
+            // A paging queue takes a stored body back as a beta: read when it is
+            // delivered, not at start (a head segment of large messages would not fit
+            // in RAM). A body the store does not have is reported now.
+            if !msg_store.contains(id) {
+                summary.lost += 1;
+                tracing::error!(queue = %label, seq = p.seq, "message body missing; skipped");
+                continue;
+            }
+            entries.push(beta_entry(&e, epoch_unix_ms));
+            continue;
+        }
+        let bytes = match &p.embedded {
+            Some(b) => Some(b.clone()),
+            None => {
+                // A bit-rotted body is reported and skipped, never fatal for the node.
+                match msg_store.read(id) {
+                    Ok(b) => b,
+                    Err(MsgStoreError::Corrupt { path, offset }) => {
+                        tracing::error!(path = %path.display(), offset, "corrupt message body");
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        let Some(message) = bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
+        else {
+            summary.lost += 1;
+            tracing::error!(queue = %label, seq = p.seq, "message body missing or unreadable; skipped");
+            continue;
+        };
+        let priority = max_priority.map_or(0, |max| message.priority().min(max));
+        entries.push(queue_entry(&e, message, priority, epoch_unix_ms));
+    }
+    summary.messages += entries.len() + rest as usize;
+    summary.queues += 1;
+    let next_seq = index.bounds().1;
+    let rest = (rest > 0).then_some(Delta {
+        start: recovered.rest_from,
+        end: next_seq,
+        count: rest,
+        bytes: recovered.rest_bytes,
+    });
+    handle.lock().restore(entries, rest, next_seq);
+    Ok((index, store_refs))
+}
+
 /// A queue entry for a message read back from an index (recovery or paging).
 fn queue_entry(e: &IndexEntry, message: Message, priority: u8, epoch_unix_ms: u64) -> Entry {
     let p = &e.publish;
@@ -867,6 +1085,7 @@ mod tests {
                 queue.clone(),
                 crate::mirror::ops::encode(ops),
             ));
+            None
         })));
         let big = vec![9u8; 10_000];
         for body in [b"a".to_vec(), big.clone(), b"c".to_vec(), b"d".to_vec()] {

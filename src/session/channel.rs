@@ -914,6 +914,7 @@ impl Channel {
             return false;
         }
         let failed = durability.is_some_and(|d| d.has_failed());
+        let refused = |ticket: u64| durability.is_some_and(|d| d.is_refused(ticket));
         let ready = |w: &Waiting| {
             let ticket = w.ticket();
             (ticket == 0 || failed || durability.is_none_or(|d| d.is_durable(ticket)))
@@ -960,8 +961,9 @@ impl Channel {
                 }
                 Waiting::Confirm {
                     seq, ack, ticket, ..
-                } if !ack || (failed && ticket != 0) => {
-                    // Refused by a queue, or storage failed before it was durable: the
+                } if !ack || refused(ticket) => {
+                    // Refused by a queue, storage failed before it was durable, or a
+                    // mirrored queue's master was deposed before its mirrors had it: the
                     // publisher must not believe it safe.
                     frame::encode_method(
                         out,
@@ -977,7 +979,7 @@ impl Channel {
                 Waiting::Confirm { .. } => {
                     let mut j = i;
                     while j + 1 < emit.len()
-                        && matches!(emit[j + 1], Waiting::Confirm { ack: true, ticket, .. } if !(failed && ticket != 0))
+                        && matches!(emit[j + 1], Waiting::Confirm { ack: true, ticket, .. } if !refused(ticket))
                     {
                         j += 1;
                     }

@@ -222,6 +222,11 @@ impl<D: Disk> QueueIndex<D> {
         (self.state.low_seq(), self.state.next_seq())
     }
 
+    /// Whether `seq` was published here and not acked.
+    pub fn holds(&self, seq: u64) -> bool {
+        self.state.is_live(seq)
+    }
+
     /// Un-acked messages.
     pub fn len(&self) -> u64 {
         self.state.unacked()

@@ -1,0 +1,111 @@
+//! What a mirrored queue's GM group carries: the master's rounds of queue operations, the
+//! flush a promoted master sends before it serves, and the background sync of a new
+//! mirror (`docs/mirroring.md`). Every message names the epoch of the master that sent it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::gm::MemberId;
+
+/// One GM message of a mirrored queue's group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MirrorMsg {
+    /// A round's operations ([`super::ops::encode`]), in the order the master wrote them.
+    Ops {
+        /// The master's epoch.
+        epoch: u64,
+        /// The encoded operations.
+        ops: Vec<u8>,
+    },
+    /// A promoted master's first message: once its lap completes, every member (the new
+    /// master included) holds everything any member received from the old master.
+    Flush {
+        /// The new master's epoch.
+        epoch: u64,
+    },
+    /// The target's copy restarts here, empty: it takes the rounds that follow (publishes
+    /// from `from_seq` on). With `active`, the master then sends the backlog (`SyncBatch`
+    /// up to `SyncEnd`) and the target holds the rounds back until the backlog is in;
+    /// otherwise the target is synchronised once the master's queue holds nothing older
+    /// than `from_seq` (RabbitMQ's manual mode).
+    SyncStart {
+        /// The master's epoch.
+        epoch: u64,
+        /// The mirror being synchronised.
+        target: MemberId,
+        /// The master's next seq at this point of the stream.
+        from_seq: u64,
+        /// Whether the backlog follows.
+        active: bool,
+    },
+    /// Part of the backlog (messages older than `from_seq`, in seq order) for `target`.
+    SyncBatch {
+        /// The master's epoch.
+        epoch: u64,
+        /// The mirror being synchronised.
+        target: MemberId,
+        /// The encoded operations (publishes, delivers).
+        ops: Vec<u8>,
+    },
+    /// The backlog is complete: once `target` released this, it holds the whole queue.
+    SyncEnd {
+        /// The master's epoch.
+        epoch: u64,
+        /// The mirror being synchronised.
+        target: MemberId,
+    },
+}
+
+impl MirrorMsg {
+    /// Its bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        // Plain data always serialises.
+        bincode::serialize(self).unwrap_or_default()
+    }
+
+    /// Decodes what [`MirrorMsg::encode`] made (`None`: not a mirror message).
+    pub fn decode(bytes: &[u8]) -> Option<MirrorMsg> {
+        bincode::deserialize(bytes).ok()
+    }
+}
+
+/// The GM group of a mirrored queue.
+pub fn group_name(vhost: &str, queue: &str) -> String {
+    format!("mirror:{}:{vhost}:{queue}", vhost.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips_and_garbage_is_refused() {
+        let target = MemberId { node: 2, since: 7 };
+        for m in [
+            MirrorMsg::Ops {
+                epoch: 1,
+                ops: vec![1, 2, 3],
+            },
+            MirrorMsg::Flush { epoch: 2 },
+            MirrorMsg::SyncStart {
+                epoch: 1,
+                target,
+                from_seq: 40,
+                active: true,
+            },
+            MirrorMsg::SyncBatch {
+                epoch: 1,
+                target,
+                ops: vec![9],
+            },
+            MirrorMsg::SyncEnd { epoch: 1, target },
+        ] {
+            assert_eq!(MirrorMsg::decode(&m.encode()), Some(m));
+        }
+        assert_eq!(MirrorMsg::decode(&[0xff, 0xff, 0xff, 0xff, 1]), None);
+    }
+
+    #[test]
+    fn group_names_of_different_queues_differ() {
+        assert_ne!(group_name("a:b", "c"), group_name("a", "b:c"));
+    }
+}

@@ -1,0 +1,926 @@
+//! The node's side of mirrored queues (`docs/mirroring.md`): for every durable queue whose
+//! metadata lists mirrors, a task plays this node's part, master or mirror, in the queue's GM
+//! group; on the Raft leader, a task keeps mirror sets in line with `ha-*` policies and
+//! promotes a mirror when a master's node is recorded down.
+//!
+//! - **Master.** The storage syncer's tap ships every round of the queue's operations as one
+//!   confirmed GM broadcast, and the round's confirms wait for its lap (with durable acks: a
+//!   lap means every mirror wrote and fsynced the round). It starts each new mirror's sync
+//!   and records it synchronised in the metadata once it holds the whole queue.
+//! - **Mirror.** Writes each round into its own copy of the queue's index and message store
+//!   (`Storage::apply_mirrored`), fsyncs, and only then releases it in GM.
+//! - **Promotion.** A mirror whose node becomes the queue's home sends a flush through the
+//!   group, and once its lap completes opens its copy as crash recovery does (deliveries
+//!   never acked come back `redelivered`) and serves the queue.
+//!
+//! Only persistent messages of durable queues are mirrored (see the docs for why).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use super::clock::Clock;
+use super::gm_host::{GmHandle, GmHost, GmNet, GmSender};
+use super::storage::{LapWait, Storage};
+use crate::broker::queue::IndexOp;
+use crate::broker::Broker;
+use crate::gm::{Event, MemberId, Slot};
+use crate::meta::raft::{MetaRaft, NodeId};
+use crate::meta::state::MirrorRecord;
+use crate::meta::{Command, MetaState};
+use crate::mirror::message::{group_name, MirrorMsg};
+use crate::mirror::{ops, HaPolicy, SyncMode};
+
+type Key = (String, String);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where the storage tap ships a mastered queue's rounds.
+#[derive(Clone)]
+struct Shipping {
+    sender: GmSender,
+    epoch: u64,
+}
+
+struct Inner<N> {
+    node: NodeId,
+    broker: Arc<Broker>,
+    storage: Arc<Storage>,
+    gm: GmHost<N>,
+    raft: MetaRaft,
+    clock: Clock,
+    rt: tokio::runtime::Handle,
+    masters: Mutex<HashMap<Key, Shipping>>,
+    tasks: Mutex<HashMap<Key, JoinHandle<()>>>,
+}
+
+/// The node's mirrored-queue runtime. Clones share it.
+pub struct MirrorHost<N> {
+    inner: Arc<Inner<N>>,
+}
+
+impl<N> Clone for MirrorHost<N> {
+    fn clone(&self) -> Self {
+        MirrorHost {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// This node's part in a queue's group, from the metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    None,
+    /// The queue moved here (a promotion) and does not run yet.
+    Adopt,
+    Master,
+    Mirror,
+}
+
+fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
+    let Some(def) = state.vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)) else {
+        return Role::None;
+    };
+    if !def.durable || def.exclusive_owner.is_some() {
+        return Role::None;
+    }
+    let set = state.mirror_sets.get(key);
+    if def.home == me {
+        let applied_here = broker
+            .snapshot()
+            .vhosts
+            .get(&key.0)
+            .and_then(|v| v.queues.get(&key.1))
+            .is_some_and(|d| d.home == me);
+        if applied_here && broker.queue(&key.0, &key.1).is_none() {
+            return Role::Adopt;
+        }
+        return if set.is_some_and(|s| !s.mirrors.is_empty()) {
+            Role::Master
+        } else {
+            Role::None
+        };
+    }
+    if set.is_some_and(|s| s.mirrors.iter().any(|m| m.node == me)) {
+        Role::Mirror
+    } else {
+        Role::None
+    }
+}
+
+/// A mirror's state in its group.
+enum Mode {
+    /// Joined; waiting for the master's `SyncStart` (rounds before it are not ours).
+    Waiting,
+    /// Writing every round.
+    Live,
+    /// Taking the backlog; rounds are held (in order) until it is in.
+    Syncing(Vec<Vec<u8>>),
+}
+
+/// A member of a queue's group and what it knows.
+struct Membership {
+    handle: GmHandle,
+    members: BTreeSet<MemberId>,
+    mode: Mode,
+}
+
+impl<N: GmNet + Clone> MirrorHost<N> {
+    /// A host for this node; [`MirrorHost::start`] installs the tap and starts the tasks.
+    pub fn new(
+        broker: Arc<Broker>,
+        storage: Arc<Storage>,
+        gm: GmHost<N>,
+        raft: MetaRaft,
+        clock: Clock,
+    ) -> MirrorHost<N> {
+        MirrorHost {
+            inner: Arc::new(Inner {
+                node: gm.node(),
+                broker,
+                storage,
+                gm,
+                raft,
+                clock,
+                rt: tokio::runtime::Handle::current(),
+                masters: Mutex::new(HashMap::new()),
+                tasks: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Installs the storage tap and starts the supervisor and the leader's reconciler.
+    pub fn start(&self, reconcile_every: Duration) -> Vec<JoinHandle<()>> {
+        let inner = self.inner.clone();
+        self.inner
+            .storage
+            .set_ops_tap(Some(Arc::new(move |key: &Key, ops: &[IndexOp]| {
+                inner.ship(key, ops)
+            })));
+        vec![
+            tokio::spawn(supervise(self.inner.clone())),
+            tokio::spawn(reconcile(self.inner.clone(), reconcile_every)),
+        ]
+    }
+
+    /// Stops the queue tasks (the node is stopping).
+    pub fn stop(&self) {
+        self.inner.storage.set_ops_tap(None);
+        for (_, t) in lock(&self.inner.tasks).drain() {
+            t.abort();
+        }
+        lock(&self.inner.masters).clear();
+    }
+}
+
+impl<N: GmNet + Clone> Inner<N> {
+    /// The storage tap: ships a mastered queue's round (persistent operations only).
+    fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
+        let shipping = lock(&self.masters).get(key).cloned()?;
+        let kept: Vec<IndexOp> = round
+            .iter()
+            .filter(|op| match op {
+                IndexOp::Publish { persistent, .. } | IndexOp::Ack { persistent, .. } => {
+                    *persistent
+                }
+                IndexOp::Deliver { .. } => true,
+                // A queue's copies go with its metadata, never with a master's delete (a
+                // deposed master deletes its own copy only).
+                IndexOp::DeleteQueue => false,
+            })
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        let msg = MirrorMsg::Ops {
+            epoch: shipping.epoch,
+            ops: ops::encode(&kept),
+        };
+        let lap = shipping
+            .sender
+            .confirmed_broadcast(Bytes::from(msg.encode()));
+        let rt = self.rt.clone();
+        Some(Box::new(move || rt.block_on(lap).is_ok()))
+    }
+
+    async fn apply(&self, key: &Key, batch: &[u8]) -> bool {
+        let ops = match ops::decode(batch) {
+            Ok(ops) => ops,
+            Err(e) => {
+                tracing::error!(queue = %key.1, error = %e, "undecodable mirrored batch");
+                return false;
+            }
+        };
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match tokio::task::spawn_blocking(move || storage.apply_mirrored(&vhost, &name, ops)).await
+        {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot write a mirrored batch");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    async fn drop_copy(&self, key: &Key) {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match tokio::task::spawn_blocking(move || storage.drop_copy(&vhost, &name)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(queue = %key.1, error = %e, "cannot drop a mirror copy"),
+            Err(_) => {}
+        }
+    }
+
+    /// A mirror's handling of one delivered message; `false`: its copy cannot be trusted
+    /// any more (it must leave and start again).
+    async fn on_message(&self, key: &Key, m: &mut Membership, msg: &[u8]) -> bool {
+        let me = m.handle.id();
+        match MirrorMsg::decode(msg) {
+            Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
+                Mode::Waiting => true,
+                Mode::Live => self.apply(key, &ops).await,
+                Mode::Syncing(held) => {
+                    held.push(ops);
+                    true
+                }
+            },
+            Some(MirrorMsg::SyncStart {
+                target,
+                active,
+                from_seq,
+                ..
+            }) if target == me => {
+                tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
+                self.drop_copy(key).await;
+                m.mode = if active {
+                    Mode::Syncing(Vec::new())
+                } else {
+                    Mode::Live
+                };
+                true
+            }
+            Some(MirrorMsg::SyncBatch { target, ops, .. }) if target == me => {
+                if matches!(m.mode, Mode::Syncing(_)) {
+                    self.apply(key, &ops).await
+                } else {
+                    true
+                }
+            }
+            Some(MirrorMsg::SyncEnd { target, .. }) if target == me => {
+                if let Mode::Syncing(held) = std::mem::replace(&mut m.mode, Mode::Live) {
+                    for batch in held {
+                        if !self.apply(key, &batch).await {
+                            return false;
+                        }
+                    }
+                    tracing::info!(queue = %key.1, "mirror holds the backlog");
+                }
+                true
+            }
+            Some(_) => true,
+            None => {
+                tracing::warn!(queue = %key.1, "not a mirror message; ignored");
+                true
+            }
+        }
+    }
+
+    fn track(m: &mut Membership, event: &Event<Bytes>) {
+        match event {
+            Event::Joined { members } => m.members = members.iter().copied().collect(),
+            Event::MembersChanged { births, deaths } => {
+                m.members.extend(births.iter().copied());
+                for d in deaths {
+                    m.members.remove(d);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    async fn join(&self, key: &Key) -> Option<Membership> {
+        match self.gm.join(&group_name(&key.0, &key.1), true).await {
+            Ok(handle) => Some(Membership {
+                handle,
+                members: BTreeSet::new(),
+                mode: Mode::Waiting,
+            }),
+            Err(e) => {
+                tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
+                None
+            }
+        }
+    }
+
+    /// The mirror's life: a fresh, empty copy; every round written before it is released.
+    /// Returns the membership when this node became the queue's home (a promotion).
+    async fn run_mirror(&self, key: &Key) -> Option<Membership> {
+        self.drop_copy(key).await;
+        let mut m = self.join(key).await?;
+        let mut views = self.raft.subscribe();
+        loop {
+            tokio::select! {
+                ev = m.handle.next_event() => match ev {
+                    None | Some(Event::Stopped) => {
+                        tracing::info!(queue = %key.1, "mirror's GM member stopped");
+                        return None;
+                    }
+                    Some(Event::Deliver { from, num, msg }) => {
+                        if !self.on_message(key, &mut m, &msg).await {
+                            self.set_synchronised(key, None, self.node, false).await;
+                            let _ = m.handle.leave().await;
+                            return None;
+                        }
+                        m.handle.release(from, num);
+                    }
+                    Some(ev) => Self::track(&mut m, &ev),
+                },
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    let state = self.raft.snapshot();
+                    let home = state.vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)).map(|d| d.home);
+                    if home == Some(self.node) {
+                        return Some(m);
+                    }
+                    if role_of(&state, &self.broker, key, self.node) != Role::Mirror {
+                        let _ = m.handle.leave().await;
+                        self.drop_copy(key).await;
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Promotion: flush lap, then this node's copy becomes the queue. Returns the
+    /// membership to go on as master with.
+    async fn adopt(&self, key: &Key, mut member: Option<Membership>) -> Option<Membership> {
+        let epoch = self
+            .raft
+            .snapshot()
+            .mirror_sets
+            .get(key)
+            .map_or(0, |s| s.epoch);
+        if let Some(m) = member.as_mut() {
+            let lap = m
+                .handle
+                .sender()
+                .confirmed_broadcast(Bytes::from(MirrorMsg::Flush { epoch }.encode()));
+            tokio::pin!(lap);
+            let flushed = loop {
+                tokio::select! {
+                    r = &mut lap => break r.is_ok(),
+                    ev = m.handle.next_event() => match ev {
+                        None | Some(Event::Stopped) => break false,
+                        Some(Event::Deliver { from, num, msg }) => {
+                            self.on_message(key, m, &msg).await;
+                            m.handle.release(from, num);
+                        }
+                        Some(ev) => Self::track(m, &ev),
+                    }
+                }
+            };
+            if !flushed {
+                tracing::warn!(queue = %key.1, "the promoted mirror's flush did not complete; serving its copy as it is");
+                member = None;
+            }
+        }
+        // The broker applies the promotion shortly after the metadata does.
+        for _ in 0..200 {
+            let storage = self.storage.clone();
+            let broker = self.broker.clone();
+            let (vhost, name) = key.clone();
+            let now = self.clock.now();
+            let adopted = tokio::task::spawn_blocking(move || {
+                broker.adopt_queue(&vhost, &name, now, |h| storage.adopt(h).map(|_| ()))
+            })
+            .await
+            .ok()
+            .flatten();
+            match adopted {
+                Some(Ok(h)) => {
+                    let len = h.lock().message_count();
+                    tracing::warn!(queue = %key.1, epoch, messages = len, "mirror promoted: this node is the queue's master");
+                    return member;
+                }
+                Some(Err(e)) => {
+                    tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy");
+                    return None;
+                }
+                None if self.broker.queue(&key.0, &key.1).is_some() => return member,
+                None => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
+            if self.raft.snapshot().vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)).is_none_or(|d| d.home != self.node) {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Sets `node`'s synchronised flag (compare-and-set, retried). With `member`, only
+    /// while that member is alive in the group (a mirror that restarted since is not the
+    /// one that was synced).
+    async fn set_synchronised(
+        &self,
+        key: &Key,
+        member: Option<MemberId>,
+        node: NodeId,
+        synchronised: bool,
+    ) -> bool {
+        for _ in 0..10 {
+            let state = self.raft.snapshot();
+            let Some(set) = state.mirror_sets.get(key) else {
+                return false;
+            };
+            if let Some(mid) = member {
+                let alive = state
+                    .gm_groups
+                    .get(&group_name(&key.0, &key.1))
+                    .is_some_and(|g| g.members.contains(&Slot::Alive(mid)));
+                if !alive {
+                    return false;
+                }
+            }
+            if !set.mirrors.iter().any(|m| m.node == node) {
+                return false;
+            }
+            if set
+                .mirrors
+                .iter()
+                .all(|m| m.node != node || m.synchronised == synchronised)
+            {
+                return true;
+            }
+            let mirrors: Vec<MirrorRecord> = set
+                .mirrors
+                .iter()
+                .map(|m| MirrorRecord {
+                    synchronised: if m.node == node {
+                        synchronised
+                    } else {
+                        m.synchronised
+                    },
+                    ..*m
+                })
+                .collect();
+            let cmd = Command::SetMirrors {
+                vhost: key.0.clone(),
+                queue: key.1.clone(),
+                expected_version: set.version,
+                mirrors,
+            };
+            match self.raft.propose(cmd).await {
+                Ok(r) if r.outcome.is_ok() => {
+                    tracing::info!(queue = %key.1, node, synchronised, "mirror state recorded");
+                    return true;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        false
+    }
+
+    /// A master that joins its group afresh (not by promotion) cannot vouch for any
+    /// mirror's copy: they all sync again.
+    async fn unsync_all(&self, key: &Key) {
+        let nodes: Vec<NodeId> = self
+            .raft
+            .snapshot()
+            .mirror_sets
+            .get(key)
+            .map(|s| s.mirrors.iter().map(|m| m.node).collect())
+            .unwrap_or_default();
+        for node in nodes {
+            self.set_synchronised(key, None, node, false).await;
+        }
+    }
+
+    /// The master's life in the group, until it is no longer the master.
+    async fn run_master(self: &Arc<Self>, key: &Key, member: Option<Membership>) {
+        let fresh = member.is_none();
+        let mut m = match member {
+            Some(m) => m,
+            None => {
+                self.unsync_all(key).await;
+                match self.join(key).await {
+                    Some(m) => m,
+                    None => return,
+                }
+            }
+        };
+        let state = self.raft.snapshot();
+        let Some(set) = state.mirror_sets.get(key).cloned() else {
+            return;
+        };
+        let epoch = set.epoch;
+        lock(&self.masters).insert(
+            key.clone(),
+            Shipping {
+                sender: m.handle.sender(),
+                epoch,
+            },
+        );
+        tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
+        let mut syncs: BTreeMap<MemberId, SyncRun> = BTreeMap::new();
+        let mut requests = (set.sync_requests, set.cancel_requests);
+        let mut views = self.raft.subscribe();
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let me = m.handle.id();
+        // A promoted master knows its group already: unsynchronised mirrors start over.
+        if !fresh {
+            for mid in m.members.clone() {
+                if mid != me && !is_synchronised(&state, key, mid.node) {
+                    self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
+                }
+            }
+        }
+        loop {
+            tokio::select! {
+                ev = m.handle.next_event() => match ev {
+                    None | Some(Event::Stopped) => break,
+                    Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
+                    Some(ev) => {
+                        let before = m.members.clone();
+                        Self::track(&mut m, &ev);
+                        for mid in m.members.difference(&before).copied().collect::<Vec<_>>() {
+                            if mid != me {
+                                self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
+                            }
+                        }
+                        syncs.retain(|mid, run| {
+                            let keep = m.members.contains(mid);
+                            if !keep {
+                                run.abort();
+                            }
+                            keep
+                        });
+                    }
+                },
+                _ = tick.tick() => {
+                    let done: Vec<MemberId> = syncs
+                        .iter_mut()
+                        .filter_map(|(mid, run)| {
+                            (!run.recorded && run.complete(&self.storage, key)).then_some(*mid)
+                        })
+                        .collect();
+                    for mid in done {
+                        if self.set_synchronised(key, Some(mid), mid.node, true).await {
+                            if let Some(run) = syncs.get_mut(&mid) {
+                                run.recorded = true;
+                            }
+                        }
+                    }
+                }
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let state = self.raft.snapshot();
+                    if role_of(&state, &self.broker, key, self.node) != Role::Master {
+                        break;
+                    }
+                    let Some(set) = state.mirror_sets.get(key) else { break };
+                    if (set.sync_requests, set.cancel_requests) != requests {
+                        let cancel = set.cancel_requests != requests.1;
+                        requests = (set.sync_requests, set.cancel_requests);
+                        // sync_queue restarts every unsynchronised mirror's sync as an active
+                        // one; cancel_sync_queue stops active ones (they fall back to waiting
+                        // for the old messages to go).
+                        let targets: Vec<MemberId> = m
+                            .members
+                            .iter()
+                            .copied()
+                            .filter(|mid| *mid != me && !is_synchronised(&state, key, mid.node))
+                            .filter(|mid| cancel == syncs.get(mid).is_some_and(|r| r.active()))
+                            .collect();
+                        for mid in targets {
+                            if let Some(run) = syncs.remove(&mid) {
+                                run.abort();
+                            }
+                            self.start_sync(key, &m, mid, epoch, &mut syncs, !cancel).await;
+                        }
+                    }
+                }
+            }
+        }
+        lock(&self.masters).remove(key);
+        for (_, run) in syncs {
+            run.abort();
+        }
+        let state = self.raft.snapshot();
+        let still_home = state
+            .vhosts
+            .get(&key.0)
+            .and_then(|v| v.queues.get(&key.1))
+            .is_some_and(|d| d.home == self.node);
+        if still_home || role_of(&state, &self.broker, key, self.node) == Role::None {
+            // Mirrors removed (or a planned move): leave in good order, so the others go on
+            // without a timeout.
+            let _ = m.handle.leave().await;
+        }
+        tracing::info!(queue = %key.1, "no longer the master");
+    }
+
+    /// Starts `target`'s sync at this point of the stream (under the storage lock, so it is
+    /// ordered with the rounds). Active when the policy says automatic or `sync_queue` asked.
+    async fn start_sync(
+        self: &Arc<Self>,
+        key: &Key,
+        m: &Membership,
+        target: MemberId,
+        epoch: u64,
+        syncs: &mut BTreeMap<MemberId, SyncRun>,
+        requested: bool,
+    ) {
+        let state = self.raft.snapshot();
+        let Some(v) = state.vhosts.get(&key.0) else {
+            return;
+        };
+        if !state
+            .mirror_sets
+            .get(key)
+            .is_some_and(|s| s.mirrors.iter().any(|r| r.node == target.node))
+        {
+            return;
+        }
+        let policy = v
+            .queues
+            .get(&key.1)
+            .and_then(|d| HaPolicy::of(&v.effective_policy(&key.1, true), d.exclusive_owner.is_some()));
+        let active = requested || policy.as_ref().is_some_and(|p| p.sync_mode == SyncMode::Automatic);
+        let batch = policy.map_or(crate::mirror::policy::DEFAULT_SYNC_BATCH_SIZE, |p| p.sync_batch_size) as usize;
+        let sender = m.handle.sender();
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        let start_sender = sender.clone();
+        let from_seq = tokio::task::spawn_blocking(move || {
+            storage.at_next_seq(&vhost, &name, |from_seq| {
+                let msg = MirrorMsg::SyncStart {
+                    epoch,
+                    target,
+                    from_seq,
+                    active,
+                };
+                let _ = start_sender.broadcast(Bytes::from(msg.encode()));
+                from_seq
+            })
+        })
+        .await
+        .unwrap_or(0);
+        let copier = active.then(|| {
+            let inner = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move { inner.copy_backlog(&key, sender, target, epoch, from_seq, batch.max(1)).await })
+        });
+        syncs.insert(
+            target,
+            SyncRun {
+                from_seq,
+                copier,
+                recorded: false,
+            },
+        );
+    }
+
+    /// Active sync: the backlog in batches, each sent once the one before has made its lap
+    /// (flow control), while the queue goes on serving.
+    async fn copy_backlog(
+        &self,
+        key: &Key,
+        sender: GmSender,
+        target: MemberId,
+        epoch: u64,
+        below: u64,
+        batch: usize,
+    ) -> bool {
+        let mut from = 0;
+        let started = std::time::Instant::now();
+        let mut copied = 0usize;
+        loop {
+            let storage = self.storage.clone();
+            let (vhost, name) = key.clone();
+            let s = sender.clone();
+            let step = tokio::task::spawn_blocking(move || {
+                storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
+                    let n = ops.iter().filter(|o| matches!(o, IndexOp::Publish { .. })).count();
+                    let lap = (!ops.is_empty()).then(|| {
+                        s.confirmed_broadcast(Bytes::from(
+                            MirrorMsg::SyncBatch {
+                                epoch,
+                                target,
+                                ops: ops::encode(&ops),
+                            }
+                            .encode(),
+                        ))
+                    });
+                    (lap, next, n)
+                })
+            })
+            .await;
+            let Ok(Ok((lap, next, n))) = step else {
+                tracing::warn!(queue = %key.1, "sync stopped: the backlog could not be read");
+                return false;
+            };
+            if let Some(lap) = lap {
+                if lap.await.is_err() {
+                    return false;
+                }
+            }
+            copied += n;
+            match next {
+                Some(n) => from = n,
+                None => break,
+            }
+        }
+        let end = sender.confirmed_broadcast(Bytes::from(MirrorMsg::SyncEnd { epoch, target }.encode()));
+        let ok = end.await.is_ok();
+        tracing::info!(queue = %key.1, copied, took_ms = started.elapsed().as_millis() as u64, ok, "mirror sync copied the backlog");
+        ok
+    }
+}
+
+/// One mirror's sync, as its master runs it.
+struct SyncRun {
+    /// Where the mirror's copy started.
+    from_seq: u64,
+    /// The backlog copier (active sync).
+    copier: Option<JoinHandle<bool>>,
+    /// Recorded synchronised in the metadata.
+    recorded: bool,
+}
+
+impl SyncRun {
+    fn active(&self) -> bool {
+        self.copier.as_ref().is_some_and(|c| !c.is_finished())
+    }
+
+    fn abort(&self) {
+        if let Some(c) = &self.copier {
+            c.abort();
+        }
+    }
+
+    /// Whether the mirror holds the whole queue: its backlog was copied, or the queue no
+    /// longer holds anything older than where the mirror's copy started.
+    fn complete(&mut self, storage: &Storage, key: &Key) -> bool {
+        if let Some(c) = &mut self.copier {
+            if !c.is_finished() {
+                return false;
+            }
+            // A finished copier: its result, once.
+            let ok = futures_ready(c);
+            self.copier = None;
+            if ok {
+                return true;
+            }
+        }
+        storage
+            .low_seq(&key.0, &key.1)
+            .is_none_or(|low| low >= self.from_seq)
+    }
+}
+
+/// The result of a finished task (`false` when it failed or was aborted).
+fn futures_ready(task: &mut JoinHandle<bool>) -> bool {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    matches!(
+        std::pin::Pin::new(task).poll(&mut cx),
+        std::task::Poll::Ready(Ok(true))
+    )
+}
+
+use std::future::Future as _;
+
+fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
+    state
+        .mirror_sets
+        .get(key)
+        .is_some_and(|s| s.mirrors.iter().any(|m| m.node == node && m.synchronised))
+}
+
+/// One task per queue this node has a part in.
+async fn queue_task<N: GmNet + Clone>(inner: Arc<Inner<N>>, key: Key) {
+    loop {
+        let state = inner.raft.snapshot();
+        match role_of(&state, &inner.broker, &key, inner.node) {
+            Role::None => return,
+            Role::Adopt => {
+                if let Some(m) = inner.adopt(&key, None).await {
+                    drop(m);
+                }
+                if inner.broker.queue(&key.0, &key.1).is_none() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Role::Master => inner.run_master(&key, None).await,
+            Role::Mirror => {
+                if let Some(m) = inner.run_mirror(&key).await {
+                    let member = inner.adopt(&key, Some(m)).await;
+                    let state = inner.raft.snapshot();
+                    match (member, role_of(&state, &inner.broker, &key, inner.node)) {
+                        (Some(m), Role::Master) => inner.run_master(&key, Some(m)).await,
+                        (Some(m), _) => {
+                            let _ = m.handle.leave().await;
+                        }
+                        (None, _) => {}
+                    }
+                } else {
+                    // Left, stopped or failed: look again shortly (a restart rejoins).
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Starts a queue task for every queue this node has a part in.
+async fn supervise<N: GmNet + Clone>(inner: Arc<Inner<N>>) {
+    let mut views = inner.raft.subscribe();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        let state = inner.raft.snapshot();
+        {
+            let mut tasks = lock(&inner.tasks);
+            tasks.retain(|_, t| !t.is_finished());
+            for key in state.mirror_sets.keys() {
+                if tasks.contains_key(key) {
+                    continue;
+                }
+                if role_of(&state, &inner.broker, key, inner.node) != Role::None {
+                    let span = tracing::info_span!("mirror", vhost = %key.0, queue = %key.1);
+                    let task = tokio::spawn(tracing::Instrument::instrument(
+                        queue_task(inner.clone(), key.clone()),
+                        span,
+                    ));
+                    tasks.insert(key.clone(), task);
+                }
+            }
+        }
+        tokio::select! {
+            r = views.changed() => if r.is_err() { return },
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+/// On the leader: mirror sets follow policies and running nodes; a master recorded down
+/// hands over to a mirror (`mirror::reconcile::plan`).
+async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        if !inner.raft.is_leader() {
+            continue;
+        }
+        // Decisions are taken from state a quorum confirmed this node leads.
+        let Ok(state) = inner.raft.linearizable_snapshot().await else {
+            continue;
+        };
+        let running: BTreeSet<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| *id == inner.node || !inner.broker.node_is_down(*id))
+            .collect();
+        for cmd in crate::mirror::reconcile::plan(&state, &running) {
+            if let Command::PromoteMirror { vhost, queue, .. } = &cmd {
+                // Only once the old master's member is dead in the group (its node recorded
+                // down or restarted): a master that still counts as a member could still
+                // complete laps, and two masters must never both confirm.
+                let old = state
+                    .vhosts
+                    .get(vhost)
+                    .and_then(|v| v.queues.get(queue))
+                    .map_or(0, |d| d.home);
+                let still_member = !running.contains(&old)
+                    && state
+                        .gm_groups
+                        .get(&group_name(vhost, queue))
+                        .is_some_and(|g| {
+                            g.members
+                                .iter()
+                                .any(|s| matches!(s, Slot::Alive(id) if id.node == old))
+                        });
+                if still_member {
+                    continue;
+                }
+                tracing::warn!(vhost = %vhost, queue = %queue, command = ?cmd, "promoting a mirror");
+            }
+            if let Err(e) = inner.raft.propose(cmd).await {
+                tracing::debug!(error = %e, "mirror reconciliation step not applied");
+            }
+        }
+    }
+}

@@ -607,7 +607,10 @@ impl MetaState {
                 cancel,
             } => {
                 let key = (vhost.clone(), queue.clone());
-                let Some(set) = self.mirror_sets.get_mut(&key).filter(|s| !s.mirrors.is_empty())
+                let Some(set) = self
+                    .mirror_sets
+                    .get_mut(&key)
+                    .filter(|s| !s.mirrors.is_empty())
                 else {
                     return Err(MetaError::Admin(format!(
                         "queue '{queue}' in vhost '{vhost}' is not mirrored"

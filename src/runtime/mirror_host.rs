@@ -421,7 +421,14 @@ impl<N: GmNet + Clone> Inner<N> {
                 None if self.broker.queue(&key.0, &key.1).is_some() => return member,
                 None => tokio::time::sleep(Duration::from_millis(25)).await,
             }
-            if self.raft.snapshot().vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)).is_none_or(|d| d.home != self.node) {
+            if self
+                .raft
+                .snapshot()
+                .vhosts
+                .get(&key.0)
+                .and_then(|v| v.queues.get(&key.1))
+                .is_none_or(|d| d.home != self.node)
+            {
                 return None;
             }
         }
@@ -541,7 +548,8 @@ impl<N: GmNet + Clone> Inner<N> {
         if !fresh {
             for mid in m.members.clone() {
                 if mid != me && !is_synchronised(&state, key, mid.node) {
-                    self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
+                    self.start_sync(key, &m, mid, epoch, &mut syncs, false)
+                        .await;
                 }
             }
         }
@@ -654,12 +662,19 @@ impl<N: GmNet + Clone> Inner<N> {
         {
             return;
         }
-        let policy = v
-            .queues
-            .get(&key.1)
-            .and_then(|d| HaPolicy::of(&v.effective_policy(&key.1, true), d.exclusive_owner.is_some()));
-        let active = requested || policy.as_ref().is_some_and(|p| p.sync_mode == SyncMode::Automatic);
-        let batch = policy.map_or(crate::mirror::policy::DEFAULT_SYNC_BATCH_SIZE, |p| p.sync_batch_size) as usize;
+        let policy = v.queues.get(&key.1).and_then(|d| {
+            HaPolicy::of(
+                &v.effective_policy(&key.1, true),
+                d.exclusive_owner.is_some(),
+            )
+        });
+        let active = requested
+            || policy
+                .as_ref()
+                .is_some_and(|p| p.sync_mode == SyncMode::Automatic);
+        let batch = policy.map_or(crate::mirror::policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
+            p.sync_batch_size
+        }) as usize;
         let sender = m.handle.sender();
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
@@ -681,7 +696,11 @@ impl<N: GmNet + Clone> Inner<N> {
         let copier = active.then(|| {
             let inner = self.clone();
             let key = key.clone();
-            tokio::spawn(async move { inner.copy_backlog(&key, sender, target, epoch, from_seq, batch.max(1)).await })
+            tokio::spawn(async move {
+                inner
+                    .copy_backlog(&key, sender, target, epoch, from_seq, batch.max(1))
+                    .await
+            })
         });
         syncs.insert(
             target,
@@ -713,7 +732,10 @@ impl<N: GmNet + Clone> Inner<N> {
             let s = sender.clone();
             let step = tokio::task::spawn_blocking(move || {
                 storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
-                    let n = ops.iter().filter(|o| matches!(o, IndexOp::Publish { .. })).count();
+                    let n = ops
+                        .iter()
+                        .filter(|o| matches!(o, IndexOp::Publish { .. }))
+                        .count();
                     let lap = (!ops.is_empty()).then(|| {
                         s.confirmed_broadcast(Bytes::from(
                             MirrorMsg::SyncBatch {
@@ -743,7 +765,8 @@ impl<N: GmNet + Clone> Inner<N> {
                 None => break,
             }
         }
-        let end = sender.confirmed_broadcast(Bytes::from(MirrorMsg::SyncEnd { epoch, target }.encode()));
+        let end =
+            sender.confirmed_broadcast(Bytes::from(MirrorMsg::SyncEnd { epoch, target }.encode()));
         let ok = end.await.is_ok();
         tracing::info!(queue = %key.1, copied, took_ms = started.elapsed().as_millis() as u64, ok, "mirror sync copied the backlog");
         ok
@@ -884,16 +907,24 @@ async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
         if !inner.raft.is_leader() {
             continue;
         }
+        let running = |state: &MetaState| -> BTreeSet<NodeId> {
+            state
+                .nodes
+                .keys()
+                .copied()
+                .filter(|id| *id == inner.node || !inner.broker.node_is_down(*id))
+                .collect()
+        };
+        if crate::mirror::reconcile::plan(&inner.raft.snapshot(), &running(&inner.raft.snapshot()))
+            .is_empty()
+        {
+            continue;
+        }
         // Decisions are taken from state a quorum confirmed this node leads.
         let Ok(state) = inner.raft.linearizable_snapshot().await else {
             continue;
         };
-        let running: BTreeSet<NodeId> = state
-            .nodes
-            .keys()
-            .copied()
-            .filter(|id| *id == inner.node || !inner.broker.node_is_down(*id))
-            .collect();
+        let running = running(&state);
         for cmd in crate::mirror::reconcile::plan(&state, &running) {
             if let Command::PromoteMirror { vhost, queue, .. } = &cmd {
                 // Only once the old master's member is dead in the group (its node recorded

@@ -44,6 +44,12 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("cluster_status", "cluster_status"),
     ("join_cluster", "join_cluster SEED_ADMIN_ADDRESS"),
     ("forget_cluster_node", "forget_cluster_node NODE"),
+    ("sync_queue", "sync_queue [-p VHOST] QUEUE"),
+    ("cancel_sync_queue", "cancel_sync_queue [-p VHOST] QUEUE"),
+    (
+        "force_promote_mirror",
+        "force_promote_mirror [-p VHOST] QUEUE [NODE]  (Warren only: promote a mirror of a queue whose master is gone, synchronised or not)",
+    ),
 ];
 
 fn synopsis(command: &str) -> &'static str {
@@ -72,7 +78,8 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
     let mut apply_to = "all".to_string();
     let mut pos: Vec<String> = Vec::new();
     let policy_cmd = command.starts_with("set_") && command.ends_with("policy");
-    let takes_vhost = command.contains("queues")
+    let takes_vhost = command.contains("queue")
+        || command.contains("mirror")
         || command.contains("exchanges")
         || command.contains("bindings")
         || command.contains("consumers")
@@ -237,6 +244,27 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
                 node: pos[0].clone(),
             }
         }
+        "sync_queue" | "cancel_sync_queue" => {
+            exact(1)?;
+            Request::SyncQueue {
+                vhost,
+                queue: pos[0].clone(),
+                cancel: command == "cancel_sync_queue",
+            }
+        }
+        "force_promote_mirror" => {
+            if !(1..=2).contains(&pos.len()) {
+                return Err(usage(format!(
+                    "expected a queue name and at most one node, got {} argument(s)",
+                    pos.len()
+                )));
+            }
+            let mut pos = pos.into_iter();
+            match (pos.next(), pos.next()) {
+                (Some(queue), node) => Request::ForcePromoteMirror { vhost, queue, node },
+                (None, _) => return Err(usage("expected a queue name".into())),
+            }
+        }
         _ => return Err(UsageError(format!("unknown command '{command}'"))),
     })
 }
@@ -292,6 +320,63 @@ mod tests {
         assert!(parse("list_connections", &s(&["-p", "v"])).is_err());
         assert!(parse("list_channels", &s(&["-p", "v"])).is_err());
         assert!(parse("list_consumers", &s(&["-p"])).is_err());
+    }
+
+    #[test]
+    fn parses_mirrored_queue_operations() {
+        assert_eq!(
+            parse("sync_queue", &s(&["-p", "v", "q"])).unwrap(),
+            Request::SyncQueue {
+                vhost: "v".into(),
+                queue: "q".into(),
+                cancel: false
+            }
+        );
+        assert_eq!(
+            parse("cancel_sync_queue", &s(&["q"])).unwrap(),
+            Request::SyncQueue {
+                vhost: "/".into(),
+                queue: "q".into(),
+                cancel: true
+            }
+        );
+        assert_eq!(
+            parse("force_promote_mirror", &s(&["q"])).unwrap(),
+            Request::ForcePromoteMirror {
+                vhost: "/".into(),
+                queue: "q".into(),
+                node: None
+            }
+        );
+        assert_eq!(
+            parse(
+                "force_promote_mirror",
+                &s(&["q", "--vhost", "v", "rabbit@n2"])
+            )
+            .unwrap(),
+            Request::ForcePromoteMirror {
+                vhost: "v".into(),
+                queue: "q".into(),
+                node: Some("rabbit@n2".into())
+            }
+        );
+        for (cmd, args) in [
+            ("sync_queue", &[][..]),
+            ("sync_queue", &["a", "b"][..]),
+            ("cancel_sync_queue", &["-p"][..]),
+            ("force_promote_mirror", &[][..]),
+            ("force_promote_mirror", &["q", "n2", "n3"][..]),
+            ("force_promote_mirror", &["q", "--force"][..]),
+        ] {
+            let e = parse(cmd, &s(args)).expect_err(cmd);
+            assert!(e.0.contains("Usage: warrenctl"), "{cmd} {args:?}: {e}");
+        }
+        // Each new command is in the help table.
+        for cmd in ["sync_queue", "cancel_sync_queue", "force_promote_mirror"] {
+            assert!(COMMANDS
+                .iter()
+                .any(|(c, syn)| *c == cmd && syn.starts_with(cmd)));
+        }
     }
 
     #[test]

@@ -13,9 +13,11 @@
 //!
 //! - [`json`]: the small JSON reader (policy definitions) and writer (`--formatter json`).
 //! - [`cli`]: parses a `rabbitmqctl`-style argument list into a [`Request`].
+//! - [`mirrors`]: the mirror columns of `list_queues` and the `force_promote_mirror` choice.
 
 pub mod cli;
 pub mod json;
+pub mod mirrors;
 
 use std::collections::BTreeMap;
 
@@ -193,6 +195,29 @@ pub enum Request {
         vhost: String,
         /// Requested columns.
         columns: Vec<String>,
+    },
+    // New variants go last: bincode numbers variants by position, and nodes of different
+    // versions exchange requests (`RegisterMember`).
+    /// `sync_queue` / `cancel_sync_queue [-p VHOST] QUEUE`: asks a mirrored queue's master
+    /// to copy its backlog to its unsynchronised mirrors now (or to stop).
+    SyncQueue {
+        /// Vhost.
+        vhost: String,
+        /// Queue.
+        queue: String,
+        /// `cancel_sync_queue`.
+        cancel: bool,
+    },
+    /// `force_promote_mirror [-p VHOST] QUEUE [NODE]` (Warren only): makes a mirror the
+    /// master of a queue whose master's node is gone, even when no mirror is synchronised
+    /// (the way out of `ha-promote-on-failure: when-synced`). See [`mirrors::force_promotion`].
+    ForcePromoteMirror {
+        /// Vhost.
+        vhost: String,
+        /// Queue.
+        queue: String,
+        /// The mirror's node (name or id); none: the default choice.
+        node: Option<String>,
     },
 }
 
@@ -388,6 +413,12 @@ const QUEUE_COLUMNS: &[&str] = &[
     "consumers",
     "pid",
     "node",
+    "slave_pids",
+    "synchronised_slave_pids",
+    "mirror_pids",
+    "synchronised_mirror_pids",
+    "mirror_epoch",
+    "mirrors",
     "policy",
     "operator_policy",
     "effective_policy_definition",
@@ -656,6 +687,7 @@ fn plan_inner(
                         .get(&q.home)
                         .map_or_else(|| node.name.clone(), |n| n.name.clone());
                     let eff = v.effective_policy(&q.name, true);
+                    let m = mirrors::columns(&meta, vhost, &q.name);
                     BTreeMap::from([
                         ("name", q.name.clone()),
                         ("messages", total.to_string()),
@@ -668,6 +700,13 @@ fn plan_inner(
                         // whose node part this is).
                         ("pid", home.clone()),
                         ("node", home),
+                        // RabbitMQ 3.x names, and the aliases it introduced for them.
+                        ("slave_pids", m.slave_pids.clone()),
+                        ("mirror_pids", m.slave_pids),
+                        ("synchronised_slave_pids", m.synchronised_slave_pids.clone()),
+                        ("synchronised_mirror_pids", m.synchronised_slave_pids),
+                        ("mirror_epoch", m.mirror_epoch),
+                        ("mirrors", m.mirrors),
                         ("policy", eff.policy.clone().unwrap_or_default()),
                         (
                             "operator_policy",
@@ -1039,6 +1078,53 @@ fn plan_inner(
             }
             select(CONSUMER_COLUMNS, CONSUMER_DEFAULTS, columns, rows)
         }
+        Request::SyncQueue {
+            vhost,
+            queue,
+            cancel,
+        } => {
+            let Some(v) = meta.vhost(vhost) else {
+                return Response::refused(format!("no vhost '{vhost}'"));
+            };
+            if !v.queues.contains_key(queue) {
+                return Response::refused(format!("no queue '{queue}' in vhost '{vhost}'"));
+            }
+            // Whether it is mirrored is the state machine's call (it refuses with "not
+            // mirrored"): it sees the set as of the commit, not as of this snapshot.
+            let ok = if *cancel {
+                format!("Stopping synchronising queue '{queue}' in vhost '{vhost}' ...")
+            } else {
+                format!("Synchronising queue '{queue}' in vhost '{vhost}' ...")
+            };
+            apply(
+                Command::SyncQueue {
+                    vhost: vhost.clone(),
+                    queue: queue.clone(),
+                    cancel: *cancel,
+                },
+                ok,
+            )
+        }
+        Request::ForcePromoteMirror { vhost, queue, node } => {
+            match mirrors::force_promotion(&meta, vhost, queue, node.as_deref()) {
+                Err(e) => Response::refused(e.to_string()),
+                // At the epoch the choice was made at: if a promotion happened since, the
+                // compare-and-set refuses this one rather than promote twice.
+                Ok(p) => apply(
+                    Command::PromoteMirror {
+                        vhost: vhost.clone(),
+                        queue: queue.clone(),
+                        expected_epoch: p.epoch,
+                        node: p.node,
+                    },
+                    format!(
+                        "Promoting the mirror on node {} to master of queue '{queue}' in vhost '{vhost}' (epoch {}) ...",
+                        p.name,
+                        p.epoch + 1
+                    ),
+                ),
+            }
+        }
     }
 }
 
@@ -1207,6 +1293,166 @@ mod tests {
         drop(conn);
         let r = reply(&broker, Request::ListConnections { columns: vec![] });
         assert!(r.ok && r.rows.is_empty());
+    }
+
+    /// A broker of node 1 in a three-node metadata: queue `m` homed on node 2 with mirrors on
+    /// nodes 3 (synchronised, older) and 1; queue `plain` unmirrored.
+    fn mirrored_broker() -> Broker {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(1);
+        let now = Instant::from_millis(0);
+        let apply = |c: Command| {
+            broker
+                .apply(&c, now)
+                .unwrap_or_else(|e| panic!("{c:?}: {e}"))
+        };
+        for (id, name) in [(1, "rabbit@n1"), (2, "rabbit@n2"), (3, "rabbit@n3")] {
+            apply(Command::RegisterNode(crate::meta::NodeRecord {
+                id,
+                name: name.into(),
+                amqp: String::new(),
+                admin: String::new(),
+                link: String::new(),
+                incarnation: 0,
+            }));
+        }
+        for name in ["m", "plain"] {
+            apply(Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: name.into(),
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments: FieldTable::default(),
+                home: 2,
+            }));
+        }
+        let mirror = |node, synchronised| crate::meta::state::MirrorRecord {
+            node,
+            since: 0,
+            synchronised,
+        };
+        for (version, mirrors) in [
+            (0, vec![mirror(3, false)]),
+            (1, vec![mirror(1, false), mirror(3, true)]),
+        ] {
+            apply(Command::SetMirrors {
+                vhost: "/".into(),
+                queue: "m".into(),
+                expected_version: version,
+                mirrors,
+            });
+        }
+        broker
+    }
+
+    #[test]
+    fn list_queues_shows_master_and_mirrors_by_node_name() {
+        let broker = mirrored_broker();
+        let r = reply(
+            &broker,
+            Request::ListQueues {
+                vhost: "/".into(),
+                columns: s(&[
+                    "name",
+                    "pid",
+                    "slave_pids",
+                    "synchronised_slave_pids",
+                    "mirror_pids",
+                    "synchronised_mirror_pids",
+                    "mirror_epoch",
+                    "mirrors",
+                ]),
+            },
+        );
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(
+            r.rows,
+            vec![
+                s(&[
+                    "m",
+                    "rabbit@n2",
+                    "[rabbit@n3, rabbit@n1]",
+                    "[rabbit@n3]",
+                    "[rabbit@n3, rabbit@n1]",
+                    "[rabbit@n3]",
+                    "0",
+                    "[rabbit@n3 synchronised, rabbit@n1 unsynchronised]",
+                ]),
+                s(&["plain", "rabbit@n2", "[]", "[]", "[]", "[]", "0", "[]"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn sync_queue_commits_only_for_a_mirrored_queue() {
+        let broker = mirrored_broker();
+        let requests = |b: &Broker| {
+            let set = &b.snapshot().mirror_sets[&("/".to_string(), "m".to_string())];
+            (set.sync_requests, set.cancel_requests)
+        };
+        let sync = |queue: &str, cancel| Request::SyncQueue {
+            vhost: "/".into(),
+            queue: queue.into(),
+            cancel,
+        };
+        let r = reply(&broker, sync("m", false));
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(requests(&broker), (1, 0));
+        let r = reply(&broker, sync("m", true));
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(requests(&broker), (1, 1));
+        let version = broker.snapshot().version;
+        for (q, why) in [
+            ("plain", "queue 'plain' in vhost '/' is not mirrored"),
+            ("nope", "no queue 'nope' in vhost '/'"),
+        ] {
+            let r = reply(&broker, sync(q, false));
+            assert_eq!((r.ok, r.message.as_str()), (false, why));
+        }
+        assert_eq!(broker.snapshot().version, version, "nothing committed");
+    }
+
+    #[test]
+    fn force_promote_mirror_commits_at_the_current_epoch_unless_the_master_lives() {
+        use crate::gm::{MemberId, Slot};
+        let broker = mirrored_broker();
+        let promote = |node: Option<&str>| Request::ForcePromoteMirror {
+            vhost: "/".into(),
+            queue: "m".into(),
+            node: node.map(str::to_string),
+        };
+        let member = |node| MemberId { node, since: 1 };
+        broker
+            .apply(
+                &Command::GmGroup {
+                    name: crate::mirror::message::group_name("/", "m"),
+                    expected_version: 0,
+                    members: vec![Slot::Alive(member(2)), Slot::Alive(member(3))],
+                },
+                Instant::from_millis(0),
+            )
+            .unwrap();
+        let version = broker.snapshot().version;
+        let r = reply(&broker, promote(None));
+        assert!(!r.ok && r.message.contains("two masters"), "{}", r.message);
+        assert_eq!(broker.snapshot().version, version, "nothing committed");
+        // Node 2 is recorded down: its member dies; its durable queues stay.
+        broker
+            .apply(&Command::NodeDown { id: 2 }, Instant::from_millis(0))
+            .unwrap();
+        let r = reply(&broker, promote(Some("rabbit@n2")));
+        assert!(
+            !r.ok && r.message.contains("holds no mirror"),
+            "{}",
+            r.message
+        );
+        let r = reply(&broker, promote(Some("rabbit@n3")));
+        assert!(r.ok, "{}", r.message);
+        let snap = broker.snapshot();
+        assert_eq!(snap.vhost("/").unwrap().queues["m"].home, 3);
+        let set = &snap.mirror_sets[&("/".to_string(), "m".to_string())];
+        assert_eq!(set.epoch, 1);
+        assert_eq!(set.mirrors.iter().map(|m| m.node).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

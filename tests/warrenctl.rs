@@ -206,6 +206,63 @@ async fn scenario(node: &Node, addr: SocketAddr) {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("bogus"), "{}", stderr(&bad));
 
+    // Mirrored-queue operations on a single node: nothing is mirrored, so the mirror
+    // columns are empty lists and sync or promotion are refused, committing nothing.
+    let out = ok(&ctl(
+        addr,
+        &[
+            "list_queues",
+            "-p",
+            "staging",
+            "name",
+            "slave_pids",
+            "synchronised_slave_pids",
+            "mirror_pids",
+            "synchronised_mirror_pids",
+            "mirror_epoch",
+            "mirrors",
+        ],
+    )
+    .await);
+    let lim = rows(&out).into_iter().find(|r| r[0] == "lim.a");
+    assert_eq!(
+        lim,
+        Some(
+            ["lim.a", "[]", "[]", "[]", "[]", "0", "[]"]
+                .map(str::to_string)
+                .to_vec()
+        ),
+        "{out}"
+    );
+    let version = node.broker().snapshot().version;
+    for (args, why) in [
+        (
+            &["sync_queue", "-p", "staging", "lim.a"][..],
+            "Error: queue 'lim.a' in vhost 'staging' is not mirrored",
+        ),
+        (
+            &["cancel_sync_queue", "-p", "staging", "lim.a"][..],
+            "Error: queue 'lim.a' in vhost 'staging' is not mirrored",
+        ),
+        (
+            &["sync_queue", "-p", "staging", "nope"][..],
+            "Error: no queue 'nope' in vhost 'staging'",
+        ),
+        (
+            &["force_promote_mirror", "-p", "staging", "lim.a"][..],
+            "Error: queue 'lim.a' in vhost 'staging' is not mirrored",
+        ),
+    ] {
+        let bad = ctl(addr, args).await;
+        assert_eq!(bad.status.code(), Some(1), "{args:?}: {}", stderr(&bad));
+        assert_eq!(stderr(&bad).trim_end(), why, "{args:?}");
+    }
+    assert_eq!(
+        node.broker().snapshot().version,
+        version,
+        "nothing committed"
+    );
+
     // Invalid JSON and an invalid policy key are refused with the reason.
     let bad = ctl(addr, &["set_policy", "p1", ".*", "{\"max-length\": }"]).await;
     assert_eq!(bad.status.code(), Some(1));

@@ -50,10 +50,13 @@ pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
                 expected_epoch: current.epoch,
                 node,
             };
+            // Only durable queues are mirrored: a non-durable queue goes with its node (the
+            // failure detector deletes it), so there is nothing to promote.
             let policy = HaPolicy::of(
                 &vhost.effective_policy(name, true),
                 def.exclusive_owner.is_some(),
-            );
+            )
+            .filter(|_| def.durable);
             let Some(policy) = policy else {
                 if !current.mirrors.is_empty() {
                     out.push(set(Vec::new()));
@@ -119,11 +122,16 @@ mod tests {
             }))
             .unwrap();
         }
-        for (name, exclusive) in [("ha.q", false), ("ha.x", true), ("plain", false)] {
+        for (name, exclusive, durable) in [
+            ("ha.q", false, true),
+            ("ha.x", true, false),
+            ("ha.t", false, false),
+            ("plain", false, true),
+        ] {
             s.apply(&Command::DeclareQueue(QueueDef {
                 vhost: "/".into(),
                 name: name.into(),
-                durable: !exclusive,
+                durable,
                 exclusive_owner: exclusive.then_some((1u64 << 40) | 1),
                 auto_delete: false,
                 arguments: FieldTable::default(),
@@ -216,6 +224,11 @@ mod tests {
             !st.mirror_sets
                 .contains_key(&("/".to_string(), "ha.x".to_string())),
             "exclusive queues are never mirrored"
+        );
+        assert!(
+            !st.mirror_sets
+                .contains_key(&("/".to_string(), "ha.t".to_string())),
+            "nor are non-durable ones (they go with their node)"
         );
         assert!(
             !st.mirror_sets

@@ -842,6 +842,9 @@ fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     let _ = disk.remove_dir(dir);
 }
 
+/// References an index holds to message-store bodies: (message id, count).
+type StoreRefs = Vec<([u8; 16], u32)>;
+
 /// Opens one durable queue's index (as crash recovery does) and puts what it holds back
 /// into the queue: the head in RAM, the rest left on disk as delta. Returns the index and
 /// the message-store references it holds. Used at start, and when a mirror's copy becomes
@@ -856,7 +859,7 @@ fn recover_queue<D: Disk + Clone>(
     msg_store: &MsgStore<D>,
     epoch_unix_ms: u64,
     summary: &mut RecoverySummary,
-) -> Result<(QueueIndex<D>, Vec<([u8; 16], u32)>), StorageError> {
+) -> Result<(QueueIndex<D>, StoreRefs), StorageError> {
     let label = format!("{}/{}", handle.vhost, handle.name);
     let max_priority = handle.lock().args().max_priority;
     let mut qcfg = icfg.clone();
@@ -875,7 +878,7 @@ fn recover_queue<D: Disk + Clone>(
         tracing::error!(queue = %label, damage = ?recovered.damage, "queue index damaged; intact entries recovered");
     }
     summary.clean &= recovered.clean;
-    let store_refs: Vec<([u8; 16], u32)> = recovered
+    let store_refs: StoreRefs = recovered
         .store_refs
         .iter()
         .map(|(id, n)| (*id, *n))

@@ -19,6 +19,8 @@
 //!   frames, server properties, heartbeats, methods on unopened channels.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;

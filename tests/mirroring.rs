@@ -1,0 +1,355 @@
+//! Mirrored queues on real three-process clusters (`common::procs`), with lapin clients:
+//! issue 6's failure tests. Every test's oracle is the same: every message the broker
+//! confirmed is in the queue at the end (drained from a surviving node), duplicates only
+//! with `redelivered` set, each publisher's order kept.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::procs::*;
+use common::within;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::BasicProperties;
+
+/// A publisher with confirms on one channel, numbering its messages from 0; what the broker
+/// confirmed and when, until told to stop.
+struct Publisher {
+    acked: std::sync::Arc<std::sync::Mutex<Vec<(u32, Instant)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Publisher {
+    async fn start(uri: &str, queue: &'static str) -> Publisher {
+        Publisher::numbered_from(uri, queue, 0).await
+    }
+
+    /// A publisher whose first message is number `first`.
+    async fn numbered_from(uri: &str, queue: &'static str, first: u32) -> Publisher {
+        let conn = connect(uri).await;
+        let ch = channel(&conn).await;
+        within(
+            "confirm.select",
+            ch.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await
+        .expect("confirm.select");
+        let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, s) = (acked.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let _conn = conn;
+            let mut next = first;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut confirms = Vec::new();
+                for _ in 0..25 {
+                    let Ok(c) = ch
+                        .basic_publish(
+                            "".into(),
+                            queue.into(),
+                            BasicPublishOptions::default(),
+                            &next.to_be_bytes(),
+                            BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await
+                    else {
+                        return;
+                    };
+                    confirms.push((next, c));
+                    next += 1;
+                }
+                let mut refused = false;
+                for (n, c) in confirms {
+                    // A confirm may take as long as a failover: longer than `within`.
+                    match tokio::time::timeout(Duration::from_secs(60), c).await {
+                        Ok(Ok(c)) if c.is_ack() => a.lock().unwrap().push((n, Instant::now())),
+                        Ok(Ok(_)) => refused = true,
+                        _ => return,
+                    }
+                }
+                if refused {
+                    // The queue is between masters: nacked, as it should be; not too fast.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
+        Publisher { acked, stop, task }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    /// Confirms after `t`.
+    fn acked_after(&self, t: Instant) -> Vec<Instant> {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, at)| *at > t)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+
+    /// Waits until `n` more messages are confirmed than now (bounded).
+    async fn wait_more(&self, n: usize, what: &str) {
+        let target = self.acked() + n;
+        let start = Instant::now();
+        while self.acked() < target {
+            assert!(
+                start.elapsed() < Duration::from_secs(60) && !self.task.is_finished(),
+                "publishing stalled: {what} ({} confirmed)",
+                self.acked()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn finish(self) -> Vec<u32> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(90), self.task).await;
+        self.acked.lock().unwrap().iter().map(|(n, _)| *n).collect()
+    }
+}
+
+/// The queue's master node as node `asked` lists it (`pid`), and its synchronised mirrors.
+async fn master_and_synced(cluster: &Cluster, asked: u64, queue: &str) -> (String, String) {
+    let rows = cluster
+        .ctl_rows(
+            asked,
+            &["list_queues", "name", "pid", "synchronised_slave_pids"],
+        )
+        .await;
+    rows.into_iter()
+        .find(|r| r[0] == queue)
+        .map(|r| (r[1].clone(), r.get(2).cloned().unwrap_or_default()))
+        .unwrap_or_default()
+}
+
+/// Waits until node `asked` lists `master` as the queue's master and `synced` among its
+/// synchronised mirrors; how long that took.
+async fn wait_state(
+    cluster: &Cluster,
+    asked: u64,
+    queue: &str,
+    master: impl Fn(&str) -> bool,
+    synced: &[&str],
+) -> (String, Duration) {
+    let start = Instant::now();
+    loop {
+        let (m, s) = master_and_synced(cluster, asked, queue).await;
+        if master(&m) && synced.iter().all(|n| s.contains(n)) {
+            return (m, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "queue {queue}: master {m}, synchronised {s}; waited for {synced:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sets the `ha` policy on `^ha\.` queues.
+async fn set_ha_policy(cluster: &Cluster, definition: &str) {
+    let out = cluster
+        .ctl(
+            1,
+            &[
+                "set_policy",
+                "ha",
+                "^ha\\.",
+                definition,
+                "--apply-to",
+                "queues",
+            ],
+        )
+        .await;
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Drains the queue through node `via` (basic.get, no-ack): (number, redelivered) in order.
+async fn drain(cluster: &Cluster, via: u64, queue: &str) -> Vec<(u32, bool)> {
+    let conn = connect(&cluster.node(via).amqp_uri()).await;
+    let ch = channel(&conn).await;
+    let mut drained = Vec::new();
+    loop {
+        let got = within(
+            "basic.get",
+            ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("get");
+        let Some(m) = got else { break };
+        let n = u32::from_be_bytes(m.delivery.data[..4].try_into().expect("4 bytes"));
+        drained.push((n, m.delivery.redelivered));
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    drained
+}
+
+/// The oracle: nothing confirmed is missing, duplicates only redelivered, order kept (one
+/// publisher's numbers, or several's in disjoint ranges of `SPAN`).
+fn check(acked: &[u32], drained: &[(u32, bool)]) {
+    let publishers: BTreeSet<u32> = drained.iter().map(|(n, _)| n / SPAN).collect();
+    if publishers.len() > 1 {
+        for p in publishers {
+            let own = |n: &u32| n / SPAN == p;
+            let acked: Vec<u32> = acked.iter().copied().filter(own).collect();
+            let drained: Vec<(u32, bool)> =
+                drained.iter().copied().filter(|(n, _)| own(n)).collect();
+            check(&acked, &drained);
+        }
+        return;
+    }
+    let held: BTreeSet<u32> = drained.iter().map(|(n, _)| *n).collect();
+    let lost: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|n| !held.contains(n))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} confirmed messages lost (of {} confirmed): {lost:?}",
+        lost.len(),
+        acked.len()
+    );
+    let mut seen = BTreeSet::new();
+    let mut last = None;
+    for (n, redelivered) in drained {
+        if !seen.insert(*n) {
+            assert!(redelivered, "{n} delivered twice without redelivered");
+            continue;
+        }
+        assert!(
+            last.is_none_or(|l| l < *n),
+            "order broken at {n} after {last:?}"
+        );
+        last = Some(*n);
+    }
+}
+
+/// Numbers of different publishers in one test are this far apart.
+const SPAN: u32 = 1 << 24;
+
+const ALL_AUTOMATIC: &str = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
+
+/// Issue 6's test: confirmed messages of a mirrored queue survive `kill -9` of its master's
+/// node; a publisher on another node keeps going once a mirror is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed() {
+    let mut cluster = Cluster::start("mirrored").await;
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "ha.orders", true, locator("client-local"))
+        .await
+        .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    // Both mirrors synchronised (an empty queue: at once).
+    wait_state(
+        &cluster,
+        2,
+        "ha.orders",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    // A publisher on node 2: its publishes go to the master on node 1.
+    let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.orders").await;
+    publisher.wait_more(600, "before the kill").await;
+    cluster.nodes[0].kill();
+    let killed = Instant::now();
+    publisher.wait_more(500, "after the kill").await;
+    let first = publisher.acked_after(killed)[0];
+    let acked = publisher.finish().await;
+    let (master, _) = wait_state(
+        &cluster,
+        3,
+        "ha.orders",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    eprintln!(
+        "promoted {master}; first confirm {:?} after the kill; {} publishes confirmed",
+        first - killed,
+        acked.len()
+    );
+    check(&acked, &drain(&cluster, 3, "ha.orders").await);
+}
+
+/// Mirrors crash and come back under load, sync their backlog while the queue serves, and
+/// are promoted in turn: every node of the cluster is killed once, and the copy that ends
+/// up serving was built by a background sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crashed_mirrors_resync_under_load_and_each_can_take_over() {
+    let mut cluster = Cluster::start("resync").await;
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "ha.chain",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.chain",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+
+    // Publishing through node 2 all along: a mirror (node 3) crashes; confirms resume once
+    // it is recorded down.
+    let a = Publisher::start(&cluster.node(2).amqp_uri(), "ha.chain").await;
+    a.wait_more(500, "before the mirror crash").await;
+    cluster.nodes[2].kill();
+    a.wait_more(500, "after the mirror crash").await;
+    // It comes back empty, unsynchronised, and syncs the backlog while publishing goes on.
+    cluster.restart(3).await;
+    let (_, took) = wait_state(
+        &cluster,
+        2,
+        "ha.chain",
+        |m| m == "warren1@test",
+        &["warren3@test"],
+    )
+    .await;
+    eprintln!("node 3 resynchronised {took:?} after its restart");
+    a.wait_more(300, "after the resync").await;
+    // The master's node crashes: the oldest synchronised mirror (node 2) takes over.
+    cluster.nodes[0].kill();
+    a.wait_more(300, "after the master crash").await;
+    let acked_a = a.finish().await;
+    wait_state(&cluster, 3, "ha.chain", |m| m == "warren2@test", &[]).await;
+
+    // Publishing through node 3 now: node 1 comes back as a mirror and syncs; then node 2,
+    // the master, crashes, and node 3, whose copy the sync built, takes over.
+    let b = Publisher::numbered_from(&cluster.node(3).amqp_uri(), "ha.chain", SPAN).await;
+    b.wait_more(300, "on the new master").await;
+    cluster.restart(1).await;
+    wait_state(
+        &cluster,
+        3,
+        "ha.chain",
+        |m| m == "warren2@test",
+        &["warren1@test", "warren3@test"],
+    )
+    .await;
+    b.wait_more(300, "after node 1's sync").await;
+    cluster.nodes[1].kill();
+    b.wait_more(300, "after the second master crash").await;
+    let acked_b = b.finish().await;
+    wait_state(&cluster, 1, "ha.chain", |m| m == "warren3@test", &[]).await;
+    let acked: Vec<u32> = acked_a.into_iter().chain(acked_b).collect();
+    let drained = drain(&cluster, 1, "ha.chain").await;
+    eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
+    check(&acked, &drained);
+}

@@ -353,3 +353,175 @@ async fn crashed_mirrors_resync_under_load_and_each_can_take_over() {
     eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
     check(&acked, &drained);
 }
+
+/// A master cut off long enough to be replaced (frozen with SIGSTOP, its connections open)
+/// comes back deposed: what it never got confirmed by its mirrors is nacked, never acked;
+/// it drops its copy and rejoins as a mirror that syncs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deposed_master_nacks_what_it_never_confirmed_and_rejoins_as_a_mirror() {
+    let cluster = Cluster::start("deposed").await;
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "ha.split",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.split",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    // One publisher on the master's own node, one through node 2.
+    let on_master = Publisher::start(&cluster.node(1).amqp_uri(), "ha.split").await;
+    let elsewhere = Publisher::numbered_from(&cluster.node(2).amqp_uri(), "ha.split", SPAN).await;
+    on_master.wait_more(300, "before the freeze").await;
+    elsewhere.wait_more(300, "before the freeze").await;
+    cluster.node(1).pause();
+    let frozen = Instant::now();
+    // The others replace it; publishing through node 2 resumes on the new master.
+    elsewhere.wait_more(300, "after the promotion").await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.split",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    eprintln!("replaced after {:?}", frozen.elapsed());
+    cluster.node(1).resume();
+    // The old master learns it was deposed; its publisher's channel goes on (its node
+    // forwards to the new master now) and gets confirms again.
+    on_master
+        .wait_more(200, "on the deposed master's node")
+        .await;
+    // It rejoins as a mirror and syncs.
+    wait_state(
+        &cluster,
+        2,
+        "ha.split",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &["warren1@test"],
+    )
+    .await;
+    let acked: Vec<u32> = on_master
+        .finish()
+        .await
+        .into_iter()
+        .chain(elsewhere.finish().await)
+        .collect();
+    let drained = drain(&cluster, 3, "ha.split").await;
+    eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
+    check(&acked, &drained);
+}
+
+/// The queue's mirrors as node `asked` lists them (`slave_pids`).
+async fn mirrors_of(cluster: &Cluster, asked: u64, queue: &str) -> String {
+    cluster
+        .ctl_rows(asked, &["list_queues", "name", "slave_pids"])
+        .await
+        .into_iter()
+        .find(|r| r[0] == queue)
+        .and_then(|r| r.get(1).cloned())
+        .unwrap_or_default()
+}
+
+/// Policy changes reshape a live queue under load: mirrors added to a queue with a backlog
+/// start unsynchronised and stay so in manual mode until `sync_queue`; a `nodes` policy that
+/// leaves the master out moves it to a synchronised mirror; clearing the policy removes the
+/// mirrors. A publisher runs throughout and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
+    let cluster = Cluster::start("reshape").await;
+    set_ha_policy(&cluster, r#"{"ha-mode":"exactly","ha-params":1}"#).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "ha.moves",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    let publisher = Publisher::start(&cluster.node(3).amqp_uri(), "ha.moves").await;
+    publisher
+        .wait_more(1000, "a backlog on the master alone")
+        .await;
+    assert_eq!(mirrors_of(&cluster, 2, "ha.moves").await, "[]");
+
+    // All nodes, manual sync: two mirrors, unsynchronised while the backlog is there.
+    set_ha_policy(&cluster, r#"{"ha-mode":"all"}"#).await;
+    let start = Instant::now();
+    while !mirrors_of(&cluster, 2, "ha.moves")
+        .await
+        .contains("warren3@test")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no mirrors added"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    publisher.wait_more(300, "with new mirrors").await;
+    let (_, synced) = master_and_synced(&cluster, 2, "ha.moves").await;
+    assert_eq!(
+        synced, "[]",
+        "manual mode: the backlog is not copied by itself"
+    );
+    let out = cluster.ctl(2, &["sync_queue", "ha.moves"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let (_, took) = wait_state(
+        &cluster,
+        2,
+        "ha.moves",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    eprintln!("synchronised {took:?} after sync_queue");
+
+    // A nodes policy without the master's node: the master moves to a synchronised mirror.
+    set_ha_policy(
+        &cluster,
+        r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"]}"#,
+    )
+    .await;
+    let (master, took) = wait_state(
+        &cluster,
+        1,
+        "ha.moves",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    eprintln!("master moved to {master} in {took:?}");
+    publisher.wait_more(300, "after the move").await;
+
+    // No policy: no mirrors; the master stays where it is.
+    let out = cluster.ctl(1, &["clear_policy", "ha"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let start = Instant::now();
+    while mirrors_of(&cluster, 1, "ha.moves").await != "[]" {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "mirrors not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    publisher.wait_more(300, "unmirrored").await;
+    let acked = publisher.finish().await;
+    let (now, _) = master_and_synced(&cluster, 1, "ha.moves").await;
+    assert_eq!(now, master);
+    let drained = drain(&cluster, 1, "ha.moves").await;
+    eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
+    check(&acked, &drained);
+}

@@ -177,6 +177,19 @@ impl GmSender {
             .send(Cmd::Broadcast(msg))
             .map_err(|_| GmError::Stopped)
     }
+
+    /// Leaves the group; see [`GmHandle::leave`]. With durable acks the owner must go on
+    /// releasing what is delivered meanwhile: the drain waits for it.
+    pub fn leave(&self) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.cmds.send(Cmd::Leave(tx)).is_ok();
+        async move {
+            if !sent {
+                return Err(GmError::Stopped);
+            }
+            rx.await.unwrap_or(Err(GmError::Stopped))
+        }
+    }
 }
 
 fn confirmed(

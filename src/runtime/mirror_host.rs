@@ -128,6 +128,8 @@ struct Membership {
     handle: GmHandle,
     members: BTreeSet<MemberId>,
     mode: Mode,
+    /// The queue's master as this member last saw it.
+    master: NodeId,
 }
 
 impl<N: GmNet + Clone> MirrorHost<N> {
@@ -181,7 +183,17 @@ impl<N: GmNet + Clone> MirrorHost<N> {
 impl<N: GmNet + Clone> Inner<N> {
     /// The storage tap: ships a mastered queue's round (persistent operations only).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
-        let shipping = lock(&self.masters).get(key).cloned()?;
+        let Some(shipping) = lock(&self.masters).get(key).cloned() else {
+            // Not shipping (yet): while the metadata counts a mirror as synchronised it
+            // could be promoted, so nothing is confirmed that it does not have.
+            let vouched = self
+                .raft
+                .snapshot()
+                .mirror_sets
+                .get(key)
+                .is_some_and(|s| s.mirrors.iter().any(|m| m.synchronised));
+            return vouched.then(|| Box::new(|| false) as LapWait);
+        };
         let kept: Vec<IndexOp> = round
             .iter()
             .filter(|op| match op {
@@ -207,6 +219,14 @@ impl<N: GmNet + Clone> Inner<N> {
             .confirmed_broadcast(Bytes::from(msg.encode()));
         let rt = self.rt.clone();
         Some(Box::new(move || rt.block_on(lap).is_ok()))
+    }
+
+    fn home_of(&self, state: &MetaState, key: &Key) -> Option<NodeId> {
+        state
+            .vhosts
+            .get(&key.0)
+            .and_then(|v| v.queues.get(&key.1))
+            .map(|d| d.home)
     }
 
     async fn apply(&self, key: &Key, batch: &[u8]) -> bool {
@@ -313,6 +333,7 @@ impl<N: GmNet + Clone> Inner<N> {
                 handle,
                 members: BTreeSet::new(),
                 mode: Mode::Waiting,
+                master: 0,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -327,6 +348,7 @@ impl<N: GmNet + Clone> Inner<N> {
         self.drop_copy(key).await;
         let mut m = self.join(key).await?;
         let mut views = self.raft.subscribe();
+        m.master = self.home_of(&self.raft.snapshot(), key).unwrap_or(0);
         loop {
             tokio::select! {
                 ev = m.handle.next_event() => match ev {
@@ -337,7 +359,7 @@ impl<N: GmNet + Clone> Inner<N> {
                     Some(Event::Deliver { from, num, msg }) => {
                         if !self.on_message(key, &mut m, &msg).await {
                             self.set_synchronised(key, None, self.node, false).await;
-                            let _ = m.handle.leave().await;
+                            leave(&mut m).await;
                             return None;
                         }
                         m.handle.release(from, num);
@@ -349,12 +371,15 @@ impl<N: GmNet + Clone> Inner<N> {
                         return None;
                     }
                     let state = self.raft.snapshot();
-                    let home = state.vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)).map(|d| d.home);
+                    let home = self.home_of(&state, key);
                     if home == Some(self.node) {
                         return Some(m);
                     }
+                    if let Some(h) = home {
+                        m.master = h;
+                    }
                     if role_of(&state, &self.broker, key, self.node) != Role::Mirror {
-                        let _ = m.handle.leave().await;
+                        leave(&mut m).await;
                         self.drop_copy(key).await;
                         return None;
                     }
@@ -395,6 +420,51 @@ impl<N: GmNet + Clone> Inner<N> {
                 tracing::warn!(queue = %key.1, "the promoted mirror's flush did not complete; serving its copy as it is");
                 member = None;
             }
+        }
+        if let Some(m) = member.as_mut() {
+            // A planned move: the old master is alive and may still ship rounds until it
+            // sees the move. It leaves the group once they have all made their laps (so
+            // this copy holds them): wait for that before the copy becomes the queue.
+            let group = group_name(&key.0, &key.1);
+            let old = m.master;
+            let mut views = self.raft.subscribe();
+            loop {
+                let state = self.raft.snapshot();
+                if self.home_of(&state, key) != Some(self.node) {
+                    return None;
+                }
+                let old_alive = old != self.node
+                    && state.gm_groups.get(&group).is_some_and(|g| {
+                        g.members
+                            .iter()
+                            .any(|s| matches!(s, Slot::Alive(id) if id.node == old))
+                    });
+                if !old_alive {
+                    break;
+                }
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return None },
+                    ev = m.handle.next_event() => match ev {
+                        None | Some(Event::Stopped) => return None,
+                        Some(Event::Deliver { from, num, msg }) => {
+                            self.on_message(key, m, &msg).await;
+                            m.handle.release(from, num);
+                        }
+                        Some(ev) => Self::track(m, &ev),
+                    }
+                }
+            }
+        }
+        // Rounds are shipped from the queue's first one on: the queue does not serve before
+        // `adopt_queue`.
+        if let Some(m) = &member {
+            lock(&self.masters).insert(
+                key.clone(),
+                Shipping {
+                    sender: m.handle.sender(),
+                    epoch,
+                },
+            );
         }
         // The broker applies the promotion shortly after the metadata does.
         for _ in 0..200 {
@@ -626,17 +696,10 @@ impl<N: GmNet + Clone> Inner<N> {
         for (_, run) in syncs {
             run.abort();
         }
-        let state = self.raft.snapshot();
-        let still_home = state
-            .vhosts
-            .get(&key.0)
-            .and_then(|v| v.queues.get(&key.1))
-            .is_some_and(|d| d.home == self.node);
-        if still_home || role_of(&state, &self.broker, key, self.node) == Role::None {
-            // Mirrors removed (or a planned move): leave in good order, so the others go on
-            // without a timeout.
-            let _ = m.handle.leave().await;
-        }
+        // Leave in good order (in-flight rounds first), so the others go on without a
+        // timeout, and a promoted mirror knows no more rounds come from here. A deposed
+        // master's member is dead already: that fails at once.
+        leave(&mut m).await;
         tracing::info!(queue = %key.1, "no longer the master");
     }
 
@@ -773,6 +836,23 @@ impl<N: GmNet + Clone> Inner<N> {
     }
 }
 
+/// Leaves the group, releasing what is delivered meanwhile (the drain waits for the
+/// releases of a member with durable acks; nothing is written any more).
+async fn leave(m: &mut Membership) {
+    let done = m.handle.sender().leave();
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            _ = &mut done => return,
+            ev = m.handle.next_event() => match ev {
+                None | Some(Event::Stopped) => return,
+                Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
 /// One mirror's sync, as its master runs it.
 struct SyncRun {
     /// Where the mirror's copy started.
@@ -854,10 +934,13 @@ async fn queue_task<N: GmNet + Clone>(inner: Arc<Inner<N>>, key: Key) {
                     let state = inner.raft.snapshot();
                     match (member, role_of(&state, &inner.broker, &key, inner.node)) {
                         (Some(m), Role::Master) => inner.run_master(&key, Some(m)).await,
-                        (Some(m), _) => {
-                            let _ = m.handle.leave().await;
+                        (Some(mut m), _) => {
+                            lock(&inner.masters).remove(&key);
+                            leave(&mut m).await;
                         }
-                        (None, _) => {}
+                        (None, _) => {
+                            lock(&inner.masters).remove(&key);
+                        }
                     }
                 } else {
                     // Left, stopped or failed: look again shortly (a restart rejoins).

@@ -243,7 +243,9 @@ struct Inner {
     /// The Raft index this node's broker has followed.
     applied: watch::Receiver<u64>,
     link: Weak<Relay>,
-    senders: Mutex<HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>>,
+    /// Per node: its sender, and the signal that the node was declared down (what waits for
+    /// its answers fails then: a frozen node keeps its sockets open and never answers).
+    senders: Mutex<HashMap<NodeId, (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>)>>,
     proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
 }
@@ -330,7 +332,9 @@ impl Relay {
             }
         }
         sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
-        lock(&self.inner.senders).remove(&node);
+        if let Some((_, down)) = lock(&self.inner.senders).remove(&node) {
+            let _ = down.send(true);
+        }
     }
 }
 
@@ -360,8 +364,14 @@ impl Inner {
     }
 
     fn enqueue(&self, node: NodeId, out: Outgoing) {
+        if self.broker.node_is_down(node) {
+            // Nothing sent to a node the failure detector gave up on would be answered
+            // before it comes back (a frozen node holds its sockets open).
+            self.failed(out);
+            return;
+        }
         let mut senders = lock(&self.senders);
-        let tx = senders
+        let (tx, _) = senders
             .entry(node)
             .or_insert_with(|| self.spawn_sender(node));
         if let Err(mpsc::error::SendError(out)) = tx.send(out) {
@@ -373,10 +383,11 @@ impl Inner {
     /// The sender task for `node`: takes what is queued (up to [`SEND_BATCH`] messages or
     /// 1 MiB at a time) as one request, in order; a second task handles the replies in the
     /// same order.
-    fn spawn_sender(&self, node: NodeId) -> mpsc::UnboundedSender<Outgoing> {
+    fn spawn_sender(&self, node: NodeId) -> (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+        let (down_tx, mut down) = watch::channel(false);
         let Some(relay) = self.link.upgrade() else {
-            return tx;
+            return (tx, down_tx);
         };
         let inner = relay.inner.clone();
         type Pending = (
@@ -389,8 +400,12 @@ impl Inner {
         let answers = inner.clone();
         tokio::spawn(async move {
             while let Some((outs, reply)) = reply_rx.recv().await {
-                let replies: Option<Vec<RelayReply>> = match reply.await {
-                    Ok(Ok(bytes)) => bincode::deserialize(&bytes).ok(),
+                let answer = tokio::select! {
+                    r = reply => Some(r),
+                    _ = down.wait_for(|d| *d) => None,
+                };
+                let replies: Option<Vec<RelayReply>> = match answer {
+                    Some(Ok(Ok(bytes))) => bincode::deserialize(&bytes).ok(),
                     _ => None,
                 };
                 match replies {
@@ -433,7 +448,7 @@ impl Inner {
                 }
             }
         });
-        tx
+        (tx, down_tx)
     }
 
     fn answered(&self, out: Outgoing, reply: Option<&RelayReply>) {

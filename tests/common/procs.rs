@@ -64,6 +64,26 @@ impl NodeProc {
         }
     }
 
+    /// SIGSTOP: the process freezes, its sockets stay open (a partition the node itself
+    /// does not notice, as a long GC pause or a VM stall).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`NodeProc::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: sending a signal to our own child process by pid.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
     /// SIGTERM, then wait for the process to exit (a clean shutdown).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

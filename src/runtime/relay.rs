@@ -234,6 +234,9 @@ struct ConsumerSink {
     tags: Vec<(NodeId, Arc<str>)>,
 }
 
+/// A node's sender, and the signal that the node was declared down.
+type NodeSender = (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>);
+
 struct Inner {
     broker: Arc<Broker>,
     transport: TcpTransport,
@@ -245,7 +248,7 @@ struct Inner {
     link: Weak<Relay>,
     /// Per node: its sender, and the signal that the node was declared down (what waits for
     /// its answers fails then: a frozen node keeps its sockets open and never answers).
-    senders: Mutex<HashMap<NodeId, (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>)>>,
+    senders: Mutex<HashMap<NodeId, NodeSender>>,
     proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
 }
@@ -383,7 +386,7 @@ impl Inner {
     /// The sender task for `node`: takes what is queued (up to [`SEND_BATCH`] messages or
     /// 1 MiB at a time) as one request, in order; a second task handles the replies in the
     /// same order.
-    fn spawn_sender(&self, node: NodeId) -> (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>) {
+    fn spawn_sender(&self, node: NodeId) -> NodeSender {
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
         let (down_tx, mut down) = watch::channel(false);
         let Some(relay) = self.link.upgrade() else {

@@ -45,6 +45,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Shipping {
     sender: GmSender,
     epoch: u64,
+    /// The master's member (a handover waits for it to leave).
+    member: MemberId,
 }
 
 struct Inner<N> {
@@ -168,6 +170,78 @@ impl<N: GmNet + Clone> MirrorHost<N> {
             tokio::spawn(supervise(self.inner.clone())),
             tokio::spawn(reconcile(self.inner.clone(), reconcile_every)),
         ]
+    }
+
+    /// A controlled stop (`ha-promote-on-shutdown`): every queue mastered here with a mirror
+    /// the rule allows (a synchronised one; any with `always`) moves to it, as a planned
+    /// move: this node's master leaves the group once its in-flight rounds made their laps,
+    /// and the mirror takes over without waiting for the failure detector. Waits up to
+    /// `within` for the moves; queues without such a mirror wait for this node to return.
+    pub async fn hand_over(&self, within: Duration) {
+        let inner = &self.inner;
+        let state = inner.raft.snapshot();
+        let masters: Vec<(Key, Shipping)> = lock(&inner.masters)
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        let running: BTreeSet<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| *id != inner.node && !inner.broker.node_is_down(*id))
+            .collect();
+        let mut moving = Vec::new();
+        for (key, shipping) in masters {
+            let (Some(v), Some(set)) = (state.vhosts.get(&key.0), state.mirror_sets.get(&key))
+            else {
+                continue;
+            };
+            let rule = v
+                .queues
+                .get(&key.1)
+                .and_then(|d| {
+                    HaPolicy::of(
+                        &v.effective_policy(&key.1, true),
+                        d.exclusive_owner.is_some(),
+                    )
+                })
+                .map_or(crate::mirror::PromoteRule::WhenSynced, |p| {
+                    p.promote_on_shutdown
+                });
+            let Some(node) = crate::mirror::promotion(&set.mirrors, &running, rule) else {
+                tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
+                continue;
+            };
+            let cmd = Command::PromoteMirror {
+                vhost: key.0.clone(),
+                queue: key.1.clone(),
+                expected_epoch: set.epoch,
+                node,
+            };
+            match inner.raft.propose(cmd).await {
+                Ok(r) if r.outcome.is_ok() => {
+                    tracing::info!(queue = %key.1, to = node, "handing the queue over");
+                    moving.push((key, shipping.member));
+                }
+                other => {
+                    tracing::warn!(queue = %key.1, outcome = ?other.map(|r| r.outcome), "cannot hand the queue over")
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        for (key, member) in moving {
+            let group = group_name(&key.0, &key.1);
+            while tokio::time::Instant::now() < deadline
+                && inner
+                    .raft
+                    .snapshot()
+                    .gm_groups
+                    .get(&group)
+                    .is_some_and(|g| g.members.contains(&Slot::Alive(member)))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 
     /// Stops the queue tasks (the node is stopping).
@@ -463,6 +537,7 @@ impl<N: GmNet + Clone> Inner<N> {
                 Shipping {
                     sender: m.handle.sender(),
                     epoch,
+                    member: m.handle.id(),
                 },
             );
         }
@@ -606,6 +681,7 @@ impl<N: GmNet + Clone> Inner<N> {
             Shipping {
                 sender: m.handle.sender(),
                 epoch,
+                member: m.handle.id(),
             },
         );
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");

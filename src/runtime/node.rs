@@ -419,6 +419,11 @@ impl Node {
 
     /// Closes every client connection with 320 CONNECTION_FORCED and stops the node.
     pub async fn shutdown(self) {
+        if let Some((host, _)) = &self.mirror {
+            // Before clients go: mirrored queues move to a mirror while everything still
+            // runs (their master must make its in-flight rounds' laps).
+            host.hand_over(Duration::from_secs(10)).await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;

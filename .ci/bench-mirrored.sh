@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|sync-*|failover-*) STEPS+=("$1") ;;
+        throughput-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
         *) sed -n '2,22p' "$0" >&2; exit 2 ;;
     esac
     shift
@@ -59,6 +59,12 @@ WIPS=(127.0.88.1 127.0.88.2 127.0.88.3)
 WPIDS=()
 wuri() { echo "amqp://guest:guest@${WIPS[$(($1 - 1))]}:5672/%2f"; }
 wctl() { local n="$1"; shift; "$CTL" --node "${WIPS[$((n - 1))]}:5679" "$@"; }
+# set_policy, retried: under load a metadata command can meet a Raft leader change
+# ("outcome unknown ... leadership lost"); setting the same policy again is harmless.
+wpolicy() {
+    for _ in $(seq 1 20); do wctl 1 set_policy "$@" && return 0; sleep 0.5; done
+    return 1
+}
 
 warren_up() { # [peer_timeout_ms heartbeat_ms]
     local extra=""
@@ -92,7 +98,7 @@ EOF
     done
     for i in 1 2 3; do
         for _ in $(seq 1 200); do
-            wctl "$i" list_queues name >/dev/null 2>&1 && (exec 3<>"/dev/tcp/${WIPS[$((i - 1))]}/5672") 2>/dev/null && break
+            wctl "$i" list_vhosts 2>/dev/null | grep -qx '/' && (exec 3<>"/dev/tcp/${WIPS[$((i - 1))]}/5672") 2>/dev/null && break
             sleep 0.1
         done
     done
@@ -183,7 +189,7 @@ throughput() { # broker
     local b="$1" u
     if [[ $b == warren ]]; then
         warren_up
-        wctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
         u="$(wuri 1)"
     else
         rmq_up
@@ -204,33 +210,35 @@ throughput() { # broker
     fi
 }
 
-sync_bench() { # broker
-    local b="$1" u q=ha.sync
+sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before the mirrors
+    # are added) or pubsub (1 producer + 1 consumer started as the mirrors are added)
+    local b="$1" v="$2" u q=ha.sync
     if [[ $b == warren ]]; then
         warren_up
-        wctl 1 set_policy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
+        wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
         u="$(wuri 1)"
     else
         rmq_up
         rctl 1 set_policy ha '^ha\.' '{"ha-mode":"nodes","ha-params":["rabbit1@localhost"]}' --apply-to queues >/dev/null
         u="$(ruri 1)"
     fi
-    log "$b: publishing $SYNC_COUNT x 64 B persistent messages to $q (master alone)"
+    log "$b/$v: publishing $SYNC_COUNT x 64 B persistent messages to $q (master alone)"
     local t0=$SECONDS
     "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 64 --confirm 1000 \
-        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-fill.json" || true
-    log "$b: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-fill.json")"
+        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-$v-fill.json" || true
+    log "$b/$v: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-$v-fill.json")"
     if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     local before; before=$( [[ $b == warren ]] && warren_synced_count || echo 0)
-    # The load that runs during the sync: 1 producer and 1 consumer on the same queue.
-    "$PERF" --uri "$u" --queue "$q" --persistent --size 64 --confirm 100 --producers 1 --consumers 1 \
-        --duration 60 --json 2> "$OUT/$b-sync-load.stderr" > "$OUT/$b-sync-load.json" &
+    local load=(--producers 1 --consumers 0 --publish-only) lead=3
+    [[ $v == pubsub ]] && { load=(--producers 1 --consumers 1); lead=0; }
+    "$PERF" --uri "$u" --queue "$q" --persistent --size 64 --confirm 100 "${load[@]}" \
+        --duration 60 --json 2> "$OUT/$b-sync-$v-load.stderr" > "$OUT/$b-sync-$v-load.json" &
     local perf=$!
-    sleep 5
-    log "$b: mirrors added (ha-mode all, automatic sync)"
+    sleep "$lead"
+    log "$b/$v: mirrors added (ha-mode all, automatic sync), $lead s into warren-perf"
     local start; start=$(date +%s.%N)
     if [[ $b == warren ]]; then
-        wctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
     else
         rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
     fi
@@ -239,13 +247,14 @@ sync_bench() { # broker
         local n
         if [[ $b == warren ]]; then n=$(($(warren_synced_count) - before)); else n=$(rmq_synced_count "$q"); fi
         if [[ $n -ge 2 ]]; then done_at=$(date +%s.%N); break; fi
-        if (( $(date +%s) - ${start%.*} > 600 )); then log "$b: not synchronised after 600 s"; break; fi
+        if (( $(date +%s) - ${start%.*} > 600 )); then log "$b/$v: not synchronised after 600 s"; break; fi
         sleep 0.2
     done
-    [[ -n "$done_at" ]] && log "$b: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
+    [[ -n "$done_at" ]] && log "$b/$v: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     wait "$perf" || true
-    echo "warren-perf during/after sync (per-second lines; mirrors added 5 s in):"
-    cat "$OUT/$b-sync-load.stderr"
+    echo "warren-perf per-second lines (mirrors added $lead s in):"
+    cut -d, -f1-5 "$OUT/$b-sync-$v-load.stderr"
     if [[ $b == warren ]]; then
         sed 's/\x1b\[[0-9;]*m//g' "$OUT"/warren-node*.log | grep -E "mirror sync|mirror holds|mirror state recorded" || true
         wctl 1 list_queues name pid messages
@@ -291,8 +300,9 @@ for step in "${STEPS[@]}"; do
     case "$step" in
         throughput-warren) throughput warren ;;
         throughput-rabbitmq) throughput rabbitmq ;;
-        sync-warren) sync_bench warren ;;
-        sync-rabbitmq) sync_bench rabbitmq ;;
+        sync-warren) sync_bench warren publish; sync_bench warren pubsub ;;
+        sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
+        sync-*-publish|sync-*-pubsub) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
         failover-warren)
             cargo bench --bench mirrored -- --runs 3
             cargo bench --bench mirrored -- --runs 3 --peer-timeout-ms 1000 --heartbeat-ms 100 ;;

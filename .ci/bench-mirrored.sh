@@ -304,8 +304,11 @@ for step in "${STEPS[@]}"; do
         sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
         sync-*-publish|sync-*-pubsub) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
         failover-warren)
-            cargo bench --bench mirrored -- --runs 3
-            cargo bench --bench mirrored -- --runs 3 --peer-timeout-ms 1000 --heartbeat-ms 100 ;;
+            # Master on node 1 (also the Raft leader), then on node 2 (a Raft follower).
+            for m in 1 2; do
+                cargo bench --bench mirrored -- --runs 3 --master "$m"
+                cargo bench --bench mirrored -- --runs 3 --master "$m" --peer-timeout-ms 1000 --heartbeat-ms 100
+            done ;;
         failover-rabbitmq) failover_rabbitmq ;;
     esac
 done

@@ -13,6 +13,10 @@
 //!   --runs N                  runs (fresh cluster each) [1]
 //!   --peer-timeout-ms MS      `[cluster] peer_timeout_ms` [default config: 5000]
 //!   --heartbeat-ms MS         `[cluster] heartbeat_ms` [default config: 250]
+//!   --master N                the node that declares the queue (its master) and is killed
+//!                             [1]; the publisher uses the next node. Node 1 initialises the
+//!                             cluster, so it is normally also the Raft leader: killing it
+//!                             adds a leader election before `NodeDown` can commit.
 //!
 //! External mode, for another broker (RabbitMQ): the cluster and the queue's policy exist;
 //!
@@ -39,6 +43,7 @@ const ACKS_AFTER: usize = 200;
 
 struct Opts {
     runs: usize,
+    master: usize,
     peer_timeout_ms: Option<u64>,
     heartbeat_ms: Option<u64>,
     external: bool,
@@ -51,6 +56,7 @@ struct Opts {
 fn opts() -> Opts {
     let mut o = Opts {
         runs: 1,
+        master: 1,
         peer_timeout_ms: None,
         heartbeat_ms: None,
         external: false,
@@ -64,6 +70,7 @@ fn opts() -> Opts {
         let mut val = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
             "--runs" => o.runs = val().parse().expect("--runs N"),
+            "--master" => o.master = val().parse().expect("--master 1|2|3"),
             "--peer-timeout-ms" => o.peer_timeout_ms = Some(val().parse().expect("ms")),
             "--heartbeat-ms" => o.heartbeat_ms = Some(val().parse().expect("ms")),
             "--external" => o.external = true,
@@ -408,6 +415,17 @@ fn summary(label: &str, v: &[f64]) {
     );
 }
 
+/// Seconds since midnight of a log line's RFC 3339 UTC timestamp ("2026-11-30T09:54:26.744453Z").
+fn log_tod(line: &str) -> Option<f64> {
+    let t = line.split_whitespace().next()?;
+    let time = t.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
 fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
     let settings = format!(
         "peer_timeout_ms {}, heartbeat_ms {}",
@@ -415,10 +433,14 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
             .map_or("default (5000)".into(), |v| v.to_string()),
         o.heartbeat_ms.map_or("default (250)".into(), |v| v.to_string())
     );
-    println!("Warren, 3 nodes on {IPS:?}, {settings}");
+    println!(
+        "Warren, 3 nodes on {IPS:?}, {settings}, master (killed) on node {}",
+        o.master
+    );
     let mut results = Vec::new();
     for run in 1..=o.runs {
         let mut nodes = start(o, run);
+        let killed_wall = Arc::new(Mutex::new(None::<std::time::SystemTime>));
         let got = rt.block_on(async {
             for n in 1..=3 {
                 drop(connect_retry(&uri(n)).await);
@@ -435,41 +457,63 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
                 ],
             );
             assert!(policy.contains("Setting policy"), "set_policy: {policy}");
-            declare(&uri(1), &o.queue).await;
+            let (m, p) = (o.master, o.master % 3 + 1);
+            let q = 6 - m - p;
+            declare(&uri(m), &o.queue).await;
             let t = Instant::now();
             loop {
-                let log = nodes.log(1);
-                if log.contains("node=2 synchronised=true") && log.contains("node=3 synchronised=true") {
+                let log = nodes.log(m);
+                if log.contains(&format!("node={p} synchronised=true"))
+                    && log.contains(&format!("node={q} synchronised=true"))
+                {
                     break;
                 }
                 assert!(t.elapsed() < Duration::from_secs(30), "mirrors not synchronised");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            println!("run {run}: master on node 1, both mirrors synchronised; publisher on node 2");
-            let victim = nodes.children[0].take();
-            let got = measure(vec![uri(2), uri(3)], &o.queue, move || {
-                let mut c = victim.expect("node 1");
+            let leader = ctl(p, &["cluster_status"])
+                .lines()
+                .map(|l| l.split('\t').map(String::from).collect::<Vec<_>>())
+                .find(|c| c.get(3).map(String::as_str) == Some("leader"))
+                .map_or("?".to_string(), |c| c[1].clone());
+            println!("run {run}: master on node {m} (Raft leader: node {leader}), both mirrors synchronised; publisher on node {p}");
+            let victim = nodes.children[m - 1].take();
+            let killed_wall = killed_wall.clone();
+            let got = measure(vec![uri(p), uri(q)], &o.queue, move || {
+                let mut c = victim.expect("the master's node");
+                *killed_wall.lock().unwrap() = Some(std::time::SystemTime::now());
                 let _ = c.kill(); // SIGKILL
                 let _ = c.wait();
             })
             .await;
             got
         });
-        let master = ctl(2, &["list_queues", "name", "pid"]);
+        let survivor = o.master % 3 + 1;
+        let master = ctl(survivor, &["list_queues", "name", "pid"]);
         let master = master
             .lines()
             .find(|l| l.starts_with(&format!("{}\t", o.queue)))
             .unwrap_or("?");
         println!("  queue now: {master}");
-        for id in 2..=3 {
+        // Seconds since midnight UTC of the kill, to place the survivors' log lines.
+        let kill_tod = killed_wall.lock().unwrap().map(|t| {
+            let d = t.duration_since(std::time::UNIX_EPOCH).expect("clock");
+            (d.as_secs() % 86400) as f64 + d.subsec_nanos() as f64 / 1e9
+        });
+        for id in (1..=3).filter(|&n| n != o.master) {
             for line in nodes.log(id).lines().filter(|l| {
                 l.contains("mirror promoted")
+                    || l.contains("link closed")
                     || l.contains("promoting a mirror")
                     || l.contains("NodeDown")
                     || l.contains("node down")
                     || l.contains("is down")
             }) {
-                println!("  node {id}: {}", line.trim());
+                let at = match (kill_tod, log_tod(line)) {
+                    (Some(k), Some(t)) => format!("kill + {:.0} ms", (t - k) * 1000.0),
+                    _ => "?".into(),
+                };
+                println!("  node {id} ({at}): {}", line.trim());
             }
         }
         if let Some(v) = got {
@@ -477,7 +521,10 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
         }
         drop(nodes);
     }
-    summary(&format!("Warren ({settings})"), &results);
+    summary(
+        &format!("Warren ({settings}, master on node {})", o.master),
+        &results,
+    );
 }
 
 fn external(o: &Opts, rt: &tokio::runtime::Runtime) {

@@ -187,6 +187,7 @@ PY
 
 throughput() { # broker
     local b="$1" u
+    echo "| scenario | broker | sent msg/s | received msg/s | confirmed msg/s | latency p50 µs | p99 µs | confirm p50 µs | confirm p99 µs |"
     if [[ $b == warren ]]; then
         warren_up
         wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
@@ -200,6 +201,11 @@ throughput() { # broker
     perf_json "$b" persistent-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue ha.tp1
     sleep 2
     perf_json "$b" persistent-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue ha.tp4
+    # Control: the same on an unmirrored durable queue of the same cluster (no policy matches).
+    sleep 2
+    perf_json "$b" unmirrored-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue plain.tp1
+    sleep 2
+    perf_json "$b" unmirrored-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue plain.tp4
     if [[ $b == warren ]]; then
         wctl 2 list_queues name pid messages
         echo "mirror records on the master: $(warren_synced_count) synchronised=true"

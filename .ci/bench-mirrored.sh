@@ -12,7 +12,8 @@
 #   sync-warren        sync-rabbitmq          N (1,000,000) 64 B persistent messages on the
 #                                             master alone, then ha-mode all + automatic sync:
 #                                             time until every mirror is synchronised, and
-#                                             warren-perf's rates while it runs
+#                                             warren-perf's rates while it runs (variants:
+#                                             sync-B-publish, sync-B-pubsub, sync-B-idle: no load)
 #   failover-warren                           `cargo bench --bench mirrored` (default settings,
 #                                             then peer_timeout_ms 1000 / heartbeat_ms 100)
 #   failover-rabbitmq                         the same bench binary against RabbitMQ: kill -9
@@ -235,11 +236,14 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     log "$b/$v: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-$v-fill.json")"
     if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     local before; before=$( [[ $b == warren ]] && warren_synced_count || echo 0)
-    local load=(--producers 1 --consumers 0 --publish-only) lead=3
+    local load=(--producers 1 --consumers 0 --publish-only) lead=3 perf=""
     [[ $v == pubsub ]] && { load=(--producers 1 --consumers 1); lead=0; }
-    "$PERF" --uri "$u" --queue "$q" --persistent --size 64 --confirm 100 "${load[@]}" \
-        --duration 60 --json 2> "$OUT/$b-sync-$v-load.stderr" > "$OUT/$b-sync-$v-load.json" &
-    local perf=$!
+    [[ $v == idle ]] && lead=0
+    if [[ $v != idle ]]; then
+        "$PERF" --uri "$u" --queue "$q" --persistent --size 64 --confirm 100 "${load[@]}" \
+            --duration 60 --json 2> "$OUT/$b-sync-$v-load.stderr" > "$OUT/$b-sync-$v-load.json" &
+        perf=$!
+    fi
     sleep "$lead"
     log "$b/$v: mirrors added (ha-mode all, automatic sync), $lead s into warren-perf"
     local start; start=$(date +%s.%N)
@@ -258,9 +262,11 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     done
     [[ -n "$done_at" ]] && log "$b/$v: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
     if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
-    wait "$perf" || true
-    echo "warren-perf per-second lines (mirrors added $lead s in):"
-    cut -d, -f1-5 "$OUT/$b-sync-$v-load.stderr"
+    if [[ -n "$perf" ]]; then
+        wait "$perf" || true
+        echo "warren-perf per-second lines (mirrors added $lead s in):"
+        cut -d, -f1-5 "$OUT/$b-sync-$v-load.stderr"
+    fi
     if [[ $b == warren ]]; then
         sed 's/\x1b\[[0-9;]*m//g' "$OUT"/warren-node*.log | grep -E "mirror sync|mirror holds|mirror state recorded" || true
         wctl 1 list_queues name pid messages
@@ -308,7 +314,7 @@ for step in "${STEPS[@]}"; do
         throughput-rabbitmq) throughput rabbitmq ;;
         sync-warren) sync_bench warren publish; sync_bench warren pubsub ;;
         sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
-        sync-*-publish|sync-*-pubsub) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
+        sync-*-publish|sync-*-pubsub|sync-*-idle) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
         failover-warren)
             # Master on node 1 (also the Raft leader), then on node 2 (a Raft follower).
             for m in 1 2; do

@@ -106,7 +106,8 @@ impl Drop for Nodes {
 
 impl Nodes {
     fn log(&self, id: usize) -> String {
-        let raw = std::fs::read_to_string(self.dir.join(format!("node{id}.log"))).unwrap_or_default();
+        let raw =
+            std::fs::read_to_string(self.dir.join(format!("node{id}.log"))).unwrap_or_default();
         strip_ansi(&raw)
     }
 }
@@ -393,7 +394,10 @@ async fn measure(uris: Vec<String>, queue: &str, kill: impl FnOnce()) -> Option<
         r.reconnects
     );
     for (t, e) in r.errors.iter().take(5) {
-        println!("    error at kill + {:.1} ms: {e}", ms(t.saturating_duration_since(k)));
+        println!(
+            "    error at kill + {:.1} ms: {e}",
+            ms(t.saturating_duration_since(k))
+        );
     }
     first_new
 }
@@ -431,7 +435,8 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
         "peer_timeout_ms {}, heartbeat_ms {}",
         o.peer_timeout_ms
             .map_or("default (5000)".into(), |v| v.to_string()),
-        o.heartbeat_ms.map_or("default (250)".into(), |v| v.to_string())
+        o.heartbeat_ms
+            .map_or("default (250)".into(), |v| v.to_string())
     );
     println!(
         "Warren, 3 nodes on {IPS:?}, {settings}, master (killed) on node {}",

@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# Issue 6's benchmarks, side by side: mirrored queues on a 3-node Warren cluster (three
+# release `warren` processes on 127.0.88.{1,2,3}) and on a 3-node RabbitMQ 3.10 cluster
+# (Debian's rabbitmq-server, rabbit{1,2,3}@localhost on 127.0.0.1:580{1,2,3}) on this machine,
+# one broker at a time. Not part of CI. Figures go to stdout and to .ci/work/mirrored/.
+#
+#   bash .ci/bench-mirrored.sh [--no-build] [--duration S] [--sync-count N] STEP...
+#
+# STEPs (in the order given):
+#   throughput-warren  throughput-rabbitmq    1 KiB persistent, confirms 100, 1p1c and 4p4c,
+#                                             clients on the master's node, ha-mode all
+#   sync-warren        sync-rabbitmq          N (1,000,000) 64 B persistent messages on the
+#                                             master alone, then ha-mode all + automatic sync:
+#                                             time until every mirror is synchronised, and
+#                                             warren-perf's rates while it runs (variants:
+#                                             sync-B-publish, sync-B-pubsub, sync-B-idle: no load)
+#   failover-warren                           `cargo bench --bench mirrored` (default settings,
+#                                             then peer_timeout_ms 1000 / heartbeat_ms 100)
+#   failover-rabbitmq                         the same bench binary against RabbitMQ: kill -9
+#                                             of the master's node, 3 times
+#   all                                       every step above
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$ROOT/.ci/work/mirrored"
+DURATION=10
+SYNC_COUNT=1000000
+NO_BUILD=0
+STEPS=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --no-build) NO_BUILD=1 ;;
+        --duration) DURATION="$2"; shift ;;
+        --sync-count) SYNC_COUNT="$2"; shift ;;
+        all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
+        throughput-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,22p' "$0" >&2; exit 2; }
+mkdir -p "$OUT"
+cd "$ROOT"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+if [[ $NO_BUILD == 0 ]]; then
+    # The bench profile's build (dev-dependency features) also builds the binaries in
+    # target/release: building it first keeps cargo from rebuilding them in between.
+    cargo bench --bench mirrored --no-run 2>&1 | tail -1
+fi
+PERF="$TARGET/release/warren-perf"
+WARREN="$TARGET/release/warren"
+CTL="$TARGET/release/warrenctl"
+TMPD="$(mktemp -d /tmp/bench-mirrored.XXXXXX)"
+chmod 755 "$TMPD"
+
+log() { echo "[$(date -u +%H:%M:%S)] $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"; }
+
+# ---------------------------------------------------------------- Warren
+WIPS=(127.0.88.1 127.0.88.2 127.0.88.3)
+WPIDS=()
+wuri() { echo "amqp://guest:guest@${WIPS[$(($1 - 1))]}:5672/%2f"; }
+wctl() { local n="$1"; shift; "$CTL" --node "${WIPS[$((n - 1))]}:5679" "$@"; }
+# set_policy, retried: under load a metadata command can meet a Raft leader change
+# ("outcome unknown ... leadership lost"); setting the same policy again is harmless.
+wpolicy() {
+    for _ in $(seq 1 20); do wctl 1 set_policy "$@" && return 0; sleep 0.5; done
+    return 1
+}
+
+warren_up() { # [peer_timeout_ms heartbeat_ms]
+    local extra=""
+    [[ $# -ge 2 ]] && extra="peer_timeout_ms = $1"$'\n'"heartbeat_ms = $2"$'\n'
+    rm -rf "$TMPD/warren"; mkdir -p "$TMPD/warren"
+    local members=""
+    for i in 1 2 3; do members+=$'[[cluster.initial_members]]\n'"id = $i"$'\n'"link = \"${WIPS[$((i - 1))]}:25672\""$'\n\n'; done
+    WPIDS=()
+    for i in 1 2 3; do
+        local ip="${WIPS[$((i - 1))]}"
+        cat > "$TMPD/warren/node$i.toml" <<EOF
+[node]
+name = "warren$i@bench"
+data_dir = "$TMPD/warren/data$i"
+
+[amqp]
+listen = "$ip:5672"
+
+[admin]
+listen = "$ip:5679"
+
+[cluster]
+node_id = $i
+cluster_id = "bench-mirrored"
+listen = "$ip:25672"
+$extra
+$members
+EOF
+        RUST_LOG=info "$WARREN" --config "$TMPD/warren/node$i.toml" > "$OUT/warren-node$i.log" 2>&1 &
+        WPIDS+=($!)
+    done
+    for i in 1 2 3; do
+        for _ in $(seq 1 200); do
+            wctl "$i" list_vhosts 2>/dev/null | grep -qx '/' && (exec 3<>"/dev/tcp/${WIPS[$((i - 1))]}/5672") 2>/dev/null && break
+            sleep 0.1
+        done
+    done
+    sleep 1
+    log "warren cluster up: pids ${WPIDS[*]}"
+}
+warren_down() {
+    for p in "${WPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${WPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    WPIDS=()
+}
+# "node=N synchronised=true" in node 1's (the master's) log, once per mirror.
+warren_synced_count() {
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/warren-node1.log" | grep -c "mirror state recorded.*synchronised=true" || true
+}
+
+# ---------------------------------------------------------------- RabbitMQ
+RNODES=(rabbit1@localhost rabbit2@localhost rabbit3@localhost)
+rport() { echo $((5800 + $1)); }
+ruri() { echo "amqp://guest:guest@127.0.0.1:$(rport "$1")/%2f"; }
+rctl() { local n="$1"; shift; rabbitmqctl -n "${RNODES[$((n - 1))]}" "$@"; }
+rmq_env() { # node-number: the environment of that node
+    local d="$TMPD/rmq/$1"
+    echo RABBITMQ_NODENAME="${RNODES[$(($1 - 1))]}" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+        RABBITMQ_NODE_PORT="$(rport "$1")" RABBITMQ_DIST_PORT=$((25800 + $1)) \
+        RABBITMQ_MNESIA_BASE="$d/mnesia" RABBITMQ_LOG_BASE="$d/log" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$TMPD/rmq/enabled_plugins" RABBITMQ_PID_FILE="$d/pid" \
+        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="'-kernel inet_dist_listen_min $((25800 + $1)) -kernel inet_dist_listen_max $((25800 + $1))'"
+}
+rmq_start_node() {
+    mkdir -p "$TMPD/rmq/$1"
+    chown -R rabbitmq:rabbitmq "$TMPD/rmq"
+    (cd "$TMPD/rmq" && eval "env $(rmq_env "$1") rabbitmq-server -detached")
+    for _ in $(seq 1 60); do rctl "$1" status >/dev/null 2>&1 && break; sleep 1; done
+    rctl "$1" await_startup --timeout 90 >/dev/null
+}
+rmq_pid() { cat "$TMPD/rmq/$1/pid"; }
+rmq_up() {
+    rm -rf "$TMPD/rmq"; mkdir -p "$TMPD/rmq"
+    echo "[]." > "$TMPD/rmq/enabled_plugins"
+    for i in 1 2 3; do rmq_start_node "$i"; done
+    for i in 2 3; do
+        rctl "$i" stop_app >/dev/null
+        rctl "$i" join_cluster rabbit1@localhost >/dev/null
+        rctl "$i" start_app >/dev/null
+    done
+    rctl 1 cluster_status 2>/dev/null | sed -n '/Running Nodes/,/^$/p'
+    log "rabbitmq cluster up: pids $(rmq_pid 1) $(rmq_pid 2) $(rmq_pid 3)"
+}
+rmq_down() {
+    for i in 3 2 1; do
+        if [[ -f "$TMPD/rmq/$i/pid" ]]; then
+            rctl "$i" stop >/dev/null 2>&1 || kill -9 "$(rmq_pid "$i")" 2>/dev/null || true
+        fi
+    done
+}
+rmq_synced_count() {
+    rctl 1 list_queues -q --no-table-headers name synchronised_slave_pids 2>/dev/null |
+        awk -v q="$1" '$1 == q { n = gsub(/rabbit[0-9]@localhost/, "&"); print n; f = 1 } END { if (!f) print 0 }'
+}
+
+cleanup() {
+    warren_down
+    rmq_down
+    rm -rf "$TMPD"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- steps
+perf_json() { # broker label args...: warren-perf --json, one summary line
+    local broker="$1" label="$2"; shift 2
+    log "$broker $label: warren-perf $*"
+    "$PERF" "$@" --json 2> "$OUT/$broker-$label.stderr" > "$OUT/$broker-$label.json" || true
+    python3 - "$OUT/$broker-$label.json" "$broker" "$label" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"| {sys.argv[3]} | {sys.argv[2]} | no result ({e}) |"); sys.exit()
+lat = d.get("latency_us") or {}
+cl = d.get("confirm_latency_us") or {}
+print(f"| {sys.argv[3]} | {sys.argv[2]} | {d['sent_rate']:.0f} | {d['received_rate']:.0f} | {d['confirmed_rate']:.0f} | "
+      f"{lat.get('p50', 0):.0f} | {lat.get('p99', 0):.0f} | {cl.get('p50', 0):.0f} | {cl.get('p99', 0):.0f} |")
+PY
+}
+
+throughput() { # broker
+    local b="$1" u
+    echo "| scenario | broker | sent msg/s | received msg/s | confirmed msg/s | latency p50 µs | p99 µs | confirm p50 µs | confirm p99 µs |"
+    if [[ $b == warren ]]; then
+        warren_up
+        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+        u="$(wuri 1)"
+    else
+        rmq_up
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
+        u="$(ruri 1)"
+    fi
+    local common=(--uri "$u" --size 1024 --confirm 100 --persistent --duration "$DURATION")
+    perf_json "$b" persistent-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue ha.tp1
+    sleep 2
+    perf_json "$b" persistent-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue ha.tp4
+    # Control: the same on an unmirrored durable queue of the same cluster (no policy matches).
+    sleep 2
+    perf_json "$b" unmirrored-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue plain.tp1
+    sleep 2
+    perf_json "$b" unmirrored-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue plain.tp4
+    if [[ $b == warren ]]; then
+        wctl 2 list_queues name pid messages
+        echo "mirror records on the master: $(warren_synced_count) synchronised=true"
+        warren_down
+    else
+        rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages
+        rmq_down
+    fi
+}
+
+sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before the mirrors
+    # are added) or pubsub (1 producer + 1 consumer started as the mirrors are added)
+    local b="$1" v="$2" u q=ha.sync
+    if [[ $b == warren ]]; then
+        warren_up
+        wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
+        u="$(wuri 1)"
+    else
+        rmq_up
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"nodes","ha-params":["rabbit1@localhost"]}' --apply-to queues >/dev/null
+        u="$(ruri 1)"
+    fi
+    log "$b/$v: publishing $SYNC_COUNT x 64 B persistent messages to $q (master alone)"
+    local t0=$SECONDS
+    "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 64 --confirm 1000 \
+        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-$v-fill.json" || true
+    log "$b/$v: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-$v-fill.json")"
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
+    local before; before=$( [[ $b == warren ]] && warren_synced_count || echo 0)
+    local load=(--producers 1 --consumers 0 --publish-only) lead=3 perf=""
+    [[ $v == pubsub ]] && { load=(--producers 1 --consumers 1); lead=0; }
+    [[ $v == idle ]] && lead=0
+    if [[ $v != idle ]]; then
+        "$PERF" --uri "$u" --queue "$q" --persistent --size 64 --confirm 100 "${load[@]}" \
+            --duration 60 --json 2> "$OUT/$b-sync-$v-load.stderr" > "$OUT/$b-sync-$v-load.json" &
+        perf=$!
+    fi
+    sleep "$lead"
+    log "$b/$v: mirrors added (ha-mode all, automatic sync), $lead s into warren-perf"
+    local start; start=$(date +%s.%N)
+    if [[ $b == warren ]]; then
+        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+    else
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
+    fi
+    local done_at=""
+    while [[ -z "$done_at" ]]; do
+        local n
+        if [[ $b == warren ]]; then n=$(($(warren_synced_count) - before)); else n=$(rmq_synced_count "$q"); fi
+        if [[ $n -ge 2 ]]; then done_at=$(date +%s.%N); break; fi
+        if (( $(date +%s) - ${start%.*} > 600 )); then log "$b/$v: not synchronised after 600 s"; break; fi
+        sleep 0.2
+    done
+    [[ -n "$done_at" ]] && log "$b/$v: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
+    if [[ -n "$perf" ]]; then
+        wait "$perf" || true
+        echo "warren-perf per-second lines (mirrors added $lead s in):"
+        cut -d, -f1-5 "$OUT/$b-sync-$v-load.stderr"
+    fi
+    if [[ $b == warren ]]; then
+        sed 's/\x1b\[[0-9;]*m//g' "$OUT"/warren-node*.log | grep -E "mirror sync|mirror holds|mirror state recorded" || true
+        wctl 1 list_queues name pid messages
+        warren_down
+    else
+        rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages
+        grep -h -i -E "synchronis" "$TMPD"/rmq/*/log/*.log | tail -20 || true
+        rmq_down
+    fi
+}
+
+failover_rabbitmq() {
+    rmq_up
+    rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
+    local bench
+    bench=$(cargo bench --bench mirrored --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    d = json.loads(l)
+    if d.get("reason") == "compiler-artifact" and d.get("target", {}).get("name") == "mirrored" and d.get("executable"):
+        print(d["executable"])')
+    for run in 1 2 3; do
+        # Where the master is: the node in the queue's pid (declared on node 1 the first time).
+        local master=1
+        if rctl 1 list_queues -q --no-table-headers name pid 2>/dev/null | grep -q '^ha.failover'; then
+            master=$(rctl 1 list_queues -q --no-table-headers name pid | awk '$1 == "ha.failover" { print $2 }' | sed -E 's/.*rabbit([0-9])@.*/\1/')
+        fi
+        local other=$(( master % 3 + 1 ))
+        log "rabbitmq failover run $run: master on rabbit$master (os pid $(rmq_pid "$master")), publisher on rabbit$other"
+        "$bench" --external --declare-uri "$(ruri "$master")" --uri "$(ruri "$other")" \
+            --queue ha.failover --kill-pid "$(rmq_pid "$master")"
+        rctl "$other" list_queues name pid slave_pids synchronised_slave_pids messages
+        # Bring the killed node back (it rejoins as a mirror) for the next run.
+        rm -f "$TMPD/rmq/$master/pid"
+        rmq_start_node "$master"
+        sleep 5
+    done
+    rmq_down
+}
+
+for step in "${STEPS[@]}"; do
+    log "=== $step"
+    case "$step" in
+        throughput-warren) throughput warren ;;
+        throughput-rabbitmq) throughput rabbitmq ;;
+        sync-warren) sync_bench warren publish; sync_bench warren pubsub ;;
+        sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
+        sync-*-publish|sync-*-pubsub|sync-*-idle) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
+        failover-warren)
+            # Master on node 1 (also the Raft leader), then on node 2 (a Raft follower).
+            for m in 1 2; do
+                cargo bench --bench mirrored -- --runs 3 --master "$m"
+                cargo bench --bench mirrored -- --runs 3 --master "$m" --peer-timeout-ms 1000 --heartbeat-ms 100
+            done ;;
+        failover-rabbitmq) failover_rabbitmq ;;
+    esac
+done

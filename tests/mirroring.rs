@@ -525,3 +525,54 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
     eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
     check(&acked, &drained);
 }
+
+/// A controlled stop (SIGTERM) of the master's node hands the queue over to a synchronised
+/// mirror before the node goes (`ha-promote-on-shutdown`), without waiting for the failure
+/// detector; nothing confirmed is lost and the publisher elsewhere goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_master_hands_its_queue_over_to_a_synchronised_mirror() {
+    let mut cluster = Cluster::start("handover").await;
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "ha.rolling",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.rolling",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.rolling").await;
+    publisher.wait_more(500, "before the stop").await;
+    let stopping = Instant::now();
+    cluster.nodes[0].stop();
+    let stopped = stopping.elapsed();
+    publisher.wait_more(300, "after the stop").await;
+    let (master, _) = wait_state(
+        &cluster,
+        3,
+        "ha.rolling",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    assert!(
+        cluster
+            .node(1)
+            .log_text()
+            .contains("handing the queue over"),
+        "the stopping node handed over"
+    );
+    eprintln!("{master} took over; the old master's node stopped in {stopped:?}");
+    let acked = publisher.finish().await;
+    check(&acked, &drain(&cluster, 3, "ha.rolling").await);
+}

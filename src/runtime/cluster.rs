@@ -429,7 +429,9 @@ async fn watch_nodes(
             .nodes
             .keys()
             .copied()
-            .filter(|&id| id != me && settled && !transport.peer_alive(id))
+            .filter(|&id| {
+                id != me && ((settled && !transport.peer_alive(id)) || transport.peer_refused(id))
+            })
             .collect();
         declared.retain(|id| down.contains(id));
         broker.set_down_nodes(down.clone());

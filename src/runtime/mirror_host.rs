@@ -284,15 +284,45 @@ impl<N: GmNet + Clone> Inner<N> {
         if kept.is_empty() {
             return None;
         }
-        let msg = MirrorMsg::Ops {
-            epoch: shipping.epoch,
-            ops: ops::encode(&kept),
+        // One GM message per few MiB: each must fit a node-link frame.
+        let mut laps = Vec::new();
+        let mut chunk: Vec<IndexOp> = Vec::new();
+        let mut bytes = 0usize;
+        let mut send = |chunk: &mut Vec<IndexOp>| {
+            let msg = MirrorMsg::Ops {
+                epoch: shipping.epoch,
+                ops: ops::encode(chunk),
+            };
+            laps.push(
+                shipping
+                    .sender
+                    .confirmed_broadcast(Bytes::from(msg.encode())),
+            );
+            chunk.clear();
         };
-        let lap = shipping
-            .sender
-            .confirmed_broadcast(Bytes::from(msg.encode()));
+        for op in kept {
+            if let IndexOp::Publish { message, .. } = &op {
+                bytes += message.body.len() + message.properties_raw.len();
+            }
+            chunk.push(op);
+            if bytes >= super::storage::SYNC_BATCH_BYTES {
+                send(&mut chunk);
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            send(&mut chunk);
+        }
         let rt = self.rt.clone();
-        Some(Box::new(move || rt.block_on(lap).is_ok()))
+        Some(Box::new(move || {
+            rt.block_on(async move {
+                let mut all = true;
+                for lap in laps {
+                    all &= lap.await.is_ok();
+                }
+                all
+            })
+        }))
     }
 
     fn home_of(&self, state: &MetaState, key: &Key) -> Option<NodeId> {
@@ -1061,8 +1091,14 @@ async fn supervise<N: GmNet + Clone>(inner: Arc<Inner<N>>) {
 /// hands over to a mirror (`mirror::reconcile::plan`).
 async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
     let mut tick = tokio::time::interval(every);
+    let mut views = inner.raft.subscribe();
     loop {
-        tick.tick().await;
+        // On every metadata change (a node recorded down: promote now) and on the tick
+        // (the failure detector's view of running nodes is not in the metadata).
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = views.changed() => if changed.is_err() { return },
+        }
         if !inner.raft.is_leader() {
             continue;
         }

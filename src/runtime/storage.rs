@@ -85,6 +85,10 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
 /// confirms are held until it completes, and refused (nacked) if it fails.
 pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> + Send + Sync>;
 
+/// A sync batch stops at this many bytes of messages, whatever `ha-sync-batch-size` says:
+/// it travels as one GM message, which one node-link frame must hold.
+pub const SYNC_BATCH_BYTES: usize = 4 << 20;
+
 /// Blocks until a shipped batch completed its lap; `false` when it never will.
 pub type LapWait = Box<dyn FnOnce() -> bool + Send>;
 
@@ -530,8 +534,16 @@ impl<D: Disk + Clone> Storage<D> {
         };
         let mut ops = Vec::new();
         let mut taken = 0;
+        let mut bytes = 0usize;
         let mut next = None;
-        'segments: for n in index.segments() {
+        let per_segment = index.config().segment_entry_count.max(1);
+        // Segments wholly before `from` are skipped unread: a backlog of a million
+        // messages is read once, not once per batch (and under the storage lock).
+        let segments = index
+            .segments()
+            .into_iter()
+            .filter(|n| (n + 1) * per_segment > from);
+        'segments: for n in segments {
             for e in index.read_segment(n).map_err(wrap)? {
                 let p = &e.publish;
                 if p.seq < from || !p.persistent {
@@ -540,10 +552,11 @@ impl<D: Disk + Clone> Storage<D> {
                 if p.seq >= below {
                     break 'segments;
                 }
-                if taken == max {
+                if taken == max || bytes >= SYNC_BATCH_BYTES {
                     next = Some(p.seq);
                     break 'segments;
                 }
+                bytes += p.size as usize;
                 let bytes = match &p.embedded {
                     Some(b) => Some(b.clone()),
                     None => state.msg_store.read(MsgId(p.msg_id))?,
@@ -1070,6 +1083,74 @@ mod tests {
             out.push((e.message.body.to_vec(), e.redelivered));
         }
         out
+    }
+
+    #[test]
+    fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
+        let disk = MemDisk::new();
+        let d = Arc::new(Durability::default());
+        let b = broker(&d);
+        let config = StorageConfig {
+            queue_index_segment_entry_count: 8,
+            ..StorageConfig::default()
+        };
+        let (s, _) = Storage::open_with(disk, &b, d, &data(), &config).expect("open");
+        b.set_pager(s.clone());
+        for i in 0..50u32 {
+            publish(&b, &i.to_be_bytes());
+        }
+        assert!(s.step());
+        // Ten delivered, the first five of them acked.
+        let q = b.queue("/", "q").expect("queue");
+        let mut dead = Vec::new();
+        let mut delivered = Vec::new();
+        for _ in 0..10 {
+            let (e, _) = q
+                .lock()
+                .get(Instant::default(), true, &mut dead)
+                .expect("a message");
+            delivered.push(e.seq);
+        }
+        q.lock()
+            .ack(&q, &delivered[..5], Instant::default(), &mut dead);
+        assert!(s.step());
+        let start = s.at_next_seq("/", "q", |next| next);
+        assert_eq!(start, 50);
+        // Later publishes are not the backlog.
+        publish(&b, b"later");
+        assert!(s.step());
+        let (mut from, mut batches, mut got) = (0, 0, Vec::new());
+        loop {
+            let (ops, next) = s
+                .sync_batch("/", "q", from, start, 7, |ops, next| (ops, next))
+                .expect("a batch");
+            batches += 1;
+            for op in ops {
+                match op {
+                    IndexOp::Publish { seq, message, .. } => {
+                        got.push((seq, message.body.to_vec(), false))
+                    }
+                    IndexOp::Deliver { seq } => {
+                        let last = got.last_mut().expect("a deliver follows its publish");
+                        assert_eq!(last.0, seq);
+                        last.2 = true;
+                    }
+                    other => panic!("not a sync operation: {other:?}"),
+                }
+            }
+            match next {
+                Some(n) => from = n,
+                None => break,
+            }
+        }
+        let expected: Vec<(u64, Vec<u8>, bool)> = (5..50u32)
+            .map(|i| (i as u64, i.to_be_bytes().to_vec(), i < 10))
+            .collect();
+        assert_eq!(
+            got, expected,
+            "the live backlog, in order, delivered ones marked"
+        );
+        assert_eq!(batches, 45usize.div_ceil(7), "batches of at most 7");
     }
 
     #[test]

@@ -124,6 +124,9 @@ struct Shared {
     /// backoff.
     dials: Mutex<BTreeMap<NodeId, Arc<tokio::sync::Mutex<Backoff>>>>,
     last_seen: Mutex<BTreeMap<NodeId, Instant>>,
+    /// Peers whose address refused a connection since they were last heard from: nothing
+    /// listens there, so the node is down (a killed process closes its port at once).
+    refused: Mutex<BTreeMap<NodeId, Instant>>,
     raft: Mutex<Option<RpcServer>>,
     broker: Mutex<Option<Arc<dyn BrokerService>>>,
     gm: Mutex<Option<GmService>>,
@@ -151,6 +154,7 @@ impl TcpTransport {
             links: Mutex::new(BTreeMap::new()),
             dials: Mutex::new(BTreeMap::new()),
             last_seen: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
             raft: Mutex::new(None),
             broker: Mutex::new(None),
             gm: Mutex::new(None),
@@ -245,6 +249,15 @@ impl TcpTransport {
             .is_some_and(|t| t.elapsed() < self.shared.cfg.peer_timeout)
     }
 
+    /// Whether `node`'s address refused a connection since it was last heard from (its
+    /// process is gone: the failure detector need not wait for `peer_timeout`).
+    pub fn peer_refused(&self, node: NodeId) -> bool {
+        // Only a node heard from before: at start, peers not up yet refuse too.
+        self.last_seen(node).is_some()
+            && lock(&self.shared.refused).contains_key(&node)
+            && self.shared.live_link(node).is_none()
+    }
+
     /// Peers with an open link right now.
     pub fn connected_peers(&self) -> Vec<NodeId> {
         lock(&self.shared.links)
@@ -334,6 +347,7 @@ impl Shared {
 
     fn seen(&self, peer: NodeId) {
         lock(&self.last_seen).insert(peer, Instant::now());
+        lock(&self.refused).remove(&peer);
     }
 
     /// Why `hello` is not acceptable, if it is not.
@@ -458,6 +472,11 @@ async fn link_to(
         Ok(Err(e)) => e,
         Err(_) => LinkError::Timeout,
     };
+    if matches!(&err, LinkError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused) {
+        lock(&shared.refused)
+            .entry(peer)
+            .or_insert_with(Instant::now);
+    }
     // Doubling from backoff_min, capped, so a dead peer costs a dial now and then.
     let exp = backoff.failures.min(16);
     let wait = shared

@@ -36,6 +36,8 @@ pub enum MirrorMsg {
         from_seq: u64,
         /// Whether the backlog follows.
         active: bool,
+        /// This sync among the master's (batches of an aborted one are ignored).
+        sync: u64,
     },
     /// Part of the backlog (messages older than `from_seq`, in seq order) for `target`.
     SyncBatch {
@@ -43,6 +45,8 @@ pub enum MirrorMsg {
         epoch: u64,
         /// The mirror being synchronised.
         target: MemberId,
+        /// Its sync (`SyncStart::sync`).
+        sync: u64,
         /// The encoded operations (publishes, delivers).
         ops: Vec<u8>,
     },
@@ -52,6 +56,8 @@ pub enum MirrorMsg {
         epoch: u64,
         /// The mirror being synchronised.
         target: MemberId,
+        /// Its sync (`SyncStart::sync`).
+        sync: u64,
     },
 }
 
@@ -91,13 +97,19 @@ mod tests {
                 target,
                 from_seq: 40,
                 active: true,
+                sync: 3,
             },
             MirrorMsg::SyncBatch {
                 epoch: 1,
                 target,
+                sync: 3,
                 ops: vec![9],
             },
-            MirrorMsg::SyncEnd { epoch: 1, target },
+            MirrorMsg::SyncEnd {
+                epoch: 1,
+                target,
+                sync: 3,
+            },
         ] {
             assert_eq!(MirrorMsg::decode(&m.encode()), Some(m));
         }

@@ -59,6 +59,8 @@ struct Inner<N> {
     rt: tokio::runtime::Handle,
     masters: Mutex<HashMap<Key, Shipping>>,
     tasks: Mutex<HashMap<Key, JoinHandle<()>>>,
+    /// Numbers the syncs this node's masters start.
+    next_sync: std::sync::atomic::AtomicU64,
 }
 
 /// The node's mirrored-queue runtime. Clones share it.
@@ -121,8 +123,9 @@ enum Mode {
     Waiting,
     /// Writing every round.
     Live,
-    /// Taking the backlog; rounds are held (in order) until it is in.
-    Syncing(Vec<Vec<u8>>),
+    /// Taking the backlog of the sync `(epoch, sync)`; rounds are held (in order) until it
+    /// is in.
+    Syncing(Vec<Vec<u8>>, (u64, u64)),
 }
 
 /// A member of a queue's group and what it knows.
@@ -154,6 +157,7 @@ impl<N: GmNet + Clone> MirrorHost<N> {
                 rt: tokio::runtime::Handle::current(),
                 masters: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
+                next_sync: std::sync::atomic::AtomicU64::new(1),
             }),
         }
     }
@@ -372,35 +376,47 @@ impl<N: GmNet + Clone> Inner<N> {
             Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
                 Mode::Waiting => true,
                 Mode::Live => self.apply(key, &ops).await,
-                Mode::Syncing(held) => {
+                Mode::Syncing(held, _) => {
                     held.push(ops);
                     true
                 }
             },
             Some(MirrorMsg::SyncStart {
+                epoch,
                 target,
                 active,
                 from_seq,
-                ..
+                sync,
             }) if target == me => {
                 tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
                 self.drop_copy(key).await;
                 m.mode = if active {
-                    Mode::Syncing(Vec::new())
+                    Mode::Syncing(Vec::new(), (epoch, sync))
                 } else {
                     Mode::Live
                 };
                 true
             }
-            Some(MirrorMsg::SyncBatch { target, ops, .. }) if target == me => {
-                if matches!(m.mode, Mode::Syncing(_)) {
+            // Batches of a sync this mirror is in; those of an aborted one are not.
+            Some(MirrorMsg::SyncBatch {
+                epoch,
+                target,
+                sync,
+                ops,
+            }) if target == me => match &m.mode {
+                Mode::Syncing(_, current) if *current == (epoch, sync) => {
                     self.apply(key, &ops).await
-                } else {
-                    true
                 }
-            }
-            Some(MirrorMsg::SyncEnd { target, .. }) if target == me => {
-                if let Mode::Syncing(held) = std::mem::replace(&mut m.mode, Mode::Live) {
+                _ => true,
+            },
+            Some(MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync,
+            }) if target == me
+                && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
+            {
+                if let Mode::Syncing(held, _) = std::mem::replace(&mut m.mode, Mode::Live) {
                     for batch in held {
                         if !self.apply(key, &batch).await {
                             return false;
@@ -848,6 +864,9 @@ impl<N: GmNet + Clone> Inner<N> {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
         let start_sender = sender.clone();
+        let sync = self
+            .next_sync
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let from_seq = tokio::task::spawn_blocking(move || {
             storage.at_next_seq(&vhost, &name, |from_seq| {
                 let msg = MirrorMsg::SyncStart {
@@ -855,6 +874,7 @@ impl<N: GmNet + Clone> Inner<N> {
                     target,
                     from_seq,
                     active,
+                    sync,
                 };
                 let _ = start_sender.broadcast(Bytes::from(msg.encode()));
                 from_seq
@@ -867,7 +887,7 @@ impl<N: GmNet + Clone> Inner<N> {
             let key = key.clone();
             tokio::spawn(async move {
                 inner
-                    .copy_backlog(&key, sender, target, epoch, from_seq, batch.max(1))
+                    .copy_backlog(&key, sender, target, (epoch, sync), from_seq, batch.max(1))
                     .await
             })
         });
@@ -888,7 +908,7 @@ impl<N: GmNet + Clone> Inner<N> {
         key: &Key,
         sender: GmSender,
         target: MemberId,
-        epoch: u64,
+        (epoch, sync): (u64, u64),
         below: u64,
         batch: usize,
     ) -> bool {
@@ -910,6 +930,7 @@ impl<N: GmNet + Clone> Inner<N> {
                             MirrorMsg::SyncBatch {
                                 epoch,
                                 target,
+                                sync,
                                 ops: ops::encode(&ops),
                             }
                             .encode(),
@@ -934,8 +955,14 @@ impl<N: GmNet + Clone> Inner<N> {
                 None => break,
             }
         }
-        let end =
-            sender.confirmed_broadcast(Bytes::from(MirrorMsg::SyncEnd { epoch, target }.encode()));
+        let end = sender.confirmed_broadcast(Bytes::from(
+            MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync,
+            }
+            .encode(),
+        ));
         let ok = end.await.is_ok();
         tracing::info!(queue = %key.1, copied, took_ms = started.elapsed().as_millis() as u64, ok, "mirror sync copied the backlog");
         ok

@@ -74,9 +74,12 @@ impl MirrorMsg {
     }
 }
 
+/// What every mirrored queue's GM group name starts with.
+pub const GROUP_PREFIX: &str = "mirror:";
+
 /// The GM group of a mirrored queue.
 pub fn group_name(vhost: &str, queue: &str) -> String {
-    format!("mirror:{}:{vhost}:{queue}", vhost.len())
+    format!("{GROUP_PREFIX}{}:{vhost}:{queue}", vhost.len())
 }
 
 #[cfg(test)]

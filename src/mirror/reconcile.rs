@@ -11,6 +11,8 @@
 //! - otherwise the mirrors become [`suggested`]'s, keeping each existing mirror's
 //!   synchronised flag; new ones start unsynchronised.
 //!
+//! And the GM group of a deleted queue is forgotten once none of its members is alive.
+//!
 //! Not used by the runtime yet: promoting before mirrors hold the data (issue 6's data
 //! path) would move queues to nodes without their messages.
 
@@ -96,6 +98,23 @@ pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
             if !same {
                 out.push(set(mirrors));
             }
+        }
+    }
+    // The GM groups of deleted queues, once nobody in them is alive.
+    let kept: BTreeSet<String> = state
+        .mirror_sets
+        .keys()
+        .map(|(v, q)| super::message::group_name(v, q))
+        .collect();
+    for (name, record) in &state.gm_groups {
+        if name.starts_with(super::message::GROUP_PREFIX)
+            && !kept.contains(name)
+            && record
+                .members
+                .iter()
+                .all(|s| matches!(s, crate::gm::Slot::Dead(_)))
+        {
+            out.push(Command::GmForget { name: name.clone() });
         }
     }
     out
@@ -294,5 +313,44 @@ mod tests {
         settle(&mut st, &all);
         assert_eq!(home(&st), 3);
         assert_eq!(mirrors(&st), [(2, false)]);
+    }
+
+    #[test]
+    fn a_deleted_queues_group_is_forgotten_once_nobody_in_it_is_alive() {
+        use crate::gm::{MemberId, Slot};
+        use crate::mirror::message::group_name;
+        let mut st = state();
+        let all = up(&[1, 2, 3]);
+        st.apply(&policy(&[("ha-mode", s("all"))])).unwrap();
+        settle(&mut st, &all);
+        let group = |name: &str, members: Vec<Slot>| Command::GmGroup {
+            name: name.into(),
+            expected_version: 0,
+            members,
+        };
+        let m = |node| MemberId { node, since: 1 };
+        st.apply(&group(&group_name("/", "ha.q"), vec![Slot::Dead(m(1))]))
+            .unwrap();
+        st.apply(&group("another-use", vec![])).unwrap();
+        assert!(plan(&st, &all).is_empty(), "its queue still exists");
+        st.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "ha.q".into(),
+        })
+        .unwrap();
+        assert_eq!(
+            plan(&st, &all),
+            [Command::GmForget {
+                name: group_name("/", "ha.q")
+            }],
+            "gone, and nobody alive in it; a group that is not a queue's is left alone"
+        );
+        st.apply(&Command::GmGroup {
+            name: group_name("/", "ha.q"),
+            expected_version: 1,
+            members: vec![Slot::Dead(m(1)), Slot::Alive(m(2))],
+        })
+        .unwrap();
+        assert!(plan(&st, &all).is_empty(), "a member still alive (leaving)");
     }
 }

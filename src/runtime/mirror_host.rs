@@ -61,6 +61,8 @@ struct Inner<N> {
     tasks: Mutex<HashMap<Key, JoinHandle<()>>>,
     /// Numbers the syncs this node's masters start.
     next_sync: std::sync::atomic::AtomicU64,
+    /// Where syncing mirrors hold rounds that do not fit in memory.
+    hold_dir: std::path::PathBuf,
 }
 
 /// The node's mirrored-queue runtime. Clones share it.
@@ -125,7 +127,80 @@ enum Mode {
     Live,
     /// Taking the backlog of the sync `(epoch, sync)`; rounds are held (in order) until it
     /// is in.
-    Syncing(Vec<Vec<u8>>, (u64, u64)),
+    Syncing(Held, (u64, u64)),
+}
+
+/// Rounds a syncing mirror holds back, in order: in memory up to [`HOLD_IN_MEMORY`] bytes,
+/// the rest in a file (a long sync under heavy publishing must not exhaust memory).
+struct Held {
+    memory: Vec<Vec<u8>>,
+    bytes: usize,
+    file: Option<(std::path::PathBuf, std::fs::File)>,
+    spill_path: std::path::PathBuf,
+    limit: usize,
+}
+
+/// Held rounds kept in memory before they go to the hold file.
+const HOLD_IN_MEMORY: usize = 64 << 20;
+
+impl Held {
+    fn new(spill_path: std::path::PathBuf) -> Held {
+        Held::with_limit(spill_path, HOLD_IN_MEMORY)
+    }
+
+    fn with_limit(spill_path: std::path::PathBuf, limit: usize) -> Held {
+        Held {
+            memory: Vec::new(),
+            bytes: 0,
+            file: None,
+            spill_path,
+            limit,
+        }
+    }
+
+    fn push(&mut self, batch: Vec<u8>) -> std::io::Result<()> {
+        use std::io::Write;
+        if self.file.is_none() && self.bytes + batch.len() <= self.limit {
+            self.bytes += batch.len();
+            self.memory.push(batch);
+            return Ok(());
+        }
+        if self.file.is_none() {
+            if let Some(dir) = self.spill_path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&self.spill_path)?;
+            self.file = Some((self.spill_path.clone(), f));
+        }
+        if let Some((_, f)) = &mut self.file {
+            f.write_all(&(batch.len() as u64).to_be_bytes())?;
+            f.write_all(&batch)?;
+        }
+        Ok(())
+    }
+
+    /// Every held round, in order (the file's are read back once, at the end of the sync).
+    fn drain(self) -> std::io::Result<Vec<Vec<u8>>> {
+        use std::io::{Read, Seek};
+        let mut all = self.memory;
+        if let Some((path, mut f)) = self.file {
+            f.seek(std::io::SeekFrom::Start(0))?;
+            let mut r = std::io::BufReader::new(f);
+            let mut len = [0u8; 8];
+            while r.read_exact(&mut len).is_ok() {
+                let mut batch = vec![0u8; u64::from_be_bytes(len) as usize];
+                r.read_exact(&mut batch)?;
+                all.push(batch);
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(all)
+    }
 }
 
 /// A member of a queue's group and what it knows.
@@ -145,6 +220,7 @@ impl<N: GmNet + Clone> MirrorHost<N> {
         gm: GmHost<N>,
         raft: MetaRaft,
         clock: Clock,
+        hold_dir: std::path::PathBuf,
     ) -> MirrorHost<N> {
         MirrorHost {
             inner: Arc::new(Inner {
@@ -158,6 +234,7 @@ impl<N: GmNet + Clone> MirrorHost<N> {
                 masters: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
                 next_sync: std::sync::atomic::AtomicU64::new(1),
+                hold_dir,
             }),
         }
     }
@@ -329,6 +406,14 @@ impl<N: GmNet + Clone> Inner<N> {
         }))
     }
 
+    /// Where a syncing mirror of `key` holds rounds that do not fit in memory.
+    fn hold_path(&self, key: &Key) -> std::path::PathBuf {
+        self.hold_dir.join(format!(
+            "{}.hold",
+            super::storage::queue_dir_name(&key.0, &key.1)
+        ))
+    }
+
     fn home_of(&self, state: &MetaState, key: &Key) -> Option<NodeId> {
         state
             .vhosts
@@ -376,10 +461,13 @@ impl<N: GmNet + Clone> Inner<N> {
             Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
                 Mode::Waiting => true,
                 Mode::Live => self.apply(key, &ops).await,
-                Mode::Syncing(held, _) => {
-                    held.push(ops);
-                    true
-                }
+                Mode::Syncing(held, _) => match held.push(ops) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(queue = %key.1, error = %e, "cannot hold a round during sync");
+                        false
+                    }
+                },
             },
             Some(MirrorMsg::SyncStart {
                 epoch,
@@ -391,7 +479,7 @@ impl<N: GmNet + Clone> Inner<N> {
                 tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
                 self.drop_copy(key).await;
                 m.mode = if active {
-                    Mode::Syncing(Vec::new(), (epoch, sync))
+                    Mode::Syncing(Held::new(self.hold_path(key)), (epoch, sync))
                 } else {
                     Mode::Live
                 };
@@ -417,6 +505,13 @@ impl<N: GmNet + Clone> Inner<N> {
                 && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
             {
                 if let Mode::Syncing(held, _) = std::mem::replace(&mut m.mode, Mode::Live) {
+                    let held = match held.drain() {
+                        Ok(h) => h,
+                        Err(e) => {
+                            tracing::error!(queue = %key.1, error = %e, "cannot read the held rounds back");
+                            return false;
+                        }
+                    };
                     for batch in held {
                         if !self.apply(key, &batch).await {
                             return false;
@@ -1175,5 +1270,114 @@ async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
                 tracing::debug!(error = %e, "mirror reconciliation step not applied");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_rounds_come_back_in_order_from_memory_then_the_file() {
+        let dir = std::env::temp_dir().join(format!("warren-held-{}", std::process::id()));
+        let path = dir.join("q.hold");
+        let mut held = Held::with_limit(path.clone(), 10);
+        let batches: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; (i as usize) % 7]).collect();
+        for b in &batches {
+            held.push(b.clone()).expect("held");
+        }
+        assert!(path.exists(), "past the limit, rounds go to the file");
+        assert_eq!(held.drain().expect("read back"), batches);
+        assert!(!path.exists(), "the file goes once read back");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_master_with_mirrors_masters_and_a_listed_node_mirrors() {
+        use crate::config::Config;
+        use crate::meta::state::{MirrorRecord, NodeRecord, QueueDef};
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(1);
+        let mut state = MetaState::default();
+        state
+            .apply(&Command::AddVhost { name: "/".into() })
+            .unwrap();
+        for id in 1..=3 {
+            state
+                .apply(&Command::RegisterNode(NodeRecord {
+                    id,
+                    name: format!("n{id}"),
+                    amqp: String::new(),
+                    admin: String::new(),
+                    link: String::new(),
+                    incarnation: 0,
+                }))
+                .unwrap();
+        }
+        for (name, durable) in [("d", true), ("t", false)] {
+            state
+                .apply(&Command::DeclareQueue(QueueDef {
+                    vhost: "/".into(),
+                    name: name.into(),
+                    durable,
+                    exclusive_owner: None,
+                    auto_delete: false,
+                    arguments: Default::default(),
+                    home: 1,
+                }))
+                .unwrap();
+        }
+        let key = ("/".to_string(), "d".to_string());
+        assert_eq!(
+            role_of(&state, &broker, &key, 1),
+            Role::None,
+            "no mirrors yet"
+        );
+        state
+            .apply(&Command::SetMirrors {
+                vhost: "/".into(),
+                queue: "d".into(),
+                expected_version: 0,
+                mirrors: vec![MirrorRecord {
+                    node: 2,
+                    since: 0,
+                    synchronised: false,
+                }],
+            })
+            .unwrap();
+        broker.follow(
+            std::sync::Arc::new(state.clone()),
+            crate::time::Instant::default(),
+        );
+        assert_eq!(role_of(&state, &broker, &key, 1), Role::Master);
+        assert_eq!(role_of(&state, &broker, &key, 2), Role::Mirror);
+        assert_eq!(role_of(&state, &broker, &key, 3), Role::None);
+        let t = ("/".to_string(), "t".to_string());
+        assert_eq!(role_of(&state, &broker, &t, 1), Role::None, "not durable");
+        // Promoted to node 2, whose broker does not run the queue: it adopts its copy.
+        let other = Broker::new(&Config::default(), 1, 1 << 30, 0)
+            .with_durability(std::sync::Arc::new(crate::broker::Durability::default()))
+            .with_node_id(2);
+        let mut before = state.clone();
+        before
+            .apply(&Command::PromoteMirror {
+                vhost: "/".into(),
+                queue: "d".into(),
+                expected_epoch: 0,
+                node: 2,
+            })
+            .unwrap();
+        other.follow(
+            std::sync::Arc::new(state.clone()),
+            crate::time::Instant::default(),
+        );
+        other.follow(
+            std::sync::Arc::new(before.clone()),
+            crate::time::Instant::default(),
+        );
+        assert!(
+            other.queue("/", "d").is_none(),
+            "a durable queue that moved in is not created empty"
+        );
+        assert_eq!(role_of(&before, &other, &key, 2), Role::Adopt);
     }
 }

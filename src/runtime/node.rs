@@ -266,6 +266,7 @@ impl Node {
                     c.gm().clone(),
                     c.raft().clone(),
                     clock,
+                    config.node.data_dir.join("mirror_hold"),
                 );
                 let tasks = host.start(Duration::from_millis(500));
                 Some((host, tasks))

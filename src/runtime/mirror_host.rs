@@ -11,11 +11,15 @@
 //!   (`Storage::apply_mirrored`), fsyncs, and only then releases it in GM.
 //! - **Promotion.** A mirror whose node becomes the queue's home sends a flush through the
 //!   group, and once its lap completes opens its copy as crash recovery does (deliveries
-//!   never acked come back `redelivered`) and serves the queue.
+//!   never acked come back `redelivered`) and serves the queue. A controlled stop hands
+//!   mastered queues over the same way ([`MirrorHost::hand_over`]).
+//! - **Sync.** A new mirror's copy starts at a point of the stream; the master copies the
+//!   backlog before it in batches while the queue serves (or waits for it to drain).
 //!
 //! Only persistent messages of durable queues are mirrored (see the docs for why).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -1110,7 +1114,7 @@ impl SyncRun {
                 return false;
             }
             // A finished copier: its result, once.
-            let ok = futures_ready(c);
+            let ok = finished_result(c);
             self.copier = None;
             if ok {
                 return true;
@@ -1123,7 +1127,7 @@ impl SyncRun {
 }
 
 /// The result of a finished task (`false` when it failed or was aborted).
-fn futures_ready(task: &mut JoinHandle<bool>) -> bool {
+fn finished_result(task: &mut JoinHandle<bool>) -> bool {
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
     matches!(
@@ -1132,7 +1136,6 @@ fn futures_ready(task: &mut JoinHandle<bool>) -> bool {
     )
 }
 
-use std::future::Future as _;
 
 fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
     state

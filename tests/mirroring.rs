@@ -576,3 +576,138 @@ async fn a_stopping_master_hands_its_queue_over_to_a_synchronised_mirror() {
     let acked = publisher.finish().await;
     check(&acked, &drain(&cluster, 3, "ha.rolling").await);
 }
+
+/// Consumes from `queue` with manual acks until stopped or cancelled: (number, redelivered)
+/// of every delivery, and whether the broker cancelled the consumer.
+fn spawn_consumer(
+    ch: lapin::Channel,
+    queue: &'static str,
+    tag: &'static str,
+    cancel_on_failover: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<(u32, bool)>, bool)> {
+    tokio::spawn(async move {
+        let mut args = amq_protocol::types::FieldTable::default();
+        if cancel_on_failover {
+            args.insert(
+                "x-cancel-on-ha-failover".into(),
+                amq_protocol::types::AMQPValue::Boolean(true),
+            );
+        }
+        let consumer = within(
+            "basic.consume",
+            ch.basic_consume(queue.into(), tag.into(), Default::default(), args),
+        )
+        .await
+        .expect("consume");
+        let mut deliveries = common::attach(consumer);
+        let mut got = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match tokio::time::timeout(Duration::from_millis(300), deliveries.next_event()).await {
+                Err(_) => continue,
+                Ok(Ok(Some(d))) => {
+                    let n = u32::from_be_bytes(d.data[..4].try_into().expect("4 bytes"));
+                    got.push((n, d.redelivered));
+                    let _ = d.ack(lapin::options::BasicAckOptions::default()).await;
+                }
+                Ok(Ok(None)) => return (got, true),
+                Ok(Err(e)) => panic!("consumer {tag}: {e}"),
+            }
+        }
+        (got, false)
+    })
+}
+
+/// Consumers on surviving nodes stay subscribed through a failover (RabbitMQ's default):
+/// they attach to the new master and get what it holds; one that set
+/// `x-cancel-on-ha-failover` gets a `basic.cancel` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumers_on_surviving_nodes_follow_the_queue_to_its_new_master() {
+    let mut cluster = Cluster::start("consumers").await;
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "ha.consumed",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare");
+    let _ = c1.close(200, "bye".into()).await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.consumed",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let stay = spawn_consumer(
+        channel(&c3).await,
+        "ha.consumed",
+        "stay",
+        false,
+        stop.clone(),
+    );
+    let leave = spawn_consumer(
+        channel(&c3).await,
+        "ha.consumed",
+        "leave",
+        true,
+        stop.clone(),
+    );
+    let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.consumed").await;
+    publisher.wait_more(500, "before the kill").await;
+    cluster.nodes[0].kill();
+    let killed = Instant::now();
+    publisher.wait_more(500, "after the kill").await;
+    let acked = publisher.finish().await;
+    // The leaving consumer was cancelled; give the other time to take the rest.
+    let (left, cancelled) = within("the cancel", leave).await.expect("consumer task");
+    assert!(
+        cancelled,
+        "x-cancel-on-ha-failover: cancelled at the failover"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (stayed, stay_cancelled) = within("the consumer", stay).await.expect("consumer task");
+    assert!(!stay_cancelled, "the default consumer stays subscribed");
+    let after: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|n| *n > acked[acked.len() / 2])
+        .collect();
+    let stayed_set: BTreeSet<u32> = stayed.iter().map(|(n, _)| *n).collect();
+    assert!(
+        after.iter().any(|n| stayed_set.contains(n)),
+        "it got messages published after the failover"
+    );
+    eprintln!(
+        "{:?} after the kill: {} confirmed; consumed {} (stay) + {} (leave)",
+        killed.elapsed(),
+        acked.len(),
+        stayed.len(),
+        left.len()
+    );
+    // Nothing confirmed is lost: consumed, or still in the queue.
+    let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
+    seen.extend(drain(&cluster, 2, "ha.consumed").await);
+    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
+    let lost: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|n| !held.contains(n))
+        .collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    let mut once = BTreeSet::new();
+    for (n, redelivered) in seen.iter().filter(|(_, r)| !r) {
+        assert!(
+            once.insert(*n),
+            "{n} delivered twice, redelivered {redelivered}"
+        );
+    }
+    let _ = c3.close(200, "bye".into()).await;
+}

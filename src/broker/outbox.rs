@@ -44,6 +44,14 @@ pub enum OutItem {
         /// Consumer tag.
         consumer_tag: Arc<str>,
     },
+    /// A mirrored queue this channel consumes from failed over to a new master: the
+    /// consumer attaches there (RabbitMQ keeps such consumers subscribed).
+    Rehome {
+        /// Channel.
+        channel: u16,
+        /// Consumer tag.
+        consumer_tag: Arc<str>,
+    },
 }
 
 #[derive(Default)]

@@ -960,7 +960,7 @@ mod tests {
                     d.redelivered,
                     d.seq,
                 )),
-                OutItem::Cancel { .. } => None,
+                OutItem::Cancel { .. } | OutItem::Rehome { .. } => None,
             })
             .collect()
     }

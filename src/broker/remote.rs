@@ -51,6 +51,9 @@ pub struct RemoteConsumer {
     pub priority: i32,
     /// Exclusive consumer.
     pub exclusive: bool,
+    /// `x-cancel-on-ha-failover`: cancelled (not moved) when a mirrored queue's master
+    /// fails over.
+    pub cancel_on_ha_failover: bool,
 }
 
 /// How unacknowledged messages are settled.

@@ -391,6 +391,10 @@ async fn follow(
                 transport.remove_peer(*id);
             }
         }
+        // Consumers waiting for a mirrored queue's new master.
+        if let Some(r) = relay.get() {
+            r.rehome();
+        }
         let _ = applied.send(view.applied_index.unwrap_or(0));
         if views.changed().await.is_err() {
             return;
@@ -439,6 +443,8 @@ async fn watch_nodes(
             for id in down.difference(&was_down) {
                 r.node_down(*id);
             }
+            // A promoted mirror serves once it adopted its copy, after the metadata moved.
+            r.rehome();
         }
         was_down = down.clone();
         if !leader {

@@ -1136,7 +1136,6 @@ fn finished_result(task: &mut JoinHandle<bool>) -> bool {
     )
 }
 
-
 fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
     state
         .mirror_sets

@@ -230,8 +230,28 @@ struct ProxyChannel {
 /// On the consumer's node: where deliveries for a channel go.
 struct ConsumerSink {
     outbox: Weak<Outbox>,
-    /// Consumers of this channel on queues of other nodes: (node, tag).
-    tags: Vec<(NodeId, Arc<str>)>,
+    /// Consumers of this channel on queues of other nodes.
+    tags: Vec<SinkTag>,
+}
+
+/// A consumer on a queue of another node.
+struct SinkTag {
+    node: NodeId,
+    tag: Arc<str>,
+    /// (vhost, queue).
+    queue: Arc<(String, String)>,
+    cancel_on_ha_failover: bool,
+}
+
+/// A consumer whose mirrored queue's master node went down: it waits for the new master.
+struct Orphan {
+    key: ChannelKey,
+    outbox: Weak<Outbox>,
+    tag: Arc<str>,
+    queue: Arc<(String, String)>,
+    /// The master's node that went down.
+    node: NodeId,
+    since: std::time::Instant,
 }
 
 /// A node's sender, and the signal that the node was declared down.
@@ -251,6 +271,8 @@ struct Inner {
     senders: Mutex<HashMap<NodeId, NodeSender>>,
     proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
+    /// Consumers waiting for their mirrored queue's new master.
+    orphans: Mutex<Vec<Orphan>>,
 }
 
 /// This node's relay (both roles: sessions here using queues elsewhere, and queues here
@@ -290,6 +312,7 @@ impl Relay {
                 senders: Mutex::new(HashMap::new()),
                 proxies: Mutex::new(HashMap::new()),
                 sinks: Mutex::new(HashMap::new()),
+                orphans: Mutex::new(Vec::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -317,19 +340,88 @@ impl Relay {
         matches!(rx.await, Ok(QueueReply::Counts { .. }))
     }
 
-    /// `node` went down: consumers here on its queues are cancelled, and what its channels
-    /// held here is requeued.
+    /// Consumers that waited for their mirrored queue's new master attach to it once it
+    /// serves (the channel re-consumes: [`OutItem::Rehome`]); those of a queue that went, or
+    /// that waited longer than a minute, are cancelled. Called on every metadata change and
+    /// failure-detector tick.
+    pub fn rehome(&self) {
+        let mut orphans = lock(&self.inner.orphans);
+        if orphans.is_empty() {
+            return;
+        }
+        let broker = &self.inner.broker;
+        let state = broker.snapshot();
+        orphans.retain(|o| {
+            let Some(outbox) = o.outbox.upgrade() else {
+                return false;
+            };
+            let (vhost, queue) = &*o.queue;
+            let home = state
+                .vhost(vhost)
+                .and_then(|v| v.queues.get(queue))
+                .map(|d| d.home);
+            let expired = o.since.elapsed() > std::time::Duration::from_secs(60);
+            let cancel = || OutItem::Cancel {
+                channel: o.key.channel,
+                consumer_tag: o.tag.clone(),
+            };
+            let item = match home {
+                // The queue went.
+                None => Some(cancel()),
+                // Not failed over yet.
+                Some(h) if h == o.node => expired.then(cancel),
+                // Serving here or on a running node.
+                Some(_)
+                    if broker.queue(vhost, queue).is_some()
+                        || broker.remote_queue(vhost, queue).is_some() =>
+                {
+                    Some(OutItem::Rehome {
+                        channel: o.key.channel,
+                        consumer_tag: o.tag.clone(),
+                    })
+                }
+                Some(_) => expired.then(cancel),
+            };
+            let Some(item) = item else {
+                return true;
+            };
+            let _ = outbox.push(item);
+            false
+        });
+    }
+
+    /// `node` went down: consumers here on its queues are cancelled (those of a mirrored
+    /// queue wait for its new master instead), and what its channels held here is
+    /// requeued.
     pub fn node_down(&self, node: NodeId) {
         self.inner.drop_proxies_of(node);
+        let state = self.inner.broker.snapshot();
         let mut sinks = lock(&self.inner.sinks);
         for (key, sink) in sinks.iter_mut() {
-            let (gone, kept): (Vec<_>, Vec<_>) = sink.tags.drain(..).partition(|(n, _)| *n == node);
+            let (gone, kept): (Vec<_>, Vec<_>) = sink.tags.drain(..).partition(|t| t.node == node);
             sink.tags = kept;
             if let Some(outbox) = sink.outbox.upgrade() {
-                for (_, tag) in gone {
+                for t in gone {
+                    // A mirrored queue with a mirror that can take over: the consumer
+                    // waits for the new master (unless it asked to be cancelled).
+                    let mirrored = state
+                        .mirror_sets
+                        .get(&*t.queue)
+                        .is_some_and(|s| s.mirrors.iter().any(|m| m.synchronised));
+                    if mirrored && !t.cancel_on_ha_failover {
+                        lock(&self.inner.orphans).push(Orphan {
+                            key: *key,
+                            outbox: sink.outbox.clone(),
+                            tag: t.tag,
+                            queue: t.queue,
+                            node,
+                            since: std::time::Instant::now(),
+                        });
+                        continue;
+                    }
                     let _ = outbox.push(OutItem::Cancel {
                         channel: key.channel,
-                        consumer_tag: tag,
+                        consumer_tag: t.tag,
                     });
                 }
             }
@@ -854,7 +946,7 @@ impl Inner {
                 }
                 for tag in cancels {
                     if let Some(s) = lock(&self.sinks).get_mut(&key) {
-                        s.tags.retain(|(n, t)| !(*n == from && **t == *tag));
+                        s.tags.retain(|t| !(t.node == from && *t.tag == *tag));
                     }
                     let _ = outbox.push(OutItem::Cancel {
                         channel,
@@ -1009,6 +1101,8 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                             message: WireMessage::of(&d.message),
                         });
                     }
+                    // Only connections' outboxes get these.
+                    OutItem::Rehome { .. } => {}
                     OutItem::Cancel { consumer_tag, .. } => {
                         let mut c = lock(&proxy.consumers);
                         c.retain(|(_, _, t)| *t != consumer_tag);
@@ -1075,7 +1169,12 @@ impl RemoteLink for Relay {
                 tags: Vec::new(),
             });
             sink.outbox = Arc::downgrade(outbox);
-            sink.tags.push((queue.node, consumer.tag.clone()));
+            sink.tags.push(SinkTag {
+                node: queue.node,
+                tag: consumer.tag.clone(),
+                queue: Arc::new((queue.vhost.clone(), queue.name.clone())),
+                cancel_on_ha_failover: consumer.cancel_on_ha_failover,
+            });
         }
         let msg = RelayMsg::Consume {
             vhost: queue.vhost.clone(),
@@ -1096,7 +1195,7 @@ impl RemoteLink for Relay {
         {
             let mut sinks = lock(&self.inner.sinks);
             if let Some(s) = sinks.get_mut(&key) {
-                s.tags.retain(|(n, t)| !(*n == queue.node && &**t == tag));
+                s.tags.retain(|t| !(t.node == queue.node && &*t.tag == tag));
                 if s.tags.is_empty() {
                     sinks.remove(&key);
                 }

@@ -49,6 +49,19 @@ struct UnackedRef {
 #[derive(Debug)]
 struct ConsumerRef {
     queue: QueueRef,
+    /// For a consumer of another node's queue: how to attach it again when the queue fails
+    /// over to a new master ([`Channel::handle_rehome`]).
+    resume: Option<Resume>,
+}
+
+/// What re-attaching a consumer takes.
+#[derive(Debug, Clone)]
+struct Resume {
+    queue: String,
+    no_ack: bool,
+    priority: i32,
+    exclusive: bool,
+    cancel_on_ha_failover: bool,
 }
 
 #[derive(Debug)]
@@ -456,6 +469,10 @@ impl Channel {
                 }
             },
         };
+        let cancel_on_ha_failover = matches!(
+            m.arguments.inner().get("x-cancel-on-ha-failover"),
+            Some(AMQPValue::Boolean(true))
+        );
         if let Some(rq) = remote {
             // A queue of another node: its node attaches the consumer and checks
             // exclusivity; a refusal there comes back as a consumer cancel.
@@ -490,12 +507,21 @@ impl Channel {
                     global_prefetch: self.link.global_prefetch.load(Ordering::Acquire),
                     priority,
                     exclusive: m.exclusive,
+                    cancel_on_ha_failover,
                 },
             );
+            let resume = Resume {
+                queue: rq.name.clone(),
+                no_ack: m.no_ack,
+                priority,
+                exclusive: m.exclusive,
+                cancel_on_ha_failover,
+            };
             self.consumers.insert(
                 tag,
                 ConsumerRef {
                     queue: QueueRef::Remote(rq),
+                    resume: Some(resume),
                 },
             );
             return Ok(());
@@ -544,6 +570,7 @@ impl Channel {
             tag,
             ConsumerRef {
                 queue: QueueRef::Local(h),
+                resume: None,
             },
         );
         Ok(())
@@ -1107,6 +1134,75 @@ impl Channel {
                 },
             );
             self.listed.set_unacked(self.unacked.len());
+        }
+    }
+
+    /// The queue of consumer `tag` failed over to a new master (`OutItem::Rehome`): the
+    /// consumer attaches there, here or on another node, without the client seeing it
+    /// (messages it had not acked come again from the new master, `redelivered`). If the
+    /// queue cannot be reached, it is cancelled.
+    pub fn handle_rehome(&mut self, c: &mut Connection, tag: &str, now: Instant) {
+        let Some(resume) = self.consumers.get(tag).and_then(|r| r.resume.clone()) else {
+            return;
+        };
+        let notify = c.caps.consumer_cancel_notify;
+        if let Some(h) = c.broker.queue(&c.vhost, &resume.queue) {
+            let consumer = Consumer {
+                tag: Arc::from(tag),
+                link: self.link.clone(),
+                no_ack: resume.no_ack,
+                prefetch: self.prefetch as u32,
+                priority: resume.priority,
+                exclusive: resume.exclusive,
+                in_flight: Arc::new(AtomicU32::new(0)),
+            };
+            let dead = {
+                let mut q = h.lock();
+                if q.check_new_consumer(&h, resume.exclusive).is_err() {
+                    drop(q);
+                    self.handle_broker_cancel(&mut c.out, tag, notify);
+                    return;
+                }
+                q.add_consumer(&h, consumer, now)
+            };
+            if !dead.is_empty() {
+                c.broker.dead_letter(&h, dead, now);
+            }
+            self.consumers.insert(
+                tag.to_string(),
+                ConsumerRef {
+                    queue: QueueRef::Local(h),
+                    resume: Some(resume),
+                },
+            );
+        } else if let Some(rq) = c.broker.remote_queue(&c.vhost, &resume.queue) {
+            let key = ChannelKey {
+                conn: c.id,
+                channel: self.id,
+            };
+            rq.link.consume(
+                &rq,
+                key,
+                &c.outbox,
+                RemoteConsumer {
+                    tag: Arc::from(tag),
+                    no_ack: resume.no_ack,
+                    prefetch: self.prefetch as u32,
+                    global_prefetch: self.link.global_prefetch.load(Ordering::Acquire),
+                    priority: resume.priority,
+                    exclusive: resume.exclusive,
+                    cancel_on_ha_failover: resume.cancel_on_ha_failover,
+                },
+            );
+            self.consumers.insert(
+                tag.to_string(),
+                ConsumerRef {
+                    queue: QueueRef::Remote(rq),
+                    resume: Some(resume),
+                },
+            );
+        } else {
+            self.handle_broker_cancel(&mut c.out, tag, notify);
         }
     }
 

@@ -685,6 +685,17 @@ impl Connection {
                         c.handle_broker_cancel(&mut self.out, &consumer_tag, notify);
                     }
                 }
+                OutItem::Rehome {
+                    channel,
+                    consumer_tag,
+                } => {
+                    if let Some(mut c) = self.channels.remove(&channel) {
+                        if !c.is_closing() {
+                            c.handle_rehome(self, &consumer_tag, now);
+                        }
+                        self.channels.insert(channel, c);
+                    }
+                }
             }
         }
         self.items = items;

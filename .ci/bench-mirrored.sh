@@ -308,13 +308,14 @@ for l in sys.stdin:
         if rctl 1 list_queues -q --no-table-headers name pid 2>/dev/null | grep -q '^ha.failover'; then
             master=$(rctl 1 list_queues -q --no-table-headers name pid | awk '$1 == "ha.failover" { print $2 }' | sed -E 's/.*rabbit([0-9])@.*/\1/')
         fi
-        local other=$(( master % 3 + 1 ))
-        log "rabbitmq failover run $run: master on rabbit$master (os pid $(rmq_pid "$master")), publisher on rabbit$other"
+        local other=$(( master % 3 + 1 )) old
+        old=$(rmq_pid "$master")
+        log "rabbitmq failover run $run: master on rabbit$master (os pid $old), publisher on rabbit$other"
         "$bench" --external --declare-uri "$(ruri "$master")" --uri "$(ruri "$other")" \
-            --queue ha.failover --kill-pid "$(rmq_pid "$master")" "${stop[@]}"
+            --queue ha.failover --kill-pid "$old" "${stop[@]}"
         rctl "$other" list_queues name pid slave_pids synchronised_slave_pids messages
         # Bring the killed node back (it rejoins as a mirror) for the next run.
-        local old; old=$(rmq_pid "$master")
+        # (A controlled stop removes the pid file; wait for the process itself.)
         for _ in $(seq 1 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.2; done
         rm -f "$TMPD/rmq/$master/pid"
         rmq_start_node "$master"

@@ -18,7 +18,9 @@
 #                                             then peer_timeout_ms 1000 / heartbeat_ms 100)
 #   failover-rabbitmq                         the same bench binary against RabbitMQ: kill -9
 #                                             of the master's node, 3 times
-#   all                                       every step above
+#   failover-warren-stop failover-rabbitmq-stop   the same with a controlled stop (SIGTERM)
+#                                             of the master's node instead of kill -9
+#   all                                       every step above but the -stop ones
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,11 +36,11 @@ while [[ $# -gt 0 ]]; do
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
         throughput-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,22p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,24p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -114,6 +116,11 @@ warren_down() {
 # "node=N synchronised=true" in node 1's (the master's) log, once per mirror.
 warren_synced_count() {
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/warren-node1.log" | grep -c "mirror state recorded.*synchronised=true" || true
+}
+# The queue's synchronised mirrors in `warrenctl list_queues` (empty if the call fails).
+warren_synced_ctl() {
+    wctl 1 list_queues name synchronised_slave_pids 2>/dev/null |
+        awk -F'\t' -v q="$1" '$1 == q { n = gsub(/warren[0-9]@bench/, "&", $2); print n }'
 }
 
 # ---------------------------------------------------------------- RabbitMQ
@@ -208,7 +215,7 @@ throughput() { # broker
     sleep 2
     perf_json "$b" unmirrored-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue plain.tp4
     if [[ $b == warren ]]; then
-        wctl 2 list_queues name pid messages
+        wctl 2 list_queues name pid slave_pids synchronised_slave_pids messages
         echo "mirror records on the master: $(warren_synced_count) synchronised=true"
         warren_down
     else
@@ -234,7 +241,7 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 64 --confirm 1000 \
         --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-$v-fill.json" || true
     log "$b/$v: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-$v-fill.json")"
-    if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     local before; before=$( [[ $b == warren ]] && warren_synced_count || echo 0)
     local load=(--producers 1 --consumers 0 --publish-only) lead=3 perf=""
     [[ $v == pubsub ]] && { load=(--producers 1 --consumers 1); lead=0; }
@@ -255,13 +262,19 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     local done_at=""
     while [[ -z "$done_at" ]]; do
         local n
-        if [[ $b == warren ]]; then n=$(($(warren_synced_count) - before)); else n=$(rmq_synced_count "$q"); fi
+        if [[ $b == warren ]]; then
+            # warrenctl's synchronised_slave_pids; the master's log lines if the call fails.
+            n=$(warren_synced_ctl "$q")
+            [[ -n "$n" ]] || n=$(($(warren_synced_count) - before))
+        else
+            n=$(rmq_synced_count "$q")
+        fi
         if [[ $n -ge 2 ]]; then done_at=$(date +%s.%N); break; fi
         if (( $(date +%s) - ${start%.*} > 600 )); then log "$b/$v: not synchronised after 600 s"; break; fi
         sleep 0.2
     done
     [[ -n "$done_at" ]] && log "$b/$v: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
-    if [[ $b == warren ]]; then wctl 1 list_queues name pid messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     if [[ -n "$perf" ]]; then
         wait "$perf" || true
         echo "warren-perf per-second lines (mirrors added $lead s in):"
@@ -269,7 +282,7 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     fi
     if [[ $b == warren ]]; then
         sed 's/\x1b\[[0-9;]*m//g' "$OUT"/warren-node*.log | grep -E "mirror sync|mirror holds|mirror state recorded" || true
-        wctl 1 list_queues name pid messages
+        wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages
         warren_down
     else
         rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages
@@ -278,7 +291,8 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     fi
 }
 
-failover_rabbitmq() {
+failover_rabbitmq() { # [--stop]: SIGTERM instead of SIGKILL
+    local stop=("$@")
     rmq_up
     rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
     local bench
@@ -294,12 +308,15 @@ for l in sys.stdin:
         if rctl 1 list_queues -q --no-table-headers name pid 2>/dev/null | grep -q '^ha.failover'; then
             master=$(rctl 1 list_queues -q --no-table-headers name pid | awk '$1 == "ha.failover" { print $2 }' | sed -E 's/.*rabbit([0-9])@.*/\1/')
         fi
-        local other=$(( master % 3 + 1 ))
-        log "rabbitmq failover run $run: master on rabbit$master (os pid $(rmq_pid "$master")), publisher on rabbit$other"
+        local other=$(( master % 3 + 1 )) old
+        old=$(rmq_pid "$master")
+        log "rabbitmq failover run $run: master on rabbit$master (os pid $old), publisher on rabbit$other"
         "$bench" --external --declare-uri "$(ruri "$master")" --uri "$(ruri "$other")" \
-            --queue ha.failover --kill-pid "$(rmq_pid "$master")"
+            --queue ha.failover --kill-pid "$old" "${stop[@]}"
         rctl "$other" list_queues name pid slave_pids synchronised_slave_pids messages
         # Bring the killed node back (it rejoins as a mirror) for the next run.
+        # (A controlled stop removes the pid file; wait for the process itself.)
+        for _ in $(seq 1 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.2; done
         rm -f "$TMPD/rmq/$master/pid"
         rmq_start_node "$master"
         sleep 5
@@ -322,5 +339,8 @@ for step in "${STEPS[@]}"; do
                 cargo bench --bench mirrored -- --runs 3 --master "$m" --peer-timeout-ms 1000 --heartbeat-ms 100
             done ;;
         failover-rabbitmq) failover_rabbitmq ;;
+        failover-warren-stop)
+            for m in 1 2; do cargo bench --bench mirrored -- --runs 3 --master "$m" --stop; done ;;
+        failover-rabbitmq-stop) failover_rabbitmq --stop ;;
     esac
 done

@@ -1,5 +1,5 @@
-//! Issue 6's failover benchmark: the time from `kill -9` of a mirrored queue's master node to
-//! the first publisher confirm from the new master.
+//! Issue 6's failover benchmark: the time from `kill -9` (or, with `--stop`, SIGTERM) of a
+//! mirrored queue's master node to the first publisher confirm from the new master.
 //!
 //! `cargo bench --bench mirrored` starts three release `warren` processes on
 //! 127.0.87.{1,2,3} (data in a temporary folder, default config plus `[cluster]`), sets the
@@ -7,8 +7,11 @@
 //! queue `ha.failover` on node 1 (client-local: its master is node 1), waits until both
 //! mirrors are synchronised, and publishes persistent 64-byte messages with confirms, one at a
 //! time, through node 2 (whose connection survives node 1). After 2 s it kills node 1 with
-//! SIGKILL and measures until 200 publishes have been confirmed after the kill. Each run uses
-//! a fresh cluster. Options (after `--`):
+//! SIGKILL and measures until 200 publishes have been confirmed after the kill. It prints the
+//! time from the kill to the first ack of a publish sent after it, and the longest time
+//! without an ack (from the last ack before the kill on: with `--stop`, acks from the old
+//! master can follow the signal, so this is the outage a client sees). Each run uses a fresh
+//! cluster. Options (after `--`):
 //!
 //!   --runs N                  runs (fresh cluster each) [1]
 //!   --peer-timeout-ms MS      `[cluster] peer_timeout_ms` [default config: 5000]
@@ -17,6 +20,10 @@
 //!                             [1]; the publisher uses the next node. Node 1 initialises the
 //!                             cluster, so it is normally also the Raft leader: killing it
 //!                             adds a leader election before `NodeDown` can commit.
+//!   --stop                    a controlled stop: SIGTERM instead of SIGKILL (the node hands
+//!                             its mirrored queues over to a synchronised mirror, then stops);
+//!                             the figures then count from the signal, and the stopping
+//!                             node's own log lines are shown too
 //!
 //! External mode, for another broker (RabbitMQ): the cluster and the queue's policy exist;
 //!
@@ -24,7 +31,8 @@
 //!
 //! declares Q (durable) through --declare-uri (RabbitMQ's client-local locator puts its master
 //! on that node), publishes through the first --uri (reconnecting to the next ones if the
-//! connection drops) and kills PID (the OS process of the master's node) with SIGKILL.
+//! connection drops) and kills PID (the OS process of the master's node) with SIGKILL (SIGTERM
+//! with `--stop`).
 //!
 //! It prints figures; it asserts nothing about timings.
 
@@ -51,6 +59,7 @@ struct Opts {
     declare_uri: Option<String>,
     queue: String,
     kill_pid: Option<i32>,
+    stop: bool,
 }
 
 fn opts() -> Opts {
@@ -64,6 +73,7 @@ fn opts() -> Opts {
         declare_uri: None,
         queue: "ha.failover".into(),
         kill_pid: None,
+        stop: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -78,6 +88,7 @@ fn opts() -> Opts {
             "--declare-uri" => o.declare_uri = Some(val()),
             "--queue" => o.queue = val(),
             "--kill-pid" => o.kill_pid = Some(val().parse().expect("pid")),
+            "--stop" => o.stop = true,
             "--bench" => {}
             other => panic!("unknown option {other} (see benches/mirrored.rs)"),
         }
@@ -332,9 +343,15 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Runs the publisher, kills after 2 s, and prints the figures; returns (kill → first ack of
-/// a publish sent after the kill) in ms.
-async fn measure(uris: Vec<String>, queue: &str, kill: impl FnOnce()) -> Option<f64> {
+/// Runs the publisher, kills (or stops: `what` names it) after 2 s, and prints the figures;
+/// returns (kill → first ack of a publish sent after the kill, the longest time without an
+/// ack from the last one before the kill on) in ms.
+async fn measure(
+    uris: Vec<String>,
+    queue: &str,
+    what: &str,
+    kill: impl FnOnce(),
+) -> (Option<f64>, Option<f64>) {
     let killed = Arc::new(Mutex::new(None));
     let rec = Arc::new(Mutex::new(Record::default()));
     let task = tokio::spawn(publisher(
@@ -381,13 +398,38 @@ async fn measure(uris: Vec<String>, queue: &str, kill: impl FnOnce()) -> Option<
         .get(after_sorted.len() / 2)
         .copied()
         .unwrap_or(f64::NAN);
+    // The longest time without an ack, from the last ack before the kill on.
+    let mut ack_times: Vec<Instant> = r
+        .events
+        .iter()
+        .filter(|(_, _, a)| *a)
+        .map(|(_, t, _)| *t)
+        .collect();
+    ack_times.sort();
+    let widest = ack_times
+        .windows(2)
+        .filter(|w| w[1] > k)
+        .max_by_key(|w| w[1] - w[0]);
+    let gap = widest.map(|w| {
+        let from = if w[0] >= k {
+            format!("+{:.1}", ms(w[0] - k))
+        } else {
+            format!("-{:.1}", ms(k - w[0]))
+        };
+        format!(
+            "{:.1} ms (from {what} {from} ms to +{:.1} ms)",
+            ms(w[1] - w[0]),
+            ms(w[1] - k)
+        )
+    });
     let fmt = |v: Option<f64>| v.map_or("none".to_string(), |v| format!("{v:.1} ms"));
     println!(
-        "  kill -> first ack: {} (of a publish sent after the kill: {}); acks before the kill {} \
-         (confirm p50 {p50:.2} ms), after {} (confirm p50 {p50_after:.2} ms); nacks after the kill {nacks}; \
-         errors {}; reconnects {}",
+        "  {what} -> first ack: {} (of a publish sent after the {what}: {}); longest time without \
+         an ack: {}; acks before the {what} {} (confirm p50 {p50:.2} ms), after {} (confirm p50 \
+         {p50_after:.2} ms); nacks after the {what} {nacks}; errors {}; reconnects {}",
         fmt(first_any),
         fmt(first_new),
+        gap.unwrap_or_else(|| "none".into()),
         before.len(),
         after.len(),
         r.errors.len(),
@@ -395,14 +437,14 @@ async fn measure(uris: Vec<String>, queue: &str, kill: impl FnOnce()) -> Option<
     );
     for (t, e) in r.errors.iter().take(5) {
         println!(
-            "    error at kill + {:.1} ms: {e}",
+            "    error at {what} + {:.1} ms: {e}",
             ms(t.saturating_duration_since(k))
         );
     }
-    first_new
+    (first_new, widest.map(|w| ms(w[1] - w[0])))
 }
 
-fn summary(label: &str, v: &[f64]) {
+fn summary(label: &str, metric: &str, v: &[f64]) {
     if v.is_empty() {
         println!("{label}: no run recovered");
         return;
@@ -410,12 +452,15 @@ fn summary(label: &str, v: &[f64]) {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     println!(
-        "{label}: kill -> first confirm from the new master, ms: min {:.1}  median {:.1}  max {:.1}  ({} runs: {})",
+        "{label}: {metric}, ms: min {:.1}  median {:.1}  max {:.1}  ({} runs: {})",
         s[0],
         s[s.len() / 2],
         s[s.len() - 1],
         s.len(),
-        v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ")
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 }
 
@@ -438,14 +483,22 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
         o.heartbeat_ms
             .map_or("default (250)".into(), |v| v.to_string())
     );
+    let what = if o.stop { "SIGTERM" } else { "kill" };
     println!(
-        "Warren, 3 nodes on {IPS:?}, {settings}, master (killed) on node {}",
+        "Warren, 3 nodes on {IPS:?}, {settings}, master ({}) on node {}",
+        if o.stop {
+            "stopped with SIGTERM"
+        } else {
+            "killed"
+        },
         o.master
     );
-    let mut results = Vec::new();
+    let (mut results, mut gaps) = (Vec::new(), Vec::new());
     for run in 1..=o.runs {
         let mut nodes = start(o, run);
         let killed_wall = Arc::new(Mutex::new(None::<std::time::SystemTime>));
+        // With --stop: the thread that waits for the stopping node's exit (its time, from the signal).
+        let exited = Arc::new(Mutex::new(None::<std::thread::JoinHandle<Duration>>));
         let got = rt.block_on(async {
             for n in 1..=3 {
                 drop(connect_retry(&uri(n)).await);
@@ -484,15 +537,34 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
             println!("run {run}: master on node {m} (Raft leader: node {leader}), both mirrors synchronised; publisher on node {p}");
             let victim = nodes.children[m - 1].take();
             let killed_wall = killed_wall.clone();
-            let got = measure(vec![uri(p), uri(q)], &o.queue, move || {
+            let (stop, exited) = (o.stop, exited.clone());
+            let got = measure(vec![uri(p), uri(q)], &o.queue, what, move || {
                 let mut c = victim.expect("the master's node");
                 *killed_wall.lock().unwrap() = Some(std::time::SystemTime::now());
-                let _ = c.kill(); // SIGKILL
-                let _ = c.wait();
+                if stop {
+                    let at = Instant::now();
+                    // SAFETY: kill(2) of our own child.
+                    unsafe {
+                        libc::kill(c.id() as i32, libc::SIGTERM);
+                    }
+                    *exited.lock().unwrap() = Some(std::thread::spawn(move || {
+                        let _ = c.wait();
+                        at.elapsed()
+                    }));
+                } else {
+                    let _ = c.kill(); // SIGKILL
+                    let _ = c.wait();
+                }
             })
             .await;
             got
         });
+        if let Some(h) = exited.lock().unwrap().take() {
+            match h.join() {
+                Ok(d) => println!("  the stopped node exited {:.1} ms after SIGTERM", ms(d)),
+                Err(_) => println!("  the stopped node's wait failed"),
+            }
+        }
         let survivor = o.master % 3 + 1;
         let master = ctl(survivor, &["list_queues", "name", "pid"]);
         let master = master
@@ -505,9 +577,13 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
             let d = t.duration_since(std::time::UNIX_EPOCH).expect("clock");
             (d.as_secs() % 86400) as f64 + d.subsec_nanos() as f64 / 1e9
         });
-        for id in (1..=3).filter(|&n| n != o.master) {
+        for id in (1..=3).filter(|&n| o.stop || n != o.master) {
             for line in nodes.log(id).lines().filter(|l| {
                 l.contains("mirror promoted")
+                    || l.contains("handing the queue over")
+                    || l.contains("hand over")
+                    || l.contains("shutting down")
+                    || l.contains("node stopped")
                     || l.contains("link closed")
                     || l.contains("promoting a mirror")
                     || l.contains("NodeDown")
@@ -515,39 +591,56 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
                     || l.contains("is down")
             }) {
                 let at = match (kill_tod, log_tod(line)) {
-                    (Some(k), Some(t)) => format!("kill + {:.0} ms", (t - k) * 1000.0),
+                    (Some(k), Some(t)) => format!("{what} + {:.0} ms", (t - k) * 1000.0),
                     _ => "?".into(),
                 };
                 println!("  node {id} ({at}): {}", line.trim());
             }
         }
-        if let Some(v) = got {
+        if let Some(v) = got.0 {
             results.push(v);
+        }
+        if let Some(v) = got.1 {
+            gaps.push(v);
         }
         drop(nodes);
     }
+    let label = format!("Warren ({settings}, master on node {})", o.master);
     summary(
-        &format!("Warren ({settings}, master on node {})", o.master),
+        &label,
+        &format!("{what} -> first confirm of a publish sent after it"),
         &results,
     );
+    summary(&label, "longest time without a confirm", &gaps);
 }
 
 fn external(o: &Opts, rt: &tokio::runtime::Runtime) {
     assert!(!o.uris.is_empty(), "--uri is needed");
     let pid = o.kill_pid.expect("--kill-pid is needed");
+    let what = if o.stop { "SIGTERM" } else { "kill" };
     let got = rt.block_on(async {
         if let Some(d) = &o.declare_uri {
             declare(d, &o.queue).await;
         }
-        measure(o.uris.clone(), &o.queue, move || {
+        let sig = if o.stop { libc::SIGTERM } else { libc::SIGKILL };
+        measure(o.uris.clone(), &o.queue, what, move || {
             // SAFETY: kill(2) with a pid given by the caller.
             unsafe {
-                libc::kill(pid, libc::SIGKILL);
+                libc::kill(pid, sig);
             }
         })
         .await
     });
-    summary("external broker", &got.into_iter().collect::<Vec<_>>());
+    summary(
+        "external broker",
+        &format!("{what} -> first confirm of a publish sent after it"),
+        &got.0.into_iter().collect::<Vec<_>>(),
+    );
+    summary(
+        "external broker",
+        "longest time without a confirm",
+        &got.1.into_iter().collect::<Vec<_>>(),
+    );
 }
 
 fn main() {

@@ -734,6 +734,29 @@ impl Inner {
         }
     }
 
+    /// Whether `vhost/queue` may be about to serve here: a durable queue not running here
+    /// whose home this node is (a promoted mirror adopting its copy), or whose mirror this
+    /// node is (the promotion may not have reached this node's metadata yet, while the
+    /// consumer's node already follows it).
+    fn awaiting_adoption(&self, vhost: &str, queue: &str) -> bool {
+        let me = self.broker.node_id();
+        let state = self.broker.snapshot();
+        let key = (vhost.to_string(), queue.to_string());
+        state
+            .vhost(vhost)
+            .and_then(|v| v.queues.get(queue))
+            .is_some_and(|d| {
+                d.durable
+                    && (d.home == me
+                        || state
+                            .mirror_sets
+                            .get(&key)
+                            .is_some_and(|s| s.mirrors.iter().any(|m| m.node == me)))
+            })
+            && self.broker.durability().is_some()
+            && self.broker.queue(vhost, queue).is_none()
+    }
+
     /// Handles one message from `from`, on the link's reader: its reply, and the
     /// group-commit ticket that must be durable before the reply may say "taken" (0: none).
     fn handle_one(&self, from: NodeId, msg: RelayMsg) -> (RelayReply, u64) {
@@ -751,6 +774,50 @@ impl Inner {
                     self.broker
                         .publish_forwarded(&vhost, &queues, Arc::new(message), now);
                 (RelayReply::Published(taken), ticket)
+            }
+            RelayMsg::Consume {
+                ref vhost,
+                ref queue,
+                ..
+            } if self.broker.queue(vhost, queue).is_none()
+                && self.awaiting_adoption(vhost, queue) =>
+            {
+                // A mirrored queue promoted here, not serving yet (its flush lap): a consumer
+                // following it from another node waits for it (a few seconds at most)
+                // rather than being refused.
+                if let Some(relay) = self.link.upgrade() {
+                    let inner = relay.inner.clone();
+                    let (vhost, queue) = (vhost.clone(), queue.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..100 {
+                            if inner.broker.queue(&vhost, &queue).is_some()
+                                || !inner.awaiting_adoption(&vhost, &queue)
+                            {
+                                break;
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                        match msg {
+                            _ if inner.broker.queue(&vhost, &queue).is_some() => {
+                                let _ = inner.handle_one(from, msg);
+                            }
+                            RelayMsg::Consume {
+                                conn, channel, tag, ..
+                            } => inner.send(
+                                from,
+                                RelayMsg::Deliver {
+                                    conn,
+                                    channel,
+                                    deliveries: Vec::new(),
+                                    cancels: vec![tag],
+                                },
+                                0,
+                            ),
+                            _ => {}
+                        }
+                    });
+                }
+                (RelayReply::Done, 0)
             }
             RelayMsg::Consume {
                 vhost,

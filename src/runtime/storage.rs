@@ -78,17 +78,6 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     tap: Mutex<Option<OpsTap>>,
     /// Messages a recovered (or adopted) queue takes back into RAM.
     head_entries: usize,
-    /// With the syncer running: where rounds hand their durable marks, in order, so the
-    /// next round's writes overlap this one's mirror laps (see [`Storage::run_syncer`]).
-    completer: Mutex<Option<std::sync::mpsc::Sender<Completion>>>,
-    /// The last round found nothing to write.
-    idle: std::sync::atomic::AtomicBool,
-}
-
-/// A round's durable mark, once its laps (if any) completed.
-struct Completion {
-    ticket: u64,
-    laps: Vec<LapWait>,
 }
 
 /// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
@@ -241,8 +230,6 @@ impl<D: Disk + Clone> Storage<D> {
             epoch_unix_ms: broker.epoch_unix_ms(),
             tap: Mutex::new(None),
             head_entries: config.queue_paging_head_messages.max(1),
-            completer: Mutex::new(None),
-            idle: std::sync::atomic::AtomicBool::new(false),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -255,47 +242,6 @@ impl<D: Disk + Clone> Storage<D> {
 
     /// Runs the syncer until `stop` is set; then writes what is left and closes cleanly.
     pub fn run_syncer(self: Arc<Self>, stop: Arc<std::sync::atomic::AtomicBool>) {
-        use std::sync::atomic::Ordering;
-        // The completer marks rounds durable in their order, each once its mirror laps
-        // completed (a failed lap voids its round), while this thread goes on writing.
-        let (tx, rx) = std::sync::mpsc::channel::<Completion>();
-        *self.completer.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        let durability = self.durability.clone();
-        let completer = std::thread::Builder::new()
-            .name("warren-laps".into())
-            .spawn(move || {
-                let mut previous = durability.durable_upto();
-                for c in rx {
-                    let mut all = true;
-                    for wait in c.laps {
-                        all &= wait();
-                    }
-                    if !all {
-                        tracing::warn!(
-                            "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
-                        );
-                        durability.void(previous, c.ticket);
-                    }
-                    durability.mark_durable(c.ticket);
-                    previous = previous.max(c.ticket);
-                }
-            });
-        if let Err(e) = &completer {
-            tracing::error!(error = %e, "cannot start the lap completer; rounds wait for their laps");
-            *self.completer.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        }
-        self.syncer_loop(&stop);
-        // Rounds in flight finish (their laps complete or fail) before the files close.
-        *self.completer.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if let Ok(t) = completer {
-            let _ = t.join();
-        }
-        if stop.load(Ordering::Acquire) {
-            self.close();
-        }
-    }
-
-    fn syncer_loop(&self, stop: &std::sync::atomic::AtomicBool) {
         use std::sync::atomic::Ordering;
         loop {
             let stopping = stop.load(Ordering::Acquire);
@@ -318,39 +264,16 @@ impl<D: Disk + Clone> Storage<D> {
             if !self.step() {
                 return;
             }
-            if self.durability.outstanding() && !self.idle.load(Ordering::Acquire) {
+            if self.durability.outstanding() {
                 // Tickets issued during that round: go again at once rather than after
-                // the idle wait, so their confirms (or page-outs) are not held back. (Not
-                // after an idle round: what is outstanding then waits for mirror laps.)
+                // the idle wait, so their confirms (or page-outs) are not held back.
                 let (m, _) = &*self.wake;
                 *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
             }
             if stopping {
+                self.close();
                 return;
             }
-        }
-    }
-
-    /// Marks `ticket` durable once `laps` completed: through the completer when the syncer
-    /// runs (in order with earlier rounds), here otherwise.
-    fn complete(&self, ticket: u64, laps: Vec<LapWait>) {
-        let sent = match &*self.completer.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(tx) => tx.send(Completion { ticket, laps }).map_err(|e| e.0),
-            None => Err(Completion { ticket, laps }),
-        };
-        if let Err(Completion { ticket, laps }) = sent {
-            let after = self.durability.durable_upto();
-            let mut all = true;
-            for wait in laps {
-                all &= wait();
-            }
-            if !all {
-                tracing::warn!(
-                    "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
-                );
-                self.durability.void(after, ticket);
-            }
-            self.durability.mark_durable(ticket);
         }
     }
 
@@ -371,14 +294,12 @@ impl<D: Disk + Clone> Storage<D> {
     /// calls it in a loop; tests call it directly.)
     pub fn round(&self) -> Result<(), StorageError> {
         let (ticket, dirty) = self.durability.take_dirty();
-        self.idle
-            .store(dirty.is_empty(), std::sync::atomic::Ordering::Release);
         if dirty.is_empty() {
             // No queue has undrained operations, so every ticket issued so far belongs to
             // an operation an earlier round wrote and synced: a ticket taken after that
             // round read its highest ticket, for an operation it still drained, is
-            // durable now (once earlier rounds' laps completed: in order).
-            self.complete(ticket, Vec::new());
+            // durable now.
+            self.durability.mark_durable(ticket);
             return Ok(());
         }
         // Queue locks are taken before, never while, the storage lock is held: a queue
@@ -415,7 +336,7 @@ impl<D: Disk + Clone> Storage<D> {
         if self.fsync_interval_ms > 0 && laps.is_empty() {
             // Async flush (like RocketMQ's): written to the OS now, fsynced on the interval;
             // a crash may lose up to one interval of confirmed messages. Documented as such.
-            self.complete(ticket, Vec::new());
+            self.durability.mark_durable(ticket);
         }
         state.msg_store.sync()?;
         for key in &touched {
@@ -431,10 +352,21 @@ impl<D: Disk + Clone> Storage<D> {
             // (of another queue) writes under it, and two masters waiting on each other's
             // mirrors would otherwise deadlock.
             drop(guard);
-            self.complete(ticket, laps);
+            let after = self.durability.durable_upto();
+            let mut all = true;
+            for wait in laps {
+                all &= wait();
+            }
+            if !all {
+                tracing::warn!(
+                    "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
+                );
+                self.durability.void(after, ticket);
+            }
+            self.durability.mark_durable(ticket);
             return Ok(());
         }
-        self.complete(ticket, Vec::new());
+        self.durability.mark_durable(ticket);
         if state.msg_store.compaction_due() {
             let report = state.msg_store.compact()?;
             tracing::debug!(?report, "message store compacted");

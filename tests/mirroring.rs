@@ -235,15 +235,13 @@ const SPAN: u32 = 1 << 24;
 
 const ALL_AUTOMATIC: &str = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
 
-/// Issue 6's test: confirmed messages of a mirrored queue survive `kill -9` of its master's
-/// node; a publisher on another node keeps going once a mirror is promoted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed() {
-    let mut cluster = Cluster::start("mirrored").await;
+/// A three-node cluster with the `ha` policy (all, automatic sync) and the durable queue
+/// `queue` mastered on node 1, both mirrors synchronised.
+async fn mirrored_cluster(name: &str, queue: &str) -> Cluster {
+    let cluster = Cluster::start(name).await;
     set_ha_policy(&cluster, ALL_AUTOMATIC).await;
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    let ch1 = channel(&c1).await;
-    declare(&ch1, "ha.orders", true, locator("client-local"))
+    declare(&channel(&c1).await, queue, true, locator("client-local"))
         .await
         .expect("declare");
     let _ = c1.close(200, "bye".into()).await;
@@ -251,11 +249,19 @@ async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed()
     wait_state(
         &cluster,
         2,
-        "ha.orders",
+        queue,
         |m| m == "warren1@test",
         &["warren2@test", "warren3@test"],
     )
     .await;
+    cluster
+}
+
+/// Issue 6's test: confirmed messages of a mirrored queue survive `kill -9` of its master's
+/// node; a publisher on another node keeps going once a mirror is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed() {
+    let mut cluster = mirrored_cluster("mirrored", "ha.orders").await;
     // A publisher on node 2: its publishes go to the master on node 1.
     let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.orders").await;
     publisher.wait_more(600, "before the kill").await;
@@ -285,26 +291,7 @@ async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed()
 /// up serving was built by a background sync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crashed_mirrors_resync_under_load_and_each_can_take_over() {
-    let mut cluster = Cluster::start("resync").await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    declare(
-        &channel(&c1).await,
-        "ha.chain",
-        true,
-        locator("client-local"),
-    )
-    .await
-    .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
-    wait_state(
-        &cluster,
-        2,
-        "ha.chain",
-        |m| m == "warren1@test",
-        &["warren2@test", "warren3@test"],
-    )
-    .await;
+    let mut cluster = mirrored_cluster("resync", "ha.chain").await;
 
     // Publishing through node 2 all along: a mirror (node 3) crashes; confirms resume once
     // it is recorded down.
@@ -359,26 +346,7 @@ async fn crashed_mirrors_resync_under_load_and_each_can_take_over() {
 /// it drops its copy and rejoins as a mirror that syncs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deposed_master_nacks_what_it_never_confirmed_and_rejoins_as_a_mirror() {
-    let cluster = Cluster::start("deposed").await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    declare(
-        &channel(&c1).await,
-        "ha.split",
-        true,
-        locator("client-local"),
-    )
-    .await
-    .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
-    wait_state(
-        &cluster,
-        2,
-        "ha.split",
-        |m| m == "warren1@test",
-        &["warren2@test", "warren3@test"],
-    )
-    .await;
+    let cluster = mirrored_cluster("deposed", "ha.split").await;
     // One publisher on the master's own node, one through node 2.
     let on_master = Publisher::start(&cluster.node(1).amqp_uri(), "ha.split").await;
     let elsewhere = Publisher::numbered_from(&cluster.node(2).amqp_uri(), "ha.split", SPAN).await;
@@ -531,26 +499,7 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
 /// detector; nothing confirmed is lost and the publisher elsewhere goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopping_master_hands_its_queue_over_to_a_synchronised_mirror() {
-    let mut cluster = Cluster::start("handover").await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    declare(
-        &channel(&c1).await,
-        "ha.rolling",
-        true,
-        locator("client-local"),
-    )
-    .await
-    .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
-    wait_state(
-        &cluster,
-        2,
-        "ha.rolling",
-        |m| m == "warren1@test",
-        &["warren2@test", "warren3@test"],
-    )
-    .await;
+    let mut cluster = mirrored_cluster("handover", "ha.rolling").await;
     let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.rolling").await;
     publisher.wait_more(500, "before the stop").await;
     let stopping = Instant::now();
@@ -623,26 +572,7 @@ fn spawn_consumer(
 /// `x-cancel-on-ha-failover` gets a `basic.cancel` instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumers_on_surviving_nodes_follow_the_queue_to_its_new_master() {
-    let mut cluster = Cluster::start("consumers").await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    declare(
-        &channel(&c1).await,
-        "ha.consumed",
-        true,
-        locator("client-local"),
-    )
-    .await
-    .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
-    wait_state(
-        &cluster,
-        2,
-        "ha.consumed",
-        |m| m == "warren1@test",
-        &["warren2@test", "warren3@test"],
-    )
-    .await;
+    let mut cluster = mirrored_cluster("consumers", "ha.consumed").await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let c3 = connect(&cluster.node(3).amqp_uri()).await;
     let stay = spawn_consumer(

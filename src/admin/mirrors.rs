@@ -16,7 +16,6 @@
 //!
 //! A node id the metadata no longer knows (a forgotten node) shows as `#ID`.
 
-use crate::gm::Slot;
 use crate::meta::state::{MirrorRecord, NodeId};
 use crate::meta::MetaState;
 use crate::mirror::message::group_name;
@@ -175,11 +174,7 @@ pub fn force_promotion(
     let master_alive = meta
         .gm_groups
         .get(&group_name(vhost, queue))
-        .is_some_and(|g| {
-            g.members
-                .iter()
-                .any(|s| matches!(s, Slot::Alive(id) if id.node == def.home))
-        });
+        .is_some_and(|g| g.has_live_member_on(def.home));
     if master_alive {
         return Err(PromoteRefusal::MasterAlive {
             vhost: vhost.to_string(),
@@ -231,6 +226,7 @@ pub fn force_promotion(
 mod tests {
     use super::*;
     use crate::gm::MemberId;
+    use crate::gm::Slot;
     use crate::meta::state::{NodeRecord, QueueDef};
     use crate::meta::Command;
     use amq_protocol::types::FieldTable;

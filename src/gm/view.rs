@@ -45,6 +45,15 @@ pub struct GroupRecord {
     pub members: Vec<Slot>,
 }
 
+impl GroupRecord {
+    /// Whether a member on `node` is alive in the group.
+    pub fn has_live_member_on(&self, node: u64) -> bool {
+        self.members
+            .iter()
+            .any(|s| matches!(s, Slot::Alive(id) if id.node == node))
+    }
+}
+
 /// A member's view of the group at one record version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct View {

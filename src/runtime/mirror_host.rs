@@ -207,6 +207,14 @@ impl Held {
     }
 }
 
+/// What a mirror's event left it as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Followed {
+    Going,
+    Stopped,
+    WriteFailed,
+}
+
 /// A member of a queue's group and what it knows.
 struct Membership {
     handle: GmHandle,
@@ -277,19 +285,10 @@ impl<N: GmNet + Clone> MirrorHost<N> {
             .collect();
         let mut moving = Vec::new();
         for (key, shipping) in masters {
-            let (Some(v), Some(set)) = (state.vhosts.get(&key.0), state.mirror_sets.get(&key))
-            else {
+            let Some(set) = state.mirror_sets.get(&key) else {
                 continue;
             };
-            let rule = v
-                .queues
-                .get(&key.1)
-                .and_then(|d| {
-                    HaPolicy::of(
-                        &v.effective_policy(&key.1, true),
-                        d.exclusive_owner.is_some(),
-                    )
-                })
+            let rule = policy_of(&state, &key)
                 .map_or(crate::mirror::PromoteRule::WhenSynced, |p| {
                     p.promote_on_shutdown
                 });
@@ -533,6 +532,30 @@ impl<N: GmNet + Clone> Inner<N> {
         }
     }
 
+    /// A mirror's handling of one event: a delivered message is written, then released
+    /// (never released when it could not be written).
+    async fn follow_event(
+        &self,
+        key: &Key,
+        m: &mut Membership,
+        event: Option<Event<Bytes>>,
+    ) -> Followed {
+        match event {
+            None | Some(Event::Stopped) => Followed::Stopped,
+            Some(Event::Deliver { from, num, msg }) => {
+                if !self.on_message(key, m, &msg).await {
+                    return Followed::WriteFailed;
+                }
+                m.handle.release(from, num);
+                Followed::Going
+            }
+            Some(ev) => {
+                Self::track(m, &ev);
+                Followed::Going
+            }
+        }
+    }
+
     fn track(m: &mut Membership, event: &Event<Bytes>) {
         match event {
             Event::Joined { members } => m.members = members.iter().copied().collect(),
@@ -570,20 +593,17 @@ impl<N: GmNet + Clone> Inner<N> {
         m.master = self.home_of(&self.raft.snapshot(), key).unwrap_or(0);
         loop {
             tokio::select! {
-                ev = m.handle.next_event() => match ev {
-                    None | Some(Event::Stopped) => {
+                ev = m.handle.next_event() => match self.follow_event(key, &mut m, ev).await {
+                    Followed::Going => {}
+                    Followed::Stopped => {
                         tracing::info!(queue = %key.1, "mirror's GM member stopped");
                         return None;
                     }
-                    Some(Event::Deliver { from, num, msg }) => {
-                        if !self.on_message(key, &mut m, &msg).await {
-                            self.set_synchronised(key, None, self.node, false).await;
-                            leave(&mut m).await;
-                            return None;
-                        }
-                        m.handle.release(from, num);
+                    Followed::WriteFailed => {
+                        self.set_synchronised(key, None, self.node, false).await;
+                        leave(&mut m).await;
+                        return None;
                     }
-                    Some(ev) => Self::track(&mut m, &ev),
                 },
                 changed = views.changed() => {
                     if changed.is_err() {
@@ -625,13 +645,10 @@ impl<N: GmNet + Clone> Inner<N> {
             let flushed = loop {
                 tokio::select! {
                     r = &mut lap => break r.is_ok(),
-                    ev = m.handle.next_event() => match ev {
-                        None | Some(Event::Stopped) => break false,
-                        Some(Event::Deliver { from, num, msg }) => {
-                            self.on_message(key, m, &msg).await;
-                            m.handle.release(from, num);
+                    ev = m.handle.next_event() => {
+                        if self.follow_event(key, m, ev).await != Followed::Going {
+                            break false;
                         }
-                        Some(ev) => Self::track(m, &ev),
                     }
                 }
             };
@@ -653,23 +670,19 @@ impl<N: GmNet + Clone> Inner<N> {
                     return None;
                 }
                 let old_alive = old != self.node
-                    && state.gm_groups.get(&group).is_some_and(|g| {
-                        g.members
-                            .iter()
-                            .any(|s| matches!(s, Slot::Alive(id) if id.node == old))
-                    });
+                    && state
+                        .gm_groups
+                        .get(&group)
+                        .is_some_and(|g| g.has_live_member_on(old));
                 if !old_alive {
                     break;
                 }
                 tokio::select! {
                     changed = views.changed() => if changed.is_err() { return None },
-                    ev = m.handle.next_event() => match ev {
-                        None | Some(Event::Stopped) => return None,
-                        Some(Event::Deliver { from, num, msg }) => {
-                            self.on_message(key, m, &msg).await;
-                            m.handle.release(from, num);
+                    ev = m.handle.next_event() => {
+                        if self.follow_event(key, m, ev).await != Followed::Going {
+                            return None;
                         }
-                        Some(ev) => Self::track(m, &ev),
                     }
                 }
             }
@@ -936,9 +949,6 @@ impl<N: GmNet + Clone> Inner<N> {
         requested: bool,
     ) {
         let state = self.raft.snapshot();
-        let Some(v) = state.vhosts.get(&key.0) else {
-            return;
-        };
         if !state
             .mirror_sets
             .get(key)
@@ -946,12 +956,7 @@ impl<N: GmNet + Clone> Inner<N> {
         {
             return;
         }
-        let policy = v.queues.get(&key.1).and_then(|d| {
-            HaPolicy::of(
-                &v.effective_policy(&key.1, true),
-                d.exclusive_owner.is_some(),
-            )
-        });
+        let policy = policy_of(&state, key);
         let active = requested
             || policy
                 .as_ref()
@@ -1136,6 +1141,16 @@ fn finished_result(task: &mut JoinHandle<bool>) -> bool {
     )
 }
 
+/// The queue's `ha-*` policy, if it has one.
+fn policy_of(state: &MetaState, key: &Key) -> Option<HaPolicy> {
+    let v = state.vhosts.get(&key.0)?;
+    let def = v.queues.get(&key.1)?;
+    HaPolicy::of(
+        &v.effective_policy(&key.1, true),
+        def.exclusive_owner.is_some(),
+    )
+}
+
 fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
     state
         .mirror_sets
@@ -1258,11 +1273,7 @@ async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
                     && state
                         .gm_groups
                         .get(&group_name(vhost, queue))
-                        .is_some_and(|g| {
-                            g.members
-                                .iter()
-                                .any(|s| matches!(s, Slot::Alive(id) if id.node == old))
-                        });
+                        .is_some_and(|g| g.has_live_member_on(old));
                 if still_member {
                     continue;
                 }

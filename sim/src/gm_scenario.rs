@@ -60,7 +60,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// GM frames over turmoil's TCP, addressed by node id.
 #[derive(Clone)]
-struct SimGmNet(TurmoilTransport);
+pub(crate) struct SimGmNet(pub(crate) TurmoilTransport);
 
 impl GmNet for SimGmNet {
     async fn call(
@@ -226,7 +226,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
                 Kind::Gm => frames.handle_frame(&body),
-                Kind::Ping | Kind::Propose => Vec::new(),
+                Kind::Ping | Kind::Propose | Kind::Client => Vec::new(),
             }
         })
     });
@@ -732,6 +732,7 @@ pub fn run_seed(seed: u64) -> Outcome {
         seed,
         trace: trace.lines(),
         failures,
+        known: Vec::new(),
     }
 }
 

@@ -7,6 +7,10 @@
 //! - [`gm_scenario`]: four hosts each run Raft, a failure detector and a
 //!   [`warren::runtime::gm_host::GmHost`] with a broadcasting member, under partitions, held
 //!   and slow links, crashes and restarts; checkers for GM's guarantees.
+//! - [`mirror_scenario`]: three hosts each run what a clustered node runs for a mirrored
+//!   queue (Raft, failure detector, broker, storage on a simulated disk, GM host, mirror
+//!   host); a client publishes with confirms and consumes with acks while the master's node
+//!   is partitioned or crashed and policies change; checkers for design §1 guarantees 1–4.
 //!
 //! See `sim/README.md`.
 
@@ -19,6 +23,7 @@ compile_error!(
 );
 
 pub mod gm_scenario;
+pub mod mirror_scenario;
 pub mod scenario;
 pub mod trace;
 pub mod transport;

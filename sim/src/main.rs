@@ -1,10 +1,11 @@
 //! `sim --seed N` replays one run and prints its trace; `sim --seeds A..B` sweeps.
-//! `--scenario raft|gm|all` picks the scenario (default: all, the Raft one then the GM one).
+//! `--scenario raft|gm|mirror|all` picks the scenario (default: all three, in that order).
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: sim [--scenario raft|gm|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
-  --scenario S  raft: the metadata Raft group; gm: the GM ring; all (default): both
+const USAGE: &str = "usage: sim [--scenario raft|gm|mirror|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
+  --scenario S  raft: the metadata Raft group; gm: the GM ring; mirror: a mirrored queue;
+                all (default): the three
   --seed N      run seed N, print its trace, then PASS or FAIL
   --seeds A..B  run seeds A to B-1 (A..=B includes B), one line per seed
   --quiet       (with --seed) print only the verdict
@@ -32,10 +33,12 @@ fn main() -> ExitCode {
     };
     let raft: Scenario = ("raft", sim::run_seed);
     let gm: Scenario = ("gm", sim::gm_scenario::run_seed);
+    let mirror: Scenario = ("mirror", sim::mirror_scenario::run_seed);
     let scenarios: Vec<Scenario> = match value("--scenario").as_deref() {
-        None | Some("all") => vec![raft, gm],
+        None | Some("all") => vec![raft, gm, mirror],
         Some("raft") => vec![raft],
         Some("gm") => vec![gm],
+        Some("mirror") => vec![mirror],
         Some(_) => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         };
         let mut failed = Vec::new();
+        let mut known = 0;
         let mut runs = 0;
         for seed in a..b {
             for (name, run) in &scenarios {
@@ -79,10 +83,11 @@ fn main() -> ExitCode {
                 if report(name, &out) != ExitCode::SUCCESS {
                     failed.push(format!("{name}:{seed}"));
                 }
+                known += usize::from(!out.known.is_empty());
             }
         }
         println!(
-            "{} of {runs} runs passed{}",
+            "{} of {runs} runs passed ({known} hit a known gap){}",
             runs - failed.len(),
             if failed.is_empty() {
                 String::new()
@@ -102,7 +107,17 @@ fn main() -> ExitCode {
 
 fn report(scenario: &str, out: &sim::Outcome) -> ExitCode {
     if out.passed() {
-        println!("{scenario} seed {} PASS", out.seed);
+        if out.known.is_empty() {
+            println!("{scenario} seed {} PASS", out.seed);
+        } else {
+            // Documented, open gaps (docs/mirroring.md): shown, not failed.
+            println!(
+                "{scenario} seed {} PASS, with {} known-gap violations, first: {}",
+                out.seed,
+                out.known.len(),
+                out.known[0]
+            );
+        }
         ExitCode::SUCCESS
     } else {
         println!("{scenario} seed {} FAIL", out.seed);

@@ -107,6 +107,9 @@ pub struct Outcome {
     pub trace: Vec<String>,
     /// What the checkers found wrong (empty: pass).
     pub failures: Vec<String>,
+    /// Violations of a guarantee that is documented as not held yet (`docs/mirroring.md`,
+    /// "Known gaps"): reported with every run that hits them, they do not fail it.
+    pub known: Vec<String>,
 }
 
 impl Outcome {
@@ -374,7 +377,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
                 Kind::Propose => handle_propose(&node, &body).await,
-                Kind::Gm | Kind::Ping => Vec::new(),
+                Kind::Gm | Kind::Ping | Kind::Client => Vec::new(),
             }
         })
     });
@@ -573,6 +576,7 @@ pub fn run_seed(seed: u64) -> Outcome {
         seed,
         trace: trace.lines(),
         failures,
+        known: Vec::new(),
     }
 }
 

@@ -38,6 +38,8 @@ pub enum Kind {
     Gm = 2,
     /// A liveness probe for the failure detector (answered empty).
     Ping = 3,
+    /// A client's request to a node's broker (see [`crate::mirror_scenario`]).
+    Client = 4,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -279,6 +281,7 @@ async fn serve_conn(stream: TcpStream, handler: Handler) {
             1 => Kind::Propose,
             2 => Kind::Gm,
             3 => Kind::Ping,
+            4 => Kind::Client,
             _ => break,
         };
         let handler = Arc::clone(&handler);

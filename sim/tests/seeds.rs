@@ -74,3 +74,62 @@ fn gm_same_seed_same_trace() {
         "final lap",
     );
 }
+
+/// Mirrored-queue scenario seeds CI runs: a mirror is promoted in 1, 2, 5, 6 and 8 (twice,
+/// to each other node, in 5 and 8; after a crash in 2, after partitions in the others); the
+/// master's node crashes and restarts before it is recorded down in 3, 4 and 7; a mirror's
+/// node is cut off in 4; the policy goes to `exactly 2` and back under load in 3, 5 and 7.
+/// A sweep of seeds 0..200 passes; about a third of those runs hit the known gap (a
+/// deposed master still delivering, `docs/mirroring.md`), which is reported, not failed.
+const MIRROR_CI_SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+#[test]
+fn mirror_fixed_seeds_pass() {
+    seeds_pass("mirror", sim::mirror_scenario::run_seed, &MIRROR_CI_SEEDS);
+}
+
+#[test]
+fn mirror_same_seed_same_trace() {
+    replays_exactly(
+        "mirror",
+        sim::mirror_scenario::run_seed,
+        MIRROR_CI_SEEDS[4],
+        "check:",
+    );
+}
+
+/// The mirror checkers can fail: a run whose client saw a confirmed message never
+/// delivered, or one delivered twice without `redelivered`, is reported.
+#[test]
+fn mirror_checkers_catch_a_lost_and_a_duplicated_message() {
+    let failures = sim::mirror_scenario::check_served_for_test(
+        &[(0, 1, 1, 0), (0, 2, 1, 0)],
+        &[(0, 1, 1, 0, false), (0, 1, 1, 0, false)],
+    );
+    assert!(
+        failures.iter().any(|f| f.starts_with("G1")),
+        "a lost message: {failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.starts_with("G2")),
+        "an unflagged duplicate: {failures:?}"
+    );
+}
+
+/// G3 and G4 can fail too: a publisher's messages out of order, and two nodes confirming
+/// under one epoch.
+#[test]
+fn mirror_checkers_catch_reordering_and_two_masters() {
+    let failures = sim::mirror_scenario::check_served_for_test(
+        &[(0, 1, 1, 0), (0, 2, 2, 0)],
+        &[(0, 2, 1, 0, false), (0, 1, 1, 0, false)],
+    );
+    assert!(
+        failures.iter().any(|f| f.starts_with("G3")),
+        "out of order: {failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.starts_with("G4")),
+        "two masters in epoch 0: {failures:?}"
+    );
+}

@@ -203,6 +203,9 @@ pub struct Queue {
     returned: BTreeMap<(Reverse<u8>, u64), Entry>,
     unacked: HashMap<u64, Unacked>,
     next_seq: u64,
+    /// Messages below this seq may have gone out before this copy took over (recovered
+    /// after an unclean stop, or promoted from a mirror): they leave flagged `redelivered`.
+    suspect_below: u64,
     consumers: Vec<Consumer>,
     next_consumer: usize,
     had_consumer: bool,
@@ -297,6 +300,7 @@ impl Queue {
             returned: BTreeMap::new(),
             unacked: HashMap::new(),
             next_seq: 0,
+            suspect_below: 0,
             consumers: Vec::new(),
             next_consumer: 0,
             had_consumer: false,
@@ -433,6 +437,7 @@ impl Queue {
         loop {
             let mut e = self.pop_raw()?;
             if self.load_beta(&mut e) {
+                e.redelivered |= e.seq < self.suspect_below;
                 return Some(e);
             }
             // Its body is gone (reported by load_beta): it leaves the queue, like a message
@@ -500,6 +505,14 @@ impl Queue {
     /// Whether persistent messages of this queue go to disk and survive restarts.
     pub fn is_durable(&self) -> bool {
         self.persist.as_ref().is_some_and(|p| p.durable)
+    }
+
+    /// Every message restored so far may have been delivered without a record of it (the
+    /// copy was recovered after an unclean stop, or a mirror's copy is being promoted: a
+    /// delivery is recorded in the round after it goes out). They will all leave flagged
+    /// `redelivered`, so a consumer never gets a second copy of a message unflagged.
+    pub fn mark_restored_suspect(&mut self) {
+        self.suspect_below = self.next_seq;
     }
 
     /// Puts back messages recovered from disk (in sequence order), without recording them.

@@ -70,6 +70,23 @@ impl Disk for FileDisk {
         Ok(names)
     }
 
+    fn list_dirs(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
+        let rd = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(DiskError::io("list", dir, e)),
+        };
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|e| DiskError::io("list", dir, e))?;
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
         std::fs::read(path).map_err(|e| DiskError::io("read", path, e))
     }

@@ -27,6 +27,7 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use super::clock::Clock;
+use super::file_disk::FileDisk;
 use super::gm_host::{GmHandle, GmHost, GmNet, GmSender};
 use super::storage::{LapWait, Storage};
 use crate::broker::queue::IndexOp;
@@ -39,6 +40,11 @@ use crate::mirror::message::{group_name, MirrorMsg};
 use crate::mirror::{ops, HaPolicy, SyncMode};
 
 type Key = (String, String);
+
+/// The disks a mirror host's storage may use (the node's files; the simulation's memory).
+pub trait StorageDisk: crate::store::Disk + Clone + Send + Sync + 'static {}
+impl<D: crate::store::Disk + Clone + Send + Sync + 'static> StorageDisk for D {}
+use crate::store::Disk;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -53,14 +59,16 @@ struct Shipping {
     member: MemberId,
 }
 
-struct Inner<N> {
+struct Inner<N, D: Disk + Clone> {
     node: NodeId,
     broker: Arc<Broker>,
-    storage: Arc<Storage>,
+    storage: Arc<Storage<D>>,
     gm: GmHost<N>,
     raft: MetaRaft,
     clock: Clock,
-    rt: tokio::runtime::Handle,
+    /// Storage work runs on this task, not the blocking pool (the simulation: its disk is
+    /// memory, and a thread would make the run depend on the OS scheduler).
+    inline: bool,
     masters: Mutex<HashMap<Key, Shipping>>,
     tasks: Mutex<HashMap<Key, JoinHandle<()>>>,
     /// Numbers the syncs this node's masters start.
@@ -70,11 +78,11 @@ struct Inner<N> {
 }
 
 /// The node's mirrored-queue runtime. Clones share it.
-pub struct MirrorHost<N> {
-    inner: Arc<Inner<N>>,
+pub struct MirrorHost<N, D: Disk + Clone = Arc<FileDisk>> {
+    inner: Arc<Inner<N, D>>,
 }
 
-impl<N> Clone for MirrorHost<N> {
+impl<N, D: Disk + Clone> Clone for MirrorHost<N, D> {
     fn clone(&self) -> Self {
         MirrorHost {
             inner: Arc::clone(&self.inner),
@@ -224,16 +232,16 @@ struct Membership {
     master: NodeId,
 }
 
-impl<N: GmNet + Clone> MirrorHost<N> {
+impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
     /// A host for this node; [`MirrorHost::start`] installs the tap and starts the tasks.
     pub fn new(
         broker: Arc<Broker>,
-        storage: Arc<Storage>,
+        storage: Arc<Storage<D>>,
         gm: GmHost<N>,
         raft: MetaRaft,
         clock: Clock,
         hold_dir: std::path::PathBuf,
-    ) -> MirrorHost<N> {
+    ) -> MirrorHost<N, D> {
         MirrorHost {
             inner: Arc::new(Inner {
                 node: gm.node(),
@@ -242,13 +250,23 @@ impl<N: GmNet + Clone> MirrorHost<N> {
                 gm,
                 raft,
                 clock,
-                rt: tokio::runtime::Handle::current(),
+                inline: false,
                 masters: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
                 next_sync: std::sync::atomic::AtomicU64::new(1),
                 hold_dir,
             }),
         }
+    }
+
+    /// Storage work runs on the host's tasks instead of the blocking pool: for a runtime
+    /// that must stay deterministic (the simulation, whose disk is memory). Call before
+    /// [`MirrorHost::start`].
+    pub fn with_inline_storage(mut self) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.inline = true;
+        }
+        self
     }
 
     /// Installs the storage tap and starts the supervisor and the leader's reconciler.
@@ -338,7 +356,7 @@ impl<N: GmNet + Clone> MirrorHost<N> {
     }
 }
 
-impl<N: GmNet + Clone> Inner<N> {
+impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// The storage tap: ships a mastered queue's round (persistent operations only).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
         let Some(shipping) = lock(&self.masters).get(key).cloned() else {
@@ -350,7 +368,7 @@ impl<N: GmNet + Clone> Inner<N> {
                 .mirror_sets
                 .get(key)
                 .is_some_and(|s| s.mirrors.iter().any(|m| m.synchronised));
-            return vouched.then(|| Box::new(|| false) as LapWait);
+            return vouched.then(|| Box::pin(std::future::ready(false)) as LapWait);
         };
         let kept: Vec<IndexOp> = round
             .iter()
@@ -397,16 +415,26 @@ impl<N: GmNet + Clone> Inner<N> {
         if !chunk.is_empty() {
             send(&mut chunk);
         }
-        let rt = self.rt.clone();
-        Some(Box::new(move || {
-            rt.block_on(async move {
-                let mut all = true;
-                for lap in laps {
-                    all &= lap.await.is_ok();
-                }
-                all
-            })
+        Some(Box::pin(async move {
+            let mut all = true;
+            for lap in laps {
+                all &= lap.await.is_ok();
+            }
+            all
         }))
+    }
+
+    /// Runs blocking storage work on the blocking pool, or on this task when `inline`;
+    /// `None` if the work panicked.
+    async fn offload<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        if self.inline {
+            Some(f())
+        } else {
+            tokio::task::spawn_blocking(f).await.ok()
+        }
     }
 
     /// Where a syncing mirror of `key` holds rounds that do not fit in memory.
@@ -435,24 +463,24 @@ impl<N: GmNet + Clone> Inner<N> {
         };
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
-        match tokio::task::spawn_blocking(move || storage.apply_mirrored(&vhost, &name, ops)).await
+        match self
+            .offload(move || storage.apply_mirrored(&vhost, &name, ops))
+            .await
         {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
                 tracing::error!(queue = %key.1, error = %e, "cannot write a mirrored batch");
                 false
             }
-            Err(_) => false,
+            None => false,
         }
     }
 
     async fn drop_copy(&self, key: &Key) {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
-        match tokio::task::spawn_blocking(move || storage.drop_copy(&vhost, &name)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(queue = %key.1, error = %e, "cannot drop a mirror copy"),
-            Err(_) => {}
+        if let Some(Err(e)) = self.offload(move || storage.drop_copy(&vhost, &name)).await {
+            tracing::error!(queue = %key.1, error = %e, "cannot drop a mirror copy");
         }
     }
 
@@ -705,12 +733,12 @@ impl<N: GmNet + Clone> Inner<N> {
             let broker = self.broker.clone();
             let (vhost, name) = key.clone();
             let now = self.clock.now();
-            let adopted = tokio::task::spawn_blocking(move || {
-                broker.adopt_queue(&vhost, &name, now, |h| storage.adopt(h).map(|_| ()))
-            })
-            .await
-            .ok()
-            .flatten();
+            let adopted = self
+                .offload(move || {
+                    broker.adopt_queue(&vhost, &name, now, |h| storage.adopt(h).map(|_| ()))
+                })
+                .await
+                .flatten();
             match adopted {
                 Some(Ok(h)) => {
                     let len = h.lock().message_count();
@@ -971,21 +999,22 @@ impl<N: GmNet + Clone> Inner<N> {
         let sync = self
             .next_sync
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let from_seq = tokio::task::spawn_blocking(move || {
-            storage.at_next_seq(&vhost, &name, |from_seq| {
-                let msg = MirrorMsg::SyncStart {
-                    epoch,
-                    target,
-                    from_seq,
-                    active,
-                    sync,
-                };
-                let _ = start_sender.broadcast(Bytes::from(msg.encode()));
-                from_seq
+        let from_seq = self
+            .offload(move || {
+                storage.at_next_seq(&vhost, &name, |from_seq| {
+                    let msg = MirrorMsg::SyncStart {
+                        epoch,
+                        target,
+                        from_seq,
+                        active,
+                        sync,
+                    };
+                    let _ = start_sender.broadcast(Bytes::from(msg.encode()));
+                    from_seq
+                })
             })
-        })
-        .await
-        .unwrap_or(0);
+            .await
+            .unwrap_or(0);
         let copier = active.then(|| {
             let inner = self.clone();
             let key = key.clone();
@@ -1023,28 +1052,29 @@ impl<N: GmNet + Clone> Inner<N> {
             let storage = self.storage.clone();
             let (vhost, name) = key.clone();
             let s = sender.clone();
-            let step = tokio::task::spawn_blocking(move || {
-                storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
-                    let n = ops
-                        .iter()
-                        .filter(|o| matches!(o, IndexOp::Publish { .. }))
-                        .count();
-                    let lap = (!ops.is_empty()).then(|| {
-                        s.confirmed_broadcast(Bytes::from(
-                            MirrorMsg::SyncBatch {
-                                epoch,
-                                target,
-                                sync,
-                                ops: ops::encode(&ops),
-                            }
-                            .encode(),
-                        ))
-                    });
-                    (lap, next, n)
+            let step = self
+                .offload(move || {
+                    storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
+                        let n = ops
+                            .iter()
+                            .filter(|o| matches!(o, IndexOp::Publish { .. }))
+                            .count();
+                        let lap = (!ops.is_empty()).then(|| {
+                            s.confirmed_broadcast(Bytes::from(
+                                MirrorMsg::SyncBatch {
+                                    epoch,
+                                    target,
+                                    sync,
+                                    ops: ops::encode(&ops),
+                                }
+                                .encode(),
+                            ))
+                        });
+                        (lap, next, n)
+                    })
                 })
-            })
-            .await;
-            let Ok(Ok((lap, next, n))) = step else {
+                .await;
+            let Some(Ok((lap, next, n))) = step else {
                 tracing::warn!(queue = %key.1, "sync stopped: the backlog could not be read");
                 return false;
             };
@@ -1113,7 +1143,7 @@ impl SyncRun {
 
     /// Whether the mirror holds the whole queue: its backlog was copied, or the queue no
     /// longer holds anything older than where the mirror's copy started.
-    fn complete(&mut self, storage: &Storage, key: &Key) -> bool {
+    fn complete<D: StorageDisk>(&mut self, storage: &Storage<D>, key: &Key) -> bool {
         if let Some(c) = &mut self.copier {
             if !c.is_finished() {
                 return false;
@@ -1159,7 +1189,7 @@ fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
 }
 
 /// One task per queue this node has a part in.
-async fn queue_task<N: GmNet + Clone>(inner: Arc<Inner<N>>, key: Key) {
+async fn queue_task<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, key: Key) {
     loop {
         let state = inner.raft.snapshot();
         match role_of(&state, &inner.broker, &key, inner.node) {
@@ -1197,7 +1227,7 @@ async fn queue_task<N: GmNet + Clone>(inner: Arc<Inner<N>>, key: Key) {
 }
 
 /// Starts a queue task for every queue this node has a part in.
-async fn supervise<N: GmNet + Clone>(inner: Arc<Inner<N>>) {
+async fn supervise<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
     let mut views = inner.raft.subscribe();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -1228,7 +1258,7 @@ async fn supervise<N: GmNet + Clone>(inner: Arc<Inner<N>>) {
 
 /// On the leader: mirror sets follow policies and running nodes; a master recorded down
 /// hands over to a mirror (`mirror::reconcile::plan`).
-async fn reconcile<N: GmNet + Clone>(inner: Arc<Inner<N>>, every: Duration) {
+async fn reconcile<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     let mut views = inner.raft.subscribe();
     loop {

@@ -89,8 +89,39 @@ pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> +
 /// it travels as one GM message, which one node-link frame must hold.
 pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 
-/// Blocks until a shipped batch completed its lap; `false` when it never will.
-pub type LapWait = Box<dyn FnOnce() -> bool + Send>;
+/// Resolves once a shipped batch completed its lap; `false` when it never will. A future,
+/// not a blocking call, so a round can be driven by the syncer thread ([`Storage::round`]
+/// blocks on it) or by an async task ([`Storage::round_async`], as the simulation does).
+pub type LapWait = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
+/// A round written and fsynced locally whose mirrors' laps are still out.
+struct PendingRound {
+    laps: Vec<LapWait>,
+    /// The highest ticket durable before this round.
+    after: u64,
+    /// The round's highest ticket.
+    ticket: u64,
+}
+
+/// Runs a future to completion on this thread (the syncer thread has no runtime; a lap
+/// future is woken by the GM host's tasks on the node's runtime).
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
 
 /// A stable folder name for a queue's index: FNV-1a 64 of `vhost \0 name`, in hex. The full
 /// name is written inside (`queue.name`) so the folder can be told apart and inspected.
@@ -151,7 +182,7 @@ impl<D: Disk + Clone> Storage<D> {
         disk.create_dir_all(&queues_dir)?;
         // Transient messages do not outlive the node: their store and indexes start empty.
         remove_index_dir(&disk, &transient_dir);
-        for name in list_dirs(&transient_queues_dir) {
+        for name in disk.list_dirs(&transient_queues_dir).unwrap_or_default() {
             remove_index_dir(&disk, &transient_queues_dir.join(name));
         }
         disk.create_dir_all(&transient_queues_dir)?;
@@ -197,6 +228,8 @@ impl<D: Disk + Clone> Storage<D> {
                 head,
                 &msg_store,
                 broker.epoch_unix_ms(),
+                // The node did not stop cleanly: deliveries may have gone unrecorded.
+                !report.clean,
                 &mut summary,
             )?;
             for (id, n) in store_refs {
@@ -208,7 +241,7 @@ impl<D: Disk + Clone> Storage<D> {
         // bookkeeping) go, as RabbitMQ's walker does.
         msg_store.set_ref_counts(refs)?;
         // Index folders of queues that no longer exist.
-        for name in list_dirs(&queues_dir) {
+        for name in disk.list_dirs(&queues_dir).unwrap_or_default() {
             if !known_dirs.contains(&name) {
                 remove_index_dir(&disk, &queues_dir.join(&name));
             }
@@ -280,7 +313,21 @@ impl<D: Disk + Clone> Storage<D> {
     /// One round; on failure storage stops for good: waiting persistent confirms become
     /// nacks and the node's alarm blocks publishers. Returns whether storage still works.
     pub fn step(&self) -> bool {
-        match self.round() {
+        self.stepped(self.round())
+    }
+
+    /// [`Storage::step`] for an async driver (see [`Storage::round_async`]).
+    pub async fn step_async(&self) -> bool {
+        self.stepped(self.round_async().await)
+    }
+
+    /// Whether work is waiting for a round (the syncer goes again at once if so).
+    pub fn has_work(&self) -> bool {
+        self.durability.outstanding()
+    }
+
+    fn stepped(&self, r: Result<(), StorageError>) -> bool {
+        match r {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(error = %e, "storage failed: persistent publishes are refused from now on");
@@ -290,9 +337,46 @@ impl<D: Disk + Clone> Storage<D> {
         }
     }
 
-    /// One group commit: drain every dirty queue, write, fsync, mark durable. (The syncer
-    /// calls it in a loop; tests call it directly.)
+    /// One group commit: drain every dirty queue, write, fsync, wait for mirrored queues'
+    /// laps, mark durable. (The syncer thread calls it in a loop; tests call it directly.)
     pub fn round(&self) -> Result<(), StorageError> {
+        if let Some(pending) = self.round_write()? {
+            let mut all = true;
+            for lap in pending.laps {
+                all &= block_on(lap);
+            }
+            self.round_done(pending.after, pending.ticket, all);
+        }
+        Ok(())
+    }
+
+    /// [`Storage::round`] for an async driver: the laps are awaited, not blocked on. The
+    /// simulation runs storage this way, on its simulated clock, with no syncer thread.
+    pub async fn round_async(&self) -> Result<(), StorageError> {
+        if let Some(pending) = self.round_write()? {
+            let mut all = true;
+            for lap in pending.laps {
+                all &= lap.await;
+            }
+            self.round_done(pending.after, pending.ticket, all);
+        }
+        Ok(())
+    }
+
+    /// A round's confirms once its laps are done: nacks if any lap failed.
+    fn round_done(&self, after: u64, ticket: u64, all: bool) {
+        if !all {
+            tracing::warn!(
+                "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
+            );
+            self.durability.void(after, ticket);
+        }
+        self.durability.mark_durable(ticket);
+    }
+
+    /// The local half of a round: writes and fsyncs, and marks the round durable unless
+    /// mirrors' laps are out (then returns them; see [`Storage::round_done`]).
+    fn round_write(&self) -> Result<Option<PendingRound>, StorageError> {
         let (ticket, dirty) = self.durability.take_dirty();
         if dirty.is_empty() {
             // No queue has undrained operations, so every ticket issued so far belongs to
@@ -300,7 +384,7 @@ impl<D: Disk + Clone> Storage<D> {
             // round read its highest ticket, for an operation it still drained, is
             // durable now.
             self.durability.mark_durable(ticket);
-            return Ok(());
+            return Ok(None);
         }
         // Queue locks are taken before, never while, the storage lock is held: a queue
         // reading paged messages holds its lock and then takes the storage lock. The syncer
@@ -315,7 +399,7 @@ impl<D: Disk + Clone> Storage<D> {
             .collect();
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = guard.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let mut touched = Vec::new();
         let tap = self.tap.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -352,26 +436,18 @@ impl<D: Disk + Clone> Storage<D> {
             // (of another queue) writes under it, and two masters waiting on each other's
             // mirrors would otherwise deadlock.
             drop(guard);
-            let after = self.durability.durable_upto();
-            let mut all = true;
-            for wait in laps {
-                all &= wait();
-            }
-            if !all {
-                tracing::warn!(
-                    "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
-                );
-                self.durability.void(after, ticket);
-            }
-            self.durability.mark_durable(ticket);
-            return Ok(());
+            return Ok(Some(PendingRound {
+                laps,
+                after: self.durability.durable_upto(),
+                ticket,
+            }));
         }
         self.durability.mark_durable(ticket);
         if state.msg_store.compaction_due() {
             let report = state.msg_store.compact()?;
             tracing::debug!(?report, "message store compacted");
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Installs (or removes) the tap on the operations each round writes.
@@ -481,6 +557,9 @@ impl<D: Disk + Clone> Storage<D> {
             self.head_entries,
             &state.msg_store,
             self.epoch_unix_ms,
+            // A mirror's copy becoming the queue: the old master's last deliveries may
+            // not have reached it.
+            true,
             &mut summary,
         )?;
         state.indexes.insert(key, index);
@@ -832,20 +911,6 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
     }
 }
 
-/// Sub-folders of `dir` (the runtime may use std::fs; the Disk trait lists files only).
-fn list_dirs(dir: &Path) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<String> = rd
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     if let Ok(names) = disk.list(dir) {
         for n in names {
@@ -871,6 +936,7 @@ fn recover_queue<D: Disk + Clone>(
     head: usize,
     msg_store: &MsgStore<D>,
     epoch_unix_ms: u64,
+    suspect: bool,
     summary: &mut RecoverySummary,
 ) -> Result<(QueueIndex<D>, StoreRefs), StorageError> {
     let label = format!("{}/{}", handle.vhost, handle.name);
@@ -945,7 +1011,12 @@ fn recover_queue<D: Disk + Clone>(
         count: rest,
         bytes: recovered.rest_bytes,
     });
-    handle.lock().restore(entries, rest, next_seq);
+    let mut queue = handle.lock();
+    queue.restore(entries, rest, next_seq);
+    if suspect || !recovered.clean {
+        queue.mark_restored_suspect();
+    }
+    drop(queue);
     Ok((index, store_refs))
 }
 
@@ -1206,22 +1277,20 @@ mod tests {
         mirror_disk.crash();
         let (master_again, _, _, _) = open(&master_disk);
         let (promoted, _, _, summary) = open(&mirror_disk);
+        // After an unclean stop any message may have gone out unrecorded: all of them
+        // come back `redelivered` (the delivered, unacked one would anyway).
         let expected = vec![
             (big, true),
-            (b"c".to_vec(), false),
-            (b"d".to_vec(), false),
-            (b"e".to_vec(), false),
+            (b"c".to_vec(), true),
+            (b"d".to_vec(), true),
+            (b"e".to_vec(), true),
         ];
         assert_eq!(
             contents(&master_again),
             expected,
             "the master's own recovery"
         );
-        assert_eq!(
-            contents(&promoted),
-            expected,
-            "the mirror's copy: the delivered, unacked message comes back redelivered"
-        );
+        assert_eq!(contents(&promoted), expected, "the mirror's copy");
         assert_eq!((summary.messages, summary.lost), (4, 0));
     }
 

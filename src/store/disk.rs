@@ -93,6 +93,11 @@ pub trait Disk: Send + Sync + 'static {
     fn len(&self, path: &Path) -> Result<Option<u64>, DiskError>;
     /// Removes an empty folder; a missing one is not an error.
     fn remove_dir(&self, dir: &Path) -> Result<(), DiskError>;
+    /// Sub-folder names (not paths) of a folder, sorted; empty when the folder is missing.
+    /// (Storage finds queue index folders with it; a disk without folders has none.)
+    fn list_dirs(&self, _dir: &Path) -> Result<Vec<String>, DiskError> {
+        Ok(Vec::new())
+    }
 }
 
 /// A shared disk is a disk: the message store and every queue index use one `Arc`'d
@@ -136,5 +141,8 @@ impl<T: Disk + ?Sized> Disk for std::sync::Arc<T> {
     }
     fn remove_dir(&self, dir: &Path) -> Result<(), DiskError> {
         (**self).remove_dir(dir)
+    }
+    fn list_dirs(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
+        (**self).list_dirs(dir)
     }
 }

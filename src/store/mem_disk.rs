@@ -104,6 +104,20 @@ impl Disk for MemDisk {
             .collect())
     }
 
+    fn list_dirs(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
+        // Folders exist here only as the parents of files.
+        let s = self.lock();
+        let names: std::collections::BTreeSet<String> = s
+            .files
+            .keys()
+            .filter_map(|p| p.strip_prefix(dir).ok())
+            .filter(|rest| rest.components().count() > 1)
+            .filter_map(|rest| rest.components().next())
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        Ok(names.into_iter().collect())
+    }
+
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
         let s = self.lock();
         s.files

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::procs::*;
 use common::within;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::BasicProperties;
 
 /// A publisher with confirms on one channel, numbering its messages from 0; what the broker
@@ -174,6 +176,10 @@ async fn drain(cluster: &Cluster, via: u64, queue: &str) -> Vec<(u32, bool)> {
     let conn = connect(&cluster.node(via).amqp_uri()).await;
     let ch = channel(&conn).await;
     let mut drained = Vec::new();
+    // A master hands out nothing while its lease is out (a Raft election, say: it cannot
+    // confirm it is still the master), and get-empty then says nothing about the queue:
+    // the drain ends when the queue's message count, not a get, says it is empty.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let got = within(
             "basic.get",
@@ -181,7 +187,26 @@ async fn drain(cluster: &Cluster, via: u64, queue: &str) -> Vec<(u32, bool)> {
         )
         .await
         .expect("get");
-        let Some(m) = got else { break };
+        let Some(m) = got else {
+            let q = within(
+                "queue.declare (passive)",
+                ch.queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    Default::default(),
+                ),
+            )
+            .await
+            .expect("passive declare");
+            if q.message_count() == 0 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
         let n = u32::from_be_bytes(m.delivery.data[..4].try_into().expect("4 bytes"));
         drained.push((n, m.delivery.redelivered));
     }

@@ -732,7 +732,6 @@ pub fn run_seed(seed: u64) -> Outcome {
         seed,
         trace: trace.lines(),
         failures,
-        known: Vec::new(),
     }
 }
 

@@ -206,6 +206,10 @@ pub struct Queue {
     /// Messages below this seq may have gone out before this copy took over (recovered
     /// after an unclean stop, or promoted from a mirror): they leave flagged `redelivered`.
     suspect_below: u64,
+    /// A mirrored queue's master hands out messages only until this instant: its lease,
+    /// renewed while a Raft quorum read shows it is still the master (`None`: no lease is
+    /// needed, no mirror could be promoted in its place).
+    lease_until: Option<Instant>,
     consumers: Vec<Consumer>,
     next_consumer: usize,
     had_consumer: bool,
@@ -301,6 +305,7 @@ impl Queue {
             unacked: HashMap::new(),
             next_seq: 0,
             suspect_below: 0,
+            lease_until: None,
             consumers: Vec::new(),
             next_consumer: 0,
             had_consumer: false,
@@ -507,6 +512,17 @@ impl Queue {
         self.persist.as_ref().is_some_and(|p| p.durable)
     }
 
+    /// Sets (or with `None` lifts) the master's lease: past it, nothing is delivered or
+    /// got until it is renewed. A master cut off from the quorum stops handing out
+    /// messages before a mirror can be promoted, so two copies never serve at once.
+    pub fn set_lease(&mut self, until: Option<Instant>) {
+        self.lease_until = until;
+    }
+
+    fn leased(&self, now: Instant) -> bool {
+        self.lease_until.is_none_or(|t| now < t)
+    }
+
     /// Every message restored so far may have been delivered without a record of it (the
     /// copy was recovered after an unclean stop, or a mirror's copy is being promoted: a
     /// delivery is recorded in the round after it goes out). They will all leave flagged
@@ -673,6 +689,9 @@ impl Queue {
 
     /// Delivers to consumers while messages and credit last.
     pub fn deliver(&mut self, me: &Arc<QueueHandle>, now: Instant, dead: &mut Vec<DeadLetter>) {
+        if !self.leased(now) {
+            return;
+        }
         loop {
             self.expire_head(now, dead);
             if self.peek_next().is_none() {
@@ -745,6 +764,9 @@ impl Queue {
         dead: &mut Vec<DeadLetter>,
     ) -> Option<(Entry, u32)> {
         self.last_used = now;
+        if !self.leased(now) {
+            return None;
+        }
         self.expire_head(now, dead);
         let entry = self.pop_next()?;
         if ack_required {
@@ -980,6 +1002,63 @@ mod tests {
 
     fn now() -> Instant {
         Instant::from_millis(1)
+    }
+
+    #[test]
+    fn a_master_past_its_lease_hands_out_nothing_until_it_is_renewed() {
+        let (h, _) = queue(QueueArgs::default());
+        let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+        let link = Arc::new(ChannelLink::new(1, 1, outbox.clone()));
+        let at = Instant::from_millis;
+        h.lock().set_lease(Some(at(100)));
+        let mut dead = Vec::new();
+        h.lock().publish(&h, msg("m1"), at(10));
+        let (e, _) = h
+            .lock()
+            .get(at(99), true, &mut dead)
+            .expect("within the lease");
+        assert_eq!(&e.message.body[..], b"m1");
+        h.lock().publish(&h, msg("m2"), at(100));
+        assert!(
+            h.lock().get(at(100), true, &mut dead).is_none(),
+            "basic.get past the lease"
+        );
+        h.lock().add_consumer(&h, consumer(&link, "c", 0), at(150));
+        h.lock().deliver(&h, at(150), &mut dead);
+        assert!(drain(&outbox).is_empty(), "a delivery past the lease");
+        h.lock().set_lease(Some(at(400)));
+        h.lock().deliver(&h, at(200), &mut dead);
+        assert_eq!(
+            drain(&outbox).into_iter().map(|d| d.1).collect::<Vec<_>>(),
+            ["m2"],
+            "renewed: the waiting consumer gets it"
+        );
+        // Lifted (no mirror left): no lease needed.
+        h.lock().set_lease(None);
+        h.lock().publish(&h, msg("m3"), at(10_000));
+        assert_eq!(drain(&outbox).len(), 1);
+    }
+
+    #[test]
+    fn messages_restored_as_suspect_leave_flagged_redelivered() {
+        let (h, _) = queue(QueueArgs::default());
+        let mut dead = Vec::new();
+        for b in ["m1", "m2"] {
+            h.lock().publish(&h, msg(b), now());
+        }
+        // As storage does for a copy recovered after an unclean stop, or being promoted.
+        h.lock().mark_restored_suspect();
+        h.lock().publish(&h, msg("m3"), now());
+        let flags: Vec<bool> = (0..3)
+            .map(|_| {
+                h.lock()
+                    .get(now(), false, &mut dead)
+                    .expect("a message")
+                    .0
+                    .redelivered
+            })
+            .collect();
+        assert_eq!(flags, [true, true, false], "only what was there before");
     }
 
     #[test]

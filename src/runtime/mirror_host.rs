@@ -75,7 +75,15 @@ struct Inner<N, D: Disk + Clone> {
     next_sync: std::sync::atomic::AtomicU64,
     /// Where syncing mirrors hold rounds that do not fit in memory.
     hold_dir: std::path::PathBuf,
+    /// How long a master may hand out messages after a Raft quorum read showed it is the
+    /// master: under the failure detector's timeout, so it stops before any mirror can be
+    /// promoted (`docs/mirroring.md`, "The master's lease").
+    lease: Duration,
 }
+
+/// The default lease: half the failure detector's default timeout (`peer_timeout_ms`,
+/// 5 s).
+pub const DEFAULT_LEASE: Duration = Duration::from_millis(2_500);
 
 /// The node's mirrored-queue runtime. Clones share it.
 pub struct MirrorHost<N, D: Disk + Clone = Arc<FileDisk>> {
@@ -255,6 +263,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 tasks: Mutex::new(HashMap::new()),
                 next_sync: std::sync::atomic::AtomicU64::new(1),
                 hold_dir,
+                lease: DEFAULT_LEASE,
             }),
         }
     }
@@ -265,6 +274,15 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
     pub fn with_inline_storage(mut self) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.inline = true;
+        }
+        self
+    }
+
+    /// The master's lease (see [`DEFAULT_LEASE`]); it must stay under the failure
+    /// detector's timeout. Call before [`MirrorHost::start`].
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.lease = lease;
         }
         self
     }
@@ -280,6 +298,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
         vec![
             tokio::spawn(supervise(self.inner.clone())),
             tokio::spawn(reconcile(self.inner.clone(), reconcile_every)),
+            tokio::spawn(keep_leases(self.inner.clone())),
         ]
     }
 
@@ -862,14 +881,22 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             return;
         };
         let epoch = set.epoch;
-        lock(&self.masters).insert(
-            key.clone(),
-            Shipping {
-                sender: m.handle.sender(),
-                epoch,
-                member: m.handle.id(),
-            },
-        );
+        {
+            let mut masters = lock(&self.masters);
+            masters.insert(
+                key.clone(),
+                Shipping {
+                    sender: m.handle.sender(),
+                    epoch,
+                    member: m.handle.id(),
+                },
+            );
+            // Nothing goes out until a quorum read confirmed this master (`keep_leases`).
+            if let Some(h) = self.broker.queue(&key.0, &key.1) {
+                h.lock()
+                    .set_lease(Some(crate::time::Instant::from_millis(0)));
+            }
+        }
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
         let mut syncs: BTreeMap<MemberId, SyncRun> = BTreeMap::new();
         let mut requests = (set.sync_requests, set.cancel_requests);
@@ -954,7 +981,22 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
             }
         }
-        lock(&self.masters).remove(key);
+        {
+            let mut masters = lock(&self.masters);
+            masters.remove(key);
+            if let Some(h) = self.broker.queue(&key.0, &key.1) {
+                // Still the queue's node with no mirror left (a policy cleared): no one
+                // can be promoted, so no lease is needed. Otherwise it stops serving now.
+                let state = self.raft.snapshot();
+                let unmirrored = self.home_of(&state, key) == Some(self.node)
+                    && role_of(&state, &self.broker, key, self.node) == Role::None;
+                h.lock()
+                    .set_lease((!unmirrored).then_some(crate::time::Instant::from_millis(0)));
+                if unmirrored {
+                    kick(&self.broker, &h, self.clock.now());
+                }
+            }
+        }
         for (_, run) in syncs {
             run.abort();
         }
@@ -1252,6 +1294,61 @@ async fn supervise<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
         tokio::select! {
             r = views.changed() => if r.is_err() { return },
             _ = tick.tick() => {}
+        }
+    }
+}
+
+/// Delivers what consumers can take now (after a lease was renewed or lifted).
+fn kick(broker: &Broker, h: &Arc<crate::broker::QueueHandle>, now: crate::time::Instant) {
+    let mut dead = Vec::new();
+    h.lock().deliver(h, now, &mut dead);
+    if !dead.is_empty() {
+        broker.dead_letter(h, dead, now);
+    }
+}
+
+/// Renews the leases of the queues this node masters. A quorum read started at `t0`
+/// (`MetaRaft::quorum_snapshot`: the leader confirms its leadership with heartbeats sent
+/// after the request reached it) that still shows this node as the queue's home and its
+/// member alive in the group means no promotion had committed at `t0`. One needs the node
+/// recorded down first, which a leader does only after the failure detector's timeout
+/// without hearing from it (the read request was heard at or after `t0`), and a new leader
+/// only after leading that long. So the master may serve until `t0 + lease`, the lease
+/// being under that timeout.
+async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
+    let lease_ms = inner.lease.as_millis() as u64;
+    loop {
+        tokio::time::sleep(inner.lease / 3).await;
+        if lock(&inner.masters).is_empty() {
+            continue;
+        }
+        let t0 = inner.clock.now();
+        let Ok(state) = inner.raft.quorum_snapshot(inner.lease).await else {
+            continue;
+        };
+        let mut renewed = Vec::new();
+        {
+            // Under the masters lock: a master that stops meanwhile is not renewed.
+            let masters = lock(&inner.masters);
+            for (key, shipping) in masters.iter() {
+                let still = inner.home_of(&state, key) == Some(inner.node)
+                    && state
+                        .gm_groups
+                        .get(&group_name(&key.0, &key.1))
+                        .is_some_and(|g| g.members.contains(&Slot::Alive(shipping.member)));
+                if !still {
+                    continue;
+                }
+                if let Some(h) = inner.broker.queue(&key.0, &key.1) {
+                    h.lock().set_lease(Some(t0.plus_millis(lease_ms)));
+                    renewed.push(h);
+                }
+            }
+        }
+        // Consumers that waited while the lease ran out get their messages now.
+        let now = inner.clock.now();
+        for h in renewed {
+            kick(&inner.broker, &h, now);
         }
     }
 }

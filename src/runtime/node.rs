@@ -267,7 +267,16 @@ impl Node {
                     c.raft().clone(),
                     clock,
                     config.node.data_dir.join("mirror_hold"),
-                );
+                )
+                // Under the failure detector's timeout: a master stops serving before a
+                // mirror can be promoted in its place.
+                .with_lease(Duration::from_millis(
+                    config
+                        .cluster
+                        .as_ref()
+                        .map_or(5_000, |cc| cc.peer_timeout_ms)
+                        / 2,
+                ));
                 let tasks = host.start(Duration::from_millis(500));
                 Some((host, tasks))
             }

@@ -62,7 +62,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, RaftMetrics, ServerState};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -122,6 +122,64 @@ pub enum ForwardReply {
         /// Why.
         reason: String,
     },
+}
+
+/// A leader's answer to a read-index request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadIndexReply {
+    /// A quorum confirmed the leadership after the request arrived: a reader that has
+    /// applied up to `index` sees every command committed before it sent the request.
+    Ready {
+        /// The log index to have applied.
+        index: u64,
+    },
+    /// The receiver does not lead; its view of the leader.
+    NotLeader {
+        /// The leader's id, if known (never the receiver itself).
+        leader: Option<NodeId>,
+        /// The leader's cluster address.
+        leader_addr: Option<String>,
+    },
+    /// No quorum confirmed the leadership in time, or Raft stopped.
+    Failed {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// The leader side of a read index: confirms the leadership with a quorum (heartbeats sent
+/// after the call) and answers the index up to which a reader must have applied.
+pub(super) async fn read_index_as_leader(
+    raft: &Raft<TypeConfig>,
+    budget: Duration,
+) -> ReadIndexReply {
+    if let Some(ForwardReply::NotLeader {
+        leader,
+        leader_addr,
+    }) = refuse_unless_leader(&raft.metrics().borrow())
+    {
+        return ReadIndexReply::NotLeader {
+            leader,
+            leader_addr,
+        };
+    }
+    match tokio::time::timeout(budget, raft.get_read_log_id()).await {
+        Err(_) => ReadIndexReply::Failed {
+            reason: format!("no quorum within {budget:?}"),
+        },
+        Ok(Ok((read, _applied))) => ReadIndexReply::Ready {
+            index: read.map_or(0, |l| l.index),
+        },
+        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+            ReadIndexReply::NotLeader {
+                leader: f.leader_id,
+                leader_addr: f.leader_node.map(|n| n.addr),
+            }
+        }
+        Ok(Err(e)) => ReadIndexReply::Failed {
+            reason: e.to_string(),
+        },
+    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -326,6 +384,67 @@ impl Forwarder {
         };
         tracing::warn!(node = self.me, "proposal: {e}");
         Err(e)
+    }
+
+    /// Raft's read index from whichever node leads (this one, or the leader it knows of,
+    /// once), within `within`: the index this node must have applied for a read that sees
+    /// every command committed before the call.
+    pub(super) async fn read_index(&self, within: Duration) -> Result<u64, ProposeError> {
+        let deadline = Instant::now() + within;
+        let not_leader =
+            |leader: Option<NodeId>, leader_addr: Option<String>| ProposeError::NotLeader {
+                leader,
+                leader_addr,
+            };
+        let next = route(self.me, &self.raft.metrics().borrow());
+        let reply = match next {
+            Route::Stopped(reason) => return Err(ProposeError::Stopped(reason)),
+            Route::Unknown => {
+                return Err(ProposeError::NoLeader {
+                    waited: Duration::ZERO,
+                    reason: "no leader known".into(),
+                })
+            }
+            Route::Local => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                read_index_as_leader(&self.raft, left).await
+            }
+            Route::Remote { leader, addr } => {
+                let frame = network::encode_request(&RpcRequest::ReadIndex { origin: self.me })
+                    .map_err(|e| ProposeError::ForwardFailed {
+                        leader,
+                        reason: e.to_string(),
+                    })?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                let call = self.transport.call_dyn(leader, &addr, frame, left);
+                match tokio::time::timeout(left, call).await {
+                    Ok(Ok(bytes)) => match network::decode_reply(&bytes) {
+                        Ok(RpcReply::ReadIndex(r)) => r,
+                        other => {
+                            return Err(ProposeError::ForwardFailed {
+                                leader,
+                                reason: format!("unexpected read-index reply: {other:?}"),
+                            })
+                        }
+                    },
+                    Ok(Err(e)) => {
+                        return Err(ProposeError::ForwardFailed {
+                            leader,
+                            reason: e.to_string(),
+                        })
+                    }
+                    Err(_) => return Err(ProposeError::Timeout(within)),
+                }
+            }
+        };
+        match reply {
+            ReadIndexReply::Ready { index } => Ok(index),
+            ReadIndexReply::NotLeader {
+                leader,
+                leader_addr,
+            } => Err(not_leader(leader, leader_addr)),
+            ReadIndexReply::Failed { reason } => Err(ProposeError::NoQuorum(reason)),
+        }
     }
 
     /// Waits until this node leads, knows a leader, or stopped; false at the deadline.

@@ -49,7 +49,7 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
 use serde::{Deserialize, Serialize};
 
-use super::forward::{self, ForwardReply, ForwardRequest};
+use super::forward::{self, ForwardReply, ForwardRequest, ReadIndexReply};
 use super::persist::{self, PersistError};
 use super::types::{NodeId, TypeConfig};
 
@@ -124,6 +124,12 @@ pub(super) enum RpcRequest {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// A proposal made on another node, for the leader to commit.
     Forward(ForwardRequest),
+    /// A read on another node: the leader confirms its leadership with a quorum and answers
+    /// the log index the reader must have applied (Raft's read index).
+    ReadIndex {
+        /// The reading node (for the leader's logs).
+        origin: NodeId,
+    },
 }
 
 /// A reply frame's content. Append new variants at the end only (see the module docs).
@@ -136,6 +142,8 @@ pub(super) enum RpcReply {
     Malformed(String),
     /// The outcome of a forwarded proposal.
     Forward(ForwardReply),
+    /// The answer to a read-index request.
+    ReadIndex(ReadIndexReply),
 }
 
 /// Names the wire in decode errors.
@@ -330,6 +338,11 @@ impl RpcServer {
             Ok(RpcRequest::Snapshot(r)) => RpcReply::Snapshot(self.raft.install_snapshot(r).await),
             Ok(RpcRequest::Forward(r)) => {
                 RpcReply::Forward(forward::serve(&self.raft, r, self.propose_timeout).await)
+            }
+            Ok(RpcRequest::ReadIndex { origin }) => {
+                let reply = forward::read_index_as_leader(&self.raft, self.propose_timeout).await;
+                tracing::debug!(origin, "read index: {reply:?}");
+                RpcReply::ReadIndex(reply)
             }
             Err(e) => {
                 tracing::warn!(

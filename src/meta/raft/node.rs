@@ -294,6 +294,30 @@ impl MetaRaft {
         }
     }
 
+    /// The metadata with every command committed before the call applied, on any node:
+    /// Raft's read index from the leader (which confirms its leadership with a quorum
+    /// first), then this node's state once it has applied that far. Within `within`.
+    pub async fn quorum_snapshot(&self, within: Duration) -> Result<Arc<MetaState>, ProposeError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let index = self.forwarder.read_index(within).await?;
+        let mut view = self.view.clone();
+        let caught_up = async {
+            loop {
+                if view.borrow_and_update().applied_index.unwrap_or(0) >= index {
+                    return true;
+                }
+                if view.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, caught_up).await {
+            Ok(true) => Ok(self.snapshot()),
+            Ok(false) => Err(ProposeError::Stopped("raft node shut down".into())),
+            Err(_) => Err(ProposeError::Timeout(within)),
+        }
+    }
+
     /// The metadata with its applied index and digest.
     pub fn view(&self) -> MetaView {
         self.view.borrow().clone()

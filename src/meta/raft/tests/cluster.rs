@@ -273,3 +273,41 @@ async fn file_disk_nodes_restart_with_their_state() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_quorum_read_on_a_follower_sees_every_earlier_commit_and_an_isolated_node_gets_none() {
+    bounded(async {
+        let c = Cluster::new(3, fast_config()).await;
+        let leader = c.leader(&[], Duration::from_secs(5)).await;
+        c.propose(add_vhost(), &[]).await;
+        let followers: Vec<u64> = c.ids().into_iter().filter(|&id| id != leader).collect();
+        let (f, cut) = (followers[0], followers[1]);
+        for i in 0..20 {
+            // Committed on the leader; the follower may not have applied it yet.
+            c.propose(declare_queue(&format!("q{i}")), &[]).await;
+            let read = c.nodes[&f]
+                .quorum_snapshot(Duration::from_secs(2))
+                .await
+                .expect("a follower's quorum read");
+            assert!(
+                read.vhost("/")
+                    .is_some_and(|v| v.queues.contains_key(&format!("q{i}"))),
+                "the read after q{i} was committed does not show it"
+            );
+        }
+        // On the leader itself too.
+        let read = c.nodes[&leader]
+            .quorum_snapshot(Duration::from_secs(2))
+            .await
+            .expect("the leader's quorum read");
+        assert_eq!(read.vhost("/").map(|v| v.queues.len()), Some(20));
+        // A node cut off from the others gets no quorum read (a master there must stop).
+        c.router.isolate(cut);
+        let stranded = c.nodes[&cut]
+            .quorum_snapshot(Duration::from_millis(500))
+            .await;
+        assert!(stranded.is_err(), "an isolated node read {stranded:?}");
+        c.router.heal();
+    })
+    .await;
+}

@@ -23,6 +23,16 @@ fn parse_range(s: &str) -> Option<(u64, u64)> {
 type Scenario = (&'static str, fn(u64) -> sim::Outcome);
 
 fn main() -> ExitCode {
+    // `RUST_LOG=warren=info sim --seed N` also prints the node code's own logs (to stderr,
+    // without wall-clock times); the trace on stdout is unchanged.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .without_time()
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| args.iter().any(|a| a == f);
     let value = |f: &str| {

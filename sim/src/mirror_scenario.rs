@@ -54,6 +54,9 @@ use crate::transport::{serve, Handler, Kind, TurmoilTransport};
 
 /// Nodes (Raft voters; every one holds a copy of the queue under `ha-mode: all`).
 pub const NODES: u64 = 3;
+/// A node that joins some runs under load (a Raft learner; under `ha-mode: all` it gets a
+/// mirror, which syncs while the queue serves).
+const JOINER: NodeId = NODES + 1;
 const VHOST: &str = "/";
 const QUEUE: &str = "ha.q";
 /// Publishers, each with its own connection; a few publishes in flight each. The last one
@@ -136,12 +139,72 @@ struct Shared {
     draining: AtomicBool,
     /// The consumer saw every confirmed message and then an empty queue.
     drained: AtomicBool,
+    /// The joining node's host exists.
+    joined: AtomicBool,
 }
 
 impl Shared {
     fn fail(&self, trace: &Trace, why: String) {
         trace.log(format!("FAILURE {why}"));
         lock(&self.failures).push(why);
+    }
+
+    /// The newest metadata any running node applied.
+    fn newest(&self) -> Option<Arc<warren::meta::MetaState>> {
+        lock(&self.rafts)
+            .values()
+            .map(|r| r.snapshot())
+            .max_by_key(|s| s.version)
+    }
+
+    /// The queue's mirrors, as the newest metadata has them.
+    fn mirrors(&self) -> String {
+        self.newest()
+            .and_then(|s| s.mirror_sets.get(&key()).cloned())
+            .map_or("no mirror set".into(), |set| {
+                set.mirrors
+                    .iter()
+                    .map(|m| format!("n{}{}", m.node, if m.synchronised { "" } else { "?" }))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    + &format!(", epoch {}", set.epoch)
+            })
+    }
+
+    /// The nodes (besides the master) that are not synchronised mirrors, if any.
+    fn unsynchronised(&self) -> Option<String> {
+        let s = self.newest()?;
+        let home = s.vhosts.get(VHOST)?.queues.get(QUEUE)?.home;
+        let synced: BTreeSet<NodeId> = s
+            .mirror_sets
+            .get(&key())
+            .map(|set| {
+                set.mirrors
+                    .iter()
+                    .filter(|m| m.synchronised)
+                    .map(|m| m.node)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let missing: Vec<String> = (1..=self.hosts())
+            .filter(|n| *n != home && !synced.contains(n))
+            .map(|n| format!("n{n}"))
+            .collect();
+        (!missing.is_empty()).then(|| missing.join(" "))
+    }
+
+    /// How many nodes exist (the joiner's host is created when it joins).
+    fn hosts(&self) -> u64 {
+        if self.joined.load(Ordering::SeqCst) {
+            JOINER
+        } else {
+            NODES
+        }
+    }
+
+    /// The node after `n`, for a client trying the others.
+    fn next_node(&self, n: NodeId) -> NodeId {
+        n % self.hosts() + 1
     }
 
     /// The queue's home in the metadata of any running node (the newest version).
@@ -169,6 +232,8 @@ enum Fault {
     /// `ha-mode: exactly 2` (a mirror leaves), later back to `all` (it returns and syncs).
     Exactly2,
     All,
+    /// A fourth node boots and joins the cluster (it gets a mirror and syncs under load).
+    Join,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +267,9 @@ fn plan(rng: &mut StdRng) -> Vec<(u64, Fault)> {
         let t = rng.gen_range(1_500..8_000);
         faults.push((t, Fault::Exactly2));
         faults.push((t + rng.gen_range(500..4_000), Fault::All));
+    }
+    if rng.gen_bool(0.5) {
+        faults.push((rng.gen_range(2_000..9_000), Fault::Join));
     }
     faults.sort_by_key(|(t, _)| *t);
     faults
@@ -344,7 +412,15 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         link: addr(id),
         incarnation: boot,
     };
-    propose_until_done(&raft, Command::RegisterNode(record), id, &trace).await;
+    if id <= NODES {
+        propose_until_done(&raft, Command::RegisterNode(record), id, &trace).await;
+        tokio::task::spawn_local(add_learners(raft.clone()));
+    } else {
+        // A joining node knows no leader yet: a member proposes its record (as
+        // `warrenctl join_cluster` has a seed node do), then the leader adds it as a
+        // learner and it catches up.
+        register_through_members(&transport, Command::RegisterNode(record), id, &trace).await;
+    }
     if id == 1 && boot == 1 {
         propose_until_done(&raft, Command::AddVhost { name: VHOST.into() }, id, &trace).await;
         let q = QueueDef {
@@ -541,7 +617,7 @@ async fn ping_peers(
     seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
 ) {
     loop {
-        for peer in (1..=NODES).filter(|p| *p != id) {
+        for peer in (1..=JOINER).filter(|p| *p != id) {
             let (t, seen) = (transport.clone(), seen.clone());
             tokio::task::spawn_local(async move {
                 if t.request(&addr(peer), Kind::Ping, &[], Duration::from_millis(300))
@@ -583,10 +659,15 @@ async fn detect_failures(
                 .copied()
                 .filter(|p| *p != id)
                 .filter(|p| {
-                    now.saturating_sub(lock(&seen).get(p).copied().unwrap_or(0)) > PEER_TIMEOUT_MS
+                    // A node just registered counts as heard from when first seen here.
+                    let last = *lock(&seen).entry(*p).or_insert(now);
+                    now.saturating_sub(last) > PEER_TIMEOUT_MS
                 })
                 .collect()
         };
+        if *lock(&down_now) != down {
+            trace.log(format!("n{id} sees down: {down:?}"));
+        }
         broker.set_down_nodes(down.clone());
         *lock(&down_now) = down.clone();
         if !raft.is_leader() {
@@ -613,9 +694,39 @@ async fn detect_failures(
     }
 }
 
-/// The next node after `n` (a client trying the others).
-fn next_node(n: NodeId) -> NodeId {
-    n % NODES + 1
+/// Proposes `cmd` through the members (any forwards it to the leader) until one applied it.
+async fn register_through_members(t: &TurmoilTransport, cmd: Command, id: NodeId, trace: &Trace) {
+    let Ok(body) = bincode::serialize(&cmd) else {
+        return;
+    };
+    for attempt in 0u64.. {
+        let node = attempt % NODES + 1;
+        let r = t
+            .request(&addr(node), Kind::Propose, &body, Duration::from_secs(3))
+            .await;
+        if matches!(r.as_deref(), Ok([1])) {
+            trace.log(format!("n{id} registered through n{node}"));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The membership task (`runtime::cluster`'s, reduced): the leader adds every registered
+/// node that is not in the Raft membership as a learner.
+async fn add_learners(raft: MetaRaft) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !raft.is_leader() {
+            continue;
+        }
+        let m = raft.membership();
+        for id in raft.snapshot().nodes.keys() {
+            if !m.voters.contains_key(id) && !m.learners.contains_key(id) {
+                let _ = raft.add_learner(*id, addr(*id)).await;
+            }
+        }
+    }
 }
 
 async fn call(t: &TurmoilTransport, node: NodeId, req: &Request, deadline: u64) -> Option<Reply> {
@@ -651,7 +762,7 @@ async fn run_publisher(p: u32, seed: u64, shared: Arc<Shared>, trace: Trace) {
             let (t, req) = (t.clone(), Request::Publish { publisher: p, n });
             let this = n;
             let to = if p == PUBLISHERS - 1 {
-                n % NODES + 1
+                n % shared.hosts() + 1
             } else {
                 target
             };
@@ -679,7 +790,9 @@ async fn run_publisher(p: u32, seed: u64, shared: Arc<Shared>, trace: Trace) {
                 *lock(&shared.nacks) += 1;
             }
             Some(Reply::NotMaster { home }) => {
-                let next = home.filter(|h| *h != node).unwrap_or(next_node(node));
+                let next = home
+                    .filter(|h| *h != node)
+                    .unwrap_or(shared.next_node(node));
                 if target == node {
                     trace.log(format!("p{p} n{node} is not the master: trying n{next}"));
                     target = next;
@@ -689,7 +802,7 @@ async fn run_publisher(p: u32, seed: u64, shared: Arc<Shared>, trace: Trace) {
             other => {
                 trace.log(format!("p{p} #{m} n{node}: {other:?}"));
                 if target == node {
-                    target = next_node(node);
+                    target = shared.next_node(node);
                 }
             }
         }
@@ -707,7 +820,7 @@ async fn run_consumer(seed: u64, shared: Arc<Shared>, trace: Trace) {
         let draining = shared.draining.load(Ordering::SeqCst);
         // One get in ten goes to any node: one still serving when it should not is caught.
         let node = if rng.gen_bool(0.1) {
-            rng.gen_range(1..=NODES)
+            rng.gen_range(1..=shared.hosts())
         } else {
             target
         };
@@ -747,7 +860,9 @@ async fn run_consumer(seed: u64, shared: Arc<Shared>, trace: Trace) {
             }
             Some(Reply::NotMaster { .. }) if node != target => {}
             Some(Reply::NotMaster { home }) => {
-                let next = home.filter(|h| *h != target).unwrap_or(next_node(target));
+                let next = home
+                    .filter(|h| *h != target)
+                    .unwrap_or(shared.next_node(target));
                 trace.log(format!("c n{target} is not the master: trying n{next}"));
                 target = next;
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -755,7 +870,7 @@ async fn run_consumer(seed: u64, shared: Arc<Shared>, trace: Trace) {
             other => {
                 trace.log(format!("c n{node}: {other:?}"));
                 if node == target {
-                    target = next_node(target);
+                    target = shared.next_node(target);
                 }
             }
         }
@@ -795,18 +910,19 @@ pub fn run_seed(seed: u64) -> Outcome {
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(5))
         .build();
-    let disks: BTreeMap<NodeId, (MemDisk, MemDisk)> = (1..=NODES)
+    let disks: BTreeMap<NodeId, (MemDisk, MemDisk)> = (1..=JOINER)
         .map(|id| (id, (MemDisk::new(), MemDisk::new())))
         .collect();
+    let env = |id: NodeId| NodeEnv {
+        id,
+        seed,
+        raft_disk: disks[&id].0.clone(),
+        disk: disks[&id].1.clone(),
+        shared: Arc::clone(&shared),
+        trace: trace.clone(),
+    };
     for id in 1..=NODES {
-        let env = NodeEnv {
-            id,
-            seed,
-            raft_disk: disks[&id].0.clone(),
-            disk: disks[&id].1.clone(),
-            shared: Arc::clone(&shared),
-            trace: trace.clone(),
-        };
+        let env = env(id);
         sim.host(host(id), move || run_node(env.clone()));
     }
     {
@@ -824,15 +940,81 @@ pub fn run_seed(seed: u64) -> Outcome {
             Ok(())
         });
     }
+    // An operator (warrenctl set_policy) makes the planned policy changes one after the
+    // other, each through any node (which forwards it to the leader).
+    let changes: Vec<(u64, Command)> = faults
+        .iter()
+        .filter_map(|(t, f)| match f {
+            Fault::Exactly2 => Some((*t, ha_policy("exactly"))),
+            Fault::All => Some((*t, ha_policy("all"))),
+            _ => None,
+        })
+        .collect();
+    {
+        let trace = trace.clone();
+        sim.client("ctl", async move {
+            let t = TurmoilTransport::new("ctl", trace.clone());
+            let mut node = 1;
+            for (at, cmd) in changes {
+                tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+                let body = bincode::serialize(&cmd)?;
+                loop {
+                    let r = t
+                        .request(&addr(node), Kind::Propose, &body, Duration::from_secs(3))
+                        .await;
+                    if matches!(r.as_deref(), Ok([1])) {
+                        trace.log(format!("ctl: policy applied through n{node}"));
+                        break;
+                    }
+                    node = node % NODES + 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Ok(())
+        });
+    }
     let faults_end = faults.last().map_or(0, |(t, _)| *t);
     let mut pending = faults.into_iter().peekable();
     let drain_from = WORKLOAD_MS.max(faults_end) + 500;
     let deadline = drain_from + DRAIN_MS;
     // The node a partition or crash took away (one at a time).
     let mut away: Option<NodeId> = None;
+    let mut shown = (0, 0);
     loop {
         let now = sim.elapsed().as_millis() as u64;
         trace.set_harness_time(now);
+        // The queue's home, mirrors and GM group as the newest metadata has them, on change.
+        if let Some(s) = shared.newest() {
+            let group = s
+                .gm_groups
+                .get(&warren::mirror::message::group_name(VHOST, QUEUE));
+            let versions = (
+                s.mirror_sets.get(&key()).map_or(0, |m| m.version),
+                group.map_or(0, |g| g.version),
+            );
+            if versions != shown {
+                shown = versions;
+                let home = s
+                    .vhosts
+                    .get(VHOST)
+                    .and_then(|v| v.queues.get(QUEUE))
+                    .map_or(0, |q| q.home);
+                let members = group.map_or(String::new(), |g| {
+                    g.members
+                        .iter()
+                        .map(|m| match m {
+                            warren::gm::Slot::Alive(m) => format!("+{}.{}", m.node, m.since),
+                            warren::gm::Slot::Dead(m) => format!("-{}.{}", m.node, m.since),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                });
+                trace.log(format!(
+                    "metadata: home n{home}, mirrors {}; group {members}",
+                    shared.mirrors()
+                ));
+            }
+        }
         while let Some((_, fault)) = pending.next_if(|(t, _)| *t <= now) {
             let pick = |t: Target| match t {
                 Target::Master => shared.home().unwrap_or(1),
@@ -842,7 +1024,7 @@ pub fn run_seed(seed: u64) -> Outcome {
                 Fault::Partition(t) => {
                     let n = pick(t);
                     trace.log(format!("fault: partition n{n} ({t:?})"));
-                    for o in (1..=NODES).filter(|o| *o != n) {
+                    for o in (1..=shared.hosts()).filter(|o| *o != n) {
                         sim.partition(host(n), host(o));
                     }
                     away = Some(n);
@@ -850,7 +1032,7 @@ pub fn run_seed(seed: u64) -> Outcome {
                 Fault::Heal => {
                     if let Some(n) = away.take() {
                         trace.log(format!("fault: heal n{n}"));
-                        for o in (1..=NODES).filter(|o| *o != n) {
+                        for o in (1..=shared.hosts()).filter(|o| *o != n) {
                             sim.repair(host(n), host(o));
                         }
                     }
@@ -870,32 +1052,15 @@ pub fn run_seed(seed: u64) -> Outcome {
                         sim.bounce(host(n));
                     }
                 }
+                Fault::Join => {
+                    trace.log(format!("fault: n{JOINER} joins"));
+                    let env = env(JOINER);
+                    sim.host(host(JOINER), move || run_node(env.clone()));
+                    shared.joined.store(true, Ordering::SeqCst);
+                }
                 Fault::Exactly2 | Fault::All => {
-                    let cmd = ha_policy(if matches!(fault, Fault::All) {
-                        "all"
-                    } else {
-                        "exactly"
-                    });
+                    // Applied by the operator's client (`ctl`), in plan order.
                     trace.log(format!("fault: policy {fault:?}"));
-                    // An operator (warrenctl set_policy): any node forwards it to the leader.
-                    let trace = trace.clone();
-                    sim.client(format!("ctl-{now}"), async move {
-                        let t = TurmoilTransport::new(format!("ctl-{now}"), trace.clone());
-                        let body = bincode::serialize(&cmd)?;
-                        for attempt in 0..30u64 {
-                            let node = attempt % NODES + 1;
-                            let r = t
-                                .request(&addr(node), Kind::Propose, &body, Duration::from_secs(3))
-                                .await;
-                            if matches!(r.as_deref(), Ok([1])) {
-                                trace.log(format!("ctl: policy applied through n{node}"));
-                                return Ok(());
-                            }
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        trace.log("ctl: policy change not applied");
-                        Ok(())
-                    });
                 }
             }
         }
@@ -903,9 +1068,36 @@ pub fn run_seed(seed: u64) -> Outcome {
             trace.log("drain: faults over, publishers done; the consumer drains the queue");
         }
         if shared.drained.load(Ordering::SeqCst) {
-            break;
-        }
-        if now > deadline {
+            // Every node holds a synchronised copy (`ha-mode: all`, every node back): the
+            // syncs under load, of restarted and joined nodes, completed.
+            match shared.unsynchronised() {
+                None => {
+                    trace.log(format!(
+                        "liveness: every mirror synchronised ({})",
+                        shared.mirrors()
+                    ));
+                    break;
+                }
+                Some(_) if now <= deadline => {}
+                Some(missing) => {
+                    if let Some(s) = shared.newest() {
+                        let all: BTreeSet<NodeId> = s.nodes.keys().copied().collect();
+                        trace.log(format!(
+                            "reconcile plan with every node running: {:?}",
+                            warren::mirror::reconcile::plan(&s, &all)
+                        ));
+                    }
+                    shared.fail(
+                        &trace,
+                        format!(
+                            "liveness: not synchronised within {DRAIN_MS}ms: {missing} ({})",
+                            shared.mirrors()
+                        ),
+                    );
+                    break;
+                }
+            }
+        } else if now > deadline {
             let seen: BTreeSet<(u32, u64)> = lock(&shared.deliveries)
                 .iter()
                 .map(|d| (d.publisher, d.n))

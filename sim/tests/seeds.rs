@@ -78,10 +78,13 @@ fn gm_same_seed_same_trace() {
 /// Mirrored-queue scenario seeds CI runs: a mirror is promoted in 1, 2, 5, 6 and 8 (twice,
 /// to each other node, in 5 and 8; after a crash in 2, after partitions in the others); the
 /// master's node crashes and restarts before it is recorded down in 3, 4 and 7; a mirror's
-/// node is cut off in 4; the policy goes to `exactly 2` and back under load in 3, 5 and 7.
-/// A sweep of seeds 0..300 passes. Before masters held a lease, 68 of seeds 0..200 failed G4
-/// (a deposed master still delivering), 1, 5, 6 and 8 among them.
-const MIRROR_CI_SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+/// node is cut off in 4; the policy goes to `exactly 2` and back under load in 3, 5 and 7; a
+/// fourth node joins under load in 2, 3, 4, 5 and 189. Seeds 53, 189 and 262 found bugs, now fixed: a
+/// deposed master that restarted its master task unsynchronised the new master's mirror
+/// (53); a joining mirror that missed its `SyncStart` was recorded synchronised with an
+/// empty copy, then promoted (189); a deposed master confirmed on its own disk after it
+/// stopped shipping (262). A sweep of seeds 0..400 passes.
+const MIRROR_CI_SEEDS: [u64; 11] = [1, 2, 3, 4, 5, 6, 7, 8, 53, 189, 262];
 
 #[test]
 fn mirror_fixed_seeds_pass() {

@@ -379,15 +379,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// The storage tap: ships a mastered queue's round (persistent operations only).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
         let Some(shipping) = lock(&self.masters).get(key).cloned() else {
-            // Not shipping (yet): while the metadata counts a mirror as synchronised it
-            // could be promoted, so nothing is confirmed that it does not have.
-            let vouched = self
-                .raft
-                .snapshot()
-                .mirror_sets
-                .get(key)
-                .is_some_and(|s| s.mirrors.iter().any(|m| m.synchronised));
-            return vouched.then(|| Box::pin(std::future::ready(false)) as LapWait);
+            // Not shipping (yet, or any more): while the metadata counts a mirror as
+            // synchronised it could be promoted, so nothing is confirmed that it does not
+            // have; and a node the queue moved away from (a deposed master whose broker has
+            // not dropped the queue yet) confirms nothing at all.
+            let state = self.raft.snapshot();
+            let refuse = state.mirror_sets.get(key).is_some_and(|s| {
+                s.mirrors.iter().any(|m| m.synchronised)
+                    || self.home_of(&state, key) != Some(self.node)
+            });
+            return refuse.then(|| Box::pin(std::future::ready(false)) as LapWait);
         };
         let kept: Vec<IndexOp> = round
             .iter()
@@ -535,6 +536,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 };
                 true
             }
+            // A sync for this member whose start it never got (GM gives a joiner only what
+            // is sent after its left neighbour saw it join): its copy is not what the master
+            // thinks. It leaves without releasing this message, so the master cannot count
+            // the sync complete, and starts over with a new member (and a new sync).
+            Some(MirrorMsg::SyncBatch { target, .. } | MirrorMsg::SyncEnd { target, .. })
+                if target == me && matches!(m.mode, Mode::Waiting) =>
+            {
+                tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
+                false
+            }
             // Batches of a sync this mirror is in; those of an aborted one are not.
             Some(MirrorMsg::SyncBatch {
                 epoch,
@@ -647,7 +658,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         return None;
                     }
                     Followed::WriteFailed => {
-                        self.set_synchronised(key, None, self.node, false).await;
+                        self.set_synchronised(key, None, self.node, false, None).await;
                         leave(&mut m).await;
                         return None;
                     }
@@ -788,18 +799,31 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// Sets `node`'s synchronised flag (compare-and-set, retried). With `member`, only
     /// while that member is alive in the group (a mirror that restarted since is not the
     /// one that was synced).
+    /// Records `node`'s mirror as (un)synchronised. `as_master`: the epoch this node masters
+    /// the queue under; the change is made only while the metadata still says so (the
+    /// compare-and-set on the set's version makes that hold when it commits), so a deposed
+    /// master can neither vouch for a mirror nor unsync the new master's. `None`: a mirror
+    /// giving up on its own copy (always allowed: it can only prevent a promotion).
     async fn set_synchronised(
         &self,
         key: &Key,
         member: Option<MemberId>,
         node: NodeId,
         synchronised: bool,
+        as_master: Option<u64>,
     ) -> bool {
         for _ in 0..10 {
             let state = self.raft.snapshot();
             let Some(set) = state.mirror_sets.get(key) else {
                 return false;
             };
+            if let Some(epoch) = as_master {
+                if self.home_of(&state, key) != Some(self.node) || set.epoch != epoch {
+                    return false;
+                }
+            } else if node != self.node {
+                return false;
+            }
             if let Some(mid) = member {
                 let alive = state
                     .gm_groups
@@ -850,7 +874,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
     /// A master that joins its group afresh (not by promotion) cannot vouch for any
     /// mirror's copy: they all sync again.
-    async fn unsync_all(&self, key: &Key) {
+    async fn unsync_all(&self, key: &Key, epoch: u64) {
         let nodes: Vec<NodeId> = self
             .raft
             .snapshot()
@@ -859,28 +883,35 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .map(|s| s.mirrors.iter().map(|m| m.node).collect())
             .unwrap_or_default();
         for node in nodes {
-            self.set_synchronised(key, None, node, false).await;
+            self.set_synchronised(key, None, node, false, Some(epoch))
+                .await;
         }
     }
 
     /// The master's life in the group, until it is no longer the master.
     async fn run_master(self: &Arc<Self>, key: &Key, member: Option<Membership>) {
         let fresh = member.is_none();
+        let state = self.raft.snapshot();
+        let Some(set) = state.mirror_sets.get(key).cloned() else {
+            return;
+        };
+        let epoch = set.epoch;
+        if fresh && role_of(&state, &self.broker, key, self.node) != Role::Master {
+            // The metadata moved on since the caller looked.
+            return;
+        }
         let mut m = match member {
             Some(m) => m,
             None => {
-                self.unsync_all(key).await;
+                // A fresh master (its node restarted): its old member is gone, and so is
+                // what the mirrors were synchronised with.
+                self.unsync_all(key, epoch).await;
                 match self.join(key).await {
                     Some(m) => m,
                     None => return,
                 }
             }
         };
-        let state = self.raft.snapshot();
-        let Some(set) = state.mirror_sets.get(key).cloned() else {
-            return;
-        };
-        let epoch = set.epoch;
         {
             let mut masters = lock(&self.masters);
             masters.insert(
@@ -935,14 +966,19 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     }
                 },
                 _ = tick.tick() => {
+                    let sender = m.handle.sender();
                     let done: Vec<MemberId> = syncs
                         .iter_mut()
                         .filter_map(|(mid, run)| {
-                            (!run.recorded && run.complete(&self.storage, key)).then_some(*mid)
+                            (!run.recorded && run.complete(&self.storage, key, &sender))
+                                .then_some(*mid)
                         })
                         .collect();
                     for mid in done {
-                        if self.set_synchronised(key, Some(mid), mid.node, true).await {
+                        if self
+                            .set_synchronised(key, Some(mid), mid.node, true, Some(epoch))
+                            .await
+                        {
                             if let Some(run) = syncs.get_mut(&mid) {
                                 run.recorded = true;
                             }
@@ -1069,8 +1105,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         syncs.insert(
             target,
             SyncRun {
+                target,
+                id: (epoch, sync),
                 from_seq,
                 copier,
+                confirm: None,
                 recorded: false,
             },
         );
@@ -1164,10 +1203,17 @@ async fn leave(m: &mut Membership) {
 
 /// One mirror's sync, as its master runs it.
 struct SyncRun {
+    /// The mirror's member.
+    target: MemberId,
+    /// (epoch, sync id) of this sync.
+    id: (u64, u64),
     /// Where the mirror's copy started.
     from_seq: u64,
     /// The backlog copier (active sync).
     copier: Option<JoinHandle<bool>>,
+    /// A natural sync's closing `SyncEnd` lap: the mirror shows it follows (a mirror that
+    /// missed its `SyncStart` leaves instead of releasing it).
+    confirm: Option<JoinHandle<bool>>,
     /// Recorded synchronised in the metadata.
     recorded: bool,
 }
@@ -1178,14 +1224,20 @@ impl SyncRun {
     }
 
     fn abort(&self) {
-        if let Some(c) = &self.copier {
+        for c in self.copier.iter().chain(self.confirm.iter()) {
             c.abort();
         }
     }
 
-    /// Whether the mirror holds the whole queue: its backlog was copied, or the queue no
-    /// longer holds anything older than where the mirror's copy started.
-    fn complete<D: StorageDisk>(&mut self, storage: &Storage<D>, key: &Key) -> bool {
+    /// Whether the mirror holds everything: its active copy ended with a completed
+    /// `SyncEnd` lap, or the backlog before its start is gone (natural sync) and a
+    /// `SyncEnd` sent then (through `sender`) completed its lap.
+    fn complete<D: StorageDisk>(
+        &mut self,
+        storage: &Storage<D>,
+        key: &Key,
+        sender: &GmSender,
+    ) -> bool {
         if let Some(c) = &mut self.copier {
             if !c.is_finished() {
                 return false;
@@ -1197,9 +1249,31 @@ impl SyncRun {
                 return true;
             }
         }
-        storage
+        if let Some(c) = &mut self.confirm {
+            if !c.is_finished() {
+                return false;
+            }
+            let ok = finished_result(c);
+            self.confirm = None;
+            // Not confirmed: sent again at the next look.
+            return ok;
+        }
+        let drained = storage
             .low_seq(&key.0, &key.1)
-            .is_none_or(|low| low >= self.from_seq)
+            .is_none_or(|low| low >= self.from_seq);
+        if drained {
+            let (epoch, sync) = self.id;
+            let lap = sender.confirmed_broadcast(Bytes::from(
+                MirrorMsg::SyncEnd {
+                    epoch,
+                    target: self.target,
+                    sync,
+                }
+                .encode(),
+            ));
+            self.confirm = Some(tokio::spawn(async move { lap.await.is_ok() }));
+        }
+        false
     }
 }
 
@@ -1282,7 +1356,7 @@ async fn supervise<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
                     continue;
                 }
                 if role_of(&state, &inner.broker, key, inner.node) != Role::None {
-                    let span = tracing::info_span!("mirror", vhost = %key.0, queue = %key.1);
+                    let span = tracing::info_span!("mirror", node = inner.node, vhost = %key.0, queue = %key.1);
                     let task = tokio::spawn(tracing::Instrument::instrument(
                         queue_task(inner.clone(), key.clone()),
                         span,

@@ -1011,9 +1011,32 @@ impl Inner {
                         undelivered.push((d.vhost, d.queue, d.seq));
                     }
                 }
+                let state = self.broker.snapshot();
                 for tag in cancels {
+                    let mut gone = None;
                     if let Some(s) = lock(&self.sinks).get_mut(&key) {
-                        s.tags.retain(|t| !(t.node == from && *t.tag == *tag));
+                        if let Some(i) =
+                            s.tags.iter().position(|t| t.node == from && *t.tag == *tag)
+                        {
+                            gone = Some(s.tags.remove(i));
+                        }
+                    }
+                    // A mirrored queue's master that cancels its consumers is handing the
+                    // queue over (a controlled stop, a `nodes` policy), or deleting it: the
+                    // consumer waits for the new master, as after a failure (`rehome`
+                    // cancels it if the queue went), unless it asked to be cancelled.
+                    if let Some(t) = gone.filter(|t| {
+                        !t.cancel_on_ha_failover && state.mirror_sets.contains_key(&*t.queue)
+                    }) {
+                        lock(&self.orphans).push(Orphan {
+                            key,
+                            outbox: Arc::downgrade(&outbox),
+                            tag: t.tag,
+                            queue: t.queue,
+                            node: from,
+                            since: std::time::Instant::now(),
+                        });
+                        continue;
                     }
                     let _ = outbox.push(OutItem::Cancel {
                         channel,

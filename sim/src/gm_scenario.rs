@@ -239,7 +239,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         trace.clone(),
     ));
     let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
-    tokio::task::spawn_local(ping_peers(id, transport.clone(), last_seen.clone()));
+    tokio::task::spawn_local(ping_peers(id, NODES, transport.clone(), last_seen.clone()));
     tokio::task::spawn_local(detect_failures(id, raft.clone(), last_seen, trace.clone()));
 
     // Register this incarnation: a restarted node's old members are dead from here on.
@@ -268,13 +268,14 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
 }
 
 /// The failure detector's input: probes every peer, notes when each last answered.
-async fn ping_peers(
+pub(crate) async fn ping_peers(
     id: NodeId,
+    last: NodeId,
     transport: TurmoilTransport,
     seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
 ) {
     loop {
-        for peer in (1..=NODES).filter(|p| *p != id) {
+        for peer in (1..=last).filter(|p| *p != id) {
             let (t, seen) = (transport.clone(), seen.clone());
             tokio::task::spawn_local(async move {
                 if t.request(&addr(peer), Kind::Ping, &[], Duration::from_millis(300))

@@ -209,16 +209,8 @@ impl Shared {
 
     /// The queue's home in the metadata of any running node (the newest version).
     fn home(&self) -> Option<NodeId> {
-        lock(&self.rafts)
-            .values()
-            .map(|r| r.snapshot())
-            .max_by_key(|s| s.version)
-            .and_then(|s| {
-                s.vhosts
-                    .get(VHOST)
-                    .and_then(|v| v.queues.get(QUEUE))
-                    .map(|q| q.home)
-            })
+        let s = self.newest()?;
+        s.vhosts.get(VHOST)?.queues.get(QUEUE).map(|q| q.home)
     }
 }
 
@@ -395,7 +387,13 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     let clock = Clock::start();
     let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
     let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
-    tokio::task::spawn_local(ping_peers(id, transport.clone(), last_seen.clone()));
+    // The failure detector's input (the joiner's host may not exist yet: its probes fail).
+    tokio::task::spawn_local(crate::gm_scenario::ping_peers(
+        id,
+        JOINER,
+        transport.clone(),
+        last_seen.clone(),
+    ));
     tokio::task::spawn_local(detect_failures(
         id,
         raft.clone(),
@@ -419,7 +417,9 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         // A joining node knows no leader yet: a member proposes its record (as
         // `warrenctl join_cluster` has a seed node do), then the leader adds it as a
         // learner and it catches up.
-        register_through_members(&transport, Command::RegisterNode(record), id, &trace).await;
+        let mut through = 1;
+        propose_through_members(&transport, &Command::RegisterNode(record), &mut through).await;
+        trace.log(format!("n{id} registered through n{through}"));
     }
     if id == 1 && boot == 1 {
         propose_until_done(&raft, Command::AddVhost { name: VHOST.into() }, id, &trace).await;
@@ -610,28 +610,6 @@ impl Serving {
     }
 }
 
-/// The failure detector's input: probes every peer, notes when each last answered.
-async fn ping_peers(
-    id: NodeId,
-    transport: TurmoilTransport,
-    seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
-) {
-    loop {
-        for peer in (1..=JOINER).filter(|p| *p != id) {
-            let (t, seen) = (transport.clone(), seen.clone());
-            tokio::task::spawn_local(async move {
-                if t.request(&addr(peer), Kind::Ping, &[], Duration::from_millis(300))
-                    .await
-                    .is_ok()
-                {
-                    lock(&seen).insert(peer, now_ms());
-                }
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The failure detector as `runtime::cluster::watch_nodes` runs it: every node tells its
 /// broker which nodes are down; the leader, from a leadership a quorum confirmed, records
 /// `NodeDown` once per outage.
@@ -694,20 +672,21 @@ async fn detect_failures(
     }
 }
 
-/// Proposes `cmd` through the members (any forwards it to the leader) until one applied it.
-async fn register_through_members(t: &TurmoilTransport, cmd: Command, id: NodeId, trace: &Trace) {
-    let Ok(body) = bincode::serialize(&cmd) else {
+/// Proposes `cmd` through the members, starting at `*node` and moving on after each
+/// failure, until one applied it (any member forwards it to the leader); `*node` is left at
+/// the member that did.
+async fn propose_through_members(t: &TurmoilTransport, cmd: &Command, node: &mut NodeId) {
+    let Ok(body) = bincode::serialize(cmd) else {
         return;
     };
-    for attempt in 0u64.. {
-        let node = attempt % NODES + 1;
+    loop {
         let r = t
-            .request(&addr(node), Kind::Propose, &body, Duration::from_secs(3))
+            .request(&addr(*node), Kind::Propose, &body, Duration::from_secs(3))
             .await;
         if matches!(r.as_deref(), Ok([1])) {
-            trace.log(format!("n{id} registered through n{node}"));
             return;
         }
+        *node = *node % NODES + 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -957,18 +936,8 @@ pub fn run_seed(seed: u64) -> Outcome {
             let mut node = 1;
             for (at, cmd) in changes {
                 tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
-                let body = bincode::serialize(&cmd)?;
-                loop {
-                    let r = t
-                        .request(&addr(node), Kind::Propose, &body, Duration::from_secs(3))
-                        .await;
-                    if matches!(r.as_deref(), Ok([1])) {
-                        trace.log(format!("ctl: policy applied through n{node}"));
-                        break;
-                    }
-                    node = node % NODES + 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                propose_through_members(&t, &cmd, &mut node).await;
+                trace.log(format!("ctl: policy applied through n{node}"));
             }
             Ok(())
         });

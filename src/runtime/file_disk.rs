@@ -48,43 +48,35 @@ impl FileDisk {
     }
 }
 
+/// Names in `dir` whose type `keep` accepts, sorted; none when `dir` is missing.
+fn names(dir: &Path, keep: fn(&std::fs::FileType) -> bool) -> Result<Vec<String>, DiskError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DiskError::io("list", dir, e)),
+    };
+    let mut names = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| DiskError::io("list", dir, e))?;
+        if entry.file_type().is_ok_and(|t| keep(&t)) {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
 impl Disk for FileDisk {
     fn create_dir_all(&self, dir: &Path) -> Result<(), DiskError> {
         std::fs::create_dir_all(dir).map_err(|e| DiskError::io("mkdir", dir, e))
     }
 
     fn list(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
-        let rd = match std::fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(DiskError::io("list", dir, e)),
-        };
-        let mut names = Vec::new();
-        for entry in rd {
-            let entry = entry.map_err(|e| DiskError::io("list", dir, e))?;
-            if entry.file_type().is_ok_and(|t| t.is_file()) {
-                names.push(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-        names.sort();
-        Ok(names)
+        names(dir, |t| t.is_file())
     }
 
     fn list_dirs(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
-        let rd = match std::fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(DiskError::io("list", dir, e)),
-        };
-        let mut names = Vec::new();
-        for entry in rd {
-            let entry = entry.map_err(|e| DiskError::io("list", dir, e))?;
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                names.push(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-        names.sort();
-        Ok(names)
+        names(dir, |t| t.is_dir())
     }
 
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {

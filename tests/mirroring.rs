@@ -30,6 +30,16 @@ impl Publisher {
 
     /// A publisher whose first message is number `first`.
     async fn numbered_from(uri: &str, queue: &'static str, first: u32) -> Publisher {
+        Publisher::spawn(uri, queue, first, false).await
+    }
+
+    /// A publisher whose odd-numbered messages are transient (delivery mode 1): a mirrored
+    /// queue mirrors them too, so their confirms mean the same.
+    async fn mixed(uri: &str, queue: &'static str) -> Publisher {
+        Publisher::spawn(uri, queue, 0, true).await
+    }
+
+    async fn spawn(uri: &str, queue: &'static str, first: u32, mixed: bool) -> Publisher {
         let conn = connect(uri).await;
         let ch = channel(&conn).await;
         within(
@@ -53,7 +63,8 @@ impl Publisher {
                             queue.into(),
                             BasicPublishOptions::default(),
                             &next.to_be_bytes(),
-                            BasicProperties::default().with_delivery_mode(2),
+                            BasicProperties::default()
+                                .with_delivery_mode(if mixed && next % 2 == 1 { 1 } else { 2 }),
                         )
                         .await
                     else {
@@ -263,10 +274,15 @@ const ALL_AUTOMATIC: &str = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
 /// A three-node cluster with the `ha` policy (all, automatic sync) and the durable queue
 /// `queue` mastered on node 1, both mirrors synchronised.
 async fn mirrored_cluster(name: &str, queue: &str) -> Cluster {
+    mirrored_cluster_of(name, queue, true).await
+}
+
+/// [`mirrored_cluster`] with a durable or a non-durable queue.
+async fn mirrored_cluster_of(name: &str, queue: &str, durable: bool) -> Cluster {
     let cluster = Cluster::start(name).await;
     set_ha_policy(&cluster, ALL_AUTOMATIC).await;
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    declare(&channel(&c1).await, queue, true, locator("client-local"))
+    declare(&channel(&c1).await, queue, durable, locator("client-local"))
         .await
         .expect("declare");
     let _ = c1.close(200, "bye".into()).await;
@@ -287,8 +303,9 @@ async fn mirrored_cluster(name: &str, queue: &str) -> Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed() {
     let mut cluster = mirrored_cluster("mirrored", "ha.orders").await;
-    // A publisher on node 2: its publishes go to the master on node 1.
-    let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.orders").await;
+    // A publisher on node 2: its publishes go to the master on node 1. Half of them are
+    // transient: mirrored all the same.
+    let publisher = Publisher::mixed(&cluster.node(2).amqp_uri(), "ha.orders").await;
     publisher.wait_more(600, "before the kill").await;
     cluster.nodes[0].kill();
     let killed = Instant::now();
@@ -311,6 +328,28 @@ async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed()
     check(&acked, &drain(&cluster, 3, "ha.orders").await);
 }
 
+/// A non-durable mirrored queue outlives its master's node, as in RabbitMQ: a mirror is
+/// promoted (by the `NodeDown` itself: the master's copy was in RAM) with every confirmed
+/// message, persistent or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_non_durable_mirrored_queue_outlives_its_masters_node() {
+    let mut cluster = mirrored_cluster_of("nondurable", "ha.fleeting", false).await;
+    let publisher = Publisher::mixed(&cluster.node(2).amqp_uri(), "ha.fleeting").await;
+    publisher.wait_more(400, "before the kill").await;
+    cluster.nodes[0].kill();
+    publisher.wait_more(300, "after the kill").await;
+    let acked = publisher.finish().await;
+    wait_state(
+        &cluster,
+        3,
+        "ha.fleeting",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    check(&acked, &drain(&cluster, 3, "ha.fleeting").await);
+}
+
 /// Mirrors crash and come back under load, sync their backlog while the queue serves, and
 /// are promoted in turn: every node of the cluster is killed once, and the copy that ends
 /// up serving was built by a background sync.
@@ -319,8 +358,8 @@ async fn crashed_mirrors_resync_under_load_and_each_can_take_over() {
     let mut cluster = mirrored_cluster("resync", "ha.chain").await;
 
     // Publishing through node 2 all along: a mirror (node 3) crashes; confirms resume once
-    // it is recorded down.
-    let a = Publisher::start(&cluster.node(2).amqp_uri(), "ha.chain").await;
+    // it is recorded down. Half the messages are transient: syncs copy them too.
+    let a = Publisher::mixed(&cluster.node(2).amqp_uri(), "ha.chain").await;
     a.wait_more(500, "before the mirror crash").await;
     cluster.nodes[2].kill();
     a.wait_more(500, "after the mirror crash").await;
@@ -414,6 +453,72 @@ async fn a_deposed_master_nacks_what_it_never_confirmed_and_rejoins_as_a_mirror(
     let drained = drain(&cluster, 3, "ha.split").await;
     eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
     check(&acked, &drained);
+}
+
+/// A queue that gets an `ha-mode` policy while it holds transient messages: a sync copies
+/// the queue's index, which only records transient messages once the queue is mirrored, so
+/// its mirrors stay unsynchronised (never promotable) until those messages are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transient_messages_from_before_the_policy_keep_mirrors_unsynchronised_until_consumed() {
+    let cluster = Cluster::start("premirror").await;
+    let conn = connect(&cluster.node(1).amqp_uri()).await;
+    let ch = channel(&conn).await;
+    declare(&ch, "ha.before", true, locator("client-local"))
+        .await
+        .expect("declare");
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    for n in 0..40u32 {
+        let mode = if n % 4 == 0 { 2 } else { 1 };
+        let confirm = within(
+            "basic.publish",
+            ch.basic_publish(
+                "".into(),
+                "ha.before".into(),
+                BasicPublishOptions::default(),
+                &n.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(mode),
+            ),
+        )
+        .await
+        .expect("publish");
+        assert!(within("confirm", confirm).await.expect("confirm").is_ack());
+    }
+    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    let start = Instant::now();
+    loop {
+        let mirrors = mirrors_of(&cluster, 1, "ha.before").await;
+        if mirrors.contains("warren2@test") && mirrors.contains("warren3@test") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "mirrors added");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // An automatic sync of 40 messages takes milliseconds; these stay unsynchronised.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (master, synced) = master_and_synced(&cluster, 2, "ha.before").await;
+    assert_eq!(master, "warren1@test");
+    assert!(
+        !synced.contains("warren"),
+        "synchronised while transient messages were unmirrored: {synced}"
+    );
+    let _ = conn.close(200, "bye".into()).await;
+    let drained = drain(&cluster, 1, "ha.before").await;
+    assert_eq!(drained.len(), 40);
+    check(&(0..40).collect::<Vec<u32>>(), &drained);
+    // Gone: both mirrors hold everything the master holds.
+    wait_state(
+        &cluster,
+        2,
+        "ha.before",
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
 }
 
 /// The queue's mirrors as node `asked` lists them (`slave_pids`).

@@ -479,11 +479,11 @@ impl Broker {
                             }
                         }
                         Some(def) => {
-                            // A durable queue that moved here (a mirror promoted) is not
-                            // created empty: the mirror runtime adopts this node's copy
+                            // A queue that moved here (a mirror promoted) is not created
+                            // empty: the mirror runtime adopts this node's copy
                             // ([`Broker::adopt_queue`]) once it holds everything.
                             let moved_in = self.durability.is_some()
-                                && def.durable
+                                && def.exclusive_owner.is_none()
                                 && before
                                     .and_then(|b| b.queues.get(name))
                                     .is_some_and(|old| old.home != home);

@@ -84,7 +84,10 @@ pub enum OnDisk {
     /// Only in RAM.
     #[default]
     No,
-    /// Persistent message of a durable queue: index record and body survive a restart.
+    /// In the queue's persistent index: a persistent message of a durable queue (record
+    /// and body survive a restart), or a transient message of a mirrored durable queue
+    /// (recorded so that it reaches the mirrors; the record says transient, and the node's
+    /// next start drops it).
     Persistent,
     /// Paged out under memory pressure (transient message, or any message of a non-durable
     /// queue): body in the transient store or embedded, dropped at restart.
@@ -229,7 +232,8 @@ pub struct Queue {
     has_index: bool,
 }
 
-/// A change the queue index must record (persistent messages of durable queues only).
+/// A change the queue index must record (persistent messages of durable queues, every
+/// message of a mirrored durable queue, and page-outs).
 #[derive(Debug, Clone)]
 pub enum IndexOp {
     /// A message arrived.
@@ -240,7 +244,8 @@ pub enum IndexOp {
         message: Arc<Message>,
         /// Expiry (`u64::MAX`: none).
         expires_at_ms: u64,
-        /// Persistent (survives restart; body in the persistent store) or paged transient.
+        /// In the persistent index (body in the persistent store; the record survives a
+        /// restart if the message is persistent) or the transient page index.
         persistent: bool,
     },
     /// It was delivered (comes back with `redelivered` after a restart).
@@ -507,6 +512,26 @@ impl Queue {
         }
     }
 
+    /// Whether the queue holds in RAM a message that is not in its persistent index: a
+    /// transient one published before the queue became mirrored. A mirror's sync copies
+    /// the index, so no mirror is synchronised while one is left (those paged out, to the
+    /// transient index, storage counts: `Storage::transient_len`). A walk over the queue's
+    /// RAM: for a master with a sync to complete, not for hot paths.
+    pub fn holds_unindexed(&self) -> bool {
+        let unindexed = |e: &Entry| e.on_disk != OnDisk::Persistent;
+        self.ready.iter().flatten().any(unindexed)
+            || self.returned.values().any(unindexed)
+            || self.q1.iter().any(unindexed)
+            || self.unacked.values().any(|u| unindexed(&u.entry))
+    }
+
+    /// A mirrored queue (durable or not, never exclusive) records every message in its
+    /// persistent index: that record is what its mirrors get. Transient messages (every
+    /// message of a non-durable queue) are recorded as such, and dropped at a restart.
+    fn records_every_message(&self) -> bool {
+        self.args.mirrored && self.exclusive_owner.is_none() && self.persist.is_some()
+    }
+
     /// Whether persistent messages of this queue go to disk and survive restarts.
     pub fn is_durable(&self) -> bool {
         self.persist.as_ref().is_some_and(|p| p.durable)
@@ -633,7 +658,7 @@ impl Queue {
         self.next_seq += 1;
         self.account(entry.message.size() as i64);
         self.ready_bytes += body;
-        if entry.message.persistent() && self.is_durable() {
+        if (self.is_durable() && entry.message.persistent()) || self.records_every_message() {
             entry.on_disk = OnDisk::Persistent;
             result.ticket = self.record(IndexOp::Publish {
                 seq: entry.seq,

@@ -39,6 +39,10 @@ pub struct QueueArgs {
     pub lazy: bool,
     /// `x-single-active-consumer`.
     pub single_active_consumer: bool,
+    /// An `ha-mode` policy applies: the queue is mirrored, so its transient messages are
+    /// recorded in its index too (that record is what reaches the mirrors; it is dropped
+    /// at the node's next start, as a transient message is).
+    pub mirrored: bool,
 }
 
 fn int(v: &AMQPValue) -> Option<i128> {
@@ -272,6 +276,7 @@ impl QueueArgs {
                 a.lazy = m == "lazy";
             }
         }
+        a.mirrored = policy.str("ha-mode").is_some();
         Ok(a)
     }
 }

@@ -552,8 +552,12 @@ impl MetaState {
             }
             Command::NodeDown { id } => {
                 // As RabbitMQ when a node goes down (or restarts): its connections are gone,
-                // and with them their exclusive queues; its non-durable queues go too. Its
-                // durable queues stay, unavailable until it is back.
+                // and with them their exclusive queues; its non-durable queues go too,
+                // except mirrored ones with a mirror to promote (their master's copy was in
+                // its RAM, so they cannot wait for it as durable queues do). Its durable
+                // queues stay, unavailable until it is back or the reconciler promotes a
+                // mirror (it knows which nodes run; this command does not).
+                self.promote_non_durable_of(*id)?;
                 self.delete_queues_where(&mut applied, |q| {
                     q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
                         || (q.home == *id && !q.durable)
@@ -796,6 +800,47 @@ impl MetaState {
                 ..set
             },
         );
+        Ok(())
+    }
+
+    /// The non-durable mirrored queues mastered on `node`, which is down (or restarting):
+    /// each moves at once to the mirror `ha-promote-on-failure` allows (the oldest
+    /// synchronised one by default), since waiting for the node is no use (it comes back
+    /// without them); those that cannot move are deleted after this. The chosen mirror's
+    /// node may be down too without a record of it yet (a whole cluster restarting): its
+    /// copy is then empty, which loses nothing the deletion would not. Durable queues are
+    /// not moved here for that reason: their master's disk may hold more than such a
+    /// mirror, and the reconciler, which knows which nodes run, promotes them.
+    fn promote_non_durable_of(&mut self, node: NodeId) -> Result<(), MetaError> {
+        let mut moves = Vec::new();
+        for (vname, v) in &self.vhosts {
+            for (name, def) in &v.queues {
+                if def.home != node || def.durable || def.exclusive_owner.is_some() {
+                    continue;
+                }
+                let Some(set) = self.mirror_sets.get(&(vname.clone(), name.clone())) else {
+                    continue;
+                };
+                let Some(policy) =
+                    crate::mirror::HaPolicy::of(&v.effective_policy(name, true), false)
+                else {
+                    continue;
+                };
+                let others: BTreeSet<NodeId> = set
+                    .mirrors
+                    .iter()
+                    .map(|m| m.node)
+                    .filter(|n| *n != node)
+                    .collect();
+                let rule = policy.promote_on_failure;
+                if let Some(to) = crate::mirror::placement::promotion(&set.mirrors, &others, rule) {
+                    moves.push((vname.clone(), name.clone(), set.epoch, to));
+                }
+            }
+        }
+        for (vhost, queue, epoch, to) in moves {
+            self.promote_mirror(&vhost, &queue, epoch, to)?;
+        }
         Ok(())
     }
 

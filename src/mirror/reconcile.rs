@@ -52,13 +52,12 @@ pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
                 expected_epoch: current.epoch,
                 node,
             };
-            // Only durable queues are mirrored: a non-durable queue goes with its node (the
-            // failure detector deletes it), so there is nothing to promote.
+            // Exclusive queues are never mirrored. A non-durable mirrored queue is promoted by
+            // the `NodeDown` of its master's node itself (see `MetaState`), or deleted.
             let policy = HaPolicy::of(
                 &vhost.effective_policy(name, true),
                 def.exclusive_owner.is_some(),
-            )
-            .filter(|_| def.durable);
+            );
             let Some(policy) = policy else {
                 if !current.mirrors.is_empty() {
                     out.push(set(Vec::new()));
@@ -232,6 +231,68 @@ mod tests {
     }
 
     #[test]
+    fn a_non_durable_mirrored_queue_moves_with_its_masters_node_down_or_goes() {
+        let mut st = state();
+        st.apply(&Command::DeclareQueue(QueueDef {
+            vhost: "/".into(),
+            name: "ha.t2".into(),
+            durable: false,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+            home: 1,
+        }))
+        .unwrap();
+        let all = up(&[1, 2, 3]);
+        st.apply(&policy(&[("ha-mode", s("all"))])).unwrap();
+        settle(&mut st, &all);
+        // ha.t's mirror on node 3 is synchronised; ha.t2 has none synchronised.
+        let key = ("/".to_string(), "ha.t".to_string());
+        let set = st.mirror_sets[&key].clone();
+        st.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "ha.t".into(),
+            expected_version: set.version,
+            mirrors: set
+                .mirrors
+                .iter()
+                .map(|m| MirrorRecord {
+                    synchronised: m.node == 3,
+                    ..*m
+                })
+                .collect(),
+        })
+        .unwrap();
+        mark_synchronised(&mut st, 2);
+        st.apply(&Command::NodeDown { id: 1 }).unwrap();
+        let queues = &st.vhost("/").unwrap().queues;
+        assert_eq!(queues["ha.t"].home, 3, "promoted by the NodeDown itself");
+        assert_eq!(st.mirror_sets[&key].epoch, 1);
+        assert!(
+            !queues.contains_key("ha.t2"),
+            "no mirror to promote: deleted, as an unmirrored one"
+        );
+        assert_eq!(
+            home(&st),
+            1,
+            "a durable queue waits for the reconciler (or its node)"
+        );
+        settle(&mut st, &up(&[2, 3]));
+        assert_eq!(home(&st), 2);
+        // With `ha-promote-on-failure: always`, an unsynchronised mirror is taken.
+        st.apply(&policy(&[
+            ("ha-mode", s("all")),
+            ("ha-promote-on-failure", s("always")),
+        ]))
+        .unwrap();
+        settle(&mut st, &up(&[2, 3]));
+        let set = &st.mirror_sets[&key];
+        assert!(set.mirrors.iter().all(|m| !m.synchronised && m.node == 2));
+        st.apply(&Command::NodeDown { id: 3 }).unwrap();
+        assert_eq!(st.vhost("/").unwrap().queues["ha.t"].home, 2);
+    }
+
+    #[test]
     fn a_policy_adds_mirrors_a_down_node_loses_its_own_and_clearing_removes_them() {
         let mut st = state();
         let all = up(&[1, 2, 3]);
@@ -244,10 +305,12 @@ mod tests {
                 .contains_key(&("/".to_string(), "ha.x".to_string())),
             "exclusive queues are never mirrored"
         );
-        assert!(
-            !st.mirror_sets
-                .contains_key(&("/".to_string(), "ha.t".to_string())),
-            "nor are non-durable ones (they go with their node)"
+        assert_eq!(
+            st.mirror_sets[&("/".to_string(), "ha.t".to_string())]
+                .mirrors
+                .len(),
+            2,
+            "non-durable queues are mirrored too"
         );
         assert!(
             !st.mirror_sets

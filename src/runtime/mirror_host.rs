@@ -1,4 +1,4 @@
-//! The node's side of mirrored queues (`docs/mirroring.md`): for every durable queue whose
+//! The node's side of mirrored queues (`docs/mirroring.md`): for every queue whose
 //! metadata lists mirrors, a task plays this node's part, master or mirror, in the queue's GM
 //! group; on the Raft leader, a task keeps mirror sets in line with `ha-*` policies and
 //! promotes a mirror when a master's node is recorded down.
@@ -16,7 +16,10 @@
 //! - **Sync.** A new mirror's copy starts at a point of the stream; the master copies the
 //!   backlog before it in batches while the queue serves (or waits for it to drain).
 //!
-//! Only persistent messages of durable queues are mirrored (see the docs for why).
+//! Every message of a mirrored queue is mirrored, durable queue or not: a mirrored queue
+//! records its transient messages (and a non-durable one all of its messages) in its index
+//! too; they do not outlive a restart of the node that holds them, but a promoted mirror's
+//! copy keeps them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future as _;
@@ -112,7 +115,7 @@ fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
     let Some(def) = state.vhosts.get(&key.0).and_then(|v| v.queues.get(&key.1)) else {
         return Role::None;
     };
-    if !def.durable || def.exclusive_owner.is_some() {
+    if def.exclusive_owner.is_some() {
         return Role::None;
     }
     let set = state.mirror_sets.get(key);
@@ -376,7 +379,8 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
 }
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
-    /// The storage tap: ships a mastered queue's round (persistent operations only).
+    /// The storage tap: ships a mastered queue's round (the operations of its persistent
+    /// index, which holds every message of a mirrored queue; page-outs stay local).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
         let Some(shipping) = lock(&self.masters).get(key).cloned() else {
             // Not shipping (yet, or any more): while the metadata counts a mirror as
@@ -463,6 +467,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             "{}.hold",
             super::storage::queue_dir_name(&key.0, &key.1)
         ))
+    }
+
+    /// Whether the queue holds a message that is not in its persistent index (so is not
+    /// mirrored): a transient message published before the queue became mirrored, in RAM
+    /// or paged out to the transient index.
+    fn holds_unindexed(&self, key: &Key) -> bool {
+        self.broker
+            .queue(&key.0, &key.1)
+            .is_some_and(|h| h.lock().holds_unindexed())
+            || self.storage.transient_len(&key.0, &key.1) > 0
     }
 
     fn home_of(&self, state: &MetaState, key: &Key) -> Option<NodeId> {
@@ -967,10 +981,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 },
                 _ = tick.tick() => {
                     let sender = m.handle.sender();
+                    // Syncs copy the index: while the queue holds a message that is not in
+                    // it, no mirror holds everything.
+                    let waiting = syncs.values().any(|r| !r.recorded);
+                    let unindexed = waiting && self.holds_unindexed(key);
                     let done: Vec<MemberId> = syncs
                         .iter_mut()
                         .filter_map(|(mid, run)| {
-                            (!run.recorded && run.complete(&self.storage, key, &sender))
+                            (!run.recorded
+                                && !unindexed
+                                && run.complete(&self.storage, key, &sender))
                                 .then_some(*mid)
                         })
                         .collect();
@@ -1527,13 +1547,13 @@ mod tests {
                 }))
                 .unwrap();
         }
-        for (name, durable) in [("d", true), ("t", false)] {
+        for (name, exclusive) in [("d", None), ("x", Some(1 << 40))] {
             state
                 .apply(&Command::DeclareQueue(QueueDef {
                     vhost: "/".into(),
                     name: name.into(),
-                    durable,
-                    exclusive_owner: None,
+                    durable: false,
+                    exclusive_owner: exclusive,
                     auto_delete: false,
                     arguments: Default::default(),
                     home: 1,
@@ -1565,8 +1585,8 @@ mod tests {
         assert_eq!(role_of(&state, &broker, &key, 1), Role::Master);
         assert_eq!(role_of(&state, &broker, &key, 2), Role::Mirror);
         assert_eq!(role_of(&state, &broker, &key, 3), Role::None);
-        let t = ("/".to_string(), "t".to_string());
-        assert_eq!(role_of(&state, &broker, &t, 1), Role::None, "not durable");
+        let x = ("/".to_string(), "x".to_string());
+        assert_eq!(role_of(&state, &broker, &x, 1), Role::None, "exclusive");
         // Promoted to node 2, whose broker does not run the queue: it adopts its copy.
         let other = Broker::new(&Config::default(), 1, 1 << 30, 0)
             .with_durability(std::sync::Arc::new(crate::broker::Durability::default()))
@@ -1590,7 +1610,7 @@ mod tests {
         );
         assert!(
             other.queue("/", "d").is_none(),
-            "a durable queue that moved in is not created empty"
+            "a queue that moved in is not created empty"
         );
         assert_eq!(role_of(&before, &other, &key, 2), Role::Adopt);
     }

@@ -549,11 +549,16 @@ impl<D: Disk + Clone> Storage<D> {
             ..RecoverySummary::default()
         };
         let dir = self.queues_dir.join(queue_dir_name(&key.0, &key.1));
+        // The queue lives on: so do its transient messages (a mirrored queue records them).
+        let config = IndexConfig {
+            keep_transient: true,
+            ..self.index_config.clone()
+        };
         let (index, _) = recover_queue(
             &self.disk,
             &dir,
             handle,
-            &self.index_config,
+            &config,
             self.head_entries,
             &state.msg_store,
             self.epoch_unix_ms,
@@ -579,6 +584,17 @@ impl<D: Disk + Clone> Storage<D> {
         f(next)
     }
 
+    /// Live messages of the queue's transient page index (paged-out messages that are not
+    /// in its persistent index).
+    pub fn transient_len(&self, vhost: &str, queue: &str) -> u64 {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .as_ref()
+            .and_then(|s| s.transient_indexes.get(&key))
+            .map_or(0, |i| i.len())
+    }
+
     /// The lowest live seq of the queue's persistent index (`None`: empty or none).
     pub fn low_seq(&self, vhost: &str, queue: &str) -> Option<u64> {
         let key = (vhost.to_string(), queue.to_string());
@@ -587,7 +603,8 @@ impl<D: Disk + Clone> Storage<D> {
         (!index.is_empty()).then(|| index.bounds().0)
     }
 
-    /// A sync batch: up to `max` live messages of the queue's persistent index with seq in
+    /// A sync batch: up to `max` live messages of the queue's persistent index (persistent
+    /// ones, and the transient ones a mirrored queue records) with seq in
     /// `[from, below)`, in seq order, as operations (a publish, and a deliver for a message
     /// delivered and not acked). `f` gets them and the seq to continue from (`None`: the
     /// backlog is done) under the storage lock, so what it broadcasts is ordered with the
@@ -625,7 +642,7 @@ impl<D: Disk + Clone> Storage<D> {
         'segments: for n in segments {
             for e in index.read_segment(n).map_err(wrap)? {
                 let p = &e.publish;
-                if p.seq < from || !p.persistent {
+                if p.seq < from {
                     continue;
                 }
                 if p.seq >= below {
@@ -652,6 +669,7 @@ impl<D: Disk + Clone> Storage<D> {
                     expires_at_ms: p
                         .expires_at_ms
                         .map_or(u64::MAX, |t| t.saturating_sub(self.epoch_unix_ms)),
+                    // The persistent index (the record's own flag follows the message).
                     persistent: true,
                 });
                 if e.delivered {
@@ -666,8 +684,8 @@ impl<D: Disk + Clone> Storage<D> {
     /// Applies one queue's operations; returns whether its persistent index was written.
     /// A mirror's (`mirrored`) skips what does not fit its copy: a publish older than the
     /// copy's start (a mirror joins mid-stream) and a deliver or ack of a message it does
-    /// not hold (published before it joined, not synced); transient messages are not
-    /// mirrored (the master keeps them in RAM only).
+    /// not hold (published before it joined, not synced). A mirror gets only operations of
+    /// the persistent index (a mirrored queue records its transient messages there too).
     ///
     /// A queue has up to two indexes: the persistent one (durable queues: persistent
     /// messages, recorded as they arrive) and a transient one (messages paged out under
@@ -789,7 +807,9 @@ impl<D: Disk + Clone> Storage<D> {
                         .publish(Publish {
                             seq,
                             msg_id: id.0,
-                            persistent,
+                            // A transient message in the persistent index (a mirrored
+                            // queue's) is recorded as transient: a restart drops it.
+                            persistent: persistent && message.persistent(),
                             expires_at_ms: (expires_at_ms != u64::MAX)
                                 .then(|| expires_at_ms.saturating_add(self.epoch_unix_ms)),
                             size,
@@ -850,46 +870,54 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
             .ok_or_else(|| PageError("storage is closed".into()))?;
         let key = (vhost.to_string(), name.to_string());
         // Both indexes, each read a segment at a time, up to the nearer segment end.
-        let indexes: Vec<&QueueIndex<D>> =
-            [state.indexes.get(&key), state.transient_indexes.get(&key)]
-                .into_iter()
-                .flatten()
-                .collect();
+        let indexes: Vec<(&QueueIndex<D>, OnDisk)> = [
+            state.indexes.get(&key).map(|i| (i, OnDisk::Persistent)),
+            state
+                .transient_indexes
+                .get(&key)
+                .map(|i| (i, OnDisk::Transient)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         if indexes.is_empty() {
             return Err(PageError(format!("no queue index for {vhost}/{name}")));
         }
         let next = indexes
             .iter()
-            .map(|i| (from / i.config().segment_entry_count + 1) * i.config().segment_entry_count)
+            .map(|(i, _)| {
+                (from / i.config().segment_entry_count + 1) * i.config().segment_entry_count
+            })
             .min()
             .unwrap_or(to);
         let mut found = Vec::new();
-        for index in indexes {
+        for (index, on_disk) in indexes {
             let segment = from / index.config().segment_entry_count;
             found.extend(
                 index
                     .read_segment(segment)
                     .map_err(|e| PageError(e.to_string()))?
                     .into_iter()
-                    .filter(|e| e.publish.seq >= from && e.publish.seq < to.min(next)),
+                    .filter(|e| e.publish.seq >= from && e.publish.seq < to.min(next))
+                    .map(|e| (e, on_disk)),
             );
         }
-        found.sort_by_key(|e| e.publish.seq);
+        found.sort_by_key(|(e, _)| e.publish.seq);
         let mut entries = Vec::with_capacity(found.len());
-        for e in found {
+        for (e, on_disk) in found {
             let p = &e.publish;
             let id = u128::from_be_bytes(p.msg_id);
             let Some(embedded) = &p.embedded else {
                 // Body in a store: a beta, read when it leaves the queue (a segment of
                 // large messages would not fit in RAM).
-                entries.push(beta_entry(&e, self.epoch_unix_ms));
+                entries.push(beta_entry(&e, self.epoch_unix_ms, on_disk));
                 continue;
             };
             let Some(message) = decode_message(embedded, id) else {
                 tracing::error!(queue = %format!("{vhost}/{name}"), seq = p.seq, "paged message unreadable; skipped");
                 continue;
             };
-            entries.push(queue_entry(&e, message, 0, self.epoch_unix_ms));
+            entries.push(queue_entry(&e, message, 0, self.epoch_unix_ms, on_disk));
         }
         Ok((entries, next))
     }
@@ -976,7 +1004,7 @@ fn recover_queue<D: Disk + Clone>(
                 tracing::error!(queue = %label, seq = p.seq, "message body missing; skipped");
                 continue;
             }
-            entries.push(beta_entry(&e, epoch_unix_ms));
+            entries.push(beta_entry(&e, epoch_unix_ms, OnDisk::Persistent));
             continue;
         }
         let bytes = match &p.embedded {
@@ -1000,7 +1028,13 @@ fn recover_queue<D: Disk + Clone>(
             continue;
         };
         let priority = max_priority.map_or(0, |max| message.priority().min(max));
-        entries.push(queue_entry(&e, message, priority, epoch_unix_ms));
+        entries.push(queue_entry(
+            &e,
+            message,
+            priority,
+            epoch_unix_ms,
+            OnDisk::Persistent,
+        ));
     }
     summary.messages += entries.len() + rest as usize;
     summary.queues += 1;
@@ -1020,8 +1054,16 @@ fn recover_queue<D: Disk + Clone>(
     Ok((index, store_refs))
 }
 
-/// A queue entry for a message read back from an index (recovery or paging).
-fn queue_entry(e: &IndexEntry, message: Message, priority: u8, epoch_unix_ms: u64) -> Entry {
+/// A queue entry for a message read back from an index (recovery or paging); `on_disk`
+/// says which (a record's own persistent flag does not: a mirrored queue's transient
+/// messages are in its persistent index).
+fn queue_entry(
+    e: &IndexEntry,
+    message: Message,
+    priority: u8,
+    epoch_unix_ms: u64,
+    on_disk: OnDisk,
+) -> Entry {
     let p = &e.publish;
     Entry {
         seq: p.seq,
@@ -1033,18 +1075,14 @@ fn queue_entry(e: &IndexEntry, message: Message, priority: u8, epoch_unix_ms: u6
             .expires_at_ms
             .map_or(u64::MAX, |t| t.saturating_sub(epoch_unix_ms)),
         priority,
-        on_disk: if p.persistent {
-            OnDisk::Persistent
-        } else {
-            OnDisk::Transient
-        },
+        on_disk,
         beta: None,
     }
 }
 
 /// A beta for a message whose body is in a store: a placeholder message with its id (the
 /// queue reads the real one when it leaves), standing for its stored size.
-fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64) -> Entry {
+fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64, on_disk: OnDisk) -> Entry {
     let placeholder = Message {
         id: u128::from_be_bytes(e.publish.msg_id),
         exchange: String::new(),
@@ -1053,7 +1091,7 @@ fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64) -> Entry {
         properties: Default::default(),
         body: Bytes::new(),
     };
-    let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms);
+    let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms, on_disk);
     entry.beta = Some(u64::from(e.publish.size));
     entry
 }
@@ -1071,6 +1109,7 @@ mod tests {
     use crate::amqp::frame::encode_properties;
     use crate::broker::PublishOutcome;
     use crate::config::Config;
+    use crate::meta::args::QueueArgs;
     use crate::meta::{Command, QueueDef};
     use crate::store::MemDisk;
     use crate::time::Instant;
@@ -1105,7 +1144,11 @@ mod tests {
     }
 
     fn publish(broker: &Broker, body: &[u8]) -> PublishOutcome {
-        let props = AMQPProperties::default().with_delivery_mode(2);
+        publish_as(broker, body, 2)
+    }
+
+    fn publish_as(broker: &Broker, body: &[u8], delivery_mode: u8) -> PublishOutcome {
+        let props = AMQPProperties::default().with_delivery_mode(delivery_mode);
         let m = Arc::new(Message {
             id: broker.next_message_id(),
             exchange: String::new(),
@@ -1292,6 +1335,68 @@ mod tests {
         );
         assert_eq!(contents(&promoted), expected, "the mirror's copy");
         assert_eq!((summary.messages, summary.lost), (4, 0));
+    }
+
+    #[test]
+    fn a_mirrored_queues_transient_messages_reach_its_mirror_and_a_promoted_copy_keeps_them() {
+        let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+        let (b, _, s, _) = open(&master_disk);
+        let (mirror_b, _, mirror, _) = open(&mirror_disk);
+        let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let tap = shipped.clone();
+        s.set_ops_tap(Some(Arc::new(move |_, ops| {
+            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(crate::mirror::ops::encode(ops));
+            None
+        })));
+        let q = b.queue("/", "q").expect("queue");
+        // Not mirrored: a transient message has no record, so its confirm waits for nothing.
+        assert_eq!(publish_as(&b, b"before", 1).ticket, 0);
+        let mut dead = Vec::new();
+        q.lock().get(Instant::default(), false, &mut dead);
+        // An `ha-mode` policy applies: every message is recorded.
+        let args = QueueArgs {
+            mirrored: true,
+            ..q.lock().args().clone()
+        };
+        q.lock().set_args(args);
+        let big = vec![7u8; 10_000];
+        assert_ne!(
+            publish_as(&b, b"t1", 1).ticket,
+            0,
+            "a transient confirm waits"
+        );
+        publish_as(&b, b"p1", 2);
+        publish_as(&b, &big, 1);
+        assert!(s.step());
+        let (t1, _) = q
+            .lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("t1");
+        assert_eq!(&t1.message.body[..], b"t1");
+        q.lock().ack(&q, &[t1.seq], Instant::default(), &mut dead);
+        publish_as(&b, b"t2", 1);
+        assert!(!q.lock().holds_unindexed());
+        assert!(s.step());
+        for bytes in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
+            let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
+            mirror
+                .apply_mirrored("/", "q", ops)
+                .expect("the mirror writes");
+        }
+        // The mirror's copy becomes the queue: transient messages and all.
+        let h = mirror_b.queue("/", "q").expect("queue");
+        mirror.adopt(&h).expect("adopt");
+        let expected = vec![
+            (b"p1".to_vec(), true),
+            (big.clone(), true),
+            (b"t2".to_vec(), true),
+        ];
+        assert_eq!(contents(&mirror_b), expected, "the promoted copy");
+        // The master's node restarting drops its transient messages, as RabbitMQ's does.
+        master_disk.crash();
+        let (again, _, _, _) = open(&master_disk);
+        assert_eq!(contents(&again), vec![(b"p1".to_vec(), true)]);
     }
 
     #[test]

@@ -530,3 +530,43 @@ fn a_segment_acked_after_the_open_is_tallied_again_at_the_close() {
     assert_eq!(ix.state.live_view(), ix_b.state.live_view());
     assert_eq!(recovered_all(&ix, &rec), expected);
 }
+
+#[test]
+fn an_open_that_keeps_transient_messages_keeps_them_on_both_paths() {
+    // fill()'s model leaves the transient messages out: here they stay.
+    let disk = MemDisk::new();
+    let (mut ix, _) = open(&disk, 1);
+    fill(&mut ix);
+    let acked = [0, 1, 2, 9, 50, 51];
+    ix.close().expect("close");
+    let scanned = MemDisk::new();
+    copy_folder(&disk, &scanned, &dir(), &[SUMMARY_FILE]);
+    let keep = IndexConfig {
+        keep_transient: true,
+        ..small_config()
+    };
+    let (a, rec_a) = QueueIndex::open(disk.clone(), &dir(), keep.clone()).expect("open");
+    assert!(clean_path());
+    let (b, rec_b) = QueueIndex::open(scanned.clone(), &dir(), keep).expect("open");
+    assert!(!clean_path());
+    assert_eq!(rec_a.dropped_transient, 0);
+    assert_eq!(rec_b.dropped_transient, 0);
+    let live: Vec<(u64, bool)> = (0..100)
+        .filter(|s| !acked.contains(s))
+        .map(|s| (s, !transient(s)))
+        .collect();
+    for (ix, rec) in [(&a, &rec_a), (&b, &rec_b)] {
+        let got: Vec<(u64, bool)> = recovered_all(ix, rec)
+            .iter()
+            .map(|e| (e.publish.seq, e.publish.persistent))
+            .collect();
+        assert_eq!(got, live);
+    }
+    // A later ordinary open drops them, as a node's start does.
+    a.close().expect("close");
+    let (_, rec) = open(&disk, 100);
+    assert_eq!(rec.dropped_transient, 14);
+    drop(b);
+    let (_, rec) = open(&scanned, 100);
+    assert_eq!(rec.dropped_transient, 14);
+}

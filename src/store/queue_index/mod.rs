@@ -77,6 +77,11 @@ pub struct IndexConfig {
     /// and the journal (plus per-segment bitsets and [`Recovered::store_refs`]). Any value is
     /// valid.
     pub recover_head_entries: usize,
+    /// Whether an open keeps live transient records instead of dropping them (a node's
+    /// start drops them, as RabbitMQ's does; a promoted mirror's copy keeps them: the
+    /// queue lives on, and its transient messages with it). Not a setting.
+    #[serde(skip)]
+    pub keep_transient: bool,
 }
 
 impl Default for IndexConfig {
@@ -86,6 +91,7 @@ impl Default for IndexConfig {
             journal_max_entries: 32768,
             embed_below: 4096,
             recover_head_entries: usize::MAX,
+            keep_transient: false,
         }
     }
 }

@@ -231,8 +231,10 @@ fn clean_open<D: Disk>(
     }
     state.raise_next_seq(decoded.header.next_seq);
     let mut dropped_transient = 0;
-    for &n in &segments {
-        dropped_transient += state.drop_transients(n);
+    if !folder.config.keep_transient {
+        for &n in &segments {
+            dropped_transient += state.drop_transients(n);
+        }
     }
 
     let mut survivors = Survivors::new(folder.config.recover_head_entries);
@@ -288,7 +290,7 @@ fn scan_open<D: Disk>(
         ref files,
     } = *folder;
     // The journal first: its records of a segment are needed to fold that segment.
-    let mut rebuild = Rebuild::new(config.segment_entry_count, true);
+    let mut rebuild = Rebuild::new(config.segment_entry_count, !config.keep_transient);
     let mut journal_damage = Vec::new();
     let mut journal_torn_bytes = 0;
     if journal_len.is_some() {

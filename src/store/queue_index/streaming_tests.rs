@@ -20,6 +20,7 @@ fn config(head: usize, journal_max_entries: usize) -> IndexConfig {
         journal_max_entries,
         embed_below: 32,
         recover_head_entries: head,
+        keep_transient: false,
     }
 }
 

@@ -14,6 +14,7 @@ pub(super) fn small_config() -> IndexConfig {
         journal_max_entries: 5,
         embed_below: 32,
         recover_head_entries: usize::MAX,
+        keep_transient: false,
     }
 }
 

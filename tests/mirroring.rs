@@ -795,3 +795,55 @@ async fn consumers_follow_the_queue(stop_master: bool) {
     }
     let _ = c3.close(200, "bye".into()).await;
 }
+
+/// A `nodes` policy moves the queue off its master's node, which keeps running: consumers
+/// connected to that node follow the queue to its new master (through the relay); one with
+/// `x-cancel-on-ha-failover` is cancelled. Nothing confirmed is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves() {
+    let cluster = mirrored_cluster("consumers-move", "ha.moved").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let stay = spawn_consumer(channel(&c1).await, "ha.moved", "stay", false, stop.clone());
+    let leave = spawn_consumer(channel(&c1).await, "ha.moved", "leave", true, stop.clone());
+    let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.moved").await;
+    publisher.wait_more(300, "before the move").await;
+    set_ha_policy(
+        &cluster,
+        r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"],"ha-sync-mode":"automatic"}"#,
+    )
+    .await;
+    let (master, took) = wait_state(
+        &cluster,
+        1,
+        "ha.moved",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    eprintln!("moved to {master} in {took:?}");
+    // Numbered from 0 and confirmed in order: these were published after the move.
+    let first_after = publisher.acked() as u32 + 100;
+    publisher.wait_more(300, "after the move").await;
+    let acked = publisher.finish().await;
+    let (left, cancelled) = within("the cancel", leave).await.expect("consumer task");
+    assert!(cancelled, "x-cancel-on-ha-failover: cancelled at the move");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (stayed, stay_cancelled) = within("the consumer", stay).await.expect("consumer task");
+    assert!(!stay_cancelled, "the default consumer stays subscribed");
+    assert!(
+        stayed.iter().any(|(n, _)| *n >= first_after),
+        "it got messages published after the move"
+    );
+    let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
+    seen.extend(drain(&cluster, 2, "ha.moved").await);
+    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
+    let lost: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|n| !held.contains(n))
+        .collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    let _ = c1.close(200, "bye".into()).await;
+}

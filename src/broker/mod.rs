@@ -475,7 +475,12 @@ impl Broker {
                     match def.filter(|d| d.home == home) {
                         None => {
                             if let Some(h) = local.remove(name) {
-                                h.lock().delete(&h);
+                                if def.is_some() {
+                                    // Moved to another node: its consumers follow it.
+                                    h.lock().move_away(&h);
+                                } else {
+                                    h.lock().delete(&h);
+                                }
                             }
                         }
                         Some(def) => {

@@ -918,7 +918,25 @@ impl Queue {
     }
 
     /// Marks the queue deleted, cancels its consumers; returns the ready count it had.
-    pub fn delete(&mut self, _me: &Arc<QueueHandle>) -> u32 {
+    pub fn delete(&mut self, me: &Arc<QueueHandle>) -> u32 {
+        self.close(me, |channel, consumer_tag| OutItem::Cancel {
+            channel,
+            consumer_tag,
+        })
+    }
+
+    /// The queue moved to another node (a mirror promoted, or a planned move): this node's
+    /// copy goes as at a delete, but its consumers are told to follow the queue
+    /// ([`OutItem::Rehome`]: their channel consumes again, through the relay, from the new
+    /// master), as RabbitMQ's consumers stay subscribed across a failover.
+    pub fn move_away(&mut self, me: &Arc<QueueHandle>) -> u32 {
+        self.close(me, |channel, consumer_tag| OutItem::Rehome {
+            channel,
+            consumer_tag,
+        })
+    }
+
+    fn close(&mut self, _me: &Arc<QueueHandle>, tell: impl Fn(u16, Arc<str>) -> OutItem) -> u32 {
         let n = self.message_count();
         // What is only on disk goes with the index, unread.
         self.delta = None;
@@ -943,10 +961,7 @@ impl Queue {
             }
         }
         for c in self.consumers.drain(..) {
-            let _ = c.link.outbox.push(OutItem::Cancel {
-                channel: c.link.channel,
-                consumer_tag: c.tag.clone(),
-            });
+            let _ = c.link.outbox.push(tell(c.link.channel, c.tag.clone()));
         }
         self.deleted = true;
         n

@@ -1191,9 +1191,9 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                             message: WireMessage::of(&d.message),
                         });
                     }
-                    // Only connections' outboxes get these.
-                    OutItem::Rehome { .. } => {}
-                    OutItem::Cancel { consumer_tag, .. } => {
+                    // A queue that moved away: the consumer's own node hears a cancel from
+                    // the master of a mirrored queue, and makes it follow the queue.
+                    OutItem::Rehome { consumer_tag, .. } | OutItem::Cancel { consumer_tag, .. } => {
                         let mut c = lock(&proxy.consumers);
                         c.retain(|(_, _, t)| *t != consumer_tag);
                         cancels.push(consumer_tag.to_string());

@@ -49,9 +49,9 @@ struct UnackedRef {
 #[derive(Debug)]
 struct ConsumerRef {
     queue: QueueRef,
-    /// For a consumer of another node's queue: how to attach it again when the queue fails
-    /// over to a new master ([`Channel::handle_rehome`]).
-    resume: Option<Resume>,
+    /// How to attach it again when the queue moves to another node (a failover, a planned
+    /// move: [`Channel::handle_rehome`]).
+    resume: Resume,
 }
 
 /// What re-attaching a consumer takes.
@@ -521,7 +521,7 @@ impl Channel {
                 tag,
                 ConsumerRef {
                     queue: QueueRef::Remote(rq),
-                    resume: Some(resume),
+                    resume,
                 },
             );
             return Ok(());
@@ -558,6 +558,15 @@ impl Channel {
         if !dead.is_empty() {
             c.broker.dead_letter(&h, dead, now);
         }
+        // What it takes to consume again elsewhere if the queue moves to another node (a
+        // mirror promoted, a planned move): see `handle_rehome`.
+        let resume = Resume {
+            queue: name.clone(),
+            no_ack: m.no_ack,
+            priority,
+            exclusive: m.exclusive,
+            cancel_on_ha_failover,
+        };
         self.listed.add_consumer(ConsumerInfo {
             tag: tag.clone(),
             queue: name,
@@ -570,7 +579,7 @@ impl Channel {
             tag,
             ConsumerRef {
                 queue: QueueRef::Local(h),
-                resume: None,
+                resume,
             },
         );
         Ok(())
@@ -1142,10 +1151,15 @@ impl Channel {
     /// (messages it had not acked come again from the new master, `redelivered`). If the
     /// queue cannot be reached, it is cancelled.
     pub fn handle_rehome(&mut self, c: &mut Connection, tag: &str, now: Instant) {
-        let Some(resume) = self.consumers.get(tag).and_then(|r| r.resume.clone()) else {
+        let Some(resume) = self.consumers.get(tag).map(|r| r.resume.clone()) else {
             return;
         };
         let notify = c.caps.consumer_cancel_notify;
+        if resume.cancel_on_ha_failover {
+            // It asked for a basic.cancel when its queue moves to another master.
+            self.handle_broker_cancel(&mut c.out, tag, notify);
+            return;
+        }
         if let Some(h) = c.broker.queue(&c.vhost, &resume.queue) {
             let consumer = Consumer {
                 tag: Arc::from(tag),
@@ -1172,7 +1186,7 @@ impl Channel {
                 tag.to_string(),
                 ConsumerRef {
                     queue: QueueRef::Local(h),
-                    resume: Some(resume),
+                    resume,
                 },
             );
         } else if let Some(rq) = c.broker.remote_queue(&c.vhost, &resume.queue) {
@@ -1198,7 +1212,7 @@ impl Channel {
                 tag.to_string(),
                 ConsumerRef {
                     queue: QueueRef::Remote(rq),
-                    resume: Some(resume),
+                    resume,
                 },
             );
         } else {

@@ -776,7 +776,9 @@ async fn consumers_follow_the_queue(stop_master: bool) {
         stayed.len(),
         left.len()
     );
-    // Nothing confirmed is lost: consumed, or still in the queue.
+    // Nothing confirmed is lost: consumed, or still in the queue. The consumers' connection
+    // closes first: what went out to them after they stopped reading comes back.
+    let _ = c3.close(200, "bye".into()).await;
     let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
     seen.extend(drain(&cluster, 2, "ha.consumed").await);
     let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
@@ -793,7 +795,6 @@ async fn consumers_follow_the_queue(stop_master: bool) {
             "{n} delivered twice, redelivered {redelivered}"
         );
     }
-    let _ = c3.close(200, "bye".into()).await;
 }
 
 /// A `nodes` policy moves the queue off its master's node, which keeps running: consumers
@@ -836,6 +837,8 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
         stayed.iter().any(|(n, _)| *n >= first_after),
         "it got messages published after the move"
     );
+    // What went out to the consumers after they stopped reading comes back at the close.
+    let _ = c1.close(200, "bye".into()).await;
     let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
     seen.extend(drain(&cluster, 2, "ha.moved").await);
     let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
@@ -845,5 +848,4 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
         .filter(|n| !held.contains(n))
         .collect();
     assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
-    let _ = c1.close(200, "bye".into()).await;
 }

@@ -514,14 +514,32 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             }
         }
     });
-    // The syncer, as an async task on the simulated clock.
+    // The syncer, as async tasks on the simulated clock, pipelined as the node's syncer
+    // thread is: a writer task writes rounds, a completer task completes them in order.
     let syncer = storage.clone();
+    let (rounds, mut written) = tokio::sync::mpsc::channel(8);
+    let completer = storage.clone();
+    tokio::task::spawn_local(async move {
+        while let Some(round) = written.recv().await {
+            completer.complete_async(round).await;
+        }
+    });
     tokio::task::spawn_local(async move {
         loop {
-            if !syncer.step_async().await {
-                return;
-            }
-            if !syncer.has_work() {
+            let idle = match syncer.write_round() {
+                Ok(Some(round)) => {
+                    if rounds.send(round).await.is_err() {
+                        return;
+                    }
+                    false
+                }
+                Ok(None) => true,
+                Err(e) => {
+                    syncer.fail_with(e);
+                    return;
+                }
+            };
+            if !syncer.has_work() || (idle && syncer.rounds_in_flight() > 0) {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }

@@ -273,6 +273,8 @@ struct Persist {
     /// Persistent messages survive restarts (a durable queue).
     durable: bool,
     pending: Vec<IndexOp>,
+    /// The highest group-commit ticket among `pending`.
+    pending_ticket: u64,
     dirty: bool,
     /// Reads paged-out messages back; None until storage is open.
     pager: Option<Arc<dyn Pager>>,
@@ -340,6 +342,7 @@ impl Queue {
             durability,
             durable,
             pending: Vec::new(),
+            pending_ticket: 0,
             dirty: false,
             pager: None,
             paging,
@@ -497,18 +500,21 @@ impl Queue {
         p.dirty = true;
         let t = p.durability.ticket(&me, newly_dirty);
         p.pending.push(op);
+        p.pending_ticket = t;
         self.has_index = true;
         t
     }
 
-    /// Takes the operations waiting for the syncer.
-    pub fn take_pending_ops(&mut self) -> Vec<IndexOp> {
+    /// Takes the operations waiting for the syncer, and the highest ticket among them (a
+    /// round that fails must refuse every ticket it drained, including those issued after
+    /// the round read the highest ticket issued).
+    pub fn take_pending_ops(&mut self) -> (Vec<IndexOp>, u64) {
         match self.persist.as_mut() {
             Some(p) => {
                 p.dirty = false;
-                std::mem::take(&mut p.pending)
+                (std::mem::take(&mut p.pending), p.pending_ticket)
             }
-            None => Vec::new(),
+            None => (Vec::new(), 0),
         }
     }
 

@@ -78,6 +78,11 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     tap: Mutex<Option<OpsTap>>,
     /// Messages a recovered (or adopted) queue takes back into RAM.
     head_entries: usize,
+    /// Rounds written whose completion is pending (see [`PendingRound`]); while any is,
+    /// a later round's confirms wait for it too.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// The last round's ticket.
+    last_ticket: std::sync::atomic::AtomicU64,
 }
 
 /// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
@@ -94,14 +99,21 @@ pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 /// blocks on it) or by an async task ([`Storage::round_async`], as the simulation does).
 pub type LapWait = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
-/// A round written and fsynced locally whose mirrors' laps are still out.
-struct PendingRound {
+/// A round written and fsynced locally whose confirms wait: for its mirrors' laps, or for
+/// an earlier round's (rounds complete in the order they were written).
+pub struct PendingRound {
     laps: Vec<LapWait>,
-    /// The highest ticket durable before this round.
+    /// The previous round's ticket: a failed round refuses the tickets above it.
     after: u64,
-    /// The round's highest ticket.
+    /// The round's ticket: every ticket up to it is durable once the round completes.
     ticket: u64,
+    /// The highest ticket of an operation the round drained (may pass `ticket`: issued
+    /// after the round read it, drained all the same); a failed round refuses up to it.
+    drained: u64,
 }
+
+/// Rounds written but not completed at most (the syncer waits for the oldest beyond it).
+const PIPELINE_DEPTH: usize = 8;
 
 /// Runs a future to completion on this thread (the syncer thread has no runtime; a lap
 /// future is woken by the GM host's tasks on the node's runtime).
@@ -263,6 +275,8 @@ impl<D: Disk + Clone> Storage<D> {
             epoch_unix_ms: broker.epoch_unix_ms(),
             tap: Mutex::new(None),
             head_entries: config.queue_paging_head_messages.max(1),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            last_ticket: std::sync::atomic::AtomicU64::new(0),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -274,7 +288,91 @@ impl<D: Disk + Clone> Storage<D> {
     }
 
     /// Runs the syncer until `stop` is set; then writes what is left and closes cleanly.
+    ///
+    /// Pipelined: a round whose confirms wait for mirrors' laps goes to a completer thread,
+    /// and the next round is written meanwhile (up to [`PIPELINE_DEPTH`] rounds out), so
+    /// a mirrored queue's throughput is not one round per lap. The completer completes
+    /// rounds in the order written: a round's confirms (even one with no laps of its own)
+    /// never come before an earlier round's, nor does a ticket become durable before the
+    /// earlier round that might refuse it.
     pub fn run_syncer(self: Arc<Self>, stop: Arc<std::sync::atomic::AtomicBool>) {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<PendingRound>(PIPELINE_DEPTH);
+        let completer = {
+            let me = self.clone();
+            std::thread::Builder::new()
+                .name("warren-completer".into())
+                .spawn(move || {
+                    for round in rx {
+                        let mut all = true;
+                        for lap in round.laps {
+                            all &= block_on(lap);
+                        }
+                        me.round_done(round.after, round.ticket, round.drained, all);
+                        // Tickets the finished rounds left (drained early) need a round.
+                        me.wake();
+                    }
+                })
+        };
+        let Ok(completer) = completer else {
+            tracing::error!("cannot start the storage completer thread; rounds run one at a time");
+            return self.run_syncer_sequential(stop);
+        };
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            self.wait_for_work(stopping);
+            let written = match self.round_write() {
+                Ok(w) => w,
+                Err(e) => {
+                    self.stepped(Err(e));
+                    return;
+                }
+            };
+            let idle = written.is_none();
+            if let Some(round) = written {
+                if tx.send(round).is_err() {
+                    return;
+                }
+            }
+            // Tickets issued during that round: go again at once rather than after the idle
+            // wait, so their confirms (or page-outs) are not held back; but not while only
+            // rounds in flight hold them (the completer wakes the syncer).
+            if self.durability.outstanding()
+                && !(idle && self.in_flight.load(Ordering::Acquire) > 0)
+            {
+                self.wake();
+            }
+            if stopping {
+                drop(tx);
+                let _ = completer.join();
+                // What the completed rounds left (tickets drained early), written in order.
+                self.step();
+                self.close();
+                return;
+            }
+        }
+    }
+
+    /// Blocks until the syncer is woken (or its interval passes), unless `stopping`.
+    fn wait_for_work(&self, stopping: bool) {
+        let (m, cv) = &*self.wake;
+        let mut pending = m.lock().unwrap_or_else(|e| e.into_inner());
+        if !*pending && !stopping {
+            let wait = Duration::from_millis(if self.fsync_interval_ms > 0 {
+                self.fsync_interval_ms
+            } else {
+                100
+            });
+            pending = cv
+                .wait_timeout(pending, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *pending = false;
+    }
+
+    /// [`Storage::run_syncer`] one round at a time (when no completer thread can start).
+    fn run_syncer_sequential(self: Arc<Self>, stop: Arc<std::sync::atomic::AtomicBool>) {
         use std::sync::atomic::Ordering;
         loop {
             let stopping = stop.load(Ordering::Acquire);
@@ -345,7 +443,7 @@ impl<D: Disk + Clone> Storage<D> {
             for lap in pending.laps {
                 all &= block_on(lap);
             }
-            self.round_done(pending.after, pending.ticket, all);
+            self.round_done(pending.after, pending.ticket, pending.drained, all);
         }
         Ok(())
     }
@@ -354,45 +452,102 @@ impl<D: Disk + Clone> Storage<D> {
     /// simulation runs storage this way, on its simulated clock, with no syncer thread.
     pub async fn round_async(&self) -> Result<(), StorageError> {
         if let Some(pending) = self.round_write()? {
-            let mut all = true;
-            for lap in pending.laps {
-                all &= lap.await;
-            }
-            self.round_done(pending.after, pending.ticket, all);
+            self.complete_async(pending).await;
         }
         Ok(())
     }
 
-    /// A round's confirms once its laps are done: nacks if any lap failed.
-    fn round_done(&self, after: u64, ticket: u64, all: bool) {
+    /// The local half of a round for a pipelined async driver: writes and fsyncs; a round
+    /// whose confirms must wait is returned, for [`Storage::complete_async`] to complete in
+    /// the order written (the simulation pipelines this way, as [`Storage::run_syncer`]
+    /// does with a completer thread).
+    pub fn write_round(&self) -> Result<Option<PendingRound>, StorageError> {
+        self.round_write()
+    }
+
+    /// Completes a round [`Storage::write_round`] returned: waits for its laps, then its
+    /// confirms (nacks if a lap failed). Rounds must be completed in the order written.
+    pub async fn complete_async(&self, round: PendingRound) {
+        let mut all = true;
+        for lap in round.laps {
+            all &= lap.await;
+        }
+        self.round_done(round.after, round.ticket, round.drained, all);
+    }
+
+    /// Rounds written and not completed yet.
+    pub fn rounds_in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Fails storage for good (see [`Storage::step`]); for a driver of
+    /// [`Storage::write_round`].
+    pub fn fail_with(&self, e: StorageError) {
+        self.stepped(Err(e));
+    }
+
+    /// A round's confirms once its laps are done: nacks if any lap failed (every ticket
+    /// the round drained, and any issued since the previous round: refusing too many is
+    /// safe, confirming one whose lap failed is not).
+    fn round_done(&self, after: u64, ticket: u64, drained: u64, all: bool) {
         if !all {
             tracing::warn!(
                 "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
             );
-            self.durability.void(after, ticket);
+            self.durability.void(after, ticket.max(drained));
         }
         self.durability.mark_durable(ticket);
+        self.in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// A round that needs no lap of its own: durable now, unless earlier rounds are still
+    /// out (then it waits for them, in order: returned as pending with no laps).
+    fn local_round_done(&self, after: u64, ticket: u64) -> Option<PendingRound> {
+        if self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            self.durability.mark_durable(ticket);
+            return None;
+        }
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Some(PendingRound {
+            laps: Vec::new(),
+            after,
+            ticket,
+            drained: ticket,
+        })
     }
 
     /// The local half of a round: writes and fsyncs, and marks the round durable unless
     /// mirrors' laps are out (then returns them; see [`Storage::round_done`]).
     fn round_write(&self) -> Result<Option<PendingRound>, StorageError> {
         let (ticket, dirty) = self.durability.take_dirty();
+        let after = self
+            .last_ticket
+            .swap(ticket, std::sync::atomic::Ordering::AcqRel);
         if dirty.is_empty() {
             // No queue has undrained operations, so every ticket issued so far belongs to
             // an operation an earlier round wrote and synced: a ticket taken after that
             // round read its highest ticket, for an operation it still drained, is
-            // durable now.
+            // durable now (or once the rounds still out complete: they might refuse it).
+            if self.in_flight.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // Not a round: the completer wakes the syncer when they are done.
+                self.last_ticket
+                    .store(after, std::sync::atomic::Ordering::Release);
+                return Ok(None);
+            }
             self.durability.mark_durable(ticket);
             return Ok(None);
         }
         // Queue locks are taken before, never while, the storage lock is held: a queue
         // reading paged messages holds its lock and then takes the storage lock. The syncer
         // is the only taker of operations, so rounds still apply them in order.
+        let mut drained = ticket;
         let batches: Vec<(Arc<QueueHandle>, Vec<IndexOp>)> = dirty
             .into_iter()
             .map(|h| {
-                let ops = h.lock().take_pending_ops();
+                let (ops, t) = h.lock().take_pending_ops();
+                drained = drained.max(t);
                 (h, ops)
             })
             .filter(|(_, ops)| !ops.is_empty())
@@ -417,7 +572,10 @@ impl<D: Disk + Clone> Storage<D> {
         }
         state.msg_store.flush()?;
         state.transient_store.flush()?;
-        if self.fsync_interval_ms > 0 && laps.is_empty() {
+        let early = self.fsync_interval_ms > 0
+            && laps.is_empty()
+            && self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0;
+        if early {
             // Async flush (like RocketMQ's): written to the OS now, fsynced on the interval;
             // a crash may lose up to one interval of confirmed messages. Documented as such.
             self.durability.mark_durable(ticket);
@@ -436,18 +594,21 @@ impl<D: Disk + Clone> Storage<D> {
             // (of another queue) writes under it, and two masters waiting on each other's
             // mirrors would otherwise deadlock.
             drop(guard);
+            self.in_flight
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             return Ok(Some(PendingRound {
                 laps,
-                after: self.durability.durable_upto(),
+                after,
                 ticket,
+                drained,
             }));
         }
-        self.durability.mark_durable(ticket);
         if state.msg_store.compaction_due() {
             let report = state.msg_store.compact()?;
             tracing::debug!(?report, "message store compacted");
         }
-        Ok(None)
+        drop(guard);
+        Ok(self.local_round_done(after, ticket))
     }
 
     /// Installs (or removes) the tap on the operations each round writes.
@@ -1335,6 +1496,76 @@ mod tests {
         );
         assert_eq!(contents(&promoted), expected, "the mirror's copy");
         assert_eq!((summary.messages, summary.lost), (4, 0));
+    }
+
+    /// Pipelined rounds complete in the order written: a round with no laps of its own
+    /// waits for an earlier round's, and an earlier round's failed lap refuses its own
+    /// confirms only.
+    #[test]
+    fn pipelined_rounds_complete_in_order_and_a_failed_lap_refuses_only_its_round() {
+        let disk = MemDisk::new();
+        let (b, d, s, _) = open(&disk);
+        b.apply(
+            &Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: "plain".into(),
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments: Default::default(),
+                home: 0,
+            }),
+            Instant::default(),
+        )
+        .expect("declare");
+        // Queue "q" is mirrored: its rounds wait for a lap the test completes.
+        type Laps = Vec<tokio::sync::oneshot::Sender<bool>>;
+        let laps: Arc<Mutex<Laps>> = Arc::default();
+        let senders = laps.clone();
+        s.set_ops_tap(Some(Arc::new(move |(_, queue), _| {
+            if queue != "q" {
+                return None;
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            senders.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+            Some(Box::pin(async move { rx.await.unwrap_or(false) }) as LapWait)
+        })));
+        let publish_to = |queue: &str, body: &[u8]| {
+            let props = AMQPProperties::default().with_delivery_mode(2);
+            let m = Arc::new(Message {
+                id: b.next_message_id(),
+                exchange: String::new(),
+                routing_key: queue.into(),
+                properties_raw: Bytes::from(encode_properties(&props)),
+                properties: props,
+                body: Bytes::copy_from_slice(body),
+            });
+            let snap = b.snapshot();
+            b.publish(snap.vhost("/").expect("vhost"), "", m, Instant::default())
+                .ticket
+        };
+        let mirrored = publish_to("q", b"m1");
+        let first = s.write_round().expect("write").expect("waits for its lap");
+        let plain = publish_to("plain", b"p1");
+        let second = s
+            .write_round()
+            .expect("write")
+            .expect("waits for the first round");
+        assert_eq!(s.rounds_in_flight(), 2);
+        assert!(!d.is_durable(plain), "not before the earlier round");
+        // The first round's lap fails (its master was deposed).
+        let lap = laps.lock().unwrap_or_else(|e| e.into_inner()).remove(0);
+        let _ = lap.send(false);
+        block_on(s.complete_async(first));
+        assert!(d.is_refused(mirrored), "its confirm is a nack");
+        assert!(!d.is_durable(plain), "its own round is still out");
+        block_on(s.complete_async(second));
+        assert!(d.is_durable(plain) && !d.is_refused(plain), "confirmed");
+        assert_eq!(s.rounds_in_flight(), 0);
+        // With nothing out, a lap-less round is durable at once.
+        let again = publish_to("plain", b"p2");
+        assert!(s.write_round().expect("write").is_none());
+        assert!(d.is_durable(again));
     }
 
     #[test]

@@ -376,30 +376,14 @@ impl<D: Disk + Clone> Storage<D> {
         use std::sync::atomic::Ordering;
         loop {
             let stopping = stop.load(Ordering::Acquire);
-            {
-                let (m, cv) = &*self.wake;
-                let mut pending = m.lock().unwrap_or_else(|e| e.into_inner());
-                if !*pending && !stopping {
-                    let wait = Duration::from_millis(if self.fsync_interval_ms > 0 {
-                        self.fsync_interval_ms
-                    } else {
-                        100
-                    });
-                    pending = cv
-                        .wait_timeout(pending, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-                *pending = false;
-            }
+            self.wait_for_work(stopping);
             if !self.step() {
                 return;
             }
             if self.durability.outstanding() {
                 // Tickets issued during that round: go again at once rather than after
                 // the idle wait, so their confirms (or page-outs) are not held back.
-                let (m, _) = &*self.wake;
-                *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                self.wake();
             }
             if stopping {
                 self.close();

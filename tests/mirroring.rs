@@ -749,16 +749,7 @@ async fn consumers_follow_the_queue(stop_master: bool) {
     let killed = Instant::now();
     publisher.wait_more(500, "after the kill").await;
     let acked = publisher.finish().await;
-    // The leaving consumer was cancelled; give the other time to take the rest.
-    let (left, cancelled) = within("the cancel", leave).await.expect("consumer task");
-    assert!(
-        cancelled,
-        "x-cancel-on-ha-failover: cancelled at the failover"
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (stayed, stay_cancelled) = within("the consumer", stay).await.expect("consumer task");
-    assert!(!stay_cancelled, "the default consumer stays subscribed");
+    let (stayed, left) = settle_consumers(stay, leave, stop).await;
     let after: Vec<u32> = acked
         .iter()
         .copied()
@@ -776,18 +767,7 @@ async fn consumers_follow_the_queue(stop_master: bool) {
         stayed.len(),
         left.len()
     );
-    // Nothing confirmed is lost: consumed, or still in the queue. The consumers' connection
-    // closes first: what went out to them after they stopped reading comes back.
-    let _ = c3.close(200, "bye".into()).await;
-    let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
-    seen.extend(drain(&cluster, 2, "ha.consumed").await);
-    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
-    let lost: Vec<u32> = acked
-        .iter()
-        .copied()
-        .filter(|n| !held.contains(n))
-        .collect();
-    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    let seen = none_lost(&cluster, c3, "ha.consumed", &acked, left, stayed).await;
     let mut once = BTreeSet::new();
     for (n, redelivered) in seen.iter().filter(|(_, r)| !r) {
         assert!(
@@ -795,6 +775,49 @@ async fn consumers_follow_the_queue(stop_master: bool) {
             "{n} delivered twice, redelivered {redelivered}"
         );
     }
+}
+
+/// Once the publisher is done: the consumer with `x-cancel-on-ha-failover` was cancelled;
+/// the other, given time to take the rest, stayed subscribed. What each got: (stay, leave).
+async fn settle_consumers(
+    stay: tokio::task::JoinHandle<(Vec<(u32, bool)>, bool)>,
+    leave: tokio::task::JoinHandle<(Vec<(u32, bool)>, bool)>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<(u32, bool)>, Vec<(u32, bool)>) {
+    let (left, cancelled) = within("the cancel", leave).await.expect("consumer task");
+    assert!(
+        cancelled,
+        "x-cancel-on-ha-failover: cancelled when the queue moved"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (stayed, stay_cancelled) = within("the consumer", stay).await.expect("consumer task");
+    assert!(!stay_cancelled, "the default consumer stays subscribed");
+    (stayed, left)
+}
+
+/// Nothing confirmed is lost: consumed, or still in the queue (drained through node 2).
+/// The consumers' connection closes first: what went out to them after they stopped
+/// reading comes back. Returns every delivery seen.
+async fn none_lost(
+    cluster: &Cluster,
+    consumers: lapin::Connection,
+    queue: &str,
+    acked: &[u32],
+    left: Vec<(u32, bool)>,
+    stayed: Vec<(u32, bool)>,
+) -> Vec<(u32, bool)> {
+    let _ = consumers.close(200, "bye".into()).await;
+    let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
+    seen.extend(drain(cluster, 2, queue).await);
+    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
+    let lost: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|n| !held.contains(n))
+        .collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    seen
 }
 
 /// A `nodes` policy moves the queue off its master's node, which keeps running: consumers
@@ -827,25 +850,10 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
     let first_after = publisher.acked() as u32 + 100;
     publisher.wait_more(300, "after the move").await;
     let acked = publisher.finish().await;
-    let (left, cancelled) = within("the cancel", leave).await.expect("consumer task");
-    assert!(cancelled, "x-cancel-on-ha-failover: cancelled at the move");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (stayed, stay_cancelled) = within("the consumer", stay).await.expect("consumer task");
-    assert!(!stay_cancelled, "the default consumer stays subscribed");
+    let (stayed, left) = settle_consumers(stay, leave, stop).await;
     assert!(
         stayed.iter().any(|(n, _)| *n >= first_after),
         "it got messages published after the move"
     );
-    // What went out to the consumers after they stopped reading comes back at the close.
-    let _ = c1.close(200, "bye".into()).await;
-    let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
-    seen.extend(drain(&cluster, 2, "ha.moved").await);
-    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
-    let lost: Vec<u32> = acked
-        .iter()
-        .copied()
-        .filter(|n| !held.contains(n))
-        .collect();
-    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    none_lost(&cluster, c1, "ha.moved", &acked, left, stayed).await;
 }

@@ -650,34 +650,32 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
         let mut next = first;
         loop {
-            let mut run: Vec<(MemberId, crate::gm::PubNum, Bytes)> = Vec::new();
+            // (origin, publish number, the round's operations)
+            let mut run: Vec<(MemberId, crate::gm::PubNum, Vec<u8>)> = Vec::new();
             while matches!(m.mode, Mode::Live) {
-                match next.take() {
-                    Some(Event::Deliver { from, num, msg })
-                        if matches!(MirrorMsg::decode(&msg), Some(MirrorMsg::Ops { .. })) =>
-                    {
-                        run.push((from, num, msg));
-                        if run.len() >= 64 {
-                            break;
-                        }
-                        next = m.handle.try_event();
-                    }
+                let (from, num, msg) = match next.take() {
+                    Some(Event::Deliver { from, num, msg }) => (from, num, msg),
                     other => {
+                        // Not a round (or nothing): handled below, in order.
                         next = other;
                         break;
                     }
+                };
+                match MirrorMsg::decode(&msg) {
+                    Some(MirrorMsg::Ops { ops, .. }) => run.push((from, num, ops)),
+                    _ => {
+                        next = Some(Event::Deliver { from, num, msg });
+                        break;
+                    }
                 }
+                if run.len() >= 64 {
+                    break;
+                }
+                next = m.handle.try_event();
             }
             if !run.is_empty() {
-                let batches: Vec<Bytes> = run
-                    .iter()
-                    .filter_map(|(_, _, msg)| match MirrorMsg::decode(msg) {
-                        Some(MirrorMsg::Ops { ops, .. }) => Some(Bytes::from(ops)),
-                        _ => None,
-                    })
-                    .collect();
-                let refs: Vec<&[u8]> = batches.iter().map(|b| b.as_ref()).collect();
-                if !self.apply_all(key, &refs).await {
+                let batches: Vec<&[u8]> = run.iter().map(|(_, _, ops)| ops.as_slice()).collect();
+                if !self.apply_all(key, &batches).await {
                     return Followed::WriteFailed;
                 }
                 for (from, num, _) in run {

@@ -96,7 +96,7 @@ pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 
 /// Resolves once a shipped batch completed its lap; `false` when it never will. A future,
 /// not a blocking call, so a round can be driven by the syncer thread ([`Storage::round`]
-/// blocks on it) or by an async task ([`Storage::round_async`], as the simulation does).
+/// blocks on it) or by an async task ([`Storage::complete_async`], as the simulation does).
 pub type LapWait = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
 /// A round written and fsynced locally whose confirms wait: for its mirrors' laps, or for
@@ -398,11 +398,6 @@ impl<D: Disk + Clone> Storage<D> {
         self.stepped(self.round())
     }
 
-    /// [`Storage::step`] for an async driver (see [`Storage::round_async`]).
-    pub async fn step_async(&self) -> bool {
-        self.stepped(self.round_async().await)
-    }
-
     /// Whether work is waiting for a round (the syncer goes again at once if so).
     pub fn has_work(&self) -> bool {
         self.durability.outstanding()
@@ -428,15 +423,6 @@ impl<D: Disk + Clone> Storage<D> {
                 all &= block_on(lap);
             }
             self.round_done(pending.after, pending.ticket, pending.drained, all);
-        }
-        Ok(())
-    }
-
-    /// [`Storage::round`] for an async driver: the laps are awaited, not blocked on. The
-    /// simulation runs storage this way, on its simulated clock, with no syncer thread.
-    pub async fn round_async(&self) -> Result<(), StorageError> {
-        if let Some(pending) = self.round_write()? {
-            self.complete_async(pending).await;
         }
         Ok(())
     }
@@ -1271,11 +1257,17 @@ mod tests {
     fn broker_at(d: &Arc<Durability>, epoch_unix_ms: u64) -> Broker {
         let broker =
             Broker::new(&Config::default(), 1, 1 << 30, epoch_unix_ms).with_durability(d.clone());
+        declare(&broker, "q");
+        broker
+    }
+
+    /// Declares the durable queue `name`.
+    fn declare(broker: &Broker, name: &str) {
         broker
             .apply(
                 &Command::DeclareQueue(QueueDef {
                     vhost: "/".into(),
-                    name: "q".into(),
+                    name: name.into(),
                     durable: true,
                     exclusive_owner: None,
                     auto_delete: false,
@@ -1285,7 +1277,6 @@ mod tests {
                 Instant::default(),
             )
             .expect("declare");
-        broker
     }
 
     fn publish(broker: &Broker, body: &[u8]) -> PublishOutcome {
@@ -1293,11 +1284,15 @@ mod tests {
     }
 
     fn publish_as(broker: &Broker, body: &[u8], delivery_mode: u8) -> PublishOutcome {
+        publish_to(broker, "q", body, delivery_mode)
+    }
+
+    fn publish_to(broker: &Broker, queue: &str, body: &[u8], delivery_mode: u8) -> PublishOutcome {
         let props = AMQPProperties::default().with_delivery_mode(delivery_mode);
         let m = Arc::new(Message {
             id: broker.next_message_id(),
             exchange: String::new(),
-            routing_key: "q".into(),
+            routing_key: queue.into(),
             properties_raw: Bytes::from(encode_properties(&props)),
             properties: props,
             body: Bytes::copy_from_slice(body),
@@ -1489,19 +1484,7 @@ mod tests {
     fn pipelined_rounds_complete_in_order_and_a_failed_lap_refuses_only_its_round() {
         let disk = MemDisk::new();
         let (b, d, s, _) = open(&disk);
-        b.apply(
-            &Command::DeclareQueue(QueueDef {
-                vhost: "/".into(),
-                name: "plain".into(),
-                durable: true,
-                exclusive_owner: None,
-                auto_delete: false,
-                arguments: Default::default(),
-                home: 0,
-            }),
-            Instant::default(),
-        )
-        .expect("declare");
+        declare(&b, "plain");
         // Queue "q" is mirrored: its rounds wait for a lap the test completes.
         type Laps = Vec<tokio::sync::oneshot::Sender<bool>>;
         let laps: Arc<Mutex<Laps>> = Arc::default();
@@ -1514,23 +1497,9 @@ mod tests {
             senders.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
             Some(Box::pin(async move { rx.await.unwrap_or(false) }) as LapWait)
         })));
-        let publish_to = |queue: &str, body: &[u8]| {
-            let props = AMQPProperties::default().with_delivery_mode(2);
-            let m = Arc::new(Message {
-                id: b.next_message_id(),
-                exchange: String::new(),
-                routing_key: queue.into(),
-                properties_raw: Bytes::from(encode_properties(&props)),
-                properties: props,
-                body: Bytes::copy_from_slice(body),
-            });
-            let snap = b.snapshot();
-            b.publish(snap.vhost("/").expect("vhost"), "", m, Instant::default())
-                .ticket
-        };
-        let mirrored = publish_to("q", b"m1");
+        let mirrored = publish_to(&b, "q", b"m1", 2).ticket;
         let first = s.write_round().expect("write").expect("waits for its lap");
-        let plain = publish_to("plain", b"p1");
+        let plain = publish_to(&b, "plain", b"p1", 2).ticket;
         let second = s
             .write_round()
             .expect("write")
@@ -1547,7 +1516,7 @@ mod tests {
         assert!(d.is_durable(plain) && !d.is_refused(plain), "confirmed");
         assert_eq!(s.rounds_in_flight(), 0);
         // With nothing out, a lap-less round is durable at once.
-        let again = publish_to("plain", b"p2");
+        let again = publish_to(&b, "plain", b"p2", 2).ticket;
         assert!(s.write_round().expect("write").is_none());
         assert!(d.is_durable(again));
     }

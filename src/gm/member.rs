@@ -140,12 +140,16 @@ pub struct Member<M> {
     out: VecDeque<(MemberId, GmMsg<M>)>,
     events: VecDeque<Event<M>>,
     stopped: bool,
-    /// Durable acks: a publish is forwarded (so its lap can complete) only once the owner
-    /// released it; `held_out` keeps what waits, in order.
+    /// Durable acks: publishes travel at once, but an ack (the second lap) leaves a member
+    /// only once the owner released what that member delivered of it; `held_out` keeps the
+    /// acks that wait, in order, and whether forwarding them retires publishes here.
     durable_acks: bool,
     released: BTreeMap<MemberId, PubNum>,
-    held_out: VecDeque<Item<M>>,
-    /// Highest own publish whose lap has completed (confirms also wait for own release).
+    /// Per origin, the highest publish delivered here (what a release must cover).
+    delivered: BTreeMap<MemberId, PubNum>,
+    held_out: VecDeque<(Item<M>, bool)>,
+    /// Highest own publish whose lap has completed (with durable acks, the ack lap; confirms
+    /// also wait for own release).
     lap_done: Option<PubNum>,
 }
 
@@ -171,6 +175,7 @@ impl<M: Clone> Member<M> {
             stopped: false,
             durable_acks: false,
             released: BTreeMap::new(),
+            delivered: BTreeMap::new(),
             held_out: VecDeque::new(),
             lap_done: None,
         };
@@ -189,16 +194,18 @@ impl<M: Clone> Member<M> {
         m
     }
 
-    /// Durable acks: no publish leaves this member, and no own publish is confirmed, before
-    /// the owner [`Member::release`]s it (say, once it is on disk), so a completed lap (and
-    /// a `confirmed_broadcast`) means every member holds it durably.
+    /// Durable acks: no ack of a publish leaves this member, and no own publish is
+    /// confirmed, before the owner [`Member::release`]s it (say, once it is on disk). A
+    /// publish still travels its first lap at once, so every member writes it in parallel;
+    /// the confirm waits for the second (ack) lap, which passes only members that hold it
+    /// durably, so a `confirmed_broadcast` means every member holds it durably.
     pub fn with_durable_acks(mut self) -> Member<M> {
         self.durable_acks = true;
         self
     }
 
-    /// Durable acks: the publishes of `origin` up to `upto` are durable here. Publishes
-    /// waiting on them move on; own confirms whose lap is done are answered.
+    /// Durable acks: the publishes of `origin` up to `upto` are durable here. Acks waiting
+    /// on them move on; own confirms whose lap is done are answered.
     pub fn release(&mut self, origin: MemberId, upto: PubNum) {
         if self.stopped || !self.durable_acks {
             return;
@@ -388,13 +395,12 @@ impl<M: Clone> Member<M> {
         }
         if old.right(me) != self.view.right(me) && self.view.ring != [me] {
             if let (Some(state), Some(right)) = (self.state.as_ref(), self.view.right(me)) {
-                let state = self.forwarded_only(state.clone());
                 self.out.push_back((
                     right,
                     GmMsg::Catchup {
                         version: self.view.version,
                         from: me,
-                        state,
+                        state: state.clone(),
                     },
                 ));
             }
@@ -433,55 +439,70 @@ impl<M: Clone> Member<M> {
         }
     }
 
-    /// What a catch-up may tell the right: with durable acks, publishes still held here
-    /// (not released, so not forwarded) are left out; they follow as activity.
-    fn forwarded_only(
-        &self,
-        mut state: BTreeMap<MemberId, Pending<M>>,
-    ) -> BTreeMap<MemberId, Pending<M>> {
-        let mut first_held: BTreeMap<MemberId, PubNum> = BTreeMap::new();
-        for item in &self.held_out {
-            if let Some((n, _)) = item.pubs.first() {
-                first_held.entry(item.id).or_insert(*n);
-            }
-        }
-        for (id, first) in first_held {
-            if let Some(p) = state.get_mut(&id) {
-                p.pending_ack.retain(|(n, _)| *n < first);
-                p.last_pub = first.checked_sub(1).min(p.last_pub);
-            }
-        }
-        state
-    }
-
-    /// Queues items for the right neighbour; with durable acks they wait, in order, until
-    /// their publishes are released.
-    fn emit(&mut self, items: Vec<Item<M>>) {
+    /// Queues items for the right neighbour. With durable acks, publishes go at once and
+    /// acks wait, in order, until what they ack is released here; `retire` says whether
+    /// forwarding them retires publishes here (an ack passing through; an owner's own acks
+    /// retired their publishes already). Until then this member's state still lists those
+    /// publishes pending, so a catch-up it sends cannot let a lap complete past it.
+    fn emit(&mut self, items: Vec<Item<M>>, retire: &[bool]) {
         if !self.durable_acks {
             self.send_right(items);
             return;
         }
-        self.held_out.extend(items);
+        let mut now = Vec::new();
+        for (item, retire) in items.into_iter().zip(retire.iter().copied()) {
+            let Item { id, pubs, acks } = item;
+            if !pubs.is_empty() {
+                now.push(Item {
+                    id,
+                    pubs,
+                    acks: Vec::new(),
+                });
+            }
+            if !acks.is_empty() {
+                self.held_out.push_back((
+                    Item {
+                        id,
+                        pubs: Vec::new(),
+                        acks,
+                    },
+                    retire,
+                ));
+            }
+        }
+        self.send_right(now);
         self.drain_held();
     }
 
+    /// Forwards the held acks whose publishes are released here, in order.
     fn drain_held(&mut self) {
         let mut ready = Vec::new();
-        while let Some(item) = self.held_out.front() {
-            let released = self.released.get(&item.id).copied();
+        while let Some((item, _)) = self.held_out.front() {
+            // Only what this member delivered needs its release: a joiner adopted older
+            // publishes without delivering them, and holds none of them.
+            let need = match (item.acks.iter().max(), self.delivered.get(&item.id)) {
+                (Some(a), Some(d)) => Some((*a).min(*d)),
+                _ => None,
+            };
             let ok = item.id == self.me
-                || item
-                    .pubs
-                    .last()
-                    .is_none_or(|(n, _)| released.is_some_and(|r| r >= *n));
+                || need.is_none_or(|n| self.released.get(&item.id).is_some_and(|r| *r >= n));
             if !ok {
                 break;
             }
-            if let Some(item) = self.held_out.pop_front() {
-                ready.push(item);
+            let Some((item, retire)) = self.held_out.pop_front() else {
+                break;
+            };
+            if retire {
+                if let Some(entry) = self.state.as_mut().and_then(|s| s.get_mut(&item.id)) {
+                    retire_acked(entry, &item.acks);
+                }
             }
+            ready.push(item);
         }
-        self.send_right(ready);
+        if !ready.is_empty() {
+            self.send_right(ready);
+            self.maybe_erase_aliases();
+        }
     }
 
     fn send_right(&mut self, items: Vec<Item<M>>) {
@@ -526,7 +547,9 @@ impl<M: Clone> Member<M> {
     /// then delivers the new publishes (forwarding first pipelines the ring).
     fn process(&mut self, items: Vec<Item<M>>) {
         let me = self.me;
+        let durable = self.durable_acks;
         let mut emitted = Vec::new();
+        let mut retire = Vec::new();
         let mut deliveries = Vec::new();
         let mut confirmed = None;
         let Some(state) = self.state.as_mut() else {
@@ -561,7 +584,13 @@ impl<M: Clone> Member<M> {
                     entry.last_ack = entry.last_ack.max(Some(*last));
                 }
                 if item.id == me {
-                    confirmed = confirmed.max(acks.last().copied());
+                    // With durable acks the lap that counts is the acks' one: each member
+                    // let them pass only once it held the publishes durably.
+                    confirmed = confirmed.max(if durable {
+                        item.acks.last().copied()
+                    } else {
+                        acks.last().copied()
+                    });
                 }
                 if !acks.is_empty() {
                     emitted.push(Item {
@@ -569,6 +598,7 @@ impl<M: Clone> Member<M> {
                         pubs: Vec::new(),
                         acks,
                     });
+                    retire.push(false);
                 }
             } else {
                 let mut item = item;
@@ -581,22 +611,23 @@ impl<M: Clone> Member<M> {
                     entry.last_pub = entry.last_pub.max(Some(*n));
                     deliveries.push((item.id, *n, msg.clone()));
                 }
-                // Acks retire publishes in order, up to the highest acked.
-                if let Some(last) = item.acks.iter().max() {
-                    while entry.pending_ack.front().is_some_and(|(n, _)| n <= last) {
-                        entry.pending_ack.pop_front();
-                    }
-                }
-                if let Some(last) = item.acks.last() {
-                    entry.last_ack = entry.last_ack.max(Some(*last));
+                // Acks retire publishes in order, up to the highest acked (with durable
+                // acks, when they leave: `drain_held`).
+                if !durable {
+                    retire_acked(entry, &item.acks);
                 }
                 if !item.pubs.is_empty() || !item.acks.is_empty() {
                     emitted.push(item);
+                    retire.push(true);
                 }
             }
         }
         self.lap_completed(confirmed);
-        self.emit(emitted);
+        for (from, num, _) in &deliveries {
+            let d = self.delivered.entry(*from).or_insert(*num);
+            *d = (*d).max(*num);
+        }
+        self.emit(emitted, &retire);
         for (from, num, msg) in deliveries {
             self.events.push_back(Event::Deliver { from, num, msg });
         }
@@ -661,12 +692,18 @@ impl<M: Clone> Member<M> {
             .filter(|id| known.contains(id))
             .collect();
         let mut items = Vec::new();
+        let mut own_acked = None;
         for id in ids {
             let theirs = left_state.get(&id).cloned().unwrap_or_default();
             let ours = state.entry(id).or_default();
             if self.view.owner(id) == Some(me) {
-                // What the new left still holds of ours has passed everyone between us.
+                // What the new left still holds of ours has passed everyone between us; the
+                // acks it passed on went through everyone between us (with durable acks, each
+                // holding the publishes durably: their lap is done).
                 ours.last_ack = ours.last_ack.max(theirs.last_ack);
+                if id == me {
+                    own_acked = ours.last_ack;
+                }
                 // An ack that went round means its publish did (with durable acks the
                 // publish may have passed us before we had our state).
                 ours.last_pub = ours.last_pub.max(ours.last_ack);
@@ -689,6 +726,9 @@ impl<M: Clone> Member<M> {
                     });
                 }
             }
+        }
+        if self.durable_acks {
+            self.lap_completed(own_acked);
         }
         self.process(items);
     }
@@ -713,6 +753,18 @@ impl<M: Clone> Member<M> {
             self.erasing.extend(done.iter().copied());
             self.events.push_back(Event::EraseAliases(done));
         }
+    }
+}
+
+/// Retires the publishes `acks` acknowledges (in order, up to the highest).
+fn retire_acked<M>(entry: &mut Pending<M>, acks: &[PubNum]) {
+    if let Some(last) = acks.iter().max() {
+        while entry.pending_ack.front().is_some_and(|(n, _)| n <= last) {
+            entry.pending_ack.pop_front();
+        }
+    }
+    if let Some(last) = acks.last() {
+        entry.last_ack = entry.last_ack.max(Some(*last));
     }
 }
 

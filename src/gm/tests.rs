@@ -632,19 +632,20 @@ proptest! {
 fn durable_acks_hold_each_hop_until_released_and_the_confirm_until_the_origin_released() {
     let mut r = Ring::build(3, true);
     r.confirmed_broadcast(m(1), "p", 0);
-    // 1 → 2: the publish goes out at once (the origin's write runs alongside the lap).
-    assert!(r.step());
+    // The publish travels its lap at once, so every member writes it in parallel.
+    assert!(r.step(), "1 → 2");
     assert_eq!(r.from(m(2), m(1)), strings(&["p"]));
-    assert!(
-        !r.step(),
-        "2 forwards nothing before it released the publish"
-    );
+    assert!(r.step(), "2 → 3 before 2 released it");
+    assert_eq!(r.from(m(3), m(1)), strings(&["p"]));
+    assert!(r.step(), "3 → 1: the publish lap is done");
+    assert!(r.step(), "1 → 2: its ack");
+    assert!(!r.step(), "2 holds the ack until it released the publish");
+    assert!(r.confirmed.is_empty());
     r.release(m(2));
     assert!(r.step(), "2 → 3 once released");
-    assert_eq!(r.from(m(3), m(1)), strings(&["p"]));
-    assert!(!r.step(), "3 holds it until released");
+    assert!(!r.step(), "3 holds the ack until released");
     r.release(m(3));
-    assert!(r.step(), "3 → 1: the lap is done");
+    assert!(r.step(), "3 → 1: the ack lap is done");
     assert!(
         !r.confirmed.contains_key(&m(1)),
         "no confirm before the origin itself released"
@@ -657,12 +658,12 @@ fn durable_acks_hold_each_hop_until_released_and_the_confirm_until_the_origin_re
 }
 
 #[test]
-fn a_catchup_leaves_out_what_the_sender_has_not_released() {
+fn a_catchup_cannot_complete_a_lap_past_a_member_that_has_not_released() {
     let mut r = Ring::build(3, true);
     r.confirmed_broadcast(m(1), "p", 0);
     assert!(r.step(), "1 → 2");
-    // 2 holds "p" (not released) when 3 dies: its catch-up to 1 must not say it has it
-    // forwarded, or 1 would count the lap complete.
+    // 2 has "p" (not released) when 3 dies: its catch-up to 1 completes the publish lap,
+    // but the ack must wait at 2, or 1 would confirm what 2 may not hold.
     r.kill(m(3), false);
     r.pump_without_release();
     assert!(!r.confirmed.contains_key(&m(1)), "{:?}", r.confirmed);

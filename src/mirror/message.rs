@@ -13,7 +13,8 @@ pub enum MirrorMsg {
     Ops {
         /// The master's epoch.
         epoch: u64,
-        /// The encoded operations.
+        /// The encoded operations (as bytes: serde copies them at once, not byte by byte).
+        #[serde(with = "serde_bytes")]
         ops: Vec<u8>,
     },
     /// A promoted master's first message: once its lap completes, every member (the new
@@ -48,6 +49,7 @@ pub enum MirrorMsg {
         /// Its sync (`SyncStart::sync`).
         sync: u64,
         /// The encoded operations (publishes, delivers).
+        #[serde(with = "serde_bytes")]
         ops: Vec<u8>,
     },
     /// The backlog is complete: once `target` released this, it holds the whole queue.

@@ -30,6 +30,8 @@ enum WireOp {
     Publish {
         seq: u64,
         id: u128,
+        // As bytes: serde copies the message at once, not byte by byte.
+        #[serde(with = "serde_bytes")]
         stored: Vec<u8>,
         expires_at_ms: u64,
         persistent: bool,

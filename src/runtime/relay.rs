@@ -60,6 +60,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct WireMessage {
     id: u128,
+    // As bytes: serde copies the message at once, not byte by byte.
+    #[serde(with = "serde_bytes")]
     bytes: Vec<u8>,
 }
 

@@ -45,6 +45,7 @@ pub struct MetaView {
 #[derive(Clone, Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, BasicNode>,
+    #[serde(with = "serde_bytes")]
     data: Vec<u8>,
 }
 

@@ -384,6 +384,8 @@ impl<M: Clone> Member<M> {
             let known = self.view.known();
             // Members erased from the record had nothing in flight.
             state.retain(|id, _| known.contains(id));
+            self.delivered.retain(|id, _| known.contains(id));
+            self.released.retain(|id, _| known.contains(id));
             for id in known {
                 state.entry(id).or_default();
             }

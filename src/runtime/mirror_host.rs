@@ -82,6 +82,9 @@ struct Inner<N, D: Disk + Clone> {
     /// master: under the failure detector's timeout, so it stops before any mirror can be
     /// promoted (`docs/mirroring.md`, "The master's lease").
     lease: Duration,
+    /// Wakes `keep_leases` at once: a new master is fenced until its first renewal, and
+    /// waiting for the next period would stall its consumers (and a failover) for it.
+    lease_wake: tokio::sync::Notify,
 }
 
 /// The default lease: half the failure detector's default timeout (`peer_timeout_ms`,
@@ -267,6 +270,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 next_sync: std::sync::atomic::AtomicU64::new(1),
                 hold_dir,
                 lease: DEFAULT_LEASE,
+                lease_wake: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -1007,12 +1011,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     member: m.handle.id(),
                 },
             );
-            // Nothing goes out until a quorum read confirmed this master (`keep_leases`).
+            // Nothing goes out until a quorum read confirmed this master (`keep_leases`,
+            // woken now for it).
             if let Some(h) = self.broker.queue(&key.0, &key.1) {
                 h.lock()
                     .set_lease(Some(crate::time::Instant::from_millis(0)));
             }
         }
+        self.lease_wake.notify_one();
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
         let mut syncs: BTreeMap<MemberId, SyncRun> = BTreeMap::new();
         let mut requests = (set.sync_requests, set.cancel_requests);
@@ -1483,7 +1489,10 @@ fn kick(broker: &Broker, h: &Arc<crate::broker::QueueHandle>, now: crate::time::
 async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
     let lease_ms = inner.lease.as_millis() as u64;
     loop {
-        tokio::time::sleep(inner.lease / 3).await;
+        tokio::select! {
+            _ = tokio::time::sleep(inner.lease / 3) => {}
+            _ = inner.lease_wake.notified() => {}
+        }
         if lock(&inner.masters).is_empty() {
             continue;
         }

@@ -395,7 +395,13 @@ impl<M: Clone> Member<M> {
         if self.state.is_some() {
             self.seen_alive.extend(self.view.ring.iter().copied());
         }
-        if old.right(me) != self.view.right(me) && self.view.ring != [me] {
+        // A catch-up to a new right; and to the same right after skipped versions (a member
+        // applies the newest record, not each one): at a version this member skipped, the
+        // right may have had another left and dropped what came from us meanwhile, and it
+        // only learns what it missed from a catch-up. An extra catch-up adds nothing at a
+        // right that missed nothing.
+        let skipped = record.version > old.version + 1;
+        if (old.right(me) != self.view.right(me) || skipped) && self.view.ring != [me] {
             if let (Some(state), Some(right)) = (self.state.as_ref(), self.view.right(me)) {
                 self.out.push_back((
                     right,
@@ -608,6 +614,17 @@ impl<M: Clone> Member<M> {
                 // is neither delivered nor forwarded twice.
                 item.pubs
                     .retain(|(n, _)| entry.last_pub.is_none_or(|l| *n > l));
+                // Nor one past a gap: an origin's publishes come numbered one by one, so a
+                // gap means an earlier activity from this sender was dropped while it was
+                // not our left (it left the ring position and came back). Taking these would
+                // lose the missing ones for good (a catch-up only adds what is past our
+                // last publish); the sender's catch-up brings them all, in order.
+                if let (Some(l), Some((n, _))) = (entry.last_pub, item.pubs.first()) {
+                    if *n != l + 1 {
+                        tracing::debug!(origin = ?item.id, expected = l + 1, got = n, "gm: publishes past a gap wait for a catch-up");
+                        item.pubs.clear();
+                    }
+                }
                 for (n, msg) in &item.pubs {
                     entry.pending_ack.push_back((*n, msg.clone()));
                     entry.last_pub = entry.last_pub.max(Some(*n));

@@ -37,7 +37,7 @@ use crate::broker::queue::IndexOp;
 use crate::broker::Broker;
 use crate::gm::{Event, MemberId, Slot};
 use crate::meta::raft::{MetaRaft, NodeId};
-use crate::meta::state::MirrorRecord;
+use crate::meta::state::{MirrorRecord, MirrorSet};
 use crate::meta::{Command, MetaState};
 use crate::mirror::message::{group_name, MirrorMsg};
 use crate::mirror::{ops, HaPolicy, SyncMode};
@@ -244,6 +244,10 @@ struct Membership {
     mode: Mode,
     /// The queue's master as this member last saw it.
     master: NodeId,
+    /// The member on `master` whose messages it last delivered: after a promotion, the
+    /// old master's member, which may still ship rounds until it leaves (not the member
+    /// that node may have joined with since, as a mirror).
+    master_member: Option<MemberId>,
 }
 
 impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
@@ -627,6 +631,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         match event {
             None | Some(Event::Stopped) => Followed::Stopped,
             Some(Event::Deliver { from, num, msg }) => {
+                if from.node == m.master {
+                    m.master_member = Some(from);
+                }
                 if !self.on_message(key, m, &msg).await {
                     return Followed::WriteFailed;
                 }
@@ -683,6 +690,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     return Followed::WriteFailed;
                 }
                 for (from, num, _) in run {
+                    if from.node == m.master {
+                        m.master_member = Some(from);
+                    }
                     m.handle.release(from, num);
                 }
                 if next.is_none() {
@@ -723,6 +733,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 members: BTreeSet::new(),
                 mode: Mode::Waiting,
                 master: 0,
+                master_member: None,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -817,10 +828,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     return None;
                 }
                 let old_alive = old != self.node
-                    && state
-                        .gm_groups
-                        .get(&group)
-                        .is_some_and(|g| g.has_live_member_on(old));
+                    && state.gm_groups.get(&group).is_some_and(|g| {
+                        match m.master_member.filter(|mm| mm.node == old) {
+                            Some(mm) => g.members.contains(&Slot::Alive(mm)),
+                            None => g.has_live_member_on(old),
+                        }
+                    });
                 if !old_alive {
                     break;
                 }
@@ -961,6 +974,55 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         false
     }
 
+    /// A master whose node restarted before it was recorded down: hands the queue to the
+    /// oldest synchronised mirror whose member is still alive in the group on a node the
+    /// failure detector sees running (its copy is the queue as the old master last shipped
+    /// it), under a new epoch, as the reconciler would have after a `NodeDown`. Whether or
+    /// not the promotion commits, this node's member is new, so no lap of the old one can
+    /// complete. `false`: no such mirror, or the metadata moved on; serve from disk.
+    async fn hand_over_after_restart(&self, key: &Key, state: &MetaState, set: &MirrorSet) -> bool {
+        let Some(group) = state.gm_groups.get(&group_name(&key.0, &key.1)) else {
+            return false;
+        };
+        if group.has_live_member_on(self.node) {
+            // Not a restart the metadata knows of yet.
+            return false;
+        }
+        let running: BTreeSet<NodeId> = set
+            .mirrors
+            .iter()
+            .map(|m| m.node)
+            .filter(|n| {
+                *n != self.node && !self.broker.node_is_down(*n) && group.has_live_member_on(*n)
+            })
+            .collect();
+        let Some(node) = crate::mirror::placement::promotion(
+            &set.mirrors,
+            &running,
+            crate::mirror::PromoteRule::WhenSynced,
+        ) else {
+            return false;
+        };
+        let cmd = Command::PromoteMirror {
+            vhost: key.0.clone(),
+            queue: key.1.clone(),
+            expected_epoch: set.epoch,
+            node,
+        };
+        match self.raft.propose(cmd).await {
+            Ok(r) if r.outcome.is_ok() => {
+                tracing::warn!(
+                    queue = %key.1,
+                    to = node,
+                    epoch = set.epoch + 1,
+                    "restarted master hands its mirrored queue to a synchronised mirror"
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// A master that joins its group afresh (not by promotion) cannot vouch for any
     /// mirror's copy: they all sync again.
     async fn unsync_all(&self, key: &Key, epoch: u64) {
@@ -992,8 +1054,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         let mut m = match member {
             Some(m) => m,
             None => {
-                // A fresh master (its node restarted): its old member is gone, and so is
-                // what the mirrors were synchronised with.
+                // A fresh master (its node restarted): its old member is gone. A mirror
+                // that was synchronised with it holds everything it confirmed, transient
+                // messages too, which its own disk does not: that mirror takes over, as it
+                // would have had the node been recorded down first.
+                if self.hand_over_after_restart(key, &state, &set).await {
+                    return;
+                }
+                // Otherwise it serves from its disk, and what the mirrors were
+                // synchronised with is gone.
                 self.unsync_all(key, epoch).await;
                 match self.join(key).await {
                     Some(m) => m,
@@ -1091,6 +1160,25 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         break;
                     }
                     let Some(set) = state.mirror_sets.get(key) else { break };
+                    // A mirror recorded unsynchronised again while its member stayed in the
+                    // group (its node was dropped from the set and added back while cut off,
+                    // so it never left): nothing else would start its sync.
+                    let reset: Vec<MemberId> = m
+                        .members
+                        .iter()
+                        .copied()
+                        .filter(|mid| {
+                            *mid != me
+                                && set.mirrors.iter().any(|r| r.node == mid.node && !r.synchronised)
+                                && syncs.get(mid).is_none_or(|run| run.recorded)
+                        })
+                        .collect();
+                    for mid in reset {
+                        if let Some(run) = syncs.remove(&mid) {
+                            run.abort();
+                        }
+                        self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
+                    }
                     if (set.sync_requests, set.cancel_requests) != requests {
                         let cancel = set.cancel_requests != requests.1;
                         requests = (set.sync_requests, set.cancel_requests);

@@ -344,13 +344,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
                 continue;
             };
-            let cmd = Command::PromoteMirror {
-                vhost: key.0.clone(),
-                queue: key.1.clone(),
-                expected_epoch: set.epoch,
-                node,
-            };
-            match inner.raft.propose(cmd).await {
+            match inner.raft.propose(promote_to(&key, set, node)).await {
                 Ok(r) if r.outcome.is_ok() => {
                     tracing::info!(queue = %key.1, to = node, "handing the queue over");
                     moving.push((key, shipping.member));
@@ -996,20 +990,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 *n != self.node && !self.broker.node_is_down(*n) && group.has_live_member_on(*n)
             })
             .collect();
-        let Some(node) = crate::mirror::placement::promotion(
+        let Some(node) = crate::mirror::promotion(
             &set.mirrors,
             &running,
             crate::mirror::PromoteRule::WhenSynced,
         ) else {
             return false;
         };
-        let cmd = Command::PromoteMirror {
-            vhost: key.0.clone(),
-            queue: key.1.clone(),
-            expected_epoch: set.epoch,
-            node,
-        };
-        match self.raft.propose(cmd).await {
+        match self.raft.propose(promote_to(key, set, node)).await {
             Ok(r) if r.outcome.is_ok() => {
                 tracing::warn!(
                     queue = %key.1,
@@ -1480,6 +1468,16 @@ fn policy_of(state: &MetaState, key: &Key) -> Option<HaPolicy> {
         &v.effective_policy(&key.1, true),
         def.exclusive_owner.is_some(),
     )
+}
+
+/// The command that makes `node`'s mirror the master of `key`, under the next epoch of `set`.
+fn promote_to(key: &Key, set: &MirrorSet, node: NodeId) -> Command {
+    Command::PromoteMirror {
+        vhost: key.0.clone(),
+        queue: key.1.clone(),
+        expected_epoch: set.epoch,
+        node,
+    }
 }
 
 fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {

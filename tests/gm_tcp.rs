@@ -37,10 +37,19 @@ struct Node {
 }
 
 async fn cluster(n: u64) -> BTreeMap<NodeId, Node> {
+    cluster_with(n, None, GmHostConfig::default()).await
+}
+
+/// A cluster whose node links refuse frames over `max_frame` (when given).
+async fn cluster_with(
+    n: u64,
+    max_frame: Option<usize>,
+    host_cfg: GmHostConfig,
+) -> BTreeMap<NodeId, Node> {
     let mut links = BTreeMap::new();
     let mut addrs = BTreeMap::new();
     for id in 1..=n {
-        let cfg = NodeLinkConfig {
+        let mut cfg = NodeLinkConfig {
             heartbeat_interval: Duration::from_millis(50),
             peer_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_millis(500),
@@ -48,6 +57,9 @@ async fn cluster(n: u64) -> BTreeMap<NodeId, Node> {
             backoff_max: Duration::from_millis(200),
             ..NodeLinkConfig::new("gm-test", id)
         };
+        if let Some(max) = max_frame {
+            cfg.max_frame = max;
+        }
         let link = TcpTransport::bind("127.0.0.1:0", cfg).await.expect("bind");
         addrs.insert(id, link.local_addr().to_string());
         links.insert(id, link);
@@ -78,7 +90,7 @@ async fn cluster(n: u64) -> BTreeMap<NodeId, Node> {
         .await
         .expect("raft starts");
         link.serve(raft.rpc_server());
-        let host = GmHost::new(id, link.clone(), raft.clone(), GmHostConfig::default());
+        let host = GmHost::new(id, link.clone(), raft.clone(), host_cfg.clone());
         let h = host.clone();
         link.serve_gm(Arc::new(move |frame: &[u8]| h.handle_frame(frame)));
         nodes.insert(id, Node { link, raft, host });
@@ -150,6 +162,58 @@ async fn three_members_deliver_every_broadcast_in_per_origin_order() {
                 expect.extend((0..100).map(|k| format!("{}-{k}", origin.node)));
                 assert_eq!(from(&got, *origin), expect, "{:?} from {origin:?}", h.id());
             }
+        }
+    })
+    .await;
+}
+
+// One thread: the burst is queued whole before the member task takes any of it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_bigger_than_a_frame_goes_round_in_activities_that_fit() {
+    bounded(async {
+        // Frames of 256 KiB at most; a burst of 64 broadcasts of 20 KiB (1.25 MiB) queued
+        // at once. As one activity it would never fit a frame (and be retried forever).
+        let host_cfg = GmHostConfig {
+            max_activity_bytes: 64 << 10,
+            max_batch_bytes: 128 << 10,
+            ..GmHostConfig::default()
+        };
+        let nodes = cluster_with(3, Some(256 << 10), host_cfg).await;
+        let mut handles = Vec::new();
+        for id in 1..=3 {
+            handles.push(nodes[&id].host.join("g", false).await.expect("join"));
+        }
+        for h in &handles {
+            h.confirmed_broadcast(Bytes::from_static(b"hello"))
+                .await
+                .expect("a lap completes");
+        }
+        let body = |k: usize| {
+            let mut b = format!("{k:04}").into_bytes();
+            b.resize(20 << 10, b'.');
+            Bytes::from(b)
+        };
+        let confirms: Vec<_> = (0..64)
+            .map(|k| handles[0].confirmed_broadcast(body(k)))
+            .collect();
+        for c in confirms {
+            tokio::time::timeout(Duration::from_secs(20), c)
+                .await
+                .expect("confirmed in time (an activity over the frame limit stalls)")
+                .expect("confirmed");
+        }
+        let origin = handles[0].id();
+        for h in &mut handles {
+            let got = deliveries(h, 3 + 64).await;
+            let want: Vec<String> = std::iter::once("hello".to_string())
+                .chain((0..64).map(|k| String::from_utf8_lossy(&body(k)).into_owned()))
+                .collect();
+            assert_eq!(
+                from(&got, origin),
+                want,
+                "{:?}: every broadcast, in order",
+                h.id()
+            );
         }
     })
     .await;

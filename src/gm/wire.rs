@@ -72,23 +72,60 @@ impl Outbox {
         self.unacked.is_empty()
     }
 
-    /// The oldest unaccepted messages, at most `max`: their first number and the messages.
-    pub fn batch(&self, max: usize) -> Option<(u64, Vec<GmMsg<Bytes>>)> {
+    /// The oldest unaccepted messages, at most `max` of them and `max_bytes` of payload
+    /// (the first one whatever its size): their first number and the messages.
+    pub fn batch(&self, max: usize, max_bytes: usize) -> Option<(u64, Vec<GmMsg<Bytes>>)> {
         let first = self.unacked.front()?.0;
-        Some((
-            first,
-            self.unacked
-                .iter()
-                .take(max.max(1))
-                .map(|(_, m)| m.clone())
-                .collect(),
-        ))
+        let mut bytes = 0usize;
+        let mut msgs = Vec::new();
+        for (_, m) in self.unacked.iter().take(max.max(1)) {
+            let size = payload_bytes(m);
+            if !msgs.is_empty() && bytes + size > max_bytes {
+                break;
+            }
+            bytes += size;
+            msgs.push(m.clone());
+        }
+        Some((first, msgs))
     }
 
     /// The receiver holds everything up to `upto`.
     pub fn accepted(&mut self, upto: u64) {
         while self.unacked.front().is_some_and(|(n, _)| *n <= upto) {
             self.unacked.pop_front();
+        }
+    }
+}
+
+/// About how many bytes `msg` takes on the wire: its payloads plus a little per publish,
+/// ack and origin (more than the encoding needs, never much less).
+pub fn payload_bytes(msg: &GmMsg<Bytes>) -> usize {
+    const PER_ITEM: usize = 48;
+    const PER_NUM: usize = 16;
+    match msg {
+        GmMsg::Activity { items, .. } => {
+            PER_ITEM
+                + items
+                    .iter()
+                    .map(|i| {
+                        PER_ITEM
+                            + i.pubs.iter().map(|(_, m)| PER_NUM + m.len()).sum::<usize>()
+                            + PER_NUM * i.acks.len()
+                    })
+                    .sum::<usize>()
+        }
+        GmMsg::Catchup { state, .. } => {
+            PER_ITEM
+                + state
+                    .values()
+                    .map(|p| {
+                        PER_ITEM
+                            + p.pending_ack
+                                .iter()
+                                .map(|(_, m)| PER_NUM + m.len())
+                                .sum::<usize>()
+                    })
+                    .sum::<usize>()
         }
     }
 }
@@ -133,6 +170,7 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gm::member::Item;
 
     fn msg(v: u64) -> GmMsg<Bytes> {
         GmMsg::Activity {
@@ -158,12 +196,12 @@ mod tests {
         let mut inbox = Inbox::new();
         out.push(msg(1));
         out.push(msg(2));
-        let (first, msgs) = out.batch(10).unwrap();
+        let (first, msgs) = out.batch(10, usize::MAX).unwrap();
         // Delivered, but the reply is lost: the sender resends with one more message.
         let (got, upto) = inbox.accept(frame(first, msgs));
         assert_eq!((got.len(), upto), (2, 2));
         out.push(msg(3));
-        let (first, msgs) = out.batch(10).unwrap();
+        let (first, msgs) = out.batch(10, usize::MAX).unwrap();
         assert_eq!(first, 1);
         let (got, upto) = inbox.accept(frame(first, msgs));
         assert_eq!(got, vec![msg(3)], "only the new message");
@@ -185,8 +223,61 @@ mod tests {
             out.push(msg(v));
         }
         out.accepted(2);
-        let (first, msgs) = out.batch(2).unwrap();
+        let (first, msgs) = out.batch(2, usize::MAX).unwrap();
         assert_eq!(first, 3);
         assert_eq!(msgs, vec![msg(2), msg(3)]);
+    }
+
+    fn publishing(sizes: &[usize]) -> GmMsg<Bytes> {
+        GmMsg::Activity {
+            version: 1,
+            from: MemberId { node: 1, since: 1 },
+            items: vec![Item {
+                id: MemberId { node: 1, since: 1 },
+                pubs: sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(n, s)| (n as u64, Bytes::from(vec![7u8; *s])))
+                    .collect(),
+                acks: vec![1, 2, 3],
+            }],
+        }
+    }
+
+    #[test]
+    fn the_byte_estimate_covers_the_encoding() {
+        for sizes in [&[][..], &[1][..], &[1000, 5, 70_000][..]] {
+            let m = publishing(sizes);
+            let encoded = bincode::serialize(&m).expect("encodes").len();
+            let estimate = payload_bytes(&m);
+            assert!(
+                encoded <= estimate && estimate <= encoded + 256,
+                "{sizes:?}: encoded {encoded}, estimated {estimate}"
+            );
+        }
+    }
+
+    #[test]
+    fn batches_stop_at_the_byte_budget_but_always_carry_one_message() {
+        let mut out = Outbox::new();
+        out.push(publishing(&[3000]));
+        out.push(publishing(&[3000]));
+        out.push(publishing(&[9000]));
+        out.push(publishing(&[10]));
+        let (first, msgs) = out.batch(10, 7000).unwrap();
+        assert_eq!(
+            (first, msgs.len()),
+            (1, 2),
+            "two of 3000 fit 7000, not a third"
+        );
+        out.accepted(2);
+        let (first, msgs) = out.batch(10, 7000).unwrap();
+        assert_eq!(
+            (first, msgs.len()),
+            (3, 1),
+            "one over the budget goes alone"
+        );
+        out.accepted(3);
+        assert_eq!(out.batch(10, 7000).unwrap().1.len(), 1);
     }
 }

@@ -84,6 +84,42 @@ pub fn encode(ops: &[IndexOp]) -> Vec<u8> {
     bincode::serialize(&wire).unwrap_or_default()
 }
 
+/// About how many bytes `op` takes in an [`encode`]d batch (a little more, never less).
+fn wire_size(op: &IndexOp) -> usize {
+    match op {
+        IndexOp::Publish { message, .. } => {
+            message.body.len()
+                + message.properties_raw.len()
+                + message.exchange.len()
+                + message.routing_key.len()
+                + 96
+        }
+        IndexOp::Deliver { .. } | IndexOp::Ack { .. } | IndexOp::DeleteQueue => 48,
+    }
+}
+
+/// Splits a round's operations, in order, into batches of at most `max_bytes` encoded
+/// (an operation bigger than that alone): each batch travels as one GM message, which a
+/// node-link frame must hold.
+pub fn split_round(ops: Vec<IndexOp>, max_bytes: usize) -> Vec<Vec<IndexOp>> {
+    let mut batches = Vec::new();
+    let mut batch = Vec::new();
+    let mut bytes = 0usize;
+    for op in ops {
+        let size = wire_size(&op);
+        if !batch.is_empty() && bytes + size > max_bytes {
+            batches.push(std::mem::take(&mut batch));
+            bytes = 0;
+        }
+        bytes += size;
+        batch.push(op);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
 /// Decodes a batch [`encode`] made.
 pub fn decode(bytes: &[u8]) -> Result<Vec<IndexOp>, OpsError> {
     let wire: Vec<WireOp> =
@@ -204,5 +240,61 @@ mod tests {
         ));
         assert!(matches!(back[3], IndexOp::DeleteQueue));
         assert!(decode(b"not a batch").is_err());
+    }
+
+    fn seq_of(op: &IndexOp) -> u64 {
+        match op {
+            IndexOp::Publish { seq, .. } | IndexOp::Deliver { seq } | IndexOp::Ack { seq, .. } => {
+                *seq
+            }
+            IndexOp::DeleteQueue => u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_round_splits_in_order_into_batches_that_encode_within_the_limit() {
+        const LIMIT: usize = 16 << 10;
+        let mut ops = Vec::new();
+        for seq in 0..40u64 {
+            // Mostly 3 KiB, one of 40 KiB (over the limit: alone), a run of deliveries
+            // and acks of the kind a busy consumer adds.
+            let body = vec![seq as u8; if seq == 17 { 40 << 10 } else { 3 << 10 }];
+            ops.push(IndexOp::Publish {
+                seq,
+                message: Arc::new(message(&body)),
+                expires_at_ms: u64::MAX,
+                persistent: true,
+            });
+            ops.push(IndexOp::Deliver { seq });
+            if seq % 3 == 0 {
+                ops.push(IndexOp::Ack {
+                    seq,
+                    message_id: 0xABCD,
+                    size: 3 << 10,
+                    persistent: true,
+                });
+            }
+        }
+        let whole: Vec<u64> = ops.iter().map(seq_of).collect();
+        let batches = split_round(ops, LIMIT);
+        assert!(batches.len() > 1, "split");
+        let mut seen = Vec::new();
+        for batch in &batches {
+            let encoded = encode(batch).len();
+            assert!(
+                encoded <= LIMIT || batch.len() == 1,
+                "a batch of {} ops encodes to {encoded} bytes",
+                batch.len()
+            );
+            seen.extend(batch.iter().map(seq_of));
+        }
+        assert_eq!(seen, whole, "every operation once, in order");
+        assert!(
+            batches
+                .iter()
+                .any(|b| b.len() == 1 && matches!(b[0], IndexOp::Publish { seq: 17, .. })),
+            "the big message goes alone"
+        );
+        assert!(split_round(Vec::new(), LIMIT).is_empty());
     }
 }

@@ -52,6 +52,12 @@ pub struct GmHostConfig {
     pub retry_after: Duration,
     /// Messages per frame at most.
     pub max_batch: usize,
+    /// Payload bytes per frame at most (a bigger message goes alone): under the node
+    /// link's frame limit (at least 16 MiB), so a batch is not refused for its size.
+    pub max_batch_bytes: usize,
+    /// Own broadcasts are flushed as one activity once they hold this many bytes: an
+    /// activity is one message, which a frame must hold whole.
+    pub max_activity_bytes: usize,
     /// Pause between compare-and-set attempts that lost a race.
     pub cas_retry: Duration,
     /// Attempts for a join, leave or erase before giving up.
@@ -64,6 +70,8 @@ impl Default for GmHostConfig {
             call_timeout: Duration::from_secs(2),
             retry_after: Duration::from_millis(50),
             max_batch: 256,
+            max_batch_bytes: 8 << 20,
+            max_activity_bytes: 4 << 20,
             cas_retry: Duration::from_millis(20),
             cas_attempts: 200,
         }
@@ -514,13 +522,18 @@ impl<N: GmNet + Clone> MemberTask<N> {
             tokio::select! {
                 cmd = cmds.recv(), if cmds_open => match cmd {
                     Some(cmd) => {
-                        self.on_cmd(cmd);
+                        let mut bytes = self.on_cmd(cmd);
                         // Everything else that is ready goes in the same flush, up to a
-                        // size (so a steady stream still flushes).
+                        // count (so a steady stream still flushes); an activity that
+                        // reached its byte size leaves at once (it must fit a frame).
                         let mut taken = 1;
                         while taken < FLUSH_AFTER {
+                            if bytes >= self.host.inner.cfg.max_activity_bytes {
+                                self.member.flush();
+                                bytes = 0;
+                            }
                             let Ok(cmd) = cmds.try_recv() else { break };
-                            self.on_cmd(cmd);
+                            bytes += self.on_cmd(cmd);
                             taken += 1;
                         }
                         self.member.flush();
@@ -555,18 +568,31 @@ impl<N: GmNet + Clone> MemberTask<N> {
         self.stop();
     }
 
-    fn on_cmd(&mut self, cmd: Cmd) {
+    /// Takes a command; returns the bytes it broadcast (buffered until the next flush).
+    fn on_cmd(&mut self, cmd: Cmd) -> usize {
         match cmd {
-            Cmd::Broadcast(msg) => self.member.broadcast(msg),
+            Cmd::Broadcast(msg) => {
+                let n = msg.len();
+                self.member.broadcast(msg);
+                n
+            }
             Cmd::Confirmed(msg, tx) => {
+                let n = msg.len();
                 let token = self.next_token;
                 self.next_token += 1;
                 self.confirms.insert(token, tx);
                 // Flushed with the rest of the batch (see `run`).
                 self.member.confirmed_broadcast_buffered(msg, token);
+                n
             }
-            Cmd::Release(origin, upto) => self.member.release(origin, upto),
-            Cmd::Leave(tx) => self.leaving = Some(tx),
+            Cmd::Release(origin, upto) => {
+                self.member.release(origin, upto);
+                0
+            }
+            Cmd::Leave(tx) => {
+                self.leaving = Some(tx);
+                0
+            }
         }
     }
 
@@ -708,7 +734,7 @@ async fn run_sender<N: GmNet + Clone>(
         while let Ok(msg) = rx.try_recv() {
             outbox.push(msg);
         }
-        let Some((first_seq, msgs)) = outbox.batch(max_batch) else {
+        let Some((first_seq, msgs)) = outbox.batch(max_batch, inner.cfg.max_batch_bytes) else {
             continue;
         };
         let frame = GmFrame {

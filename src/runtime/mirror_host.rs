@@ -413,34 +413,18 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             return None;
         }
         // One GM message per few MiB: each must fit a node-link frame.
-        let mut laps = Vec::new();
-        let mut chunk: Vec<IndexOp> = Vec::new();
-        let mut bytes = 0usize;
-        let mut send = |chunk: &mut Vec<IndexOp>| {
-            let msg = MirrorMsg::Ops {
-                epoch: shipping.epoch,
-                ops: ops::encode(chunk),
-            };
-            laps.push(
+        let laps: Vec<_> = ops::split_round(kept, super::storage::SYNC_BATCH_BYTES)
+            .into_iter()
+            .map(|chunk| {
+                let msg = MirrorMsg::Ops {
+                    epoch: shipping.epoch,
+                    ops: ops::encode(&chunk),
+                };
                 shipping
                     .sender
-                    .confirmed_broadcast(Bytes::from(msg.encode())),
-            );
-            chunk.clear();
-        };
-        for op in kept {
-            if let IndexOp::Publish { message, .. } = &op {
-                bytes += message.body.len() + message.properties_raw.len();
-            }
-            chunk.push(op);
-            if bytes >= super::storage::SYNC_BATCH_BYTES {
-                send(&mut chunk);
-                bytes = 0;
-            }
-        }
-        if !chunk.is_empty() {
-            send(&mut chunk);
-        }
+                    .confirmed_broadcast(Bytes::from(msg.encode()))
+            })
+            .collect();
         Some(Box::pin(async move {
             let mut all = true;
             for lap in laps {

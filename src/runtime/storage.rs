@@ -90,8 +90,10 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
 /// confirms are held until it completes, and refused (nacked) if it fails.
 pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> + Send + Sync>;
 
-/// A sync batch stops at this many bytes of messages, whatever `ha-sync-batch-size` says:
-/// it travels as one GM message, which one node-link frame must hold.
+/// A sync batch, or one GM message of a shipped round, holds at most this many bytes of
+/// messages (whatever `ha-sync-batch-size` says), or one message alone when that is
+/// bigger: it travels as one GM message, which one node-link frame must hold, and a
+/// frame holds the largest message allowed plus 1 MiB (at least 16 MiB).
 pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 
 /// Resolves once a shipped batch completed its lap; `false` when it never will. A future,
@@ -779,7 +781,9 @@ impl<D: Disk + Clone> Storage<D> {
                 if p.seq >= below {
                     break 'segments;
                 }
-                if taken == max || bytes >= SYNC_BATCH_BYTES {
+                // Stop before the message that would take the batch past the byte
+                // limit (a message bigger than it goes alone).
+                if taken == max || (taken > 0 && bytes + p.size as usize > SYNC_BATCH_BYTES) {
                     next = Some(p.seq);
                     break 'segments;
                 }
@@ -1405,6 +1409,60 @@ mod tests {
             "the live backlog, in order, delivered ones marked"
         );
         assert_eq!(batches, 45usize.div_ceil(7), "batches of at most 7");
+    }
+
+    #[test]
+    fn a_sync_batch_stops_before_the_message_that_would_pass_its_byte_limit() {
+        let disk = MemDisk::new();
+        let d = Arc::new(Durability::default());
+        let b = broker(&d);
+        let (s, _) =
+            Storage::open_with(disk, &b, d, &data(), &StorageConfig::default()).expect("open");
+        b.set_pager(s.clone());
+        // 1.5 MiB, 5 MiB (bigger than a batch: alone), then more of 1.5 MiB and 1 KiB.
+        let sizes = [
+            1536 << 10,
+            1536 << 10,
+            5 << 20,
+            1536 << 10,
+            1 << 10,
+            1536 << 10,
+        ];
+        for (i, n) in sizes.iter().enumerate() {
+            publish(&b, &vec![i as u8; *n]);
+        }
+        assert!(s.step());
+        let (mut from, mut got) = (0, Vec::new());
+        loop {
+            let (ops, next) = s
+                .sync_batch("/", "q", from, 100, 1000, |ops, next| (ops, next))
+                .expect("a batch");
+            let bodies: Vec<usize> = ops
+                .iter()
+                .map(|op| match op {
+                    IndexOp::Publish { message, .. } => message.body.len(),
+                    other => panic!("not a sync publish: {other:?}"),
+                })
+                .collect();
+            got.push(bodies);
+            match next {
+                Some(n) => from = n,
+                None => break,
+            }
+        }
+        for batch in &got {
+            assert!(
+                batch.len() == 1 || batch.iter().sum::<usize>() <= SYNC_BATCH_BYTES,
+                "a batch over {SYNC_BATCH_BYTES} bytes holds one message: {got:?}"
+            );
+        }
+        let all: Vec<usize> = got.concat();
+        assert_eq!(all, sizes, "every message once, in order");
+        assert_eq!(
+            got.len(),
+            3,
+            "[1.5, 1.5], [5], [1.5, 0.001, 1.5] MiB: {got:?}"
+        );
     }
 
     #[test]

@@ -173,9 +173,11 @@ async fn a_burst_bigger_than_a_frame_goes_round_in_activities_that_fit() {
     bounded(async {
         // Frames of 256 KiB at most; a burst of 64 broadcasts of 20 KiB (1.25 MiB) queued
         // at once. As one activity it would never fit a frame (and be retried forever).
+        // Nothing goes in parts here (no byte budget per batch): only the activity size
+        // keeps each message within a frame (parts: the catch-up test below).
         let host_cfg = GmHostConfig {
             max_activity_bytes: 64 << 10,
-            max_batch_bytes: 128 << 10,
+            max_batch_bytes: usize::MAX,
             ..GmHostConfig::default()
         };
         let nodes = cluster_with(3, Some(256 << 10), host_cfg).await;
@@ -215,6 +217,91 @@ async fn a_burst_bigger_than_a_frame_goes_round_in_activities_that_fit() {
                 h.id()
             );
         }
+    })
+    .await;
+}
+
+/// Releases everything `h` delivers, and reports each delivery's body on `seen`.
+fn release_all(mut h: GmHandle, seen: tokio::sync::mpsc::UnboundedSender<Bytes>) {
+    tokio::spawn(async move {
+        while let Some(ev) = h.next_event().await {
+            if let Event::Deliver { from, num, msg } = ev {
+                h.release(from, num);
+                let _ = seen.send(msg);
+            }
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_bigger_than_a_frame_reaches_a_joiner_in_parts() {
+    bounded(async {
+        // Frames of 256 KiB at most, batches of 64 KiB. Member 2 holds back its releases,
+        // so 8 publishes of 60 KiB (480 KiB) stay pending when member 3 joins behind it:
+        // member 2's catch-up to 3 carries them all, and only in parts can it arrive.
+        let host_cfg = GmHostConfig {
+            max_activity_bytes: 64 << 10,
+            max_batch_bytes: 64 << 10,
+            ..GmHostConfig::default()
+        };
+        let nodes = cluster_with(3, Some(256 << 10), host_cfg).await;
+        let a = nodes[&1].host.join("c", true).await.expect("join 1");
+        let mut b = nodes[&2].host.join("c", true).await.expect("join 2");
+        let (a_seen, mut a_rx) = tokio::sync::mpsc::unbounded_channel();
+        let sender = a.sender();
+        let origin = a.id();
+        release_all(a, a_seen);
+        let big = |k: u8| Bytes::from(vec![k; 60 << 10]);
+        let confirms: Vec<_> = (0..8).map(|k| sender.confirmed_broadcast(big(k))).collect();
+        let mut held = Vec::new();
+        while held.len() < 8 {
+            match b.next_event().await {
+                Some(Event::Deliver { from, num, msg }) => {
+                    assert_eq!(from, origin);
+                    assert_eq!(msg, big(held.len() as u8), "in order");
+                    held.push(num);
+                }
+                Some(_) => {}
+                None => panic!("member 2 stopped"),
+            }
+        }
+        let c = nodes[&3].host.join("c", true).await.expect("join 3");
+        let (c_seen, mut c_rx) = tokio::sync::mpsc::unbounded_channel();
+        release_all(c, c_seen);
+        for num in held {
+            b.release(origin, num);
+        }
+        let b_task = tokio::spawn(async move {
+            while let Some(ev) = b.next_event().await {
+                if let Event::Deliver { from, num, .. } = ev {
+                    b.release(from, num);
+                }
+            }
+        });
+        for c in confirms {
+            tokio::time::timeout(Duration::from_secs(20), c)
+                .await
+                .expect("confirmed in time (the acks pass member 3 after the catch-up)")
+                .expect("confirmed");
+        }
+        // The ring goes on through the joiner.
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            sender.confirmed_broadcast(Bytes::from_static(b"after")),
+        )
+        .await
+        .expect("confirmed in time")
+        .expect("confirmed");
+        let mut at_c = Vec::new();
+        while let Some(msg) = c_rx.recv().await {
+            at_c.push(msg.clone());
+            if msg == "after" {
+                break;
+            }
+        }
+        assert_eq!(at_c.last().map(|m| &m[..]), Some(&b"after"[..]));
+        assert!(a_rx.try_recv().is_ok(), "member 1 delivered its own");
+        b_task.abort();
     })
     .await;
 }

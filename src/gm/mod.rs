@@ -22,4 +22,4 @@ mod tests;
 
 pub use member::{Event, GmMsg, Item, Member, Pending, PubNum};
 pub use view::{GroupRecord, MemberId, Slot, View};
-pub use wire::{GmFrame, GmReply, Inbox, Outbox};
+pub use wire::{Batch, GmFrame, GmReply, Inbox, Outbox, Part};

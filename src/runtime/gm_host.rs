@@ -27,7 +27,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::gm::{
-    Event, GmFrame, GmMsg, GmReply, GroupRecord, Inbox, Member, MemberId, Outbox, PubNum, Slot,
+    Batch, Event, GmFrame, GmMsg, GmReply, GroupRecord, Inbox, Member, MemberId, Outbox, PubNum,
+    Slot,
 };
 use crate::meta::raft::{MetaRaft, MetaView, NodeId, ProposeError, TransportError};
 use crate::meta::Command;
@@ -52,11 +53,11 @@ pub struct GmHostConfig {
     pub retry_after: Duration,
     /// Messages per frame at most.
     pub max_batch: usize,
-    /// Payload bytes per frame at most (a bigger message goes alone): under the node
-    /// link's frame limit (at least 16 MiB), so a batch is not refused for its size.
+    /// Payload bytes per frame at most, well under the node link's frame limit (at least
+    /// 16 MiB): a message bigger than this goes alone, in parts of this size.
     pub max_batch_bytes: usize,
-    /// Own broadcasts are flushed as one activity once they hold this many bytes: an
-    /// activity is one message, which a frame must hold whole.
+    /// Own broadcasts are flushed as one activity once they hold this many bytes (so a
+    /// burst pipelines instead of travelling as one message sent in parts).
     pub max_activity_bytes: usize,
     /// Pause between compare-and-set attempts that lost a race.
     pub cas_retry: Duration,
@@ -310,9 +311,9 @@ impl<N: GmNet + Clone> GmHost<N> {
                 match route {
                     None => GmReply::NoMember,
                     Some(route) => {
-                        let (msgs, upto) = lock(&self.inner.inbox).accept(frame);
+                        let (msgs, reply) = lock(&self.inner.inbox).accept(frame);
                         if msgs.is_empty() || route.send(msgs).is_ok() {
-                            GmReply::Accepted { upto }
+                            reply
                         } else {
                             GmReply::NoMember
                         }
@@ -598,7 +599,14 @@ impl<N: GmNet + Clone> MemberTask<N> {
 
     fn on_view(&mut self, view: &MetaView) {
         match view.state.gm_groups.get(&self.group) {
-            Some(record) => self.member.handle_view(record),
+            Some(record) => {
+                self.member.handle_view(record);
+                // Alive, or newer than this record (joined in a view not seen here yet).
+                let alive = |id: MemberId| {
+                    id.since > record.version || record.members.contains(&Slot::Alive(id))
+                };
+                lock(&self.host.inner.inbox).drop_parts_unless(&self.group, alive);
+            }
             // The group was forgotten: as good as dropped from it.
             None => self.member.handle_view(&GroupRecord {
                 version: u64::MAX,
@@ -734,8 +742,17 @@ async fn run_sender<N: GmNet + Clone>(
         while let Ok(msg) = rx.try_recv() {
             outbox.push(msg);
         }
-        let Some((first_seq, msgs)) = outbox.batch(max_batch, inner.cfg.max_batch_bytes) else {
+        let Some(batch) = outbox.batch(max_batch, inner.cfg.max_batch_bytes) else {
+            // Nothing to send (or an unencodable message, logged): wait for more.
+            match rx.recv().await {
+                Some(msg) => outbox.push(msg),
+                None => return,
+            }
             continue;
+        };
+        let (first_seq, msgs, part) = match batch {
+            Batch::Msgs { first_seq, msgs } => (first_seq, msgs, None),
+            Batch::Part { seq, part } => (seq, Vec::new(), Some(part)),
         };
         let frame = GmFrame {
             group: group.clone(),
@@ -743,6 +760,7 @@ async fn run_sender<N: GmNet + Clone>(
             to,
             first_seq,
             msgs,
+            part,
         };
         let Ok(bytes) = bincode::serialize(&frame) else {
             tracing::error!(%group, "cannot encode a GM frame");
@@ -766,6 +784,7 @@ async fn run_sender<N: GmNet + Clone>(
                 outbox.accepted(upto);
                 max_batch = inner.cfg.max_batch;
             }
+            Some(GmReply::Partial { upto, have }) => outbox.partial(upto, have),
             Some(GmReply::NoMember) => tokio::time::sleep(inner.cfg.retry_after).await,
             None => {
                 max_batch = (max_batch / 2).max(1);

@@ -16,7 +16,7 @@ use super::LinkError;
 use crate::meta::raft::NodeId;
 
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded
 /// publishes and deliveries get their own variants so they share the one connection.

@@ -9,6 +9,8 @@
 # STEPs (in the order given):
 #   throughput-warren  throughput-rabbitmq    1 KiB persistent, confirms 100, 1p1c and 4p4c,
 #                                             clients on the master's node, ha-mode all
+#   large-warren       large-rabbitmq         1 MiB and 16 MiB persistent, confirms, 1p1c,
+#                                             ha-mode all (GM messages sent in parts)
 #   sync-warren        sync-rabbitmq          N (1,000,000) 64 B persistent messages on the
 #                                             master alone, then ha-mode all + automatic sync:
 #                                             time until every mirror is synchronised, and
@@ -35,12 +37,12 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+        throughput-*|large-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        *) sed -n '2,26p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,24p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,26p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -224,6 +226,25 @@ throughput() { # broker
     fi
 }
 
+large() { # broker: big persistent messages with confirms on a mirrored queue (MB/s = msg/s x size)
+    local b="$1" u
+    echo "| scenario | broker | sent msg/s | received msg/s | confirmed msg/s | latency p50 µs | p99 µs | confirm p50 µs | confirm p99 µs |"
+    if [[ $b == warren ]]; then
+        warren_up
+        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+        u="$(wuri 1)"
+    else
+        rmq_up
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
+        u="$(ruri 1)"
+    fi
+    local common=(--uri "$u" --persistent --duration "$DURATION" --producers 1 --consumers 1)
+    perf_json "$b" persistent-confirm-1MiB-1p1c "${common[@]}" --size $((1 << 20)) --confirm 16 --queue ha.large1
+    sleep 2
+    perf_json "$b" persistent-confirm-16MiB-1p1c "${common[@]}" --size $((16 << 20)) --confirm 4 --queue ha.large16
+    if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+}
+
 sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before the mirrors
     # are added) or pubsub (1 producer + 1 consumer started as the mirrors are added)
     local b="$1" v="$2" u q=ha.sync
@@ -329,6 +350,8 @@ for step in "${STEPS[@]}"; do
     case "$step" in
         throughput-warren) throughput warren ;;
         throughput-rabbitmq) throughput rabbitmq ;;
+        large-warren) large warren ;;
+        large-rabbitmq) large rabbitmq ;;
         sync-warren) sync_bench warren publish; sync_bench warren pubsub ;;
         sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
         sync-*-publish|sync-*-pubsub|sync-*-idle) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;

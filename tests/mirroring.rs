@@ -857,3 +857,86 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
     );
     none_lost(&cluster, c1, "ha.moved", &acked, left, stayed).await;
 }
+
+/// Messages bigger than a GM frame's byte budget (8 MiB: they go round in parts) and a
+/// round of small ones in between reach the mirrors whole: after `kill -9` of the master,
+/// the promoted mirror serves each one byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_bigger_than_a_gm_frame_reach_the_mirrors_whole() {
+    let mut cluster = mirrored_cluster("mirrored-big", "ha.big").await;
+    // Number n's body: n, then a pattern of its own; every third one 12 MiB, others 1 KiB.
+    let body = |n: u32| {
+        let len = if n.is_multiple_of(3) {
+            12 << 20
+        } else {
+            1 << 10
+        };
+        let mut b: Vec<u8> = (0..len as u32)
+            .map(|i| (i.wrapping_mul(31) ^ n.wrapping_mul(7)) as u8)
+            .collect();
+        b[..4].copy_from_slice(&n.to_be_bytes());
+        b
+    };
+    let conn = connect(&cluster.node(2).amqp_uri()).await;
+    let ch = channel(&conn).await;
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for n in 0..7u32 {
+        let c = within(
+            "basic.publish",
+            ch.basic_publish(
+                "".into(),
+                "ha.big".into(),
+                BasicPublishOptions::default(),
+                &body(n),
+                BasicProperties::default().with_delivery_mode(2),
+            ),
+        )
+        .await
+        .expect("publish");
+        confirms.push(c);
+    }
+    for c in confirms {
+        let confirmation = within("confirm", c).await.expect("confirm");
+        assert!(confirmation.is_ack(), "confirmed: {confirmation:?}");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    cluster.nodes[0].kill();
+    wait_state(
+        &cluster,
+        3,
+        "ha.big",
+        |m| m == "warren2@test" || m == "warren3@test",
+        &[],
+    )
+    .await;
+    let conn = connect(&cluster.node(3).amqp_uri()).await;
+    let ch = channel(&conn).await;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < 7 && Instant::now() < deadline {
+        let m = within(
+            "basic.get",
+            ch.basic_get("ha.big".into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("get");
+        match m {
+            Some(m) => got.push(m.delivery.data.clone()),
+            // A new master serves once its lease and flush lap are done.
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(got.len(), 7, "every confirmed message");
+    for (n, data) in got.iter().enumerate() {
+        let want = body(n as u32);
+        assert_eq!(data.len(), want.len(), "message {n}'s length");
+        assert!(*data == want, "message {n} byte for byte");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}

@@ -412,7 +412,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         if kept.is_empty() {
             return None;
         }
-        // One GM message per few MiB: each must fit a node-link frame.
+        // One GM message per 4 MiB of operations (or per bigger message): rounds pipeline,
+        // and most GM messages go in one frame rather than in parts.
         let laps: Vec<_> = ops::split_round(kept, super::storage::SYNC_BATCH_BYTES)
             .into_iter()
             .map(|chunk| {

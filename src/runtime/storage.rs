@@ -92,8 +92,8 @@ pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> +
 
 /// A sync batch, or one GM message of a shipped round, holds at most this many bytes of
 /// messages (whatever `ha-sync-batch-size` says), or one message alone when that is
-/// bigger: it travels as one GM message, which one node-link frame must hold, and a
-/// frame holds the largest message allowed plus 1 MiB (at least 16 MiB).
+/// bigger. Each travels as one GM message; one under GM's batch budget (8 MiB) goes in
+/// one frame and can share it, a bigger one goes in parts (`docs/gm.md`, *Frame size*).
 pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 
 /// Resolves once a shipped batch completed its lap; `false` when it never will. A future,

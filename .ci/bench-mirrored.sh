@@ -195,18 +195,25 @@ print(f"| {sys.argv[3]} | {sys.argv[2]} | {d['sent_rate']:.0f} | {d['received_ra
 PY
 }
 
-throughput() { # broker
-    local b="$1" u
+# broker: prints the table header, starts the cluster with ha-mode all (automatic sync) on
+# ^ha\. queues, and sets URI to node 1's.
+ha_all_up() {
     echo "| scenario | broker | sent msg/s | received msg/s | confirmed msg/s | latency p50 µs | p99 µs | confirm p50 µs | confirm p99 µs |"
-    if [[ $b == warren ]]; then
+    if [[ $1 == warren ]]; then
         warren_up
         wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
-        u="$(wuri 1)"
+        URI="$(wuri 1)"
     else
         rmq_up
         rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
-        u="$(ruri 1)"
+        URI="$(ruri 1)"
     fi
+}
+
+throughput() { # broker
+    local b="$1" u
+    ha_all_up "$b"
+    u="$URI"
     local common=(--uri "$u" --size 1024 --confirm 100 --persistent --duration "$DURATION")
     perf_json "$b" persistent-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue ha.tp1
     sleep 2
@@ -228,16 +235,8 @@ throughput() { # broker
 
 large() { # broker: big persistent messages with confirms on a mirrored queue (MB/s = msg/s x size)
     local b="$1" u
-    echo "| scenario | broker | sent msg/s | received msg/s | confirmed msg/s | latency p50 µs | p99 µs | confirm p50 µs | confirm p99 µs |"
-    if [[ $b == warren ]]; then
-        warren_up
-        wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
-        u="$(wuri 1)"
-    else
-        rmq_up
-        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
-        u="$(ruri 1)"
-    fi
+    ha_all_up "$b"
+    u="$URI"
     local common=(--uri "$u" --persistent --duration "$DURATION" --producers 1 --consumers 1)
     perf_json "$b" persistent-confirm-1MiB-1p1c "${common[@]}" --size $((1 << 20)) --confirm 16 --queue ha.large1
     sleep 2

@@ -164,6 +164,11 @@ async fn wait_state(
     }
 }
 
+/// A master on node 2 or 3: the queue moved off node 1 (killed, stopped or excluded).
+fn off_node1(master: &str) -> bool {
+    master == "warren2@test" || master == "warren3@test"
+}
+
 /// Sets the `ha` policy on `^ha\.` queues.
 async fn set_ha_policy(cluster: &Cluster, definition: &str) {
     let out = cluster
@@ -312,14 +317,7 @@ async fn a_mirrored_queue_loses_no_confirmed_message_when_its_master_is_killed()
     publisher.wait_more(500, "after the kill").await;
     let first = publisher.acked_after(killed)[0];
     let acked = publisher.finish().await;
-    let (master, _) = wait_state(
-        &cluster,
-        3,
-        "ha.orders",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    let (master, _) = wait_state(&cluster, 3, "ha.orders", off_node1, &[]).await;
     eprintln!(
         "promoted {master}; first confirm {:?} after the kill; {} publishes confirmed",
         first - killed,
@@ -339,14 +337,7 @@ async fn a_non_durable_mirrored_queue_outlives_its_masters_node() {
     cluster.nodes[0].kill();
     publisher.wait_more(300, "after the kill").await;
     let acked = publisher.finish().await;
-    wait_state(
-        &cluster,
-        3,
-        "ha.fleeting",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    wait_state(&cluster, 3, "ha.fleeting", off_node1, &[]).await;
     check(&acked, &drain(&cluster, 3, "ha.fleeting").await);
 }
 
@@ -420,14 +411,7 @@ async fn a_deposed_master_nacks_what_it_never_confirmed_and_rejoins_as_a_mirror(
     let frozen = Instant::now();
     // The others replace it; publishing through node 2 resumes on the new master.
     elsewhere.wait_more(300, "after the promotion").await;
-    wait_state(
-        &cluster,
-        2,
-        "ha.split",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    wait_state(&cluster, 2, "ha.split", off_node1, &[]).await;
     eprintln!("replaced after {:?}", frozen.elapsed());
     cluster.node(1).resume();
     // The old master learns it was deposed; its publisher's channel goes on (its node
@@ -436,14 +420,7 @@ async fn a_deposed_master_nacks_what_it_never_confirmed_and_rejoins_as_a_mirror(
         .wait_more(200, "on the deposed master's node")
         .await;
     // It rejoins as a mirror and syncs.
-    wait_state(
-        &cluster,
-        2,
-        "ha.split",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &["warren1@test"],
-    )
-    .await;
+    wait_state(&cluster, 2, "ha.split", off_node1, &["warren1@test"]).await;
     let acked: Vec<u32> = on_master
         .finish()
         .await
@@ -593,14 +570,7 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
         r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"]}"#,
     )
     .await;
-    let (master, took) = wait_state(
-        &cluster,
-        1,
-        "ha.moves",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    let (master, took) = wait_state(&cluster, 1, "ha.moves", off_node1, &[]).await;
     eprintln!("master moved to {master} in {took:?}");
     publisher.wait_more(300, "after the move").await;
 
@@ -636,14 +606,7 @@ async fn a_stopping_master_hands_its_queue_over_to_a_synchronised_mirror() {
     cluster.nodes[0].stop();
     let stopped = stopping.elapsed();
     publisher.wait_more(300, "after the stop").await;
-    let (master, _) = wait_state(
-        &cluster,
-        3,
-        "ha.rolling",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    let (master, _) = wait_state(&cluster, 3, "ha.rolling", off_node1, &[]).await;
     assert!(
         cluster
             .node(1)
@@ -837,14 +800,7 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
         r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"],"ha-sync-mode":"automatic"}"#,
     )
     .await;
-    let (master, took) = wait_state(
-        &cluster,
-        1,
-        "ha.moved",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    let (master, took) = wait_state(&cluster, 1, "ha.moved", off_node1, &[]).await;
     eprintln!("moved to {master} in {took:?}");
     // Numbered from 0 and confirmed in order: these were published after the move.
     let first_after = publisher.acked() as u32 + 100;
@@ -907,14 +863,7 @@ async fn messages_bigger_than_a_gm_frame_reach_the_mirrors_whole() {
     }
     let _ = conn.close(200, "bye".into()).await;
     cluster.nodes[0].kill();
-    wait_state(
-        &cluster,
-        3,
-        "ha.big",
-        |m| m == "warren2@test" || m == "warren3@test",
-        &[],
-    )
-    .await;
+    wait_state(&cluster, 3, "ha.big", off_node1, &[]).await;
     let conn = connect(&cluster.node(3).amqp_uri()).await;
     let ch = channel(&conn).await;
     let mut got = Vec::new();

@@ -170,7 +170,7 @@ impl Outbox {
         for (_, m) in self.unacked.iter().take(max.max(1)) {
             let size = payload_bytes(m);
             // A message over the budget goes in parts once it is the oldest.
-            if !msgs.is_empty() && (bytes + size > max_bytes || size > max_bytes) {
+            if !msgs.is_empty() && bytes + size > max_bytes {
                 break;
             }
             bytes += size;

@@ -1019,9 +1019,12 @@ pub fn run_seed(seed: u64) -> Outcome {
         trace.set_harness_time(now);
         // The queue's home, mirrors and GM group as the newest metadata has them, on change.
         if let Some(s) = shared.newest() {
-            let group = s
-                .gm_groups
-                .get(&warren::mirror::message::group_name(VHOST, QUEUE));
+            let incarnation = s.mirror_sets.get(&key()).map_or(0, |m| m.incarnation);
+            let group = s.gm_groups.get(&warren::mirror::message::group_name(
+                VHOST,
+                QUEUE,
+                incarnation,
+            ));
             let versions = (
                 s.mirror_sets.get(&key()).map_or(0, |m| m.version),
                 group.map_or(0, |g| g.version),

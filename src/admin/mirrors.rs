@@ -173,7 +173,7 @@ pub fn force_promotion(
         })?;
     let master_alive = meta
         .gm_groups
-        .get(&group_name(vhost, queue))
+        .get(&group_name(vhost, queue, set.incarnation))
         .is_some_and(|g| g.has_live_member_on(def.home));
     if master_alive {
         return Err(PromoteRefusal::MasterAlive {
@@ -310,7 +310,11 @@ mod tests {
     }
 
     fn gm(s: &mut MetaState, queue: &str, members: Vec<Slot>) {
-        let name = group_name("/", queue);
+        let incarnation = s
+            .mirror_sets
+            .get(&("/".to_string(), queue.to_string()))
+            .map_or(0, |set| set.incarnation);
+        let name = group_name("/", queue, incarnation);
         let expected_version = s.gm_groups.get(&name).map_or(0, |g| g.version);
         apply(
             s,

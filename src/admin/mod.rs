@@ -1425,7 +1425,12 @@ mod tests {
         broker
             .apply(
                 &Command::GmGroup {
-                    name: crate::mirror::message::group_name("/", "m"),
+                    name: crate::mirror::message::group_name(
+                        "/",
+                        "m",
+                        broker.snapshot().mirror_sets[&("/".to_string(), "m".to_string())]
+                            .incarnation,
+                    ),
                     expected_version: 0,
                     members: vec![Slot::Alive(member(2)), Slot::Alive(member(3))],
                 },

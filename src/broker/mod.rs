@@ -486,12 +486,20 @@ impl Broker {
                         Some(def) => {
                             // A queue that moved here (a mirror promoted) is not created
                             // empty: the mirror runtime adopts this node's copy
-                            // ([`Broker::adopt_queue`]) once it holds everything.
+                            // ([`Broker::adopt_queue`]) once it holds everything. The same
+                            // queue, that is: one deleted and declared again in between
+                            // (several commands can arrive as one state) is another
+                            // incarnation, new here, whatever node the old one lived on.
+                            let key = (vname.clone(), name.clone());
+                            let incarnation =
+                                |s: &MetaState| s.mirror_sets.get(&key).map(|m| m.incarnation);
                             let moved_in = self.durability.is_some()
                                 && def.exclusive_owner.is_none()
                                 && before
                                     .and_then(|b| b.queues.get(name))
-                                    .is_some_and(|old| old.home != home);
+                                    .is_some_and(|old| old.home != home)
+                                && incarnation(&old).is_some()
+                                && incarnation(&old) == incarnation(&state);
                             if !local.contains_key(name) && !moved_in {
                                 if let Some(args) = args_of(name, def) {
                                     local.insert(name.clone(), self.new_queue(def, args, now));
@@ -917,6 +925,91 @@ mod tests {
             "the refused declare left no trace"
         );
         assert!(broker.queue("/", "lost").is_none());
+    }
+
+    /// A mirrored queue promoted to this node is not created empty (the mirror runtime
+    /// adopts its copy); one deleted and declared again here, even when both changes come
+    /// as one state, is a new queue and runs at once (issue 16: the old check took it for
+    /// a promotion, and the node served the old queue's mirror copy as the new queue).
+    #[test]
+    fn a_queue_declared_again_is_created_and_a_promoted_one_is_adopted() {
+        use crate::meta::state::{MirrorRecord, NodeRecord};
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0)
+            .with_node_id(1)
+            .with_durability(Arc::new(Durability::default()));
+        let mut state = MetaState::default();
+        let apply = |state: &mut MetaState, c: Command| {
+            state.apply(&c).unwrap();
+        };
+        apply(&mut state, Command::AddVhost { name: "/".into() });
+        for id in [1, 2, 3] {
+            apply(
+                &mut state,
+                Command::RegisterNode(NodeRecord {
+                    id,
+                    name: format!("n{id}"),
+                    amqp: String::new(),
+                    admin: String::new(),
+                    link: String::new(),
+                    incarnation: 0,
+                }),
+            );
+        }
+        let declare = |state: &mut MetaState, name: &str, home| {
+            let Command::DeclareQueue(mut def) = durable_queue(name) else {
+                unreachable!()
+            };
+            def.home = home;
+            state.apply(&Command::DeclareQueue(def)).unwrap();
+            let mirrors = [1, 2, 3]
+                .into_iter()
+                .filter(|n| *n != home)
+                .map(|node| MirrorRecord {
+                    node,
+                    since: 0,
+                    synchronised: true,
+                })
+                .collect();
+            state
+                .apply(&Command::SetMirrors {
+                    vhost: "/".into(),
+                    queue: name.into(),
+                    expected_version: 0,
+                    mirrors,
+                })
+                .unwrap();
+        };
+        declare(&mut state, "again", 3);
+        declare(&mut state, "promoted", 3);
+        broker.follow(Arc::new(state.clone()), Instant::default());
+        assert!(broker.queue("/", "again").is_none(), "homed on node 3");
+        // One state: `again` deleted and declared here; `promoted` moved here.
+        apply(
+            &mut state,
+            Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "again".into(),
+            },
+        );
+        declare(&mut state, "again", 1);
+        apply(
+            &mut state,
+            Command::PromoteMirror {
+                vhost: "/".into(),
+                queue: "promoted".into(),
+                expected_epoch: 0,
+                node: 1,
+            },
+        );
+        broker.follow(Arc::new(state.clone()), Instant::default());
+        assert!(
+            broker.queue("/", "again").is_some(),
+            "a new queue, created at once"
+        );
+        assert!(
+            broker.queue("/", "promoted").is_none(),
+            "left for the mirror runtime to adopt"
+        );
     }
 
     #[test]

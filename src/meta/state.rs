@@ -395,6 +395,12 @@ pub struct MirrorSet {
     pub sync_requests: u64,
     /// `cancel_sync_queue` requests so far.
     pub cancel_requests: u64,
+    /// Which queue this set belongs to: the metadata version that created the set (never 0
+    /// once created). A queue deleted and declared again under the same name gets a new
+    /// set, so a new incarnation: its GM group, its mirrors' copies and its epochs are
+    /// never confused with the old queue's (an old master or mirror still running sees
+    /// the change and stops).
+    pub incarnation: u64,
 }
 
 /// The whole metadata.
@@ -707,7 +713,14 @@ impl MetaState {
             )));
         }
         let key = (vhost.to_string(), queue.to_string());
-        let current = self.mirror_sets.get(&key).cloned().unwrap_or_default();
+        let current = self
+            .mirror_sets
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| MirrorSet {
+                incarnation: self.version + 1,
+                ..MirrorSet::default()
+            });
         if current.version != expected_version {
             return Err(MetaError::Admin(format!(
                 "mirrors of queue '{queue}' in vhost '{vhost}' are at version {}, not {expected_version}",
@@ -1365,6 +1378,63 @@ mod tests {
         })
         .unwrap();
         assert!(s.mirror_sets.is_empty());
+    }
+
+    #[test]
+    fn a_queue_declared_again_is_a_new_incarnation_with_its_own_epochs() {
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let key = ("/".to_string(), "m".to_string());
+        let declare = |s: &mut MetaState, home| {
+            let mut q = queue("m");
+            q.durable = true;
+            q.home = home;
+            s.apply(&Command::DeclareQueue(q)).unwrap();
+        };
+        let set = |expected_version| Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version,
+            mirrors: vec![MirrorRecord {
+                node: 2,
+                since: 0,
+                synchronised: true,
+            }],
+        };
+        declare(&mut s, 3);
+        s.apply(&set(0)).unwrap();
+        let first = s.mirror_sets[&key].incarnation;
+        assert_ne!(first, 0, "a created set has an incarnation");
+        s.apply(&Command::PromoteMirror {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_epoch: 0,
+            node: 2,
+        })
+        .unwrap();
+        assert_eq!(
+            s.mirror_sets[&key].incarnation, first,
+            "a promotion keeps the incarnation"
+        );
+        s.apply(&Command::DeleteQueue {
+            vhost: "/".into(),
+            name: "m".into(),
+        })
+        .unwrap();
+        declare(&mut s, 1);
+        s.apply(&set(0)).unwrap();
+        let again = &s.mirror_sets[&key];
+        assert!(
+            again.incarnation > first,
+            "the queue declared again is another incarnation"
+        );
+        assert_eq!(
+            (again.epoch, again.version),
+            (0, 1),
+            "its epochs start over: only the incarnation tells them apart"
+        );
     }
 
     #[test]

@@ -79,9 +79,15 @@ impl MirrorMsg {
 /// What every mirrored queue's GM group name starts with.
 pub const GROUP_PREFIX: &str = "mirror:";
 
-/// The GM group of a mirrored queue.
-pub fn group_name(vhost: &str, queue: &str) -> String {
-    format!("{GROUP_PREFIX}{}:{vhost}:{queue}", vhost.len())
+/// The GM group of one incarnation of a mirrored queue ([`MirrorSet::incarnation`]): a
+/// queue declared again under the same name has a group of its own.
+///
+/// [`MirrorSet::incarnation`]: crate::meta::state::MirrorSet::incarnation
+pub fn group_name(vhost: &str, queue: &str, incarnation: u64) -> String {
+    format!(
+        "{GROUP_PREFIX}{}:{vhost}:{incarnation}:{queue}",
+        vhost.len()
+    )
 }
 
 #[cfg(test)]
@@ -123,6 +129,8 @@ mod tests {
 
     #[test]
     fn group_names_of_different_queues_differ() {
-        assert_ne!(group_name("a:b", "c"), group_name("a", "b:c"));
+        assert_ne!(group_name("a:b", "c", 1), group_name("a", "b:c", 1));
+        // A queue declared again under its old name is another group.
+        assert_ne!(group_name("a", "q", 1), group_name("a", "q", 2));
     }
 }

@@ -102,8 +102,8 @@ pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
     // The GM groups of deleted queues, once nobody in them is alive.
     let kept: BTreeSet<String> = state
         .mirror_sets
-        .keys()
-        .map(|(v, q)| super::message::group_name(v, q))
+        .iter()
+        .map(|((v, q), set)| super::message::group_name(v, q, set.incarnation))
         .collect();
     for (name, record) in &state.gm_groups {
         if name.starts_with(super::message::GROUP_PREFIX)
@@ -392,8 +392,9 @@ mod tests {
             members,
         };
         let m = |node| MemberId { node, since: 1 };
-        st.apply(&group(&group_name("/", "ha.q"), vec![Slot::Dead(m(1))]))
-            .unwrap();
+        let incarnation = st.mirror_sets[&("/".to_string(), "ha.q".to_string())].incarnation;
+        let name = group_name("/", "ha.q", incarnation);
+        st.apply(&group(&name, vec![Slot::Dead(m(1))])).unwrap();
         st.apply(&group("another-use", vec![])).unwrap();
         assert!(plan(&st, &all).is_empty(), "its queue still exists");
         st.apply(&Command::DeleteQueue {
@@ -403,13 +404,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             plan(&st, &all),
-            [Command::GmForget {
-                name: group_name("/", "ha.q")
-            }],
+            [Command::GmForget { name: name.clone() }],
             "gone, and nobody alive in it; a group that is not a queue's is left alone"
         );
         st.apply(&Command::GmGroup {
-            name: group_name("/", "ha.q"),
+            name,
             expected_version: 1,
             members: vec![Slot::Dead(m(1)), Slot::Alive(m(2))],
         })

@@ -58,6 +58,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Shipping {
     sender: GmSender,
     epoch: u64,
+    /// The queue incarnation shipped for ([`MirrorSet::incarnation`]).
+    incarnation: u64,
     /// The master's member (a handover waits for it to leave).
     member: MemberId,
 }
@@ -248,6 +250,20 @@ struct Membership {
     /// old master's member, which may still ship rounds until it leaves (not the member
     /// that node may have joined with since, as a mirror).
     master_member: Option<MemberId>,
+    /// The queue incarnation whose group this is ([`MirrorSet::incarnation`]): when the
+    /// metadata names another (the queue was deleted and declared again), this member
+    /// belongs to a queue that is gone.
+    incarnation: u64,
+}
+
+/// The incarnation of `key`'s mirror set (0: not mirrored).
+fn incarnation_of(state: &MetaState, key: &Key) -> u64 {
+    state.mirror_sets.get(key).map_or(0, |s| s.incarnation)
+}
+
+/// `key`'s GM group as the metadata has it now (its current incarnation's).
+fn group_of(state: &MetaState, key: &Key) -> String {
+    group_name(&key.0, &key.1, incarnation_of(state, key))
 }
 
 impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
@@ -347,7 +363,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             match inner.raft.propose(promote_to(&key, set, node)).await {
                 Ok(r) if r.outcome.is_ok() => {
                     tracing::info!(queue = %key.1, to = node, "handing the queue over");
-                    moving.push((key, shipping.member));
+                    moving.push((key, shipping.member, shipping.incarnation));
                 }
                 other => {
                     tracing::warn!(queue = %key.1, outcome = ?other.map(|r| r.outcome), "cannot hand the queue over")
@@ -355,8 +371,8 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             }
         }
         let deadline = tokio::time::Instant::now() + within;
-        for (key, member) in moving {
-            let group = group_name(&key.0, &key.1);
+        for (key, member, incarnation) in moving {
+            let group = group_name(&key.0, &key.1, incarnation);
             while tokio::time::Instant::now() < deadline
                 && inner
                     .raft
@@ -385,17 +401,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// index, which holds every message of a mirrored queue; page-outs stay local).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
         let Some(shipping) = lock(&self.masters).get(key).cloned() else {
-            // Not shipping (yet, or any more): while the metadata counts a mirror as
-            // synchronised it could be promoted, so nothing is confirmed that it does not
-            // have; and a node the queue moved away from (a deposed master whose broker has
-            // not dropped the queue yet) confirms nothing at all.
-            let state = self.raft.snapshot();
-            let refuse = state.mirror_sets.get(key).is_some_and(|s| {
-                s.mirrors.iter().any(|m| m.synchronised)
-                    || self.home_of(&state, key) != Some(self.node)
-            });
-            return refuse.then(|| Box::pin(std::future::ready(false)) as LapWait);
+            return self.not_shipping(key);
         };
+        if shipping.incarnation != incarnation_of(&self.raft.snapshot(), key) {
+            // A master of the queue's previous incarnation that has not stopped yet: this
+            // round is the new queue's, which it does not ship for.
+            return self.not_shipping(key);
+        }
         let kept: Vec<IndexOp> = round
             .iter()
             .filter(|op| match op {
@@ -433,6 +445,18 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
             all
         }))
+    }
+
+    /// The tap's answer for a round of a queue this node does not ship for (yet, or any
+    /// more): while the metadata counts a mirror as synchronised it could be promoted, so
+    /// nothing is confirmed that it does not have; and a node the queue moved away from (a
+    /// deposed master whose broker has not dropped the queue yet) confirms nothing at all.
+    fn not_shipping(&self, key: &Key) -> Option<LapWait> {
+        let state = self.raft.snapshot();
+        let refuse = state.mirror_sets.get(key).is_some_and(|s| {
+            s.mirrors.iter().any(|m| m.synchronised) || self.home_of(&state, key) != Some(self.node)
+        });
+        refuse.then(|| Box::pin(std::future::ready(false)) as LapWait)
     }
 
     /// Runs blocking storage work on the blocking pool, or on this task when `inline`;
@@ -474,12 +498,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .map(|d| d.home)
     }
 
-    async fn apply(&self, key: &Key, batch: &[u8]) -> bool {
-        self.apply_all(key, &[batch]).await
+    async fn apply(&self, key: &Key, incarnation: u64, batch: &[u8]) -> bool {
+        self.apply_all(key, incarnation, &[batch]).await
     }
 
     /// Writes several rounds (in order) with one fsync.
-    async fn apply_all(&self, key: &Key, batches: &[&[u8]]) -> bool {
+    async fn apply_all(&self, key: &Key, incarnation: u64, batches: &[&[u8]]) -> bool {
         let mut ops = Vec::new();
         for batch in batches {
             match ops::decode(batch) {
@@ -493,7 +517,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
         match self
-            .offload(move || storage.apply_mirrored(&vhost, &name, ops))
+            .offload(move || storage.apply_mirrored(&vhost, &name, incarnation, ops))
             .await
         {
             Some(Ok(())) => true,
@@ -505,11 +529,32 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
-    async fn drop_copy(&self, key: &Key) {
+    /// Drops this node's copy of incarnation `incarnation` (nothing else of the name).
+    async fn drop_copy(&self, key: &Key, incarnation: u64) {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
-        if let Some(Err(e)) = self.offload(move || storage.drop_copy(&vhost, &name)).await {
+        if let Some(Err(e)) = self
+            .offload(move || storage.drop_copy(&vhost, &name, incarnation))
+            .await
+        {
             tracing::error!(queue = %key.1, error = %e, "cannot drop a mirror copy");
+        }
+    }
+
+    /// Starts an empty copy of incarnation `incarnation`; `false` if it cannot.
+    async fn start_copy(&self, key: &Key, incarnation: u64) -> bool {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || storage.start_copy(&vhost, &name, incarnation))
+            .await
+        {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
+                false
+            }
+            None => false,
         }
     }
 
@@ -520,7 +565,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         match MirrorMsg::decode(msg) {
             Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
                 Mode::Waiting => true,
-                Mode::Live => self.apply(key, &ops).await,
+                Mode::Live => self.apply(key, m.incarnation, &ops).await,
                 Mode::Syncing(held, _) => match held.push(ops) {
                     Ok(()) => true,
                     Err(e) => {
@@ -537,7 +582,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 sync,
             }) if target == me => {
                 tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
-                self.drop_copy(key).await;
+                if !self.start_copy(key, m.incarnation).await {
+                    return false;
+                }
                 m.mode = if active {
                     Mode::Syncing(Held::new(self.hold_path(key)), (epoch, sync))
                 } else {
@@ -563,7 +610,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 ops,
             }) if target == me => match &m.mode {
                 Mode::Syncing(_, current) if *current == (epoch, sync) => {
-                    self.apply(key, &ops).await
+                    self.apply(key, m.incarnation, &ops).await
                 }
                 _ => true,
             },
@@ -583,7 +630,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         }
                     };
                     for batch in held {
-                        if !self.apply(key, &batch).await {
+                        if !self.apply(key, m.incarnation, &batch).await {
                             return false;
                         }
                     }
@@ -665,7 +712,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
             if !run.is_empty() {
                 let batches: Vec<&[u8]> = run.iter().map(|(_, _, ops)| ops.as_slice()).collect();
-                if !self.apply_all(key, &batches).await {
+                if !self.apply_all(key, m.incarnation, &batches).await {
                     return Followed::WriteFailed;
                 }
                 for (from, num, _) in run {
@@ -705,14 +752,19 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
-    async fn join(&self, key: &Key) -> Option<Membership> {
-        match self.gm.join(&group_name(&key.0, &key.1), true).await {
+    async fn join(&self, key: &Key, incarnation: u64) -> Option<Membership> {
+        match self
+            .gm
+            .join(&group_name(&key.0, &key.1, incarnation), true)
+            .await
+        {
             Ok(handle) => Some(Membership {
                 handle,
                 members: BTreeSet::new(),
                 mode: Mode::Waiting,
                 master: 0,
                 master_member: None,
+                incarnation,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -724,10 +776,17 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// The mirror's life: a fresh, empty copy; every round written before it is released.
     /// Returns the membership when this node became the queue's home (a promotion).
     async fn run_mirror(&self, key: &Key) -> Option<Membership> {
-        self.drop_copy(key).await;
-        let mut m = self.join(key).await?;
+        let state = self.raft.snapshot();
+        let incarnation = incarnation_of(&state, key);
+        if !self.start_copy(key, incarnation).await {
+            return None;
+        }
+        let Some(mut m) = self.join(key, incarnation).await else {
+            self.drop_copy(key, incarnation).await;
+            return None;
+        };
         let mut views = self.raft.subscribe();
-        m.master = self.home_of(&self.raft.snapshot(), key).unwrap_or(0);
+        m.master = self.home_of(&state, key).unwrap_or(0);
         loop {
             tokio::select! {
                 ev = m.handle.next_event() => match self.follow_events(key, &mut m, ev).await {
@@ -737,7 +796,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         return None;
                     }
                     Followed::WriteFailed => {
-                        self.set_synchronised(key, None, self.node, false, None).await;
+                        self.set_synchronised(key, m.incarnation, None, self.node, false, None)
+                            .await;
                         leave(&mut m).await;
                         return None;
                     }
@@ -747,6 +807,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         return None;
                     }
                     let state = self.raft.snapshot();
+                    if incarnation_of(&state, key) != m.incarnation {
+                        // The queue was deleted (and maybe declared again): this copy is
+                        // of a queue that is gone.
+                        leave(&mut m).await;
+                        self.drop_copy(key, m.incarnation).await;
+                        return None;
+                    }
                     let home = self.home_of(&state, key);
                     if home == Some(self.node) {
                         return Some(m);
@@ -756,7 +823,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     }
                     if role_of(&state, &self.broker, key, self.node) != Role::Mirror {
                         leave(&mut m).await;
-                        self.drop_copy(key).await;
+                        self.drop_copy(key, m.incarnation).await;
                         return None;
                     }
                 }
@@ -767,12 +834,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// Promotion: flush lap, then this node's copy becomes the queue. Returns the
     /// membership to go on as master with.
     async fn adopt(&self, key: &Key, mut member: Option<Membership>) -> Option<Membership> {
-        let epoch = self
-            .raft
-            .snapshot()
-            .mirror_sets
-            .get(key)
-            .map_or(0, |s| s.epoch);
+        let state = self.raft.snapshot();
+        let epoch = state.mirror_sets.get(key).map_or(0, |s| s.epoch);
+        let incarnation = incarnation_of(&state, key);
+        if let Some(m) = member.as_ref().filter(|m| m.incarnation != incarnation) {
+            // This node's copy is of a queue that is gone.
+            self.drop_copy(key, m.incarnation).await;
+            return member;
+        }
         if let Some(m) = member.as_mut() {
             let lap = m
                 .handle
@@ -798,12 +867,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             // A planned move: the old master is alive and may still ship rounds until it
             // sees the move. It leaves the group once they have all made their laps (so
             // this copy holds them): wait for that before the copy becomes the queue.
-            let group = group_name(&key.0, &key.1);
+            let group = group_name(&key.0, &key.1, incarnation);
             let old = m.master;
             let mut views = self.raft.subscribe();
             loop {
                 let state = self.raft.snapshot();
-                if self.home_of(&state, key) != Some(self.node) {
+                if self.home_of(&state, key) != Some(self.node)
+                    || incarnation_of(&state, key) != incarnation
+                {
                     return None;
                 }
                 let old_alive = old != self.node
@@ -834,6 +905,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 Shipping {
                     sender: m.handle.sender(),
                     epoch,
+                    incarnation,
                     member: m.handle.id(),
                 },
             );
@@ -846,7 +918,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             let now = self.clock.now();
             let adopted = self
                 .offload(move || {
-                    broker.adopt_queue(&vhost, &name, now, |h| storage.adopt(h).map(|_| ()))
+                    broker.adopt_queue(&vhost, &name, now, |h| {
+                        storage.adopt(h, incarnation).map(|_| ())
+                    })
                 })
                 .await
                 .flatten();
@@ -888,6 +962,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     async fn set_synchronised(
         &self,
         key: &Key,
+        incarnation: u64,
         member: Option<MemberId>,
         node: NodeId,
         synchronised: bool,
@@ -898,6 +973,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             let Some(set) = state.mirror_sets.get(key) else {
                 return false;
             };
+            if set.incarnation != incarnation {
+                // The queue is another one now: nothing about the old one's mirrors
+                // applies to it.
+                return false;
+            }
             if let Some(epoch) = as_master {
                 if self.home_of(&state, key) != Some(self.node) || set.epoch != epoch {
                     return false;
@@ -908,7 +988,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             if let Some(mid) = member {
                 let alive = state
                     .gm_groups
-                    .get(&group_name(&key.0, &key.1))
+                    .get(&group_name(&key.0, &key.1, incarnation))
                     .is_some_and(|g| g.members.contains(&Slot::Alive(mid)));
                 if !alive {
                     return false;
@@ -960,7 +1040,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// not the promotion commits, this node's member is new, so no lap of the old one can
     /// complete. `false`: no such mirror, or the metadata moved on; serve from disk.
     async fn hand_over_after_restart(&self, key: &Key, state: &MetaState, set: &MirrorSet) -> bool {
-        let Some(group) = state.gm_groups.get(&group_name(&key.0, &key.1)) else {
+        let Some(group) = state
+            .gm_groups
+            .get(&group_name(&key.0, &key.1, set.incarnation))
+        else {
             return false;
         };
         if group.has_live_member_on(self.node) {
@@ -998,7 +1081,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
     /// A master that joins its group afresh (not by promotion) cannot vouch for any
     /// mirror's copy: they all sync again.
-    async fn unsync_all(&self, key: &Key, epoch: u64) {
+    async fn unsync_all(&self, key: &Key, incarnation: u64, epoch: u64) {
         let nodes: Vec<NodeId> = self
             .raft
             .snapshot()
@@ -1007,7 +1090,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .map(|s| s.mirrors.iter().map(|m| m.node).collect())
             .unwrap_or_default();
         for node in nodes {
-            self.set_synchronised(key, None, node, false, Some(epoch))
+            self.set_synchronised(key, incarnation, None, node, false, Some(epoch))
                 .await;
         }
     }
@@ -1020,11 +1103,17 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             return;
         };
         let epoch = set.epoch;
+        let incarnation = set.incarnation;
         if fresh && role_of(&state, &self.broker, key, self.node) != Role::Master {
             // The metadata moved on since the caller looked.
             return;
         }
         let mut m = match member {
+            Some(mut m) if m.incarnation != incarnation => {
+                // Promoted in a queue that is gone since.
+                leave(&mut m).await;
+                return;
+            }
             Some(m) => m,
             None => {
                 // A fresh master (its node restarted): its old member is gone. A mirror
@@ -1036,8 +1125,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
                 // Otherwise it serves from its disk, and what the mirrors were
                 // synchronised with is gone.
-                self.unsync_all(key, epoch).await;
-                match self.join(key).await {
+                self.unsync_all(key, incarnation, epoch).await;
+                match self.join(key, incarnation).await {
                     Some(m) => m,
                     None => return,
                 }
@@ -1050,6 +1139,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 Shipping {
                     sender: m.handle.sender(),
                     epoch,
+                    incarnation,
                     member: m.handle.id(),
                 },
             );
@@ -1115,7 +1205,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         .collect();
                     for mid in done {
                         if self
-                            .set_synchronised(key, Some(mid), mid.node, true, Some(epoch))
+                            .set_synchronised(key, incarnation, Some(mid), mid.node, true, Some(epoch))
                             .await
                         {
                             if let Some(run) = syncs.get_mut(&mid) {
@@ -1129,7 +1219,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         break;
                     }
                     let state = self.raft.snapshot();
-                    if role_of(&state, &self.broker, key, self.node) != Role::Master {
+                    if role_of(&state, &self.broker, key, self.node) != Role::Master
+                        || incarnation_of(&state, key) != incarnation
+                    {
                         break;
                     }
                     let Some(set) = state.mirror_sets.get(key) else { break };
@@ -1577,9 +1669,10 @@ async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) 
             let masters = lock(&inner.masters);
             for (key, shipping) in masters.iter() {
                 let still = inner.home_of(&state, key) == Some(inner.node)
+                    && incarnation_of(&state, key) == shipping.incarnation
                     && state
                         .gm_groups
-                        .get(&group_name(&key.0, &key.1))
+                        .get(&group_name(&key.0, &key.1, shipping.incarnation))
                         .is_some_and(|g| g.members.contains(&Slot::Alive(shipping.member)));
                 if !still {
                     continue;
@@ -1641,10 +1734,11 @@ async fn reconcile<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, ev
                     .get(vhost)
                     .and_then(|v| v.queues.get(queue))
                     .map_or(0, |d| d.home);
+                let key = (vhost.clone(), queue.clone());
                 let still_member = !running.contains(&old)
                     && state
                         .gm_groups
-                        .get(&group_name(vhost, queue))
+                        .get(&group_of(&state, &key))
                         .is_some_and(|g| g.has_live_member_on(old));
                 if still_member {
                     continue;

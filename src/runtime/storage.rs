@@ -37,6 +37,15 @@ pub enum StorageError {
     /// A folder could not be created or listed.
     #[error("{0}")]
     Disk(#[from] DiskError),
+    /// A mirror wrote to a copy that is not (or no longer) its own: the name now holds
+    /// another incarnation's copy or a queue of this node.
+    #[error("queue {queue}: this node holds no copy of incarnation {incarnation}")]
+    NotOurCopy {
+        /// The queue.
+        queue: String,
+        /// The incarnation the mirror writes for.
+        incarnation: u64,
+    },
 }
 
 /// What recovery found, for the log.
@@ -59,6 +68,14 @@ struct State<D: Disk + Clone> {
     indexes: HashMap<(String, String), QueueIndex<D>>,
     /// Indexes of paged-out transient messages (emptied at every start).
     transient_indexes: HashMap<(String, String), QueueIndex<D>>,
+    /// Names whose index is a mirror's copy, and of which queue incarnation
+    /// ([`MirrorSet::incarnation`](crate::meta::state::MirrorSet::incarnation)). Every
+    /// other index is a queue of this node. A copy and a queue share a name's folder, so
+    /// the two are kept apart here: a mirror writes only to its own incarnation's copy,
+    /// and a queue of this node that finds a copy under its name (it was declared again
+    /// while a mirror of the old one still ran here) drops that copy before its first
+    /// write.
+    copies: HashMap<(String, String), u64>,
 }
 
 /// Storage for one node, over any [`Disk`] (the node uses `Arc<FileDisk>`; tests `MemDisk`).
@@ -270,6 +287,7 @@ impl<D: Disk + Clone> Storage<D> {
                 transient_store,
                 indexes,
                 transient_indexes: HashMap::new(),
+                copies: HashMap::new(),
             })),
             durability,
             wake: Arc::new((Mutex::new(false), Condvar::new())),
@@ -538,6 +556,11 @@ impl<D: Disk + Clone> Storage<D> {
             if let Some(wait) = tap.as_ref().and_then(|tap| tap(&key, &ops)) {
                 laps.push(wait);
             }
+            if state.copies.contains_key(&key) {
+                // A stale mirror copy under this queue's name (see `State::copies`).
+                tracing::info!(queue = %key.1, "a new queue replaces a mirror copy of its name");
+                self.remove_copy(state, &key)?;
+            }
             if self.apply(state, &key, ops, false)? {
                 touched.push(key);
             }
@@ -591,10 +614,14 @@ impl<D: Disk + Clone> Storage<D> {
     /// A mirror's write: applies operations another node's queue recorded (in its order)
     /// to this node's copy of that queue's index and message store, and fsyncs them, so
     /// that opening the copy (as crash recovery does) gives the master's queue.
+    ///
+    /// Only to the copy of `incarnation` that [`Storage::start_copy`] began: anything else
+    /// under the name is refused ([`StorageError::NotOurCopy`]).
     pub fn apply_mirrored(
         &self,
         vhost: &str,
         queue: &str,
+        incarnation: u64,
         ops: Vec<IndexOp>,
     ) -> Result<(), StorageError> {
         let key = (vhost.to_string(), queue.to_string());
@@ -602,6 +629,12 @@ impl<D: Disk + Clone> Storage<D> {
         let Some(state) = guard.as_mut() else {
             return Ok(());
         };
+        if state.copies.get(&key) != Some(&incarnation) {
+            return Err(StorageError::NotOurCopy {
+                queue: format!("{vhost}/{queue}"),
+                incarnation,
+            });
+        }
         let touched = self.apply(state, &key, ops, true)?;
         state.msg_store.flush()?;
         state.transient_store.flush()?;
@@ -644,18 +677,57 @@ impl<D: Disk + Clone> Storage<D> {
         Ok(index)
     }
 
-    /// Drops this node's copy of a queue it mirrored (index and bodies).
-    pub fn drop_copy(&self, vhost: &str, queue: &str) -> Result<(), StorageError> {
+    /// Starts an empty copy of incarnation `incarnation` of a queue this node mirrors:
+    /// whatever the node held under that name goes first (an earlier copy, one left by an
+    /// earlier run, or the local queue of a deposed master, which no longer serves).
+    pub fn start_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+    ) -> Result<(), StorageError> {
         let key = (vhost.to_string(), queue.to_string());
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = guard.as_mut() else {
             return Ok(());
         };
-        self.apply(state, &key, vec![IndexOp::DeleteQueue], true)?;
-        // A copy never opened in this run (left by an earlier one) goes too.
+        self.remove_copy(state, &key)?;
+        state.copies.insert(key, incarnation);
+        Ok(())
+    }
+
+    /// Drops this node's copy of incarnation `incarnation` of a queue it mirrored (index
+    /// and bodies); anything else under the name (a newer incarnation's copy, or a queue
+    /// of this node) stays.
+    pub fn drop_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        if state.copies.get(&key) == Some(&incarnation) {
+            self.remove_copy(state, &key)?;
+        }
+        Ok(())
+    }
+
+    /// Removes whatever index the name has, its folder (a copy never opened in this run,
+    /// left by an earlier one, goes too) and its record as a copy.
+    fn remove_copy(
+        &self,
+        state: &mut State<D>,
+        key: &(String, String),
+    ) -> Result<(), StorageError> {
+        state.copies.remove(key);
+        self.apply(state, key, vec![IndexOp::DeleteQueue], true)?;
         remove_index_dir(
             &self.disk,
-            &self.queues_dir.join(queue_dir_name(vhost, queue)),
+            &self.queues_dir.join(queue_dir_name(&key.0, &key.1)),
         );
         state.msg_store.flush()?;
         state.msg_store.sync()?;
@@ -665,12 +737,25 @@ impl<D: Disk + Clone> Storage<D> {
     /// Promotion: this node's mirror copy becomes the queue `handle` (just created, not yet
     /// serving). The copy's index is closed and opened again exactly as crash recovery
     /// opens it, so deliveries never acked come back `redelivered`.
-    pub fn adopt(&self, handle: &QueueHandle) -> Result<RecoverySummary, StorageError> {
+    ///
+    /// Never a copy of another incarnation than `incarnation` (the promoted queue's); a
+    /// copy this run has no record of (left by an earlier run) is taken as it is.
+    pub fn adopt(
+        &self,
+        handle: &QueueHandle,
+        incarnation: u64,
+    ) -> Result<RecoverySummary, StorageError> {
         let key = (handle.vhost.clone(), handle.name.clone());
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = guard.as_mut() else {
             return Ok(RecoverySummary::default());
         };
+        if state.copies.remove(&key).is_some_and(|c| c != incarnation) {
+            return Err(StorageError::NotOurCopy {
+                queue: format!("{}/{}", key.0, key.1),
+                incarnation,
+            });
+        }
         if let Some(index) = state.indexes.remove(&key) {
             index.close().map_err(|source| StorageError::Index {
                 queue: format!("{}/{}", key.0, key.1),
@@ -1507,10 +1592,14 @@ mod tests {
             batches.len() >= 2,
             "one batch per round that wrote the queue"
         );
+        let mut started = std::collections::BTreeSet::new();
         for (vhost, queue, bytes) in batches {
+            if started.insert((vhost.clone(), queue.clone())) {
+                mirror.start_copy(&vhost, &queue, 1).expect("a copy starts");
+            }
             let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
             mirror
-                .apply_mirrored(&vhost, &queue, ops)
+                .apply_mirrored(&vhost, &queue, 1, ops)
                 .expect("the mirror writes");
         }
         // Both nodes lose power; each reopens what it fsynced.
@@ -1579,6 +1668,53 @@ mod tests {
         assert!(d.is_durable(again));
     }
 
+    /// A copy belongs to one incarnation of its queue (issue 16): another incarnation's
+    /// mirror can neither write to it nor drop it, and a queue of this node declared under
+    /// the same name drops a stale copy before its first write, after which the stale
+    /// mirror can touch neither.
+    #[test]
+    fn a_copy_is_its_incarnations_and_a_new_queue_of_its_name_replaces_it() {
+        let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+        let (b, _, s, _) = open(&master_disk);
+        let (mirror_b, _, mirror, _) = open(&mirror_disk);
+        let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let tap = shipped.clone();
+        s.set_ops_tap(Some(Arc::new(move |_, ops| {
+            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(crate::mirror::ops::encode(ops));
+            None
+        })));
+        publish(&b, b"old");
+        assert!(s.step());
+        let rounds = std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner()));
+        let ops = || crate::mirror::ops::decode(&rounds[0]).expect("a batch decodes");
+        let write = |incarnation| mirror.apply_mirrored("/", "q", incarnation, ops());
+        assert!(
+            matches!(write(1), Err(StorageError::NotOurCopy { .. })),
+            "no copy started"
+        );
+        mirror.start_copy("/", "q", 1).expect("a copy starts");
+        write(1).expect("the copy's own incarnation writes");
+        assert!(matches!(write(2), Err(StorageError::NotOurCopy { .. })));
+        mirror.drop_copy("/", "q", 2).expect("drop");
+        write(1).expect("another incarnation's drop left the copy alone");
+        // This node's own queue `q` (declared again here) writes: the stale copy goes.
+        publish(&mirror_b, b"new");
+        assert!(mirror.step());
+        assert!(
+            matches!(write(1), Err(StorageError::NotOurCopy { .. })),
+            "the stale mirror cannot write into the new queue"
+        );
+        mirror.drop_copy("/", "q", 1).expect("drop");
+        mirror_disk.crash();
+        let (again, _, _, _) = open(&mirror_disk);
+        assert_eq!(
+            bodies(&again),
+            [b"new".to_vec()],
+            "the new queue holds its own message, none of the old copy's"
+        );
+    }
+
     #[test]
     fn a_mirrored_queues_transient_messages_reach_its_mirror_and_a_promoted_copy_keeps_them() {
         let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
@@ -1620,15 +1756,16 @@ mod tests {
         publish_as(&b, b"t2", 1);
         assert!(!q.lock().holds_unindexed());
         assert!(s.step());
+        mirror.start_copy("/", "q", 1).expect("a copy starts");
         for bytes in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
             let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
             mirror
-                .apply_mirrored("/", "q", ops)
+                .apply_mirrored("/", "q", 1, ops)
                 .expect("the mirror writes");
         }
         // The mirror's copy becomes the queue: transient messages and all.
         let h = mirror_b.queue("/", "q").expect("queue");
-        mirror.adopt(&h).expect("adopt");
+        mirror.adopt(&h, 1).expect("adopt");
         let expected = vec![
             (b"p1".to_vec(), true),
             (big.clone(), true),

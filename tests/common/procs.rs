@@ -24,6 +24,14 @@ pub static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
 /// Upper bound for a node to start serving clients.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The `warren` binary the nodes run: `$WARREN_BIN` when set (CI points it at the release
+/// build, so fault tests run the binary users run, at its speed), else this build's.
+pub fn warren_bin() -> PathBuf {
+    std::env::var_os("WARREN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_warren")))
+}
+
 pub struct NodeProc {
     pub id: u64,
     pub ip: String,
@@ -43,7 +51,7 @@ impl NodeProc {
 
     pub fn spawn(&mut self) {
         let log = std::fs::File::create(&self.log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_warren"))
+        let child = Command::new(warren_bin())
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info,openraft=warn")
@@ -140,7 +148,24 @@ impl Drop for Cluster {
     }
 }
 
+/// The failure detector's settings of test clusters: (`peer_timeout_ms`, `heartbeat_ms`).
+pub const TEST_TIMEOUTS: (u64, u64) = (1500, 100);
+
+/// The shipped cluster configs' (`config/cluster/node*.toml`).
+pub const DEFAULT_TIMEOUTS: (u64, u64) = (5000, 250);
+
 pub fn config_text(id: u64, ip: &str, cluster: &str, ips: &[String], data: &Path) -> String {
+    config_text_with(id, ip, cluster, ips, data, TEST_TIMEOUTS)
+}
+
+pub fn config_text_with(
+    id: u64,
+    ip: &str,
+    cluster: &str,
+    ips: &[String],
+    data: &Path,
+    (peer_timeout_ms, heartbeat_ms): (u64, u64),
+) -> String {
     let mut members = String::new();
     for (i, peer) in ips.iter().enumerate() {
         members.push_str(&format!(
@@ -166,8 +191,8 @@ memory_high_watermark_bytes = 1073741824
 node_id = {id}
 cluster_id = "test-{cluster}"
 listen = "{ip}:25672"
-peer_timeout_ms = 1500
-heartbeat_ms = 100
+peer_timeout_ms = {peer_timeout_ms}
+heartbeat_ms = {heartbeat_ms}
 commit_timeout_ms = 5000
 
 {members}"#,
@@ -178,6 +203,11 @@ commit_timeout_ms = 5000
 impl Cluster {
     /// Starts three nodes and waits until each serves clients.
     pub async fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, TEST_TIMEOUTS).await
+    }
+
+    /// [`Cluster::start`] with other failure-detector settings.
+    pub async fn start_with(name: &str, timeouts: (u64, u64)) -> Cluster {
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let (a, b) = (10 + (pid % 200), (pid / 200 % 50) * 5 + n);
@@ -190,7 +220,11 @@ impl Cluster {
             let id = i as u64 + 1;
             let config = dir.join(format!("node{id}.toml"));
             let data = dir.join(format!("data{id}"));
-            std::fs::write(&config, config_text(id, ip, &ips[0], &ips, &data)).expect("config");
+            std::fs::write(
+                &config,
+                config_text_with(id, ip, &ips[0], &ips, &data, timeouts),
+            )
+            .expect("config");
             nodes.push(NodeProc {
                 id,
                 ip: ip.clone(),

@@ -495,6 +495,7 @@ impl Inner {
         );
         let (reply_tx, mut reply_rx) = mpsc::unbounded_channel::<Pending>();
         let answers = inner.clone();
+        let mut sender_down = down.clone();
         tokio::spawn(async move {
             while let Some((outs, reply)) = reply_rx.recv().await {
                 let answer = tokio::select! {
@@ -530,7 +531,24 @@ impl Inner {
                 }
                 let msgs: Vec<&RelayMsg> = batch.iter().map(|o| &o.msg).collect();
                 let payload = encode(&msgs);
-                match inner.transport.send_broker(node, payload).await {
+                // Under a partition the link stops draining and this send waits for room
+                // without end; once the node is recorded down nothing queued here can be
+                // answered before it returns, so all of it fails now (publishes are nacked)
+                // and the channels behind it go on.
+                let sent = tokio::select! {
+                    sent = inner.transport.send_broker(node, payload) => Some(sent),
+                    _ = sender_down.wait_for(|d| *d) => None,
+                };
+                let Some(sent) = sent else {
+                    tracing::info!(node, "relay: node down; failing what was queued for it");
+                    batch.into_iter().for_each(|o| inner.failed(o));
+                    rx.close();
+                    while let Some(o) = rx.recv().await {
+                        inner.failed(o);
+                    }
+                    return;
+                };
+                match sent {
                     Ok(reply) => {
                         if let Err(mpsc::error::SendError((outs, _))) =
                             reply_tx.send((batch, reply))

@@ -19,6 +19,7 @@
 //!   frames, server properties, heartbeats, methods on unopened channels.
 #![allow(dead_code)]
 
+pub mod faults;
 pub mod procs;
 
 use std::future::Future;

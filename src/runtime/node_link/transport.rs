@@ -497,9 +497,39 @@ async fn link_to(
     })
 }
 
+/// Connects to `addr` from the link listener's own address when it names one (not
+/// `0.0.0.0`): a node's links then come from the address it is known by, so a firewall
+/// rule (or a fault test) can single out one node's traffic on a shared host.
+async fn connect_from(local: SocketAddr, addr: &str) -> std::io::Result<TcpStream> {
+    if local.ip().is_unspecified() {
+        return TcpStream::connect(addr).await;
+    }
+    let mut last = None;
+    for target in tokio::net::lookup_host(addr).await? {
+        if target.is_ipv4() != local.is_ipv4() {
+            continue;
+        }
+        let socket = if target.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.bind(SocketAddr::new(local.ip(), 0))?;
+        match socket.connect(target).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) => Err(e),
+        // No address of the listener's family: let the system choose.
+        None => TcpStream::connect(addr).await,
+    }
+}
+
 /// Connects to `peer` at `addr` and runs the `Hello` exchange.
 async fn dial_peer(shared: &Arc<Shared>, peer: NodeId, addr: &str) -> Result<Arc<Link>, LinkError> {
-    let stream = TcpStream::connect(addr).await?;
+    let stream = connect_from(shared.local_addr, addr).await?;
     // Raft RPCs are small and latency-bound.
     stream.set_nodelay(true)?;
     let (rd, wr) = stream.into_split();

@@ -1022,18 +1022,13 @@ async fn the_majority_side_of_a_partition_keeps_confirming() {
     let (consumed, _) = within("the consumer", consumer)
         .await
         .expect("consumer task");
-    let _ = consumers.close(200, "bye".into()).await;
-    let mut seen = consumed;
-    seen.extend(drain(&cluster, 2, "ha.parts").await);
-    let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
-    let lost: Vec<u32> = acked
-        .iter()
-        .copied()
-        .filter(|n| !held.contains(n))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} confirmed messages lost: {lost:?}",
-        lost.len()
-    );
+    none_lost(
+        &cluster,
+        consumers,
+        "ha.parts",
+        &acked,
+        Vec::new(),
+        consumed,
+    )
+    .await;
 }

@@ -1668,6 +1668,18 @@ mod tests {
         assert!(d.is_durable(again));
     }
 
+    /// Keeps every round `s` writes, encoded as shipped, instead of shipping it.
+    fn capture_rounds(s: &Storage<MemDisk>) -> Arc<Mutex<Vec<Vec<u8>>>> {
+        let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let tap = shipped.clone();
+        s.set_ops_tap(Some(Arc::new(move |_, ops| {
+            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(crate::mirror::ops::encode(ops));
+            None
+        })));
+        shipped
+    }
+
     /// A copy belongs to one incarnation of its queue (issue 16): another incarnation's
     /// mirror can neither write to it nor drop it, and a queue of this node declared under
     /// the same name drops a stale copy before its first write, after which the stale
@@ -1677,13 +1689,7 @@ mod tests {
         let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
         let (b, _, s, _) = open(&master_disk);
         let (mirror_b, _, mirror, _) = open(&mirror_disk);
-        let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-        let tap = shipped.clone();
-        s.set_ops_tap(Some(Arc::new(move |_, ops| {
-            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
-            t.push(crate::mirror::ops::encode(ops));
-            None
-        })));
+        let shipped = capture_rounds(&s);
         publish(&b, b"old");
         assert!(s.step());
         let rounds = std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1720,13 +1726,7 @@ mod tests {
         let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
         let (b, _, s, _) = open(&master_disk);
         let (mirror_b, _, mirror, _) = open(&mirror_disk);
-        let shipped: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-        let tap = shipped.clone();
-        s.set_ops_tap(Some(Arc::new(move |_, ops| {
-            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
-            t.push(crate::mirror::ops::encode(ops));
-            None
-        })));
+        let shipped = capture_rounds(&s);
         let q = b.queue("/", "q").expect("queue");
         // Not mirrored: a transient message has no record, so its confirm waits for nothing.
         assert_eq!(publish_as(&b, b"before", 1).ticket, 0);

@@ -839,3 +839,57 @@ async fn dead_letters_reach_a_queue_on_another_node() {
     let _ = c1.close(200, "bye".into()).await;
     let _ = c2.close(200, "bye".into()).await;
 }
+
+/// Issue 16: a transaction whose publish the queue's node never took must not be
+/// answered with tx.commit-ok. The queue lives on node 1, the transactional channel on
+/// node 2; node 1 freezes (SIGSTOP, sockets open) before the commit. Once node 2's failure
+/// detector gives up on it, the forwarded publish is refused and the commit fails as
+/// RabbitMQ fails a commit it cannot honour: channel.close 406 "partial tx completion"
+/// naming tx.commit. (Before, the refused transaction got its commit-ok.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_publish_another_node_never_took_fails_406() {
+    let cluster = Cluster::start("txfail").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(&channel(&c1).await, "tx.q", true, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch = channel(&c2).await;
+    within("tx.select", ch.tx_select())
+        .await
+        .expect("tx.select");
+    // A first transaction goes through: the path works.
+    publish_in_tx(&ch, b"first").await;
+    within("tx.commit", ch.tx_commit())
+        .await
+        .expect("the first commit");
+    cluster.node(1).pause();
+    publish_in_tx(&ch, b"second").await;
+    let res = tokio::time::timeout(Duration::from_secs(30), ch.tx_commit()).await;
+    cluster.node(1).resume();
+    let err = match res {
+        Ok(Err(e)) => e,
+        Ok(Ok(())) => panic!("tx.commit-ok for a publish the queue's node never took"),
+        Err(_) => panic!("no answer to tx.commit within 30 s"),
+    };
+    assert_eq!(reply_code(&err), Some(406), "{err}");
+    assert!(
+        err.to_string().contains("partial tx completion"),
+        "RabbitMQ's text: {err}"
+    );
+}
+
+async fn publish_in_tx(ch: &Channel, body: &[u8]) {
+    within(
+        "basic.publish",
+        ch.basic_publish(
+            "".into(),
+            "tx.q".into(),
+            Default::default(),
+            body,
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        ),
+    )
+    .await
+    .expect("publish");
+}

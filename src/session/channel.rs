@@ -88,6 +88,9 @@ struct Tx {
 #[derive(Debug, Default)]
 struct Confirms {
     pending: Vec<Waiting>,
+    /// A tx.commit some of whose publishes were refused: the channel must fail the
+    /// commit (RabbitMQ's 406 "partial tx completion"), never answer commit-ok.
+    failed_commit: bool,
 }
 
 /// A reply that may have to wait for a group commit.
@@ -963,9 +966,10 @@ impl Channel {
             .position(|w| !ready(w))
             .unwrap_or(self.confirms.pending.len());
         let mut emit: Vec<Waiting> = self.confirms.pending.drain(..n_ready).collect();
-        // A part refused on another node (or lost with its link) makes the confirm a nack;
-        // a refused transaction still gets its commit-ok (as a refused local publish does).
-        for w in &mut emit {
+        // A part refused on another node (or lost with its link) makes the confirm a nack,
+        // and a transaction's commit a failure.
+        let mut refused_commit = vec![false; emit.len()];
+        for (w, refused_commit) in emit.iter_mut().zip(&mut refused_commit) {
             if let Waiting::Confirm {
                 ack, remote: id, ..
             } = w
@@ -974,10 +978,10 @@ impl Channel {
                     *ack &= remote.take(*id).unwrap_or(false);
                     *id = 0;
                 }
-            } else if let Waiting::CommitOk { remote: id, .. } = w {
-                if *id != 0 {
-                    remote.take(*id);
-                }
+            } else if let Waiting::CommitOk { remote: id, ticket } = w {
+                let taken = *id == 0 || remote.take(*id).unwrap_or(false);
+                *refused_commit = !taken || refused(*ticket);
+                *id = 0;
             }
         }
         if self.confirm {
@@ -987,6 +991,12 @@ impl Channel {
         let mut i = 0;
         while i < emit.len() {
             match emit[i] {
+                Waiting::CommitOk { .. } if refused_commit[i] => {
+                    // The client must not believe the transaction's messages safe. The
+                    // channel closes (`take_failed_commit`): what follows is moot.
+                    self.confirms.failed_commit = true;
+                    break;
+                }
                 Waiting::CommitOk { .. } => {
                     frame::encode_method(
                         out,
@@ -1029,6 +1039,12 @@ impl Channel {
             }
         }
         !self.confirms.pending.is_empty()
+    }
+
+    /// Whether a tx.commit failed since the last call (see [`Confirms::failed_commit`]):
+    /// the connection then closes the channel with RabbitMQ's error.
+    pub fn take_failed_commit(&mut self) -> bool {
+        std::mem::take(&mut self.confirms.failed_commit)
     }
 
     // ---- tx.* ----

@@ -307,7 +307,7 @@ impl Connection {
                 }
             }
         }
-        self.flush_confirms();
+        self.flush_confirms(now);
         used
     }
 
@@ -645,7 +645,7 @@ impl Connection {
             return;
         }
         // Confirms and commit-oks whose writes became durable.
-        self.flush_confirms();
+        self.flush_confirms(now);
         if self.out.len() > OUT_HIGH_BYTES {
             return;
         }
@@ -883,7 +883,10 @@ impl Connection {
 
     /// Sends the confirms and commit-oks that are ready. A parked channel's wait until it
     /// resumes, so they keep their place among its replies.
-    fn flush_confirms(&mut self) {
+    fn flush_confirms(&mut self, now: Instant) {
+        // tx.commit's class and method ids, named in the close of a failed commit.
+        const TX_CLASS: u16 = 90;
+        const TX_COMMIT: u16 = 20;
         let durability = self.broker.durability().cloned();
         let broker = self.broker.clone();
         let remote = broker.remote_outcomes();
@@ -904,6 +907,18 @@ impl Connection {
                     c.flush_confirms(&mut self.out, durability.as_deref(), remote);
                 }
             }
+        }
+        // A transaction that could not be honoured closes its channel, as RabbitMQ's
+        // does (rabbit_channel's complete_tx with tx = failed).
+        let failed: Vec<u16> = self
+            .channels
+            .iter_mut()
+            .filter_map(|(ch, c)| c.take_failed_commit().then_some(*ch))
+            .collect();
+        for ch in failed {
+            let e = AmqpError::new(ReplyCode::PreconditionFailed, "partial tx completion")
+                .at(TX_CLASS, TX_COMMIT);
+            self.close_channel_with_error(ch, e, now);
         }
     }
 }

@@ -108,7 +108,7 @@ impl Connection {
         if self.close_requested && !self.meta.any_parked() && self.state == State::Open {
             self.finish_peer_close(now);
         }
-        self.flush_confirms();
+        self.flush_confirms(now);
         taken
     }
 

@@ -386,13 +386,21 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
         }
     }
 
-    /// Stops the queue tasks (the node is stopping).
+    /// Stops the queue tasks (the node is stopping). The queues this node still masters
+    /// stop delivering now, lease or not: the node links close next, and a peer whose
+    /// connection to this node is refused records it down at once, without waiting out
+    /// the lease (`docs/mirroring.md`, *The master's lease*).
     pub fn stop(&self) {
         self.inner.storage.set_ops_tap(None);
         for (_, t) in lock(&self.inner.tasks).drain() {
             t.abort();
         }
-        lock(&self.inner.masters).clear();
+        for (key, _) in lock(&self.inner.masters).drain() {
+            if let Some(h) = self.inner.broker.queue(&key.0, &key.1) {
+                h.lock()
+                    .set_lease(Some(crate::time::Instant::from_millis(0)));
+            }
+        }
     }
 }
 
@@ -778,6 +786,26 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     async fn run_mirror(&self, key: &Key) -> Option<Membership> {
         let state = self.raft.snapshot();
         let incarnation = incarnation_of(&state, key);
+        // The copy starts empty, and a member releases what it cannot write yet (before
+        // its sync starts): while the metadata still counts this mirror synchronised (a
+        // write failed and recording that did not get through), its releases would let
+        // confirms count on a copy that does not hold them, and it could be promoted.
+        // So that is recorded first, however long it takes.
+        while is_synchronised(&self.raft.snapshot(), key, self.node) {
+            let now = self.raft.snapshot();
+            if incarnation_of(&now, key) != incarnation
+                || role_of(&now, &self.broker, key, self.node) != Role::Mirror
+            {
+                return None;
+            }
+            if self
+                .set_synchronised(key, incarnation, None, self.node, false, None)
+                .await
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         if !self.start_copy(key, incarnation).await {
             return None;
         }

@@ -75,6 +75,13 @@ struct Inner<N, D: Disk + Clone> {
     /// memory, and a thread would make the run depend on the OS scheduler).
     inline: bool,
     masters: Mutex<HashMap<Key, Shipping>>,
+    /// Queues whose master here lost its GM member (recorded dead: this node was recorded
+    /// down, or restarted), with the (incarnation, epoch) it mastered. While the metadata
+    /// still shows that epoch, nothing of the queue is confirmed here on local disk alone:
+    /// a promotion decided while the member was dead may yet commit at that epoch, and the
+    /// mirror it promotes lacks whatever this node confirmed meanwhile (simulation seed
+    /// 857). Cleared when a master here ships again.
+    fenced: Mutex<HashMap<Key, (u64, u64)>>,
     tasks: Mutex<HashMap<Key, JoinHandle<()>>>,
     /// Numbers the syncs this node's masters start.
     next_sync: std::sync::atomic::AtomicU64,
@@ -286,6 +293,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 clock,
                 inline: false,
                 masters: Mutex::new(HashMap::new()),
+                fenced: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
                 next_sync: std::sync::atomic::AtomicU64::new(1),
                 hold_dir,
@@ -461,8 +469,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// deposed master whose broker has not dropped the queue yet) confirms nothing at all.
     fn not_shipping(&self, key: &Key) -> Option<LapWait> {
         let state = self.raft.snapshot();
+        let fenced = lock(&self.fenced).get(key).copied();
         let refuse = state.mirror_sets.get(key).is_some_and(|s| {
-            s.mirrors.iter().any(|m| m.synchronised) || self.home_of(&state, key) != Some(self.node)
+            s.mirrors.iter().any(|m| m.synchronised)
+                || self.home_of(&state, key) != Some(self.node)
+                || fenced == Some((s.incarnation, s.epoch))
         });
         refuse.then(|| Box::pin(std::future::ready(false)) as LapWait)
     }
@@ -1154,14 +1165,33 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 // Otherwise it serves from its disk, and what the mirrors were
                 // synchronised with is gone.
                 self.unsync_all(key, incarnation, epoch).await;
-                match self.join(key, incarnation).await {
-                    Some(m) => m,
-                    None => return,
+                let Some(mut m) = self.join(key, incarnation).await else {
+                    return;
+                };
+                // The join committed after everything before it, and this node has applied
+                // that far: if the queue moved on meanwhile (a deposed master restarting
+                // its task from metadata that still named it home, before it applied the
+                // promotion), this fresh member must not ship. Its laps would complete
+                // through the group, and it would confirm what the new master never holds
+                // (simulation seed 857: a confirmed message lost). After the join the
+                // usual fence holds: no promotion while its member lives.
+                let now = self.raft.snapshot();
+                let still = self.home_of(&now, key) == Some(self.node)
+                    && now
+                        .mirror_sets
+                        .get(key)
+                        .is_some_and(|s| s.epoch == epoch && s.incarnation == incarnation);
+                if !still {
+                    tracing::info!(queue = %key.1, epoch, "the queue moved on while this node rejoined as its master: leaving");
+                    leave(&mut m).await;
+                    return;
                 }
+                m
             }
         };
         {
             let mut masters = lock(&self.masters);
+            lock(&self.fenced).remove(key);
             masters.insert(
                 key.clone(),
                 Shipping {
@@ -1197,7 +1227,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         loop {
             tokio::select! {
                 ev = m.handle.next_event() => match ev {
-                    None | Some(Event::Stopped) => break,
+                    None | Some(Event::Stopped) => {
+                        // The member is gone (dead in the group record, or the host
+                        // stopping): this epoch's confirms are over here.
+                        lock(&self.fenced).insert(key.clone(), (incarnation, epoch));
+                        break;
+                    }
                     Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
                     Some(ev) => {
                         let before = m.members.clone();

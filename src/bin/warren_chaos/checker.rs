@@ -218,3 +218,73 @@ fn liveness(h: &Inner, v: &mut Verdict) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::history::{Delivery, Published, Redeclare};
+    use super::*;
+
+    fn msg(queue: usize, persistent: bool, sent: Instant, outcome: Outcome) -> Published {
+        Published {
+            session: 1,
+            queue,
+            persistent,
+            sent,
+            outcome,
+        }
+    }
+
+    fn got(seq: u64, stream: u64, redelivered: bool) -> Delivery {
+        Delivery {
+            publisher: 0,
+            session: 1,
+            seq,
+            stream,
+            redelivered,
+        }
+    }
+
+    #[test]
+    fn a_confirmed_message_never_delivered_is_lost_unless_excused() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(10);
+        let mut h = Inner::default();
+        h.published.insert(
+            0,
+            vec![
+                msg(0, true, t0, Outcome::Ack(t1)),  // delivered
+                msg(0, true, t0, Outcome::Ack(t1)),  // lost
+                msg(0, true, t0, Outcome::Unknown),  // may be lost
+                msg(1, true, t0, Outcome::Ack(t1)),  // its queue re-declared after
+                msg(0, false, t0, Outcome::Ack(t1)), // transient, master restarted
+                msg(0, false, t1, Outcome::Ack(t1)), // transient, sent after: lost
+            ],
+        );
+        h.deliveries.push(got(0, 0, false));
+        h.redeclares.push(Redeclare {
+            queue: 1,
+            done: Some(t1),
+        });
+        h.master_restarts.push((0, t0));
+        let v = check(&h);
+        assert_eq!((v.confirmed, v.lost, v.lost_transient_allowed), (5, 2, 1));
+    }
+
+    #[test]
+    fn duplicates_need_the_flag_and_first_deliveries_keep_order() {
+        let t0 = Instant::now();
+        let mut h = Inner::default();
+        h.published
+            .insert(0, (0..3).map(|_| msg(0, true, t0, Outcome::Nack)).collect());
+        h.deliveries.extend([
+            got(0, 0, false),
+            got(0, 1, true), // flagged: fine
+            got(1, 0, false),
+            got(1, 1, false), // unflagged twice
+            got(2, 2, false),
+            got(0, 2, false), // a third unflagged delivery of 0, and out of order on stream 2
+        ]);
+        let v = check(&h);
+        assert_eq!((v.dup_unflagged, v.order_errors), (2, 1));
+    }
+}

@@ -51,8 +51,12 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
             println!("  - {s}");
         }
     }
-    let mut faults: Vec<&str> = steps.iter().filter_map(Step::fault_name).collect();
-    faults.dedup();
+    let mut faults: Vec<&str> = Vec::new();
+    for f in steps.iter().filter_map(Step::fault_name) {
+        if !faults.contains(&f) {
+            faults.push(f);
+        }
+    }
     let dir = std::env::temp_dir().join(format!("warren-chaos-{}-{seed}", std::process::id()));
     let history = Arc::new(History::default());
     let mut reasons = Vec::new();
@@ -167,6 +171,10 @@ async fn campaign(
         reasons.push(f);
     } else {
         history.lock().faults_end = Some(Instant::now());
+        println!(
+            "  {:>6.1}s faults over, every node serving; workload goes on for {TAIL:?}",
+            started.elapsed().as_secs_f64()
+        );
         tokio::time::sleep(TAIL).await;
     }
     ctx.stop.store(true, Ordering::Relaxed);
@@ -189,7 +197,12 @@ async fn campaign(
         while Instant::now() < deadline && !drained {
             for node in 0..n {
                 match workload::drain(&ctx, node, &name, deadline).await {
-                    Ok(_) => {
+                    Ok(taken) => {
+                        println!(
+                            "  {:>6.1}s drained {name} through node{}: {taken} messages",
+                            started.elapsed().as_secs_f64(),
+                            node + 1
+                        );
                         drained = true;
                         break;
                     }

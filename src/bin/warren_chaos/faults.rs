@@ -75,24 +75,27 @@ impl Runner<'_> {
         }
     }
 
-    /// Records that the master of each queue on one of `nodes` is being restarted (for the
-    /// transient-message rule), from a listing taken just before; every queue if unknown.
-    async fn note_master_restarts(&mut self, nodes: &[usize]) {
-        let now = Instant::now();
+    /// The queues mastered on one of `nodes`, from a listing taken just before they are
+    /// restarted (every queue if the listing fails), for the transient-message rule.
+    async fn mastered_on(&mut self, nodes: &[usize]) -> Vec<usize> {
         let masters = self.cluster.masters(None).await.ok();
-        let mut h = self.history.lock();
-        for q in 0..QUEUES {
-            let hit = match &masters {
+        (0..QUEUES)
+            .filter(|q| match &masters {
                 Some(qs) => qs
                     .iter()
-                    .find(|s| s.name == queue_name(q))
+                    .find(|s| s.name == queue_name(*q))
                     .is_none_or(|s| s.master.is_none_or(|m| nodes.contains(&m))),
                 None => true,
-            };
-            if hit {
-                h.master_restarts.push((q, now));
-            }
-        }
+            })
+            .collect()
+    }
+
+    /// Records the restart of `queues`' masters as of now: call it once the processes are
+    /// gone, so every publish sent before their end counts as sent before the restart.
+    fn note_master_restarts(&self, queues: &[usize]) {
+        let now = Instant::now();
+        let mut h = self.history.lock();
+        h.master_restarts.extend(queues.iter().map(|&q| (q, now)));
     }
 
     pub async fn run(&mut self, step: &Step) -> Result<()> {
@@ -101,15 +104,18 @@ impl Runner<'_> {
             Step::Quiet { ms: m } => ms(*m).await,
             Step::Kill { target, down_ms } => {
                 let i = self.resolve(target).await;
-                self.note_master_restarts(&[i]).await;
+                let queues = self.mastered_on(&[i]).await;
                 self.cluster.nodes[i].kill();
+                self.note_master_restarts(&queues);
                 ms(*down_ms).await;
                 self.cluster.start(&[i]).await?;
             }
             Step::Restart { target, down_ms } => {
                 let i = self.resolve(target).await;
-                self.note_master_restarts(&[i]).await;
-                self.cluster.stop(&[i])?;
+                let queues = self.mastered_on(&[i]).await;
+                let stopped = self.cluster.stop(&[i]);
+                self.note_master_restarts(&queues);
+                stopped?;
                 ms(*down_ms).await;
                 self.cluster.start(&[i]).await?;
             }
@@ -121,12 +127,15 @@ impl Runner<'_> {
             }
             Step::ClusterRestart { clean, down_ms } => {
                 let all: Vec<usize> = (0..self.cluster.nodes.len()).collect();
-                self.note_master_restarts(&all).await;
-                if *clean {
-                    self.cluster.stop(&all)?;
+                let queues: Vec<usize> = (0..QUEUES).collect();
+                let stopped = if *clean {
+                    self.cluster.stop(&all)
                 } else {
                     self.cluster.kill_all();
-                }
+                    Ok(())
+                };
+                self.note_master_restarts(&queues);
+                stopped?;
                 ms(*down_ms).await;
                 self.cluster.start(&all).await?;
             }

@@ -24,6 +24,8 @@ use super::history::{self, Delivery, History, Outcome, Published};
 const WINDOW: u64 = 10;
 /// A confirm not come by then is unknown (and the connection is given up).
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// A publish the client library has not taken by then is unknown (the connection is given up).
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every client shares.
 #[derive(Clone)]
@@ -130,18 +132,22 @@ async fn publish_session(
             let body = history::body(id, session, s);
             let props =
                 BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
-            match ch
-                .basic_publish(
+            // Bounded: a blocked connection (connection.blocked, a node's alarm) holds the
+            // publish, and the run must still end.
+            match tokio::time::timeout(
+                PUBLISH_TIMEOUT,
+                ch.basic_publish(
                     "".into(),
                     key.as_str().into(),
                     BasicPublishOptions::default(),
                     &body,
                     props,
-                )
-                .await
+                ),
+            )
+            .await
             {
-                Ok(c) => confirms.push((s, c)),
-                Err(_) => {
+                Ok(Ok(c)) => confirms.push((s, c)),
+                _ => {
                     ctx.history.outcome(id, s, Outcome::Unknown);
                     broken = true;
                     break;
@@ -149,13 +155,15 @@ async fn publish_session(
             }
         }
         let mut nacked = false;
+        // One deadline for the window, so a stuck connection is given up in bounded time.
+        let deadline = tokio::time::Instant::now() + CONFIRM_TIMEOUT;
         for (s, c) in confirms {
             if broken {
                 // The connection is going: what is left would only time out.
                 ctx.history.outcome(id, s, Outcome::Unknown);
                 continue;
             }
-            match tokio::time::timeout(CONFIRM_TIMEOUT, c).await {
+            match tokio::time::timeout_at(deadline, c).await {
                 Ok(Ok(c)) if c.is_ack() => ctx.history.outcome(id, s, Outcome::Ack(Instant::now())),
                 Ok(Ok(_)) => {
                     ctx.history.outcome(id, s, Outcome::Nack);

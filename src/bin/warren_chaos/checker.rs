@@ -44,6 +44,8 @@ pub struct Verdict {
     pub order_errors: u64,
     pub liveness_errors: u64,
     pub reasons: Vec<String>,
+    /// Measurements worth a line in the run's log (majority gaps under partitions).
+    pub notes: Vec<String>,
 }
 
 pub fn check(h: &Inner) -> Verdict {
@@ -205,6 +207,13 @@ fn liveness(h: &Inner, v: &mut Verdict) {
                 gap = gap.max(t - prev);
                 prev = t;
             }
+            v.notes.push(format!(
+                "partition #{i} of {:?}: settled {:?} after the cut; publisher {} on node{}: longest gap without an ack after that {gap:?}",
+                part.minority.iter().map(|m| m + 1).collect::<Vec<_>>(),
+                settled - part.cut,
+                s.publisher,
+                s.node + 1
+            ));
             if gap > MAJORITY_GAP {
                 v.liveness_errors += 1;
                 v.reasons.push(format!(

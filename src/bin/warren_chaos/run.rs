@@ -73,6 +73,9 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
             }
             cluster.kill_all();
             verdict = checker::check(&history.lock());
+            for n in &verdict.notes {
+                println!("  | {n}");
+            }
             reasons.extend(verdict.reasons.iter().cloned());
         }
     }

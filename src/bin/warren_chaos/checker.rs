@@ -37,6 +37,7 @@ pub const MAJORITY_GAP: Duration = Duration::from_secs(3);
 pub struct Verdict {
     pub published: u64,
     pub confirmed: u64,
+    pub returned: u64,
     pub delivered: u64,
     pub lost: u64,
     pub lost_transient_allowed: u64,
@@ -82,12 +83,16 @@ pub fn check(h: &Inner) -> Verdict {
             .map(|r| r.done.unwrap_or_else(Instant::now))
             .max()
     };
-    let mut lost_examples = Vec::new();
+    let mut lost_examples: Vec<String> = Vec::new();
+    let mut last_lost = None;
     let mut pubs: Vec<_> = h.published.iter().collect();
     pubs.sort_by_key(|(p, _)| **p);
     for (&p, msgs) in pubs {
         for (seq, m) in msgs.iter().enumerate() {
             v.published += 1;
+            if m.outcome == Outcome::Returned {
+                v.returned += 1;
+            }
             if !matches!(m.outcome, Outcome::Ack(_)) {
                 continue;
             }
@@ -107,20 +112,44 @@ pub fn check(h: &Inner) -> Verdict {
                 continue;
             }
             v.lost += 1;
-            if lost_examples.len() < 5 {
-                lost_examples.push(format!(
-                    "p{p}/s{}/#{seq}{}",
+            if lost_examples.len() < 3 || v.lost == 1 {
+                let node = h
+                    .sessions
+                    .iter()
+                    .find(|s| s.publisher == p && s.session == m.session)
+                    .map_or(0, |s| s.node + 1);
+                let acked = match m.outcome {
+                    Outcome::Ack(t) => h.at(t),
+                    _ => "?".into(),
+                };
+                let example = format!(
+                    "p{p}/s{}/#{seq}{} to ha.q{} via node{node} sent {} acked {acked}",
                     m.session,
-                    if m.persistent { "" } else { "(transient)" }
-                ));
+                    if m.persistent { "" } else { "(transient)" },
+                    m.queue,
+                    h.at(m.sent),
+                );
+                if lost_examples.len() < 3 {
+                    lost_examples.push(example);
+                } else {
+                    lost_examples[2] = example;
+                }
             }
+            last_lost = Some(format!("p{p}/s{}/#{seq} sent {}", m.session, h.at(m.sent)));
         }
     }
     if v.lost > 0 {
+        let redeclares: Vec<String> = h
+            .redeclares
+            .iter()
+            .map(|r| format!("ha.q{} {}", r.queue, r.done.map_or("?".into(), |t| h.at(t))))
+            .collect();
         v.reasons.push(format!(
-            "{} confirmed messages lost, e.g. {}",
+            "{} confirmed messages lost, e.g. {}; last {}; re-declare-oks: [{}]",
             v.lost,
-            lost_examples.join(" ")
+            lost_examples.join(", "),
+            last_lost.unwrap_or_default(),
+            redeclares.join(", ")
         ));
     }
     // Order: per stream, per publisher session, first deliveries increasing.

@@ -12,6 +12,8 @@ pub enum Outcome {
     Pending,
     Ack(Instant),
     Nack,
+    /// Acked after a `basic.return` (mandatory, unroutable): the broker said no queue took it.
+    Returned,
     /// No answer: the connection dropped or the confirm did not come in time.
     Unknown,
 }
@@ -80,6 +82,19 @@ pub struct Inner {
     pub faults_end: Option<Instant>,
     /// Problems the workload hit that are failures by themselves.
     pub errors: Vec<String>,
+    /// When the schedule started: the run log's times count from here.
+    pub t0: Option<Instant>,
+}
+
+impl Inner {
+    /// `t` as the run log writes times: seconds since the schedule started.
+    pub fn at(&self, t: Instant) -> String {
+        match self.t0 {
+            Some(t0) if t >= t0 => format!("+{:.3}s", (t - t0).as_secs_f64()),
+            Some(t0) => format!("-{:.3}s", (t0 - t).as_secs_f64()),
+            None => "?".to_string(),
+        }
+    }
 }
 
 #[derive(Default)]

@@ -94,6 +94,9 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
         ok(verdict.liveness_errors),
         if passed { "PASS" } else { "FAIL" },
     );
+    if verdict.returned > 0 {
+        line.push_str(&format!(" (returned_unroutable={})", verdict.returned));
+    }
     if verdict.lost_transient_allowed > 0 {
         line.push_str(&format!(
             " (transient_lost_allowed={})",
@@ -148,6 +151,7 @@ async fn campaign(
     }
     tasks.push(tokio::spawn(workload::getter(ctx.clone(), 99)));
     let started = Instant::now();
+    history.lock().t0 = Some(started);
     let mut runner = Runner {
         cluster,
         history,

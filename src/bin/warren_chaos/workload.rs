@@ -139,7 +139,13 @@ async fn publish_session(
                 ch.basic_publish(
                     "".into(),
                     key.as_str().into(),
-                    BasicPublishOptions::default(),
+                    // Mandatory: a publish no queue took (the name free between a delete and
+                    // the re-declare, or not yet known to this node) comes back as a return,
+                    // not as a plain ack the checker would count as confirmed.
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
                     &body,
                     props,
                 ),
@@ -164,6 +170,9 @@ async fn publish_session(
                 continue;
             }
             match tokio::time::timeout_at(deadline, c).await {
+                Ok(Ok(lapin::Confirmation::Ack(Some(_)))) => {
+                    ctx.history.outcome(id, s, Outcome::Returned)
+                }
                 Ok(Ok(c)) if c.is_ack() => ctx.history.outcome(id, s, Outcome::Ack(Instant::now())),
                 Ok(Ok(_)) => {
                     ctx.history.outcome(id, s, Outcome::Nack);

@@ -138,6 +138,19 @@ pub fn check(h: &Inner) -> Verdict {
             last_lost = Some(format!("p{p}/s{}/#{seq} sent {}", m.session, h.at(m.sent)));
         }
     }
+    let late_returns = h
+        .published
+        .values()
+        .flatten()
+        .filter(|m| {
+            m.outcome == Outcome::Returned && last_redeclare(m.queue).is_some_and(|r| m.sent > r)
+        })
+        .count();
+    if late_returns > 0 {
+        v.notes.push(format!(
+            "{late_returns} publishes returned unroutable although sent after their queue's last re-declare-ok"
+        ));
+    }
     if v.lost > 0 {
         let redeclares: Vec<String> = h
             .redeclares
@@ -160,9 +173,26 @@ pub fn check(h: &Inner) -> Verdict {
             if d.seq <= prev {
                 v.order_errors += 1;
                 if v.order_errors <= 3 {
+                    let about = |seq: u64| {
+                        h.published
+                            .get(&d.publisher)
+                            .and_then(|ms| ms.get(seq as usize))
+                            .map_or("?".to_string(), |m| {
+                                let outcome = match m.outcome {
+                                    Outcome::Ack(t) => format!("acked {}", h.at(t)),
+                                    o => format!("{o:?}"),
+                                };
+                                format!("sent {} {outcome}", h.at(m.sent))
+                            })
+                    };
                     v.reasons.push(format!(
-                        "order: stream {} got p{}/s{} #{} after #{prev}",
-                        d.stream, d.publisher, d.session, d.seq
+                        "order: stream {} got p{}/s{} #{} ({}) after #{prev} ({})",
+                        d.stream,
+                        d.publisher,
+                        d.session,
+                        d.seq,
+                        about(d.seq),
+                        about(prev)
                     ));
                 }
             }

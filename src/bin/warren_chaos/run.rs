@@ -1,0 +1,268 @@
+//! One run of the campaign: start the cluster, set up the policy and queues, run the workload
+//! under the seed's schedule, heal, drain, check, and say PASS or FAIL in one line.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+
+use super::checker::{self, Verdict};
+use super::cluster::Cluster;
+use super::faults::{self, Runner};
+use super::history::History;
+use super::schedule::{self, Step, QUEUES};
+use super::workload::{self, queue_name, Ctx};
+
+pub struct Opts {
+    pub nodes: usize,
+    pub duration_ms: u64,
+    pub bin: PathBuf,
+    pub keep: bool,
+}
+
+/// After the faults: how long the workload goes on before it stops (liveness is judged here).
+const TAIL: Duration = Duration::from_secs(8);
+
+/// 127.X.Y for this process and seed; X avoids the range the repo's tests use (10..210).
+fn prefix(seed: u64) -> String {
+    let pid = std::process::id() as u64;
+    for k in 0..250 {
+        let (x, y) = (210 + pid % 40, (pid / 40 + seed + k) % 250 + 1);
+        let p = format!("127.{x}.{y}");
+        // A node of another run still on these addresses would be joined by mistake.
+        if std::net::TcpListener::bind(format!("{p}.1:5672")).is_ok() {
+            return p;
+        }
+    }
+    format!("127.{}.{}", 210 + pid % 40, seed % 250 + 1)
+}
+
+/// Runs seed `seed`; the result line and whether it passed.
+pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
+    let steps = schedule::plan(seed, opts.nodes, opts.duration_ms);
+    println!("seed={seed} schedule:");
+    for s in &steps {
+        if !matches!(s, Step::Quiet { .. }) {
+            println!("  - {s}");
+        }
+    }
+    let mut faults: Vec<&str> = Vec::new();
+    for f in steps.iter().filter_map(Step::fault_name) {
+        if !faults.contains(&f) {
+            faults.push(f);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("warren-chaos-{}-{seed}", std::process::id()));
+    let history = Arc::new(History::default());
+    let mut reasons = Vec::new();
+    let mut verdict = Verdict::default();
+    match Cluster::new(dir.clone(), opts.nodes, &prefix(seed), &opts.bin) {
+        Err(e) => reasons.push(format!("setup: {e:#}")),
+        Ok(mut cluster) => {
+            if let Err(e) = campaign(&mut cluster, &steps, &history, &mut reasons).await {
+                reasons.push(format!("{e:#}"));
+            }
+            super::net::remove_all();
+            if let Some((i, status)) = cluster.crashed() {
+                reasons.push(format!("node{} exited on its own: {status}", i + 1));
+            }
+            cluster.kill_all();
+            verdict = checker::check(&history.lock());
+            for n in &verdict.notes {
+                println!("  | {n}");
+            }
+            reasons.extend(verdict.reasons.iter().cloned());
+        }
+    }
+    let passed = reasons.is_empty();
+    let ok = |n: u64| if n == 0 { "ok" } else { "FAIL" };
+    let mut line = format!(
+        "seed={seed} nodes={} faults={} published={} confirmed={} delivered={} lost={} dup_unflagged={} order={} liveness={} result={}",
+        opts.nodes,
+        if faults.is_empty() { "none".to_string() } else { faults.join(",") },
+        verdict.published,
+        verdict.confirmed,
+        verdict.delivered,
+        verdict.lost,
+        verdict.dup_unflagged,
+        ok(verdict.order_errors),
+        ok(verdict.liveness_errors),
+        if passed { "PASS" } else { "FAIL" },
+    );
+    if verdict.returned > 0 {
+        line.push_str(&format!(" (returned_unroutable={})", verdict.returned));
+    }
+    if verdict.lost_transient_allowed > 0 {
+        line.push_str(&format!(
+            " (transient_lost_allowed={})",
+            verdict.lost_transient_allowed
+        ));
+    }
+    if !passed {
+        let first: Vec<&str> = reasons.iter().take(4).map(String::as_str).collect();
+        line.push_str(&format!(" reasons: {}", first.join("; ")));
+        line.push_str(&format!(" [data and logs kept in {}]", dir.display()));
+    } else if !opts.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    (line, passed)
+}
+
+async fn campaign(
+    cluster: &mut Cluster,
+    steps: &[Step],
+    history: &Arc<History>,
+    reasons: &mut Vec<String>,
+) -> Result<()> {
+    let all: Vec<usize> = (0..cluster.nodes.len()).collect();
+    cluster.start(&all).await.context("first start")?;
+    set_up(cluster).await?;
+    let ctx = Ctx {
+        uris: Arc::new(cluster.nodes.iter().map(|n| n.amqp_uri()).collect()),
+        history: history.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        streams: Arc::new(AtomicU64::new(0)),
+    };
+    let n = cluster.nodes.len();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        tasks.push(tokio::spawn(workload::publisher(
+            ctx.clone(),
+            i as u32,
+            i,
+            i % QUEUES,
+        )));
+    }
+    for q in 0..QUEUES {
+        for k in 0..2 {
+            let home = (q + k + 1) % n;
+            tasks.push(tokio::spawn(workload::consumer(
+                ctx.clone(),
+                (q * 2 + k) as u64,
+                home,
+                q,
+            )));
+        }
+    }
+    tasks.push(tokio::spawn(workload::getter(ctx.clone(), 99)));
+    let started = Instant::now();
+    history.lock().t0 = Some(started);
+    let mut runner = Runner {
+        cluster,
+        history,
+        notes: Vec::new(),
+    };
+    let mut failed_step = None;
+    for step in steps {
+        if !matches!(step, Step::Quiet { .. }) {
+            println!("  {:>6.1}s {step}", started.elapsed().as_secs_f64());
+        }
+        if let Err(e) = runner.run(step).await {
+            failed_step = Some(format!("step `{step}` failed: {e:#}"));
+            break;
+        }
+        if let Some((i, status)) = runner.cluster.crashed() {
+            failed_step = Some(format!(
+                "node{} exited on its own ({status}) during `{step}`",
+                i + 1
+            ));
+            break;
+        }
+    }
+    if let Some(f) = failed_step {
+        reasons.push(f);
+    } else {
+        history.lock().faults_end = Some(Instant::now());
+        println!(
+            "  {:>6.1}s faults over, every node serving; workload goes on for {TAIL:?}",
+            started.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(TAIL).await;
+    }
+    ctx.stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        if tokio::time::timeout(Duration::from_secs(45), t)
+            .await
+            .is_err()
+        {
+            reasons.push("a client did not stop within 45 s".into());
+        }
+    }
+    if !reasons.is_empty() {
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for q in 0..QUEUES {
+        let name = queue_name(q);
+        let mut last = None;
+        let mut drained = false;
+        while Instant::now() < deadline && !drained {
+            for node in 0..n {
+                match workload::drain(&ctx, node, &name, deadline).await {
+                    Ok(taken) => {
+                        println!(
+                            "  {:>6.1}s drained {name} through node{}: {taken} messages",
+                            started.elapsed().as_secs_f64(),
+                            node + 1
+                        );
+                        drained = true;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            if !drained {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        if !drained {
+            reasons.push(format!(
+                "drain of {name} failed: {:#}",
+                last.unwrap_or_else(|| anyhow::anyhow!("deadline"))
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `ha` policy (all, automatic sync), the durable queues, and their mirrors in sync.
+async fn set_up(cluster: &Cluster) -> Result<()> {
+    let json = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match cluster
+            .ctl_any(&["set_policy", "ha", r"^ha\.", json, "--apply-to", "queues"])
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if Instant::now() > deadline => return Err(e.context("set the ha policy")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    let conn = Connection::connect(
+        &cluster.nodes[0].amqp_uri(),
+        ConnectionProperties::default(),
+    )
+    .await
+    .context("connect to node1")?;
+    let ch = conn.create_channel().await?;
+    for q in 0..QUEUES {
+        ch.queue_declare(
+            queue_name(q).as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("declare {}", queue_name(q)))?;
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    faults::wait_mirrored(cluster, Duration::from_secs(20)).await
+}

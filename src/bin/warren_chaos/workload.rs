@@ -1,0 +1,378 @@
+//! The AMQP clients (lapin): confirmed publishers on every node, consumers with manual acks
+//! (some rejects with requeue), a `basic.get` poller, and the final drain. Every client
+//! reconnects to any node that answers when its connection drops; a publish whose confirm
+//! never came is recorded as unknown, never as confirmed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+
+use super::history::{self, Delivery, History, Outcome, Published};
+
+/// Publishes in flight per publisher before it waits for their confirms.
+const WINDOW: u64 = 10;
+/// A confirm not come by then is unknown (and the connection is given up).
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// A publish the client library has not taken by then is unknown (the connection is given up).
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every client shares.
+#[derive(Clone)]
+pub struct Ctx {
+    pub uris: Arc<Vec<String>>,
+    pub history: Arc<History>,
+    pub stop: Arc<AtomicBool>,
+    pub streams: Arc<AtomicU64>,
+}
+
+pub fn queue_name(q: usize) -> String {
+    format!("ha.q{q}")
+}
+
+impl Ctx {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Connects to node `first` or, failing that, the next ones in turn; (node, connection).
+    pub async fn connect(&self, first: usize) -> Option<(usize, Connection)> {
+        let n = self.uris.len();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let c = tokio::time::timeout(
+                Duration::from_secs(3),
+                Connection::connect(&self.uris[i], ConnectionProperties::default()),
+            )
+            .await;
+            if let Ok(Ok(conn)) = c {
+                return Some((i, conn));
+            }
+        }
+        None
+    }
+}
+
+async fn close(conn: Connection) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
+}
+
+/// A confirmed publisher to `ha.q<queue>`, preferring node `home`; messages whose sequence
+/// number is 3 mod 4 are transient, the rest persistent.
+pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize) {
+    let mut seq = 0u64;
+    let mut session = 0u32;
+    let mut first = home;
+    while !ctx.stopping() {
+        let Some((node, conn)) = ctx.connect(first).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        // Next time, start from the home node again (it may be back).
+        first = home;
+        let Ok(Ok(ch)) = tokio::time::timeout(Duration::from_secs(5), async {
+            let ch = conn.create_channel().await?;
+            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            Ok::<Channel, lapin::Error>(ch)
+        })
+        .await
+        else {
+            close(conn).await;
+            first = node + 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        session += 1;
+        ctx.history.session_start(id, session, node);
+        publish_session(&ctx, &ch, id, session, queue, &mut seq).await;
+        ctx.history.session_end(id, session);
+        close(conn).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Publishes on one channel until it breaks or the run stops.
+async fn publish_session(
+    ctx: &Ctx,
+    ch: &Channel,
+    id: u32,
+    session: u32,
+    queue: usize,
+    seq: &mut u64,
+) {
+    let key = queue_name(queue);
+    while !ctx.stopping() {
+        let mut confirms = Vec::new();
+        let mut broken = false;
+        for _ in 0..WINDOW {
+            let s = *seq;
+            *seq += 1;
+            let persistent = s % 4 != 3;
+            ctx.history.sent(
+                id,
+                s,
+                Published {
+                    session,
+                    queue,
+                    persistent,
+                    sent: Instant::now(),
+                    outcome: Outcome::Pending,
+                },
+            );
+            let body = history::body(id, session, s);
+            let props =
+                BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+            // Bounded: a blocked connection (connection.blocked, a node's alarm) holds the
+            // publish, and the run must still end.
+            match tokio::time::timeout(
+                PUBLISH_TIMEOUT,
+                ch.basic_publish(
+                    "".into(),
+                    key.as_str().into(),
+                    // Mandatory: a publish no queue took (the name free between a delete and
+                    // the re-declare, or not yet known to this node) comes back as a return,
+                    // not as a plain ack the checker would count as confirmed.
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &body,
+                    props,
+                ),
+            )
+            .await
+            {
+                Ok(Ok(c)) => confirms.push((s, c)),
+                _ => {
+                    ctx.history.outcome(id, s, Outcome::Unknown);
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        let mut nacked = false;
+        // One deadline for the window, so a stuck connection is given up in bounded time.
+        let deadline = tokio::time::Instant::now() + CONFIRM_TIMEOUT;
+        for (s, c) in confirms {
+            if broken {
+                // The connection is going: what is left would only time out.
+                ctx.history.outcome(id, s, Outcome::Unknown);
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, c).await {
+                Ok(Ok(lapin::Confirmation::Ack(Some(_)))) => {
+                    ctx.history.outcome(id, s, Outcome::Returned)
+                }
+                Ok(Ok(c)) if c.is_ack() => ctx.history.outcome(id, s, Outcome::Ack(Instant::now())),
+                Ok(Ok(_)) => {
+                    ctx.history.outcome(id, s, Outcome::Nack);
+                    nacked = true;
+                }
+                _ => {
+                    ctx.history.outcome(id, s, Outcome::Unknown);
+                    broken = true;
+                }
+            }
+        }
+        if broken {
+            return;
+        }
+        if nacked {
+            // The queue is between masters: nacks are right; no need to spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Records a delivered body; false when it is not one of ours.
+fn record(ctx: &Ctx, data: &[u8], stream: u64, redelivered: bool) -> bool {
+    let Some((publisher, session, seq)) = history::parse(data) else {
+        ctx.history.error(format!(
+            "a delivery with a foreign body of {} bytes",
+            data.len()
+        ));
+        return false;
+    };
+    ctx.history.delivered(Delivery {
+        publisher,
+        session,
+        seq,
+        stream,
+        redelivered,
+    });
+    true
+}
+
+/// A consumer of `ha.q<queue>` with manual acks, preferring node `home`; rejects about one
+/// delivery in 40 with requeue.
+pub async fn consumer(ctx: Ctx, seed: u64, home: usize, queue: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut first = home;
+    while !ctx.stopping() {
+        let Some((node, conn)) = ctx.connect(first).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        first = home;
+        if let Err(_e) = consume_session(&ctx, &conn, queue, &mut rng).await {
+            first = node + 1;
+        }
+        close(conn).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn consume_session(
+    ctx: &Ctx,
+    conn: &Connection,
+    queue: usize,
+    rng: &mut StdRng,
+) -> Result<()> {
+    let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+    let ch = tokio::time::timeout(Duration::from_secs(5), async {
+        let ch = conn.create_channel().await?;
+        ch.basic_qos(50, BasicQosOptions::default()).await?;
+        Ok::<Channel, lapin::Error>(ch)
+    })
+    .await??;
+    let consumer = tokio::time::timeout(
+        Duration::from_secs(10),
+        ch.basic_consume(
+            queue_name(queue).as_str().into(),
+            format!("chaos-{stream}").as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await??;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // The delegate runs as lapin dispatches, in order.
+    consumer.set_delegate(move |d: lapin::message::DeliveryResult| {
+        let _ = tx.send(d);
+        std::future::ready(())
+    });
+    while !ctx.stopping() {
+        let d = match tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {
+            Err(_) => continue,
+            Ok(None) | Ok(Some(Ok(None))) => return Err(anyhow!("consumer cancelled")),
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(Some(Ok(Some(d)))) => d,
+        };
+        record(ctx, &d.data, stream, d.redelivered);
+        let r = if rng.gen_range(0..40) == 0 {
+            d.reject(BasicRejectOptions { requeue: true }).await
+        } else {
+            d.ack(BasicAckOptions::default()).await
+        };
+        r.context("ack")?;
+    }
+    Ok(())
+}
+
+/// Now and then a `basic.get` (manual ack) on either queue, through any node.
+pub async fn getter(ctx: Ctx, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = ctx.uris.len();
+    while !ctx.stopping() {
+        let Some((_, conn)) = ctx.connect(rng.gen_range(0..n)).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+        let r: Result<()> = async {
+            let ch = tokio::time::timeout(Duration::from_secs(5), conn.create_channel()).await??;
+            while !ctx.stopping() {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
+                let q = queue_name(rng.gen_range(0..super::schedule::QUEUES));
+                let got = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    ch.basic_get(q.as_str().into(), BasicGetOptions { no_ack: false }),
+                )
+                .await??;
+                if let Some(m) = got {
+                    record(&ctx, &m.delivery.data, stream, m.delivery.redelivered);
+                    m.delivery.ack(BasicAckOptions::default()).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let _ = r;
+        close(conn).await;
+    }
+}
+
+/// Consumes `queue` through node `node` (manual acks, each recorded) until a passive
+/// declare says it is empty and nothing came for a while; how many were taken.
+pub async fn drain(ctx: &Ctx, node: usize, queue: &str, deadline: Instant) -> Result<u64> {
+    let conn = Connection::connect(&ctx.uris[node], ConnectionProperties::default())
+        .await
+        .context("connect for the drain")?;
+    let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+    let r = async {
+        let ch = conn.create_channel().await?;
+        ch.basic_qos(500, BasicQosOptions::default()).await?;
+        let counter = conn.create_channel().await?;
+        let consumer = ch
+            .basic_consume(
+                queue.into(),
+                "chaos-drain".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        consumer.set_delegate(move |d: lapin::message::DeliveryResult| {
+            let _ = tx.send(d);
+            std::future::ready(())
+        });
+        let mut taken = 0u64;
+        loop {
+            match tokio::time::timeout(Duration::from_millis(700), rx.recv()).await {
+                Ok(Some(Ok(Some(d)))) => {
+                    record(ctx, &d.data, stream, d.redelivered);
+                    d.ack(BasicAckOptions::default()).await?;
+                    taken += 1;
+                    continue;
+                }
+                Ok(Some(Err(e))) => return Err(anyhow::Error::from(e).context("drain consumer")),
+                Ok(None) | Ok(Some(Ok(None))) => return Err(anyhow!("drain consumer cancelled")),
+                Err(_) => {}
+            }
+            // Idle: the queue's count (ready messages) says whether it is done; a master
+            // without its lease hands out nothing for a while, so idle alone says nothing.
+            let q = counter
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            if q.message_count() == 0 {
+                return Ok(taken);
+            }
+            if Instant::now() > deadline {
+                return Err(anyhow!(
+                    "{queue} still holds {} messages at the drain's deadline",
+                    q.message_count()
+                ));
+            }
+        }
+    }
+    .await;
+    close(conn).await;
+    r
+}

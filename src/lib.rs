@@ -9,7 +9,8 @@
 //!   policies, nodes, GM group records). It applies validated commands; readers see
 //!   immutable snapshots; `meta::raft` replicates its commands with openraft.
 //! - [`gm`]: GM, the guaranteed-multicast ring, as a state machine (views from the metadata).
-//! - [`mirror`]: mirrored queues' policies and placement (in progress).
+//! - [`mirror`]: mirrored queues' policies and placement.
+//! - [`cluster`]: cluster protocol cores: the failure detector.
 //! - [`runtime`]: the only code that touches tokio, sockets and clocks: listener, connection
 //!   tasks, the node handle, cluster mode, the relay, the GM host, shutdown.
 //! - [`store`]: storage (the `Disk` trait, record framing, the message store and the queue
@@ -26,6 +27,7 @@
 pub mod admin;
 pub mod amqp;
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod gm;
 pub mod meta;

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use turmoil::net::TcpListener;
+use warren::cluster::Detector;
 use warren::gm::{Event, GroupRecord, MemberId, Slot, View};
 use warren::meta::raft::{MetaRaft, NodeId, TransportError};
 use warren::meta::state::NodeRecord;
@@ -297,39 +298,29 @@ pub(crate) async fn ping_peers(
     }
 }
 
-/// The failure detector, as the cluster runs it (`runtime::cluster::watch_nodes`): the
-/// leader records `NodeDown` once per outage for a registered node not heard from for
-/// [`PEER_TIMEOUT_MS`], counting from when it became leader.
+/// The failure detector (`warren::cluster::Detector`, the node's own), as the cluster
+/// drives it (`runtime::cluster::watch_nodes`): the leader records `NodeDown` once per
+/// outage for a registered node not heard from for [`PEER_TIMEOUT_MS`], counting from
+/// when it became leader.
 async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
     seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
     trace: Trace,
 ) {
-    let mut leading_since: Option<u64> = None;
-    let mut declared: BTreeSet<NodeId> = BTreeSet::new();
+    let mut detector = Detector::new(id, PEER_TIMEOUT_MS, now_ms());
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = now_ms();
-        if !raft.is_leader() {
-            leading_since = None;
-            continue;
-        }
-        let since = *leading_since.get_or_insert(now);
-        if now < since + PEER_TIMEOUT_MS {
-            continue;
-        }
         let state = raft.snapshot();
-        for peer in state.nodes.keys().copied().filter(|p| *p != id) {
-            let last = lock(&seen).get(&peer).copied().unwrap_or(0);
-            let down = now.saturating_sub(last) > PEER_TIMEOUT_MS;
-            if !down {
-                declared.remove(&peer);
-                continue;
-            }
-            if declared.contains(&peer) {
-                continue;
-            }
+        let verdict = detector.handle_tick(
+            now,
+            raft.is_leader(),
+            state.nodes.keys().copied(),
+            |p| Some(lock(&seen).get(&p).copied().unwrap_or(0)),
+            |_| false,
+        );
+        for peer in verdict.to_declare {
             // A leader cut off from the majority keeps believing it leads, and its peers
             // look down from there: only a leadership a quorum confirms may decide (a
             // proposal would otherwise be forwarded to the real leader and commit).
@@ -338,7 +329,7 @@ async fn detect_failures(
             }
             trace.log(format!("n{id} (leader) records n{peer} down"));
             if raft.propose(Command::NodeDown { id: peer }).await.is_ok() {
-                declared.insert(peer);
+                detector.handle_declared(peer);
             }
         }
     }

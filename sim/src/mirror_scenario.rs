@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use turmoil::net::TcpListener;
 use warren::amqp::frame::encode_properties;
 use warren::broker::{Broker, Durability, Message, QueueHandle};
+use warren::cluster::Detector;
 use warren::config::Config;
 use warren::meta::policy::{ApplyTo, Policy, PolicyValue};
 use warren::meta::raft::{MetaRaft, NodeId};
@@ -679,9 +680,10 @@ impl Serving {
     }
 }
 
-/// The failure detector as `runtime::cluster::watch_nodes` runs it: every node tells its
-/// broker which nodes are down; the leader, from a leadership a quorum confirmed, records
-/// `NodeDown` once per outage.
+/// The failure detector (`warren::cluster::Detector`, the node's own) driven as
+/// `runtime::cluster::watch_nodes` drives it: every node tells its broker which nodes are
+/// down; the leader, from a leadership a quorum confirmed, records `NodeDown` once per
+/// outage. The simulated transport has no refused connections.
 async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
@@ -690,52 +692,38 @@ async fn detect_failures(
     down_now: Arc<Mutex<BTreeSet<NodeId>>>,
     trace: Trace,
 ) {
-    let started = now_ms();
-    let mut leading_since: Option<u64> = None;
-    let mut declared: BTreeSet<NodeId> = BTreeSet::new();
+    let mut detector = Detector::new(id, PEER_TIMEOUT_MS, now_ms());
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = now_ms();
         let state = raft.snapshot();
-        let down: BTreeSet<NodeId> = if now < started + PEER_TIMEOUT_MS {
-            BTreeSet::new()
-        } else {
-            state
-                .nodes
-                .keys()
-                .copied()
-                .filter(|p| *p != id)
-                .filter(|p| {
-                    // A node just registered counts as heard from when first seen here.
-                    let last = *lock(&seen).entry(*p).or_insert(now);
-                    now.saturating_sub(last) > PEER_TIMEOUT_MS
-                })
-                .collect()
-        };
+        // A node just registered counts as heard from when first seen here.
+        {
+            let mut seen = lock(&seen);
+            for p in state.nodes.keys() {
+                seen.entry(*p).or_insert(now);
+            }
+        }
+        let verdict = detector.handle_tick(
+            now,
+            raft.is_leader(),
+            state.nodes.keys().copied(),
+            |p| lock(&seen).get(&p).copied(),
+            |_| false,
+        );
+        let down = verdict.down;
         if *lock(&down_now) != down {
             trace.log(format!("n{id} sees down: {down:?}"));
         }
         broker.set_down_nodes(down.clone());
-        *lock(&down_now) = down.clone();
-        if !raft.is_leader() {
-            leading_since = None;
-            continue;
-        }
-        let since = *leading_since.get_or_insert(now);
-        declared.retain(|p| down.contains(p));
-        if now < since + PEER_TIMEOUT_MS {
-            continue;
-        }
-        for peer in down {
-            if declared.contains(&peer) {
-                continue;
-            }
+        *lock(&down_now) = down;
+        for peer in verdict.to_declare {
             if raft.linearizable_snapshot().await.is_err() {
                 break;
             }
             trace.log(format!("n{id} (leader) records n{peer} down"));
             if raft.propose(Command::NodeDown { id: peer }).await.is_ok() {
-                declared.insert(peer);
+                detector.handle_declared(peer);
             }
         }
     }

@@ -34,6 +34,7 @@ use super::gm_host::{GmHost, GmHostConfig};
 use super::node_link::{NodeLinkConfig, TcpTransport};
 use super::relay::Relay;
 use crate::broker::Broker;
+use crate::cluster::Detector;
 use crate::config::{ClusterConfig, Config};
 use crate::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use crate::meta::state::{Applied, Removed};
@@ -402,9 +403,9 @@ async fn follow(
     }
 }
 
-/// The failure detector: a registered node not heard from for `peer_timeout` is down.
-/// Every node tells its broker (for the replies about queues on down nodes); the leader
-/// proposes `NodeDown` once per outage.
+/// Drives the failure detector (`cluster::detector`, whose rules these are): every node
+/// tells its broker and relay which nodes are down; the leader proposes `NodeDown` once
+/// per outage.
 async fn watch_nodes(
     raft: MetaRaft,
     broker: Arc<Broker>,
@@ -412,48 +413,30 @@ async fn watch_nodes(
     peer_timeout: Duration,
     relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
 ) {
-    let me = raft.id();
-    let mut was_down: BTreeSet<NodeId> = BTreeSet::new();
+    // The detector's clock: milliseconds since this task started.
+    let base = tokio::time::Instant::now();
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(base).as_millis() as u64;
+    let mut detector = Detector::new(raft.id(), peer_timeout.as_millis() as u64, 0);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
-    // Nobody is declared down before a full timeout has passed since this node (or its
-    // leadership) began: links need that long to come up.
-    let mut watching_since = tokio::time::Instant::now();
-    let mut was_leader = false;
-    let mut declared: BTreeSet<NodeId> = BTreeSet::new();
     loop {
         tick.tick().await;
         let state = raft.snapshot();
-        let leader = raft.is_leader();
-        if leader && !was_leader {
-            watching_since = tokio::time::Instant::now();
-        }
-        was_leader = leader;
-        let settled = watching_since.elapsed() >= peer_timeout;
-        let down: BTreeSet<NodeId> = state
-            .nodes
-            .keys()
-            .copied()
-            .filter(|&id| {
-                id != me && ((settled && !transport.peer_alive(id)) || transport.peer_refused(id))
-            })
-            .collect();
-        declared.retain(|id| down.contains(id));
-        broker.set_down_nodes(down.clone());
+        let verdict = detector.handle_tick(
+            ms(tokio::time::Instant::now()),
+            raft.is_leader(),
+            state.nodes.keys().copied(),
+            |id| transport.last_seen(id).map(ms),
+            |id| transport.peer_refused(id),
+        );
+        broker.set_down_nodes(verdict.down);
         if let Some(r) = relay.get() {
-            for id in down.difference(&was_down) {
-                r.node_down(*id);
+            for id in verdict.newly_down {
+                r.node_down(id);
             }
             // A promoted mirror serves once it adopted its copy, after the metadata moved.
             r.rehome();
         }
-        was_down = down.clone();
-        if !leader {
-            continue;
-        }
-        for id in down {
-            if declared.contains(&id) {
-                continue;
-            }
+        for id in verdict.to_declare {
             // A leader cut off from the majority keeps believing it leads, and from there
             // every peer looks down: only a leadership a quorum confirms may decide (the
             // proposal would otherwise be forwarded to the real leader and commit).
@@ -465,9 +448,7 @@ async fn watch_nodes(
                 "node down: removing its transient and exclusive queues"
             );
             match raft.propose(Command::NodeDown { id }).await {
-                Ok(_) => {
-                    declared.insert(id);
-                }
+                Ok(_) => detector.handle_declared(id),
                 Err(e) => tracing::warn!(node = id, error = %e, "cannot record a node as down"),
             }
         }

@@ -29,6 +29,7 @@ pub mod broker;
 pub mod config;
 pub mod gm;
 pub mod meta;
+pub mod mgmt;
 pub mod mirror;
 pub mod runtime;
 pub mod session;

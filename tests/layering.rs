@@ -4,7 +4,7 @@
 use std::path::Path;
 
 const CORES: &[&str] = &[
-    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "time.rs",
+    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "mgmt", "time.rs",
 ];
 const FORBIDDEN: &[&str] = &[
     "tokio",

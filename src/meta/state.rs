@@ -209,6 +209,15 @@ pub struct User {
     pub tags: Vec<String>,
 }
 
+impl User {
+    /// Whether `password` is this user's password, compared in constant time: the one check
+    /// the AMQP login, the admin endpoint and the management API all make.
+    pub fn password_matches(&self, password: &str) -> bool {
+        let (a, b) = (self.password.as_bytes(), password.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
 /// A user's permissions in one vhost: regexes over resource names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Permission {

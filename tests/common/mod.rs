@@ -1047,7 +1047,7 @@ impl NodeProcess {
         std::fs::write(
             &cfg,
             format!(
-                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n",
                 dir.join("data").display()
             ),
         )

@@ -8,7 +8,9 @@ use serde_json::{json, Map, Value};
 use super::convert::{self, Kind};
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
-use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User};
+use crate::meta::state::{
+    Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, HASHING_ALGORITHM,
+};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::{Access, Permissions};
 
@@ -343,8 +345,25 @@ fn vhost_one(
 }
 
 fn user_json(u: &User) -> Value {
-    // Passwords are kept as given (see docs/management.md), so no hash is shown.
-    json!({"name": u.name, "tags": u.tags, "limits": {}})
+    json!({
+        "name": u.name,
+        "password_hash": u.password_hash(),
+        "hashing_algorithm": HASHING_ALGORITHM,
+        "tags": u.tags,
+        "limits": {},
+    })
+}
+
+/// A `password_hash` (with an optional `hashing_algorithm`) as the password to store.
+pub fn stored_hash(body: &Map<String, Value>, hash: &str) -> Result<String, Response> {
+    let algorithm = str_field(body, "hashing_algorithm")?;
+    if algorithm.as_deref().is_some_and(|a| a != HASHING_ALGORITHM) {
+        return Err(Response::bad_request(format!(
+            "hashing_algorithm: only {HASHING_ALGORITHM} is supported"
+        )));
+    }
+    User::stored_hash(hash)
+        .ok_or_else(|| Response::bad_request("password_hash is not a base64 salted SHA-256 hash"))
 }
 
 fn users(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
@@ -409,10 +428,16 @@ fn user_one(meta: &MetaState, caller: &Caller, req: &Request, name: &str) -> Han
             let password = match (str_field(&body, "password"), body.get("password_hash")) {
                 (Err(r), _) => return reply(r),
                 (Ok(Some(p)), _) => p,
+                (Ok(None), Some(Value::String(h))) if h.is_empty() => {
+                    // RabbitMQ: an empty hash means the user cannot log in with a password.
+                    User::no_password()
+                }
+                (Ok(None), Some(Value::String(h))) => match stored_hash(&body, h) {
+                    Ok(p) => p,
+                    Err(r) => return reply(r),
+                },
                 (Ok(None), Some(_)) => {
-                    return reply(Response::bad_request(
-                        "password_hash is not supported: Warren keeps passwords as given; send password",
-                    ))
+                    return reply(Response::bad_request("password_hash must be a string"))
                 }
                 (Ok(None), None) => match existing {
                     Some(u) => u.password.clone(),

@@ -233,7 +233,11 @@ fn users_put_get_delete() {
     assert_eq!(r.status, 201);
     assert_eq!(
         get(&b, "admin", "/api/users/alice").body,
-        Some(json!({"name": "alice", "tags": ["monitoring", "management"], "limits": {}}))
+        Some(
+            json!({"name": "alice", "tags": ["monitoring", "management"], "limits": {},
+                    "password_hash": get(&b, "admin", "/api/users/alice").body.unwrap()["password_hash"],
+                    "hashing_algorithm": "rabbit_password_hashing_sha256"})
+        )
     );
     // alice can now log in with the new password.
     assert_eq!(

@@ -15,8 +15,10 @@
 //!
 //! - [`resources`]: one function per endpoint.
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
+//! - [`definitions`]: RabbitMQ's definitions export and import.
 
 pub mod convert;
+pub mod definitions;
 pub mod resources;
 
 use base64::Engine;

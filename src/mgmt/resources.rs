@@ -143,6 +143,14 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["definitions"] => {
+            return match m {
+                _ if !caller.tags.administrator => reply(not_administrator()),
+                Method::Get => reply(Response::ok(super::definitions::export(meta))),
+                Method::Post => super::definitions::import(ctx, req),
+                _ => method_not_allowed(),
+            }
+        }
         _ => Response::not_found(),
     };
     reply(r)

@@ -608,3 +608,133 @@ fn overview_and_nodes() {
         405
     );
 }
+
+#[test]
+fn definitions_export_and_import_round_trip() {
+    let b = broker();
+    call(&b, "admin", Method::Put, "/api/vhosts/v", "");
+    let all = r#"{"configure":".*","write":".*","read":".*"}"#;
+    assert_eq!(
+        call(&b, "admin", Method::Put, "/api/permissions/v/admin", all).status,
+        201
+    );
+    call(
+        &b,
+        "admin",
+        Method::Put,
+        "/api/queues/v/q",
+        r#"{"arguments":{"x-max-length":3}}"#,
+    );
+    call(
+        &b,
+        "admin",
+        Method::Put,
+        "/api/exchanges/v/x",
+        r#"{"type":"topic"}"#,
+    );
+    call(
+        &b,
+        "admin",
+        Method::Post,
+        "/api/bindings/v/e/x/q/q",
+        r#"{"routing_key":"a.#"}"#,
+    );
+    let pol = r#"{"pattern":"^q","definition":{"max-length":10}}"#;
+    call(&b, "admin", Method::Put, "/api/policies/v/cap", pol);
+    let r = get(&b, "admin", "/api/definitions");
+    assert_eq!(r.status, 200);
+    let d = r.body.unwrap();
+    assert_eq!(d["rabbit_version"], "3.10.8");
+    assert_eq!(
+        d["queues"],
+        json!([{"name": "q", "vhost": "v", "durable": true,
+        "auto_delete": false, "arguments": {"x-max-length": 3}}])
+    );
+    assert_eq!(
+        d["exchanges"],
+        json!([{"name": "x", "vhost": "v", "type": "topic",
+        "durable": true, "auto_delete": false, "internal": false, "arguments": {}}])
+    );
+    assert_eq!(
+        d["bindings"],
+        json!([{"source": "x", "vhost": "v", "destination": "q",
+        "destination_type": "queue", "routing_key": "a.#", "arguments": {}}])
+    );
+    assert_eq!(d["policies"][0]["apply-to"], "all");
+    // Imported into an empty broker, the export recreates everything, users' passwords too.
+    let fresh = Broker::new(&Config::default(), 1, 1 << 30, 0);
+    let counts = RemoteCountsByVhost::new();
+    let ctx = Context {
+        broker: &fresh,
+        node: &node(),
+        loopback_users: &[],
+        remote_counts: &counts,
+    };
+    let req = Request::new(
+        Method::Post,
+        "/api/definitions",
+        Some(basic_auth("guest", "guest")),
+    )
+    .with_body(d.to_string().as_bytes());
+    let r = handle(&ctx, &req, Instant::from_millis(0));
+    assert_eq!(r.status, 204, "{}", r.body_text());
+    assert_eq!(get(&fresh, "mon", "/api/whoami").status, 200);
+    let again = get(&fresh, "admin", "/api/definitions").body.unwrap();
+    for k in [
+        "users",
+        "vhosts",
+        "permissions",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ] {
+        assert_eq!(again[k], d[k], "{k}");
+    }
+    // Refusals: a bad body, a bad definition, a non-administrator.
+    assert_eq!(
+        call(&b, "admin", Method::Post, "/api/definitions", "[").status,
+        400
+    );
+    let bad = r#"{"queues":[{"name":"q","vhost":"v","durable":"yes"}]}"#;
+    assert_eq!(
+        call(&b, "admin", Method::Post, "/api/definitions", bad).status,
+        400
+    );
+    assert_eq!(get(&b, "mon", "/api/definitions").status, 401);
+}
+
+#[test]
+fn a_rabbitmq_3_10_export_imports() {
+    // The shape RabbitMQ 3.10.8 exports (tags as a list, vhost metadata, extra members).
+    let export = r#"{"rabbit_version":"3.10.8","rabbitmq_version":"3.10.8",
+      "product_name":"RabbitMQ","product_version":"3.10.8",
+      "users":[{"name":"ops","password_hash":"kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+                "hashing_algorithm":"rabbit_password_hashing_sha256","tags":["administrator"],"limits":{}}],
+      "vhosts":[{"name":"/","limits":[],"metadata":{"description":"Default virtual host","tags":[]}},
+                {"name":"app","limits":[],"metadata":{"description":"","tags":[]}}],
+      "permissions":[{"user":"ops","vhost":"app","configure":".*","write":".*","read":".*"}],
+      "topic_permissions":[],"parameters":[],"global_parameters":[{"name":"internal_cluster_id","value":"rabbitmq-cluster-id-x"}],
+      "policies":[{"vhost":"app","name":"ha","pattern":"^ha\\.","apply-to":"queues","definition":{"ha-mode":"all"},"priority":0}],
+      "queues":[{"name":"ha.orders","vhost":"app","durable":true,"auto_delete":false,"arguments":{"x-queue-type":"classic"}}],
+      "exchanges":[{"name":"events","vhost":"app","type":"topic","durable":true,"auto_delete":false,"internal":false,"arguments":{}}],
+      "bindings":[{"source":"events","vhost":"app","destination":"ha.orders","destination_type":"queue","routing_key":"order.*","arguments":{}}]}"#;
+    let b = broker();
+    let r = call(&b, "admin", Method::Post, "/api/definitions", export);
+    assert_eq!(r.status, 204, "{}", r.body_text());
+    let q = get(&b, "admin", "/api/queues/app/ha.orders").body.unwrap();
+    assert_eq!(q["policy"], "ha");
+    assert_eq!(
+        get(&b, "admin", "/api/bindings/app/e/events/q/ha.orders")
+            .body
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/users/ops").body.unwrap()["password_hash"],
+        "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR"
+    );
+}

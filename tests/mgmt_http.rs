@@ -332,3 +332,97 @@ async fn an_empty_listen_turns_the_listener_off() {
     assert_eq!(node.mgmt_addr(), None);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_export_and_import_over_http() {
+    let (node, api) = start().await;
+    let x = r#"{"type":"topic","durable":true}"#;
+    assert_eq!(
+        api.call("PUT", "/api/exchanges/%2F/dx", Some(x)).await.0,
+        201
+    );
+    assert_eq!(
+        api.call("PUT", "/api/queues/%2F/dq", Some("{}")).await.0,
+        201
+    );
+    let bind = r#"{"routing_key":"a.*"}"#;
+    assert_eq!(
+        api.call("POST", "/api/bindings/%2F/e/dx/q/dq", Some(bind))
+            .await
+            .0,
+        201
+    );
+    let (s, defs) = api.call("GET", "/api/definitions", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(defs["queues"][0]["name"], "dq");
+    assert_eq!(
+        api.call_as(("mon", "pw"), "GET", "/api/definitions", None)
+            .await
+            .0,
+        401
+    );
+    // Deleted, then imported back from the export.
+    assert_eq!(api.call("DELETE", "/api/queues/%2F/dq", None).await.0, 204);
+    assert_eq!(
+        api.call("DELETE", "/api/exchanges/%2F/dx", None).await.0,
+        204
+    );
+    let text = defs.to_string();
+    assert_eq!(
+        api.call("POST", "/api/definitions", Some(&text)).await.0,
+        204
+    );
+    let (_, b) = api.call("GET", "/api/bindings/%2F/e/dx/q/dq", None).await;
+    assert_eq!(b[0]["routing_key"], "a.*");
+    assert_eq!(
+        api.call("POST", "/api/definitions", Some("{]")).await.0,
+        400
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
+    use common::procs;
+    let cluster = procs::Cluster::start("mgmt").await;
+    let api = |id: u64| Api {
+        base: format!("http://{}:15672", cluster.node(id).ip),
+    };
+    // A queue on node 1 with messages in it, published over AMQP on node 1.
+    let conn = procs::connect(&cluster.node(1).amqp_uri()).await;
+    let ch = procs::channel(&conn).await;
+    procs::declare(&ch, "on1", true, procs::locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    for _ in 0..3 {
+        assert!(procs::publish_acked(&ch, "", "on1", b"m").await);
+    }
+    // Node 3 lists it with node 1's live counts.
+    let (s, q) = api(3).call("GET", "/api/queues/%2F/on1", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(q["node"], "warren1@test");
+    assert_eq!(q["messages"], 3);
+    // Every node sees the three nodes running.
+    let (s, nodes) = api(2).call("GET", "/api/nodes", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(nodes.as_array().unwrap().len(), 3, "{nodes}");
+    assert!(nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|n| n["running"] == true));
+    // A change made through node 2 is committed through Raft and seen on node 3.
+    assert_eq!(api(2).call("PUT", "/api/vhosts/shared", None).await.0, 201);
+    // (Node 3 applies the Raft entry a moment after the leader answers node 2.)
+    let api3 = api(3);
+    eventually("node 3 sees the vhost", || async {
+        api3.call("GET", "/api/vhosts/shared", None).await.0 == 200
+    })
+    .await;
+}

@@ -275,7 +275,7 @@ pub fn authenticate(
         return Err(Response::not_authorised("Login failed")
             .with_header("www-authenticate", format!("Basic realm=\"{REALM}\"")));
     };
-    if !req.peer_loopback && loopback_users.iter().any(|u| *u == name) {
+    if !req.peer_loopback && loopback_users.contains(&name) {
         return Err(Response::not_authorised(
             "User can only log in via localhost",
         ));

@@ -735,30 +735,27 @@ fn queue_change(
             Response::empty(204),
         );
     }
-    let body = match body_object(req) {
-        Ok(b) => b,
-        Err(r) => return reply(r),
-    };
-    let def = (|| {
-        Ok::<_, Response>(QueueDef {
-            vhost: vhost.to_string(),
-            name: name.to_string(),
-            durable: bool_field(&body, "durable", true)?,
-            exclusive_owner: None,
-            auto_delete: bool_field(&body, "auto_delete", false)?,
-            arguments: convert::arguments(&body).map_err(Response::bad_request)?,
-            // Placed by the node's MetaCommit (`queue-master-locator`), as for a client.
-            home: 0,
-        })
-    })();
-    match def {
-        Ok(d) if name.is_empty() => {
-            let _ = d;
-            reply(Response::bad_request("a queue needs a name"))
-        }
+    if name.is_empty() {
+        return reply(Response::bad_request("a queue needs a name"));
+    }
+    match queue_def(req, vhost, name) {
         Ok(d) => commit(vec![Command::DeclareQueue(d)], put_status(existed)),
         Err(r) => reply(r),
     }
+}
+
+fn queue_def(req: &Request, vhost: &str, name: &str) -> Result<QueueDef, Response> {
+    let body = body_object(req)?;
+    Ok(QueueDef {
+        vhost: vhost.to_string(),
+        name: name.to_string(),
+        durable: bool_field(&body, "durable", true)?,
+        exclusive_owner: None,
+        auto_delete: bool_field(&body, "auto_delete", false)?,
+        arguments: convert::arguments(&body).map_err(Response::bad_request)?,
+        // Placed by the node's MetaCommit (`queue-master-locator`), as for a client.
+        home: 0,
+    })
 }
 
 const BINDING_FIELDS: &[(&str, &str, Kind)] = &[

@@ -53,6 +53,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// `[admin]`: the endpoint `warrenctl` talks to.
     pub admin: AdminConfig,
+    /// `[management]`: RabbitMQ's management HTTP API.
+    pub management: ManagementConfig,
     /// `[[vhosts]]`.
     pub vhosts: Vec<VhostConfig>,
     /// `[[users]]`.
@@ -181,6 +183,34 @@ impl Default for AdminConfig {
     }
 }
 
+/// `[management]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagementConfig {
+    /// Address of the management HTTP API (RabbitMQ's `management.tcp.port`); `""` turns
+    /// it off.
+    pub listen: String,
+}
+
+impl Default for ManagementConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:15672".into(),
+        }
+    }
+}
+
+impl ManagementConfig {
+    /// The address to bind, or none when the listener is off (validated at load).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        if self.listen.is_empty() {
+            None
+        } else {
+            self.listen.parse().ok()
+        }
+    }
+}
+
 /// `[storage]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -299,6 +329,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             storage: StorageConfig::default(),
             admin: AdminConfig::default(),
+            management: ManagementConfig::default(),
             vhosts: vec![VhostConfig { name: "/".into() }],
             users: vec![UserConfig {
                 name: "guest".into(),
@@ -347,6 +378,7 @@ impl Config {
         let mut config = Config::default();
         config.amqp.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.management.listen = "127.0.0.1:0".into();
         config.node.data_dir = data_dir.to_path_buf();
         config.limits.memory_high_watermark_bytes = 1 << 30;
         config
@@ -358,6 +390,17 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "amqp.frame_max_bytes",
                 reason: "must be 0 (no limit) or at least 4096".into(),
+            });
+        }
+        if !self.management.listen.is_empty()
+            && self.management.listen.parse::<SocketAddr>().is_err()
+        {
+            return Err(ConfigError::Invalid {
+                key: "management.listen",
+                reason: format!(
+                    "`{}` is not an address (host:port), nor \"\" (off)",
+                    self.management.listen
+                ),
             });
         }
         if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
@@ -453,6 +496,17 @@ mod tests {
         assert_eq!(c.amqp.channel_max, d.amqp.channel_max);
         assert_eq!(c.node.data_dir, d.node.data_dir);
         assert_eq!(c.users.len(), 1);
+        assert_eq!(c.management.listen, d.management.listen);
+    }
+
+    #[test]
+    fn management_listen_is_an_address_or_empty() {
+        let off = Config::parse("[management]\nlisten = \"\"\n", "t").expect("off");
+        assert_eq!(off.management.listen_addr(), None);
+        let on = Config::parse("[management]\nlisten = \"127.0.0.1:0\"\n", "t").expect("on");
+        assert!(on.management.listen_addr().is_some());
+        let err = Config::parse("[management]\nlisten = \"nowhere\"\n", "t").unwrap_err();
+        assert!(err.to_string().contains("management.listen"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 const CORES: &[&str] = &[
-    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "cluster", "time.rs",
+    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "cluster", "mgmt", "time.rs",
 ];
 const FORBIDDEN: &[&str] = &[
     "tokio",

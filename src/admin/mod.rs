@@ -306,20 +306,12 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
         .deserialize(body)?)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Checks credentials: the password must match and the user carry the `administrator` tag.
 /// The refusal text does not say which of the two failed.
 pub fn authenticate(broker: &Broker, auth: &Auth) -> Response {
     let meta = broker.snapshot();
     let ok = meta.users.get(&auth.user).is_some_and(|u| {
-        constant_time_eq(u.password.as_bytes(), auth.password.as_bytes())
-            && u.tags.iter().any(|t| t == ADMIN_TAG)
+        u.password_matches(&auth.password) && u.tags.iter().any(|t| t == ADMIN_TAG)
     });
     if ok {
         Response::done(format!("authenticated as '{}'", auth.user))

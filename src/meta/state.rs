@@ -209,6 +209,75 @@ pub struct User {
     pub tags: Vec<String>,
 }
 
+/// How a stored password that is a RabbitMQ `rabbit_password_hashing_sha256` hash begins
+/// (a NUL no configured or typed password contains, then the algorithm's name); after it
+/// comes the hash in base64: a 4-byte salt, then SHA-256(salt ‖ password).
+const HASH_PREFIX: &str = "\u{0}rabbit_password_hashing_sha256:";
+
+/// The name RabbitMQ gives the hashing algorithm Warren understands.
+pub const HASHING_ALGORITHM: &str = "rabbit_password_hashing_sha256";
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn salted_sha256(salt: &[u8], password: &str) -> Vec<u8> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(salt);
+    h.update(password.as_bytes());
+    h.finalize().to_vec()
+}
+
+impl User {
+    /// Whether `password` is this user's password, compared in constant time: the one check
+    /// the AMQP login, the admin endpoint and the management API all make. The stored
+    /// password is the password itself, or a RabbitMQ SHA-256 hash ([`User::stored_hash`]).
+    pub fn password_matches(&self, password: &str) -> bool {
+        use base64::Engine;
+        match self.password.strip_prefix(HASH_PREFIX) {
+            None => constant_time_eq(self.password.as_bytes(), password.as_bytes()),
+            Some(b64) => match base64::engine::general_purpose::STANDARD.decode(b64) {
+                Ok(raw) if raw.len() == 36 => {
+                    constant_time_eq(&raw[4..], &salted_sha256(&raw[..4], password))
+                }
+                _ => false,
+            },
+        }
+    }
+
+    /// What to store as the password of a user given by its RabbitMQ `password_hash`
+    /// (`rabbit_password_hashing_sha256`: base64 of a 4-byte salt and a SHA-256 digest);
+    /// none when it is not such a hash.
+    pub fn stored_hash(password_hash: &str) -> Option<String> {
+        use base64::Engine;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(password_hash)
+            .ok()?;
+        (raw.len() == 36).then(|| format!("{HASH_PREFIX}{password_hash}"))
+    }
+
+    /// What to store for a user that cannot log in with a password (RabbitMQ's empty
+    /// `password_hash`): a hash of no bytes, which no password matches.
+    pub fn no_password() -> String {
+        HASH_PREFIX.to_string()
+    }
+
+    /// The user's password as a RabbitMQ `password_hash` (for exports). A password kept as
+    /// given is hashed with a salt derived from the user's name and password, so the same
+    /// user exports the same hash every time.
+    pub fn password_hash(&self) -> String {
+        use base64::Engine;
+        if let Some(b64) = self.password.strip_prefix(HASH_PREFIX) {
+            return b64.to_string();
+        }
+        let salt = salted_sha256(self.name.as_bytes(), &self.password)[..4].to_vec();
+        let mut raw = salt.clone();
+        raw.extend(salted_sha256(&salt, &self.password));
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    }
+}
+
 /// A user's permissions in one vhost: regexes over resource names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Permission {
@@ -1524,5 +1593,32 @@ mod tests {
         .unwrap();
         s.apply(&Command::NodeDown { id: 1 }).unwrap();
         assert_eq!(flags(&s), [(2, true), (3, true)]);
+    }
+
+    #[test]
+    fn a_rabbitmq_password_hash_checks_like_the_password() {
+        let plain = User {
+            name: "alice".into(),
+            password: "s3cret".into(),
+            tags: vec![],
+        };
+        let hash = plain.password_hash();
+        assert_eq!(hash, plain.password_hash(), "the export is stable");
+        let hashed = User {
+            password: User::stored_hash(&hash).expect("a valid hash"),
+            ..plain.clone()
+        };
+        assert!(hashed.password_matches("s3cret"));
+        assert!(!hashed.password_matches("s3cres"));
+        assert!(!hashed.password_matches(&hashed.password));
+        assert_eq!(hashed.password_hash(), hash);
+        assert_eq!(User::stored_hash("not base64!"), None);
+        assert_eq!(User::stored_hash("c2hvcnQ="), None);
+        let none = User {
+            password: User::no_password(),
+            ..plain
+        };
+        assert!(!none.password_matches("") && !none.password_matches(&User::no_password()));
+        assert_eq!(none.password_hash(), "");
     }
 }

@@ -150,7 +150,7 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
 
 /// The counts of `vhost`'s queues that other nodes run, asked of those nodes at once (a
 /// node that does not answer leaves its queues out: they list as 0).
-async fn remote_counts(broker: &Broker, vhost: &str) -> admin::RemoteCounts {
+pub(crate) async fn remote_counts(broker: &Broker, vhost: &str) -> admin::RemoteCounts {
     let snapshot = broker.snapshot();
     let Some(v) = snapshot.vhost(vhost) else {
         return admin::RemoteCounts::new();

@@ -51,6 +51,7 @@ pub enum NodeError {
 pub struct Node {
     addr: SocketAddr,
     admin_addr: SocketAddr,
+    mgmt_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     tracker: TaskTracker,
@@ -182,6 +183,21 @@ impl Node {
                 addr: config.admin.listen,
                 source,
             })?;
+        let mgmt_listener = match config.management.listen_addr() {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| NodeError::Bind { addr: a, source })?,
+            ),
+            None => None,
+        };
+        let mgmt_addr = match &mgmt_listener {
+            Some(l) => Some(l.local_addr().map_err(|source| NodeError::Bind {
+                addr: admin_addr,
+                source,
+            })?),
+            None => None,
+        };
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
         let mut tasks = Vec::new();
@@ -229,6 +245,22 @@ impl Node {
             tracker.clone(),
             shutdown_rx.clone(),
         )));
+        if let (Some(listener), Some(addr)) = (mgmt_listener, mgmt_addr) {
+            tracing::info!(%addr, "management API listening");
+            tasks.push(tokio::spawn(super::mgmt::serve(
+                listener,
+                super::mgmt::MgmtContext {
+                    broker: broker.clone(),
+                    node: crate::admin::NodeInfo {
+                        name: config.node.name.clone(),
+                    },
+                    clock,
+                    meta: meta.clone(),
+                    loopback_users: Arc::new(config.amqp.loopback_users.clone()),
+                },
+                shutdown_rx.clone(),
+            )));
+        }
         let mut cluster = cluster;
         if let (Some(c), Some(record)) = (&mut cluster, record) {
             let id = record.id;
@@ -401,6 +433,7 @@ impl Node {
         Ok(Node {
             addr,
             admin_addr,
+            mgmt_addr,
             broker,
             shutdown: shutdown_tx,
             tracker,
@@ -420,6 +453,11 @@ impl Node {
     /// The admin listener's address (`warrenctl --node`).
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// The management HTTP API's address, when it is on.
+    pub fn mgmt_addr(&self) -> Option<SocketAddr> {
+        self.mgmt_addr
     }
 
     /// The broker (for inspection in tests and admin tools).

@@ -118,13 +118,6 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Authenticates start-ok and sends tune.
 pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpError> {
     if let Some(AMQPValue::FieldTable(caps)) = s.client_properties.inner().get("capabilities") {
@@ -138,7 +131,7 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
     let ok = snapshot
         .users
         .get(&user)
-        .is_some_and(|u| constant_time_eq(u.password.as_bytes(), password.as_bytes()));
+        .is_some_and(|u| u.password_matches(&password));
     if !ok {
         tracing::warn!(conn = c.id, user = %user, "authentication failed");
         return Err(access_refused(format!(

@@ -168,6 +168,15 @@ impl TestNode {
         self.node.as_ref().expect("node running").admin_addr()
     }
 
+    /// The node's management HTTP API (`http://ADDR/api/...`).
+    pub fn mgmt_addr(&self) -> SocketAddr {
+        self.node
+            .as_ref()
+            .expect("node running")
+            .mgmt_addr()
+            .expect("management listener on")
+    }
+
     /// The node's data folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
@@ -1047,7 +1056,7 @@ impl NodeProcess {
         std::fs::write(
             &cfg,
             format!(
-                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n",
                 dir.join("data").display()
             ),
         )

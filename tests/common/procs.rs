@@ -184,6 +184,9 @@ listen = "{ip}:5672"
 [admin]
 listen = "{ip}:5679"
 
+[management]
+listen = "{ip}:15672"
+
 [limits]
 memory_high_watermark_bytes = 1073741824
 

@@ -1,0 +1,1053 @@
+//! The endpoints: one function per resource, each checking the caller's tags and vhost
+//! access as RabbitMQ 3.10 does. Listings go through the admin protocol's handler
+//! ([`crate::admin::plan_with_counts`]); simple changes too (vhosts, permissions, policies),
+//! so their checks are `warrenctl`'s.
+
+use serde_json::{json, Map, Value};
+
+use super::convert::{self, Kind};
+use super::{Caller, Context, Handled, Method, Request, Response};
+use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
+use crate::meta::state::{
+    Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, HASHING_ALGORITHM,
+};
+use crate::meta::{Command, MetaState};
+use crate::session::permissions::{Access, Permissions};
+
+fn reply(r: Response) -> Handled {
+    Handled::Reply(r)
+}
+
+fn commit(commands: Vec<Command>, ok: Response) -> Handled {
+    Handled::Commit { commands, ok }
+}
+
+/// 201 when the PUT creates, 204 when it updates (RabbitMQ's codes).
+fn put_status(existed: bool) -> Response {
+    Response::empty(if existed { 204 } else { 201 })
+}
+
+fn method_not_allowed() -> Handled {
+    reply(Response::empty(405))
+}
+
+/// Asks the admin handler for a listing; a refusal (an unknown vhost) is a 404.
+fn admin_table(ctx: &Context<'_>, request: &AdminRequest) -> Result<AdminResponse, Response> {
+    let vhost = match request {
+        AdminRequest::ListQueues { vhost, .. } => vhost.clone(),
+        _ => String::new(),
+    };
+    let empty = admin::RemoteCounts::new();
+    let counts = ctx.remote_counts.get(&vhost).unwrap_or(&empty);
+    match admin::plan_with_counts(ctx.broker, ctx.node, request, counts) {
+        admin::Handled::Reply(r) if r.ok => Ok(r),
+        _ => Err(Response::not_found()),
+    }
+}
+
+/// An admin change: committed as the admin handler plans it; its refusal is a 400.
+fn admin_change(ctx: &Context<'_>, request: &AdminRequest, ok: Response) -> Handled {
+    match admin::plan(ctx.broker, ctx.node, request) {
+        admin::Handled::Commit { command, .. } => commit(vec![command], ok),
+        admin::Handled::Reply(r) => reply(Response::bad_request(r.message)),
+    }
+}
+
+fn body_object(req: &Request) -> Result<Map<String, Value>, Response> {
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(&req.body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(Response::bad_request("the body must be a JSON object")),
+        Err(e) => Err(Response::bad_request(format!("invalid JSON: {e}"))),
+    }
+}
+
+fn bool_field(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Response> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s == "true" || s == "false" => Ok(s == "true"),
+        Some(_) => Err(Response::bad_request(format!("{key} must be a boolean"))),
+    }
+}
+
+fn str_field(body: &Map<String, Value>, key: &str) -> Result<Option<String>, Response> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Response::bad_request(format!("{key} must be a string"))),
+    }
+}
+
+/// Routes `segments` (the decoded path after `/api/`).
+pub fn route(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    segments: &[&str],
+) -> Handled {
+    let m = req.method;
+    let r = match segments {
+        ["overview"] => only_get(m, || overview(ctx, meta, caller)),
+        ["whoami"] => only_get(m, || whoami(caller)),
+        ["nodes"] => only_get(m, || nodes(ctx, meta, caller, None)),
+        ["nodes", name] => only_get(m, || nodes(ctx, meta, caller, Some(name))),
+        ["vhosts"] => only_get(m, || vhosts(meta, caller, None)),
+        ["vhosts", vhost] => return vhost_one(ctx, meta, caller, m, vhost),
+        ["users"] => only_get(m, || users(meta, caller, None)),
+        ["users", name] => return user_one(meta, caller, req, name),
+        ["permissions"] => only_get(m, || permissions(ctx, meta, caller, None)),
+        ["permissions", vhost, user] => return permission_one(ctx, meta, caller, req, vhost, user),
+        ["exchanges"] => only_get(m, || exchanges(ctx, meta, caller, None, None)),
+        ["exchanges", vhost] => only_get(m, || exchanges(ctx, meta, caller, Some(vhost), None)),
+        ["exchanges", vhost, name] => {
+            let name = if *name == "amq.default" { "" } else { name };
+            return match m {
+                Method::Get => reply(exchanges(ctx, meta, caller, Some(vhost), Some(name))),
+                Method::Put | Method::Delete => exchange_change(meta, caller, req, vhost, name),
+                _ => method_not_allowed(),
+            };
+        }
+        ["queues"] => only_get(m, || queues(ctx, meta, caller, None, None)),
+        ["queues", vhost] => only_get(m, || queues(ctx, meta, caller, Some(vhost), None)),
+        ["queues", vhost, name] => {
+            return match m {
+                Method::Get => reply(queues(ctx, meta, caller, Some(vhost), Some(name))),
+                Method::Put | Method::Delete => queue_change(meta, caller, req, vhost, name),
+                _ => method_not_allowed(),
+            }
+        }
+        ["bindings"] => only_get(m, || bindings(ctx, meta, caller, None, None)),
+        ["bindings", vhost] => only_get(m, || bindings(ctx, meta, caller, Some(vhost), None)),
+        ["bindings", vhost, "e", src, "q", dst] => {
+            let src = if *src == "amq.default" { "" } else { src };
+            return match m {
+                Method::Get => reply(bindings(ctx, meta, caller, Some(vhost), Some((src, dst)))),
+                Method::Post => binding_add(meta, caller, req, vhost, src, dst),
+                _ => method_not_allowed(),
+            };
+        }
+        ["bindings", vhost, "e", src, "q", dst, props] => {
+            let src = if *src == "amq.default" { "" } else { src };
+            return binding_one(meta, caller, m, vhost, src, dst, props);
+        }
+        ["policies"] => only_get(m, || policies(ctx, meta, caller, None, None)),
+        ["policies", vhost] => only_get(m, || policies(ctx, meta, caller, Some(vhost), None)),
+        ["policies", vhost, name] => {
+            return match m {
+                Method::Get => reply(policies(ctx, meta, caller, Some(vhost), Some(name))),
+                Method::Put | Method::Delete => policy_change(ctx, meta, caller, req, vhost, name),
+                _ => method_not_allowed(),
+            }
+        }
+        ["definitions"] => {
+            return match m {
+                _ if !caller.tags.administrator => reply(not_administrator()),
+                Method::Get => reply(Response::ok(super::definitions::export(meta))),
+                Method::Post => super::definitions::import(ctx, req),
+                _ => method_not_allowed(),
+            }
+        }
+        _ => Response::not_found(),
+    };
+    reply(r)
+}
+
+fn only_get(m: Method, f: impl FnOnce() -> Response) -> Response {
+    if m == Method::Get {
+        f()
+    } else {
+        Response::empty(405)
+    }
+}
+
+fn not_administrator() -> Response {
+    Response::not_authorised("Not administrator user")
+}
+
+fn vhost_refused() -> Response {
+    Response::not_authorised("User not authorised to access virtual host")
+}
+
+/// The vhosts a listing covers: `one` (404 when missing, 401 when not visible), or every
+/// vhost the caller sees.
+fn listed_vhosts(
+    meta: &MetaState,
+    caller: &Caller,
+    one: Option<&str>,
+) -> Result<Vec<String>, Response> {
+    match one {
+        Some(v) if meta.vhost(v).is_none() => Err(Response::not_found()),
+        Some(v) if !caller.sees_vhost(meta, v) => Err(vhost_refused()),
+        Some(v) => Ok(vec![v.to_string()]),
+        None => Ok(meta
+            .vhosts
+            .keys()
+            .filter(|v| caller.sees_vhost(meta, v))
+            .cloned()
+            .collect()),
+    }
+}
+
+/// A change in `vhost` needs the vhost (404) and access to it (401).
+fn writable_vhost(meta: &MetaState, caller: &Caller, vhost: &str) -> Result<(), Response> {
+    if meta.vhost(vhost).is_none() {
+        return Err(Response::not_found());
+    }
+    if !caller.can_access(meta, vhost) {
+        return Err(vhost_refused());
+    }
+    Ok(())
+}
+
+fn check_permission(
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: &str,
+    access: Access,
+    kind: &str,
+    name: &str,
+) -> Result<(), Response> {
+    let p = meta
+        .permissions
+        .get(&(caller.user.name.clone(), vhost.to_string()));
+    Permissions::new(&caller.user.name, vhost, p)
+        .check(access, kind, name)
+        .map_err(|e| Response::not_authorised(e.text))
+}
+
+fn one_or_list(items: Vec<Value>, single: bool) -> Response {
+    if single {
+        match items.into_iter().next() {
+            Some(v) => Response::ok(v),
+            None => Response::not_found(),
+        }
+    } else {
+        Response::ok(Value::Array(items))
+    }
+}
+
+fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
+    let vhosts: Vec<String> = match listed_vhosts(meta, caller, None) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
+    for v in &vhosts {
+        let Ok(t) = admin_table(
+            ctx,
+            &AdminRequest::ListQueues {
+                vhost: v.clone(),
+                columns: convert::columns(&[
+                    ("messages_ready", "", Kind::Int),
+                    ("messages_unacknowledged", "", Kind::Int),
+                    ("consumers", "", Kind::Int),
+                ]),
+            },
+        ) else {
+            continue;
+        };
+        for row in &t.rows {
+            queues += 1;
+            let n = |i: usize| row[i].parse::<u64>().unwrap_or(0);
+            ready += n(0);
+            unacked += n(1);
+            consumers += n(2);
+        }
+        exchanges += meta.vhost(v).map_or(0, |x| x.exchanges.len() as u64);
+    }
+    let conns = ctx.broker.sessions().connections();
+    let channels: usize = conns.iter().map(|c| c.channels.len()).sum();
+    Response::ok(json!({
+        "management_version": env!("CARGO_PKG_VERSION"),
+        "rabbitmq_version": "3.10.8",
+        "product_name": "Warren",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "cluster_name": ctx.node.name,
+        "node": ctx.node.name,
+        "object_totals": {
+            "connections": conns.len(),
+            "channels": channels,
+            "exchanges": exchanges,
+            "queues": queues,
+            "consumers": consumers,
+        },
+        "queue_totals": {
+            "messages": ready + unacked,
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+        },
+    }))
+}
+
+fn whoami(caller: &Caller) -> Response {
+    Response::ok(json!({"name": caller.user.name, "tags": caller.user.tags}))
+}
+
+fn nodes(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
+    if !caller.tags.monitoring {
+        return Response::not_authorised("Not monitor user");
+    }
+    let mut list: Vec<Value> = meta
+        .nodes
+        .values()
+        .map(|n| {
+            let running = n.id == ctx.broker.node_id() || !ctx.broker.node_is_down(n.id);
+            json!({"name": n.name, "type": "disc", "running": running})
+        })
+        .collect();
+    if list.is_empty() {
+        list.push(json!({"name": ctx.node.name, "type": "disc", "running": true}));
+    }
+    match one {
+        None => Response::ok(Value::Array(list)),
+        Some(name) => one_or_list(
+            list.into_iter().filter(|n| n["name"] == *name).collect(),
+            true,
+        ),
+    }
+}
+
+fn vhost_json(name: &str) -> Value {
+    json!({"name": name, "description": "", "tags": [], "tracing": false})
+}
+
+fn vhosts(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
+    let names = match listed_vhosts(meta, caller, one) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    one_or_list(names.iter().map(|n| vhost_json(n)).collect(), one.is_some())
+}
+
+fn vhost_one(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    m: Method,
+    vhost: &str,
+) -> Handled {
+    match m {
+        Method::Get => reply(vhosts(meta, caller, Some(vhost))),
+        Method::Put | Method::Delete if !caller.tags.administrator => reply(not_administrator()),
+        Method::Put => {
+            let existed = meta.vhost(vhost).is_some();
+            let request = AdminRequest::AddVhost {
+                name: vhost.to_string(),
+            };
+            admin_change(ctx, &request, put_status(existed))
+        }
+        Method::Delete if meta.vhost(vhost).is_none() => reply(Response::not_found()),
+        Method::Delete => admin_change(
+            ctx,
+            &AdminRequest::DeleteVhost {
+                name: vhost.to_string(),
+            },
+            Response::empty(204),
+        ),
+        _ => method_not_allowed(),
+    }
+}
+
+fn user_json(u: &User) -> Value {
+    json!({
+        "name": u.name,
+        "password_hash": u.password_hash(),
+        "hashing_algorithm": HASHING_ALGORITHM,
+        "tags": u.tags,
+        "limits": {},
+    })
+}
+
+/// A `password_hash` (with an optional `hashing_algorithm`) as the password to store.
+pub fn stored_hash(body: &Map<String, Value>, hash: &str) -> Result<String, Response> {
+    let algorithm = str_field(body, "hashing_algorithm")?;
+    if algorithm.as_deref().is_some_and(|a| a != HASHING_ALGORITHM) {
+        return Err(Response::bad_request(format!(
+            "hashing_algorithm: only {HASHING_ALGORITHM} is supported"
+        )));
+    }
+    User::stored_hash(hash)
+        .ok_or_else(|| Response::bad_request("password_hash is not a base64 salted SHA-256 hash"))
+}
+
+fn users(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
+    if !caller.tags.administrator {
+        return not_administrator();
+    }
+    let list = meta
+        .users
+        .values()
+        .filter(|u| one.is_none_or(|n| u.name == n))
+        .map(user_json)
+        .collect();
+    one_or_list(list, one.is_some())
+}
+
+/// `tags` as RabbitMQ takes it: a comma-separated string or a list.
+fn parse_tags(body: &Map<String, Value>) -> Result<Option<Vec<String>>, Response> {
+    match body.get("tags") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(
+            s.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from)
+                .collect(),
+        )),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|t| t.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or_else(|| Response::bad_request("tags must be strings")),
+        Some(_) => Err(Response::bad_request("tags must be a string or a list")),
+    }
+}
+
+fn user_one(meta: &MetaState, caller: &Caller, req: &Request, name: &str) -> Handled {
+    if !caller.tags.administrator {
+        return reply(not_administrator());
+    }
+    let existing = meta.users.get(name);
+    match req.method {
+        Method::Get => reply(users(meta, caller, Some(name))),
+        Method::Delete => match existing {
+            None => reply(Response::not_found()),
+            Some(_) => commit(
+                vec![Command::DeleteUser {
+                    name: name.to_string(),
+                }],
+                Response::empty(204),
+            ),
+        },
+        Method::Put => {
+            let body = match body_object(req) {
+                Ok(b) => b,
+                Err(r) => return reply(r),
+            };
+            let tags = match parse_tags(&body) {
+                Ok(t) => t,
+                Err(r) => return reply(r),
+            };
+            let password = match (str_field(&body, "password"), body.get("password_hash")) {
+                (Err(r), _) => return reply(r),
+                (Ok(Some(p)), _) => p,
+                (Ok(None), Some(Value::String(h))) if h.is_empty() => {
+                    // RabbitMQ: an empty hash means the user cannot log in with a password.
+                    User::no_password()
+                }
+                (Ok(None), Some(Value::String(h))) => match stored_hash(&body, h) {
+                    Ok(p) => p,
+                    Err(r) => return reply(r),
+                },
+                (Ok(None), Some(_)) => {
+                    return reply(Response::bad_request("password_hash must be a string"))
+                }
+                (Ok(None), None) => match existing {
+                    Some(u) => u.password.clone(),
+                    None => {
+                        return reply(Response::bad_request(
+                            "Must provide password or password_hash",
+                        ))
+                    }
+                },
+            };
+            let user = User {
+                name: name.to_string(),
+                password,
+                tags: tags
+                    .or_else(|| existing.map(|u| u.tags.clone()))
+                    .unwrap_or_default(),
+            };
+            commit(vec![Command::PutUser(user)], put_status(existing.is_some()))
+        }
+        _ => method_not_allowed(),
+    }
+}
+
+fn permissions(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    one: Option<(&str, &str)>,
+) -> Response {
+    if !caller.tags.administrator {
+        return not_administrator();
+    }
+    let fields = [
+        ("user", "user", Kind::Str),
+        ("configure", "configure", Kind::Str),
+        ("write", "write", Kind::Str),
+        ("read", "read", Kind::Str),
+    ];
+    let mut list = Vec::new();
+    for v in meta.vhosts.keys() {
+        if one.is_some_and(|(vh, _)| vh != v) {
+            continue;
+        }
+        let Ok(t) = admin_table(ctx, &AdminRequest::ListPermissions { vhost: v.clone() }) else {
+            continue;
+        };
+        list.extend(
+            convert::objects(&t, &fields, &[("vhost", json!(v))])
+                .into_iter()
+                .filter(|p| one.is_none_or(|(_, u)| p["user"] == *u)),
+        );
+    }
+    one_or_list(list, one.is_some())
+}
+
+fn permission_one(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    user: &str,
+) -> Handled {
+    if !caller.tags.administrator {
+        return reply(not_administrator());
+    }
+    if meta.vhost(vhost).is_none() || !meta.users.contains_key(user) {
+        return reply(Response::not_found());
+    }
+    let key = (user.to_string(), vhost.to_string());
+    match req.method {
+        Method::Get => reply(permissions(ctx, meta, caller, Some((vhost, user)))),
+        Method::Put => {
+            let body = match body_object(req) {
+                Ok(b) => b,
+                Err(r) => return reply(r),
+            };
+            let mut regexes = Vec::new();
+            for k in ["configure", "write", "read"] {
+                match str_field(&body, k) {
+                    Ok(Some(s)) => regexes.push(s),
+                    Ok(None) => return reply(Response::bad_request(format!("{k} is required"))),
+                    Err(r) => return reply(r),
+                }
+            }
+            let [configure, write, read] = <[String; 3]>::try_from(regexes).expect("three");
+            let request = AdminRequest::SetPermissions {
+                vhost: vhost.to_string(),
+                user: user.to_string(),
+                configure,
+                write,
+                read,
+            };
+            admin_change(
+                ctx,
+                &request,
+                put_status(meta.permissions.contains_key(&key)),
+            )
+        }
+        Method::Delete => reply(Response::error(
+            405,
+            "not_supported",
+            "Warren cannot clear permissions yet; set them to \"\" instead",
+        )),
+        _ => method_not_allowed(),
+    }
+}
+
+const EXCHANGE_FIELDS: &[(&str, &str, Kind)] = &[
+    ("name", "name", Kind::Str),
+    ("type", "type", Kind::Str),
+    ("durable", "durable", Kind::Bool),
+    ("auto_delete", "auto_delete", Kind::Bool),
+    ("internal", "internal", Kind::Bool),
+    ("arguments", "arguments", Kind::Json),
+    ("policy", "policy", Kind::OptStr),
+];
+
+fn exchanges(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: Option<&str>,
+    one: Option<&str>,
+) -> Response {
+    let vhosts = match listed_vhosts(meta, caller, vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let mut list = Vec::new();
+    for v in vhosts {
+        let request = AdminRequest::ListExchanges {
+            vhost: v.clone(),
+            columns: convert::columns(EXCHANGE_FIELDS),
+        };
+        if let Ok(t) = admin_table(ctx, &request) {
+            let extra = [
+                ("vhost", json!(v)),
+                ("user_who_performed_action", json!("")),
+            ];
+            list.extend(
+                convert::objects(&t, EXCHANGE_FIELDS, &extra)
+                    .into_iter()
+                    .filter(|x| one.is_none_or(|n| x["name"] == *n)),
+            );
+        }
+    }
+    one_or_list(list, one.is_some())
+}
+
+fn exchange_change(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    name: &str,
+) -> Handled {
+    if let Err(r) = writable_vhost(meta, caller, vhost)
+        .and_then(|()| check_permission(meta, caller, vhost, Access::Configure, "exchange", name))
+    {
+        return reply(r);
+    }
+    let existed = meta
+        .vhost(vhost)
+        .is_some_and(|v| v.exchanges.contains_key(name));
+    if req.method == Method::Delete {
+        if !existed {
+            return reply(Response::not_found());
+        }
+        let if_unused = req.query_value("if-unused").is_some_and(|v| v == "true");
+        return commit(
+            vec![Command::DeleteExchange {
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+                if_unused,
+            }],
+            Response::empty(204),
+        );
+    }
+    let def = match exchange_def(req, vhost, name) {
+        Ok(d) => d,
+        Err(r) => return reply(r),
+    };
+    commit(vec![Command::DeclareExchange(def)], put_status(existed))
+}
+
+fn exchange_def(req: &Request, vhost: &str, name: &str) -> Result<ExchangeDef, Response> {
+    let body = body_object(req)?;
+    let kind =
+        str_field(&body, "type")?.ok_or_else(|| Response::bad_request("type is required"))?;
+    let kind = ExchangeKind::parse(&kind)
+        .ok_or_else(|| Response::bad_request(format!("unknown exchange type '{kind}'")))?;
+    Ok(ExchangeDef {
+        vhost: vhost.to_string(),
+        name: name.to_string(),
+        kind,
+        durable: bool_field(&body, "durable", true)?,
+        auto_delete: bool_field(&body, "auto_delete", false)?,
+        internal: bool_field(&body, "internal", false)?,
+        arguments: convert::arguments(&body).map_err(Response::bad_request)?,
+    })
+}
+
+const QUEUE_FIELDS: &[(&str, &str, Kind)] = &[
+    ("name", "name", Kind::Str),
+    ("durable", "durable", Kind::Bool),
+    ("auto_delete", "auto_delete", Kind::Bool),
+    ("exclusive", "exclusive", Kind::Bool),
+    ("arguments", "arguments", Kind::Json),
+    ("node", "node", Kind::Str),
+    ("messages", "messages", Kind::Int),
+    ("messages_ready", "messages_ready", Kind::Int),
+    (
+        "messages_unacknowledged",
+        "messages_unacknowledged",
+        Kind::Int,
+    ),
+    ("consumers", "consumers", Kind::Int),
+    ("policy", "policy", Kind::OptStr),
+    ("operator_policy", "operator_policy", Kind::OptStr),
+    (
+        "effective_policy_definition",
+        "effective_policy_definition",
+        Kind::Json,
+    ),
+    ("slave_pids", "slave_nodes", Kind::List),
+    (
+        "synchronised_slave_pids",
+        "synchronised_slave_nodes",
+        Kind::List,
+    ),
+];
+
+fn queues(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: Option<&str>,
+    one: Option<&str>,
+) -> Response {
+    let vhosts = match listed_vhosts(meta, caller, vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let mut list = Vec::new();
+    for v in vhosts {
+        let request = AdminRequest::ListQueues {
+            vhost: v.clone(),
+            columns: convert::columns(QUEUE_FIELDS),
+        };
+        if let Ok(t) = admin_table(ctx, &request) {
+            let extra = [("vhost", json!(v)), ("state", json!("running"))];
+            list.extend(
+                convert::objects(&t, QUEUE_FIELDS, &extra)
+                    .into_iter()
+                    .filter(|q| one.is_none_or(|n| q["name"] == *n)),
+            );
+        }
+    }
+    one_or_list(list, one.is_some())
+}
+
+fn queue_change(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    name: &str,
+) -> Handled {
+    if let Err(r) = writable_vhost(meta, caller, vhost)
+        .and_then(|()| check_permission(meta, caller, vhost, Access::Configure, "queue", name))
+    {
+        return reply(r);
+    }
+    let existed = meta
+        .vhost(vhost)
+        .is_some_and(|v| v.queues.contains_key(name));
+    if req.method == Method::Delete {
+        if !existed {
+            return reply(Response::not_found());
+        }
+        return commit(
+            vec![Command::DeleteQueue {
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+            }],
+            Response::empty(204),
+        );
+    }
+    if name.is_empty() {
+        return reply(Response::bad_request("a queue needs a name"));
+    }
+    match queue_def(req, vhost, name) {
+        Ok(d) => commit(vec![Command::DeclareQueue(d)], put_status(existed)),
+        Err(r) => reply(r),
+    }
+}
+
+fn queue_def(req: &Request, vhost: &str, name: &str) -> Result<QueueDef, Response> {
+    let body = body_object(req)?;
+    Ok(QueueDef {
+        vhost: vhost.to_string(),
+        name: name.to_string(),
+        durable: bool_field(&body, "durable", true)?,
+        exclusive_owner: None,
+        auto_delete: bool_field(&body, "auto_delete", false)?,
+        arguments: convert::arguments(&body).map_err(Response::bad_request)?,
+        // Placed by the node's MetaCommit (`queue-master-locator`), as for a client.
+        home: 0,
+    })
+}
+
+const BINDING_FIELDS: &[(&str, &str, Kind)] = &[
+    ("source_name", "source", Kind::Str),
+    ("destination_name", "destination", Kind::Str),
+    ("destination_kind", "destination_type", Kind::Str),
+    ("routing_key", "routing_key", Kind::Str),
+    ("arguments", "arguments", Kind::Json),
+];
+
+/// Characters a `properties_key` keeps as they are (RabbitMQ quotes the routing key like
+/// `quote_plus`: letters, digits and `-_.~`).
+const PROPERTIES_KEY_SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// RabbitMQ's `properties_key`: `~` for an empty key without arguments, the quoted key
+/// otherwise (bindings with arguments add `~` and a hash in RabbitMQ; Warren adds `~` and
+/// the arguments' JSON length, enough to tell them apart in a listing).
+fn properties_key(routing_key: &str, arguments: &Value) -> String {
+    let empty_args = arguments.as_object().is_none_or(Map::is_empty);
+    let key = percent_encoding::utf8_percent_encode(routing_key, PROPERTIES_KEY_SET).to_string();
+    match (routing_key.is_empty(), empty_args) {
+        (true, true) => "~".into(),
+        (false, true) => key,
+        (_, false) => format!("{key}~{}", arguments.to_string().len()),
+    }
+}
+
+fn bindings(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: Option<&str>,
+    pair: Option<(&str, &str)>,
+) -> Response {
+    let vhosts = match listed_vhosts(meta, caller, vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if let (Some((src, dst)), Some(v)) = (pair, vhost.and_then(|v| meta.vhost(v))) {
+        if !v.exchanges.contains_key(src) || !v.queues.contains_key(dst) {
+            return Response::not_found();
+        }
+    }
+    let mut list = Vec::new();
+    for v in vhosts {
+        let request = AdminRequest::ListBindings {
+            vhost: v.clone(),
+            columns: convert::columns(BINDING_FIELDS),
+        };
+        // RabbitMQ lists every queue's implicit binding to the default exchange first.
+        let implicit = meta
+            .vhost(&v)
+            .into_iter()
+            .flat_map(|x| x.queues.keys())
+            .map(|q| {
+                json!({"source": "", "destination": q, "destination_type": "queue",
+                   "routing_key": q, "arguments": {}, "vhost": v})
+            });
+        if let Ok(t) = admin_table(ctx, &request) {
+            let rows = convert::objects(&t, BINDING_FIELDS, &[("vhost", json!(v))]);
+            for mut b in implicit.chain(rows) {
+                if let Some((src, dst)) = pair {
+                    if b["source"] != src
+                        || b["destination"] != dst
+                        || b["destination_type"] != "queue"
+                    {
+                        continue;
+                    }
+                }
+                let pk = properties_key(b["routing_key"].as_str().unwrap_or(""), &b["arguments"]);
+                b["properties_key"] = json!(pk);
+                list.push(b);
+            }
+        }
+    }
+    Response::ok(Value::Array(list))
+}
+
+fn binding_add(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    src: &str,
+    dst: &str,
+) -> Handled {
+    if let Err(r) = writable_vhost(meta, caller, vhost) {
+        return reply(r);
+    }
+    let v = meta.vhost(vhost).expect("checked");
+    if !v.exchanges.contains_key(src) || !v.queues.contains_key(dst) {
+        return reply(Response::not_found());
+    }
+    let checks = check_permission(meta, caller, vhost, Access::Write, "queue", dst)
+        .and_then(|()| check_permission(meta, caller, vhost, Access::Read, "exchange", src));
+    if let Err(r) = checks {
+        return reply(r);
+    }
+    let body = match body_object(req) {
+        Ok(b) => b,
+        Err(r) => return reply(r),
+    };
+    let routing_key = match str_field(&body, "routing_key") {
+        Ok(k) => k.unwrap_or_default(),
+        Err(r) => return reply(r),
+    };
+    let arguments = match convert::arguments(&body) {
+        Ok(a) => a,
+        Err(e) => return reply(Response::bad_request(e)),
+    };
+    let args_json = body.get("arguments").cloned().unwrap_or(json!({}));
+    let location = format!(
+        "/api/bindings/{}/e/{}/q/{}/{}",
+        encode(vhost),
+        encode(src),
+        encode(dst),
+        encode(&properties_key(&routing_key, &args_json))
+    );
+    let mut ok = Response::empty(201);
+    ok.headers.push(("location", location));
+    commit(
+        vec![Command::Bind(Binding {
+            vhost: vhost.to_string(),
+            source: src.to_string(),
+            destination: Destination::Queue(dst.to_string()),
+            routing_key,
+            arguments,
+        })],
+        ok,
+    )
+}
+
+fn encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn binding_one(
+    meta: &MetaState,
+    caller: &Caller,
+    m: Method,
+    vhost: &str,
+    src: &str,
+    dst: &str,
+    props: &str,
+) -> Handled {
+    if let Err(r) = writable_vhost(meta, caller, vhost) {
+        return reply(r);
+    }
+    let v = meta.vhost(vhost).expect("checked");
+    let found = v.bindings.values().flatten().find(|b| {
+        b.source == src
+            && b.destination == Destination::Queue(dst.to_string())
+            && (properties_key(&b.routing_key, &table_json(&b.arguments)) == props
+                // The key decoded once more (a client that encoded it only once).
+                || (b.arguments.inner().is_empty() && b.routing_key == props))
+    });
+    let Some(b) = found else {
+        return reply(Response::not_found());
+    };
+    match m {
+        Method::Get => reply(Response::ok(json!({
+            "source": b.source, "vhost": vhost, "destination": dst,
+            "destination_type": "queue", "routing_key": b.routing_key,
+            "arguments": table_json(&b.arguments), "properties_key": props,
+        }))),
+        Method::Delete => {
+            if let Err(r) = check_permission(meta, caller, vhost, Access::Write, "queue", dst) {
+                return reply(r);
+            }
+            commit(vec![Command::Unbind(b.clone())], Response::empty(204))
+        }
+        _ => method_not_allowed(),
+    }
+}
+
+fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
+    serde_json::from_str(&admin::format_table(t)).unwrap_or(json!({}))
+}
+
+const POLICY_FIELDS: &[(&str, &str, Kind)] = &[
+    ("vhost", "vhost", Kind::Str),
+    ("name", "name", Kind::Str),
+    ("pattern", "pattern", Kind::Str),
+    ("apply-to", "apply-to", Kind::Str),
+    ("definition", "definition", Kind::Json),
+    ("priority", "priority", Kind::Int),
+];
+
+fn policies(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: Option<&str>,
+    one: Option<&str>,
+) -> Response {
+    if !caller.tags.policymaker {
+        return Response::not_authorised("Not policymaker user");
+    }
+    let vhosts: Vec<String> = match vhost {
+        Some(v) if meta.vhost(v).is_none() => return Response::not_found(),
+        Some(v) if !caller.tags.administrator && !caller.can_access(meta, v) => {
+            return vhost_refused()
+        }
+        Some(v) => vec![v.to_string()],
+        None => meta
+            .vhosts
+            .keys()
+            .filter(|v| caller.tags.administrator || caller.can_access(meta, v))
+            .cloned()
+            .collect(),
+    };
+    let mut list = Vec::new();
+    for v in vhosts {
+        let request = AdminRequest::ListPolicies {
+            vhost: v,
+            operator: false,
+        };
+        if let Ok(t) = admin_table(ctx, &request) {
+            list.extend(
+                convert::objects(&t, POLICY_FIELDS, &[])
+                    .into_iter()
+                    .filter(|p| one.is_none_or(|n| p["name"] == *n)),
+            );
+        }
+    }
+    one_or_list(list, one.is_some())
+}
+
+fn policy_change(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    name: &str,
+) -> Handled {
+    if !caller.tags.policymaker {
+        return reply(Response::not_authorised("Not policymaker user"));
+    }
+    if let Err(r) = writable_vhost(meta, caller, vhost) {
+        return reply(r);
+    }
+    let existed = meta
+        .vhost(vhost)
+        .is_some_and(|v| v.policies.contains_key(name));
+    if req.method == Method::Delete {
+        if !existed {
+            return reply(Response::not_found());
+        }
+        let request = AdminRequest::ClearPolicy {
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            operator: false,
+        };
+        return admin_change(ctx, &request, Response::empty(204));
+    }
+    let body = match body_object(req) {
+        Ok(b) => b,
+        Err(r) => return reply(r),
+    };
+    let pattern = match str_field(&body, "pattern") {
+        Ok(Some(p)) => p,
+        Ok(None) => return reply(Response::bad_request("pattern is required")),
+        Err(r) => return reply(r),
+    };
+    let definition = match body.get("definition") {
+        Some(d @ Value::Object(_)) => d.to_string(),
+        _ => return reply(Response::bad_request("definition must be a JSON object")),
+    };
+    let priority = match body.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(p) => match p.as_i64() {
+            Some(n) => n,
+            None => return reply(Response::bad_request("priority must be an integer")),
+        },
+    };
+    let apply_to = match str_field(&body, "apply-to") {
+        Ok(a) => a.unwrap_or_else(|| "all".into()),
+        Err(r) => return reply(r),
+    };
+    let request = AdminRequest::SetPolicy {
+        vhost: vhost.to_string(),
+        name: name.to_string(),
+        pattern,
+        definition,
+        priority,
+        apply_to,
+        operator: false,
+    };
+    admin_change(ctx, &request, put_status(existed))
+}

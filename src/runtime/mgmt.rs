@@ -1,0 +1,136 @@
+//! The management HTTP listener: axum serves HTTP/1.1 and hands every request to the
+//! sans-IO [`crate::mgmt`] core; changes it plans are committed through the node's
+//! `MetaCommit`, and queue counts of other nodes are fetched the way `warrenctl
+//! list_queues` fetches them ([`super::admin::remote_counts`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, HeaderValue, Method as HttpMethod, StatusCode, Uri};
+use axum::response::Response as HttpResponse;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::clock::Clock;
+use super::conn_task::MetaCommit;
+use crate::admin::NodeInfo;
+use crate::broker::Broker;
+use crate::mgmt::{self, Context, Handled, Method, RemoteCountsByVhost, Request, Response};
+
+/// What every management request shares.
+#[derive(Clone)]
+pub struct MgmtContext {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// This node.
+    pub node: NodeInfo,
+    /// The node's clock.
+    pub clock: Clock,
+    /// Where metadata changes are committed.
+    pub meta: Arc<dyn MetaCommit>,
+    /// `[amqp] loopback_users`.
+    pub loopback_users: Arc<Vec<String>>,
+}
+
+/// Serves `listener` until `shutdown` flips.
+pub async fn serve(listener: TcpListener, ctx: MgmtContext, mut shutdown: watch::Receiver<bool>) {
+    let app = axum::Router::new()
+        .fallback(handler)
+        .with_state(ctx)
+        .into_make_service_with_connect_info::<SocketAddr>();
+    let stop = async move {
+        let _ = shutdown.changed().await;
+    };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        tracing::warn!(error = %e, "management listener stopped");
+    }
+}
+
+async fn handler(
+    State(ctx): State<MgmtContext>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: HttpMethod,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> HttpResponse {
+    let req = Request {
+        method: match method {
+            HttpMethod::GET | HttpMethod::HEAD => Method::Get,
+            HttpMethod::PUT => Method::Put,
+            HttpMethod::POST => Method::Post,
+            HttpMethod::DELETE => Method::Delete,
+            _ => Method::Other,
+        },
+        path: uri.path().to_string(),
+        query: uri.query().unwrap_or("").to_string(),
+        body: body.to_vec(),
+        authorization: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
+        peer_loopback: peer.ip().is_loopback(),
+    };
+    let response = answer(&ctx, &req).await;
+    if response.status >= 400 {
+        tracing::debug!(path = %req.path, status = response.status, "management request refused");
+    }
+    to_http(response)
+}
+
+async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
+    let mut counts = RemoteCountsByVhost::new();
+    if req.method == Method::Get
+        && (req.path.starts_with("/api/queues") || req.path == "/api/overview")
+    {
+        for vhost in ctx.broker.snapshot().vhosts.keys() {
+            counts.insert(
+                vhost.clone(),
+                super::admin::remote_counts(&ctx.broker, vhost).await,
+            );
+        }
+    }
+    let core = Context {
+        broker: &ctx.broker,
+        node: &ctx.node,
+        loopback_users: &ctx.loopback_users,
+        remote_counts: &counts,
+    };
+    let planned = mgmt::plan(&core, req);
+    match planned {
+        Handled::Reply(r) => r,
+        Handled::Commit { commands, ok } => {
+            for c in commands {
+                if let Err(e) = ctx.meta.commit(c, ctx.clock.now()).await {
+                    return Response::bad_request(e.to_string());
+                }
+            }
+            ok
+        }
+    }
+}
+
+fn to_http(r: Response) -> HttpResponse {
+    let body = match &r.body {
+        Some(v) => Body::from(v.to_string()),
+        None => Body::empty(),
+    };
+    let mut out = HttpResponse::new(body);
+    *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = out.headers_mut();
+    if r.body.is_some() {
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+    }
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
+    for (name, value) in r.headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    out
+}

@@ -74,7 +74,8 @@ TMPD="$(mktemp -d)"
 if [[ "$ONLY" != "rabbitmq" ]]; then
     PORT=$(free_port)
     sed -e "0,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:$PORT\"|}" \
-        -e "/^\[admin\]/,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:0\"|}" -e "s|^data_dir = .*|data_dir = \"$TMPD/warren\"|" \
+        -e "/^\[admin\]/,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:0\"|}" \
+        -e "/^\[management\]/,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:0\"|}" -e "s|^data_dir = .*|data_dir = \"$TMPD/warren\"|" \
         config/warren.toml > "$TMPD/warren.toml"
     "$ROOT/target/release/warren" --config "$TMPD/warren.toml" > "$OUT/warren-node.log" 2>&1 &
     WPID=$!

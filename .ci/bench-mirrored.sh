@@ -91,6 +91,9 @@ listen = "$ip:5672"
 [admin]
 listen = "$ip:5679"
 
+[management]
+listen = "$ip:15672"
+
 [cluster]
 node_id = $i
 cluster_id = "bench-mirrored"

@@ -475,6 +475,7 @@ impl Broker {
                     match def.filter(|d| d.home == home) {
                         None => {
                             if let Some(h) = local.remove(name) {
+                                tracing::debug!(vhost = %vname, queue = %name, moved = def.is_some(), "queue no longer runs here");
                                 if def.is_some() {
                                     // Moved to another node: its consumers follow it.
                                     h.lock().move_away(&h);
@@ -502,6 +503,7 @@ impl Broker {
                                 && incarnation(&old) == incarnation(&state);
                             if !local.contains_key(name) && !moved_in {
                                 if let Some(args) = args_of(name, def) {
+                                    tracing::debug!(vhost = %vname, queue = %name, "queue runs here");
                                     local.insert(name.clone(), self.new_queue(def, args, now));
                                 }
                             }

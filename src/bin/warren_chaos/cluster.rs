@@ -55,6 +55,9 @@ listen = "{ip}:5672"
 [admin]
 listen = "{ip}:5679"
 
+[management]
+listen = "{ip}:15672"
+
 [limits]
 memory_high_watermark_bytes = 1073741824
 
@@ -94,7 +97,10 @@ impl Node {
         let child = Command::new(warren)
             .arg("--config")
             .arg(&self.config)
-            .env("RUST_LOG", "info,openraft=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("CHAOS_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(log.try_clone()?)
             .stderr(log)

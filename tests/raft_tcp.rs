@@ -143,6 +143,7 @@ impl Cluster {
         }
         if let Some(link) = self.links.remove(&id) {
             link.shutdown();
+            link.closed().await;
         }
     }
 

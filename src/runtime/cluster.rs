@@ -336,6 +336,7 @@ impl Cluster {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
         self.transport.shutdown();
+        self.transport.closed().await;
     }
 }
 

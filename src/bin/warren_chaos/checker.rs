@@ -185,8 +185,17 @@ pub fn check(h: &Inner) -> Verdict {
                                 format!("sent {} {outcome}", h.at(m.sent))
                             })
                     };
+                    let stream = h.streams.get(&d.stream).map_or(String::new(), |(n, w)| {
+                        format!(" ({w} on node{})", n + 1)
+                    });
+                    let session = h
+                        .sessions
+                        .iter()
+                        .find(|s| s.publisher == d.publisher && s.session == d.session)
+                        .map_or(String::new(), |s| format!(" (on node{})", s.node + 1));
+                    let at = d.at.map_or(String::new(), |t| format!(" at {}", h.at(t)));
                     v.reasons.push(format!(
-                        "order: stream {} got p{}/s{} #{} ({}) after #{prev} ({})",
+                        "order: stream {}{stream} got p{}/s{}{session} #{} ({}){at} after #{prev} ({})",
                         d.stream,
                         d.publisher,
                         d.session,
@@ -309,6 +318,7 @@ mod tests {
             seq,
             stream,
             redelivered,
+            at: None,
         }
     }
 

@@ -36,6 +36,8 @@ pub struct Delivery {
     /// The client connection (channel) that received it: order is judged per stream.
     pub stream: u64,
     pub redelivered: bool,
+    /// When the client got it (None in the checker's unit tests).
+    pub at: Option<Instant>,
 }
 
 /// A publisher's connection: which node, from when to when.
@@ -74,6 +76,8 @@ pub struct Inner {
     pub published: HashMap<u32, Vec<Published>>,
     pub deliveries: Vec<Delivery>,
     pub sessions: Vec<Session>,
+    /// Per stream: which node it was connected to and what it consumed (for the reasons).
+    pub streams: HashMap<u64, (usize, String)>,
     pub redeclares: Vec<Redeclare>,
     /// (queue, when): the queue's master's node was restarted (or the whole cluster was).
     pub master_restarts: Vec<(usize, Instant)>,
@@ -128,6 +132,10 @@ impl History {
 
     pub fn delivered(&self, d: Delivery) {
         self.lock().deliveries.push(d);
+    }
+
+    pub fn stream_start(&self, stream: u64, node: usize, what: String) {
+        self.lock().streams.insert(stream, (node, what));
     }
 
     pub fn session_start(&self, publisher: u32, session: u32, node: usize) {

@@ -209,6 +209,7 @@ fn record(ctx: &Ctx, data: &[u8], stream: u64, redelivered: bool) -> bool {
         seq,
         stream,
         redelivered,
+        at: Some(Instant::now()),
     });
     true
 }
@@ -224,7 +225,7 @@ pub async fn consumer(ctx: Ctx, seed: u64, home: usize, queue: usize) {
             continue;
         };
         first = home;
-        if let Err(_e) = consume_session(&ctx, &conn, queue, &mut rng).await {
+        if let Err(_e) = consume_session(&ctx, &conn, node, queue, &mut rng).await {
             first = node + 1;
         }
         close(conn).await;
@@ -235,10 +236,13 @@ pub async fn consumer(ctx: Ctx, seed: u64, home: usize, queue: usize) {
 async fn consume_session(
     ctx: &Ctx,
     conn: &Connection,
+    node: usize,
     queue: usize,
     rng: &mut StdRng,
 ) -> Result<()> {
     let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+    ctx.history
+        .stream_start(stream, node, format!("consumer of {}", queue_name(queue)));
     let ch = tokio::time::timeout(Duration::from_secs(5), async {
         let ch = conn.create_channel().await?;
         ch.basic_qos(50, BasicQosOptions::default()).await?;
@@ -284,11 +288,12 @@ pub async fn getter(ctx: Ctx, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = ctx.uris.len();
     while !ctx.stopping() {
-        let Some((_, conn)) = ctx.connect(rng.gen_range(0..n)).await else {
+        let Some((node, conn)) = ctx.connect(rng.gen_range(0..n)).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
         let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+        ctx.history.stream_start(stream, node, "getter".to_string());
         let r: Result<()> = async {
             let ch = tokio::time::timeout(Duration::from_secs(5), conn.create_channel()).await??;
             while !ctx.stopping() {
@@ -319,6 +324,8 @@ pub async fn drain(ctx: &Ctx, node: usize, queue: &str, deadline: Instant) -> Re
         .await
         .context("connect for the drain")?;
     let stream = ctx.streams.fetch_add(1, Ordering::Relaxed);
+    ctx.history
+        .stream_start(stream, node, format!("drain of {queue}"));
     let r = async {
         let ch = conn.create_channel().await?;
         ch.basic_qos(500, BasicQosOptions::default()).await?;

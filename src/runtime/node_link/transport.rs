@@ -131,6 +131,8 @@ struct Shared {
     broker: Mutex<Option<Arc<dyn BrokerService>>>,
     gm: Mutex<Option<GmService>>,
     stop: CancellationToken,
+    /// Cancelled once the accept loop has dropped the listener, so the port is free again.
+    listener_closed: CancellationToken,
 }
 
 /// One node's end of the cluster's TCP links. Clones share everything; pass one to
@@ -159,6 +161,7 @@ impl TcpTransport {
             broker: Mutex::new(None),
             gm: Mutex::new(None),
             stop: CancellationToken::new(),
+            listener_closed: CancellationToken::new(),
         });
         tokio::spawn(accept_loop(Arc::clone(&shared), listener));
         tokio::spawn(heartbeat_loop(Arc::clone(&shared)));
@@ -277,6 +280,12 @@ impl TcpTransport {
         *lock(&self.shared.raft) = None;
         *lock(&self.shared.broker) = None;
         *lock(&self.shared.gm) = None;
+    }
+
+    /// Waits until the listener is closed after [`shutdown`](Self::shutdown): the accept loop
+    /// drops it on its next poll, and binding the same port before that fails.
+    pub async fn closed(&self) {
+        self.shared.listener_closed.cancelled().await;
     }
 }
 
@@ -555,7 +564,11 @@ async fn dial_peer(shared: &Arc<Shared>, peer: NodeId, addr: &str) -> Result<Arc
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     loop {
         let accepted = tokio::select! {
-            _ = shared.stop.cancelled() => return,
+            _ = shared.stop.cancelled() => {
+                drop(listener);
+                shared.listener_closed.cancel();
+                return;
+            }
             r = listener.accept() => r,
         };
         match accepted {

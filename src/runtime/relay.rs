@@ -275,6 +275,15 @@ struct Inner {
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
     /// Consumers waiting for their mirrored queue's new master.
     orphans: Mutex<Vec<Orphan>>,
+    /// Per channel, consumers this node took away from a queue's node (declared down, or it
+    /// handed the queue over): (tag, that node). Deliveries it sent before are stale.
+    retired: Mutex<HashMap<ChannelKey, Retired>>,
+}
+
+/// A channel's retired consumers (see `Inner::retired`); pruned once the channel is gone.
+struct Retired {
+    outbox: Weak<Outbox>,
+    tags: Vec<(Arc<str>, NodeId)>,
 }
 
 /// This node's relay (both roles: sessions here using queues elsewhere, and queues here
@@ -315,6 +324,7 @@ impl Relay {
                 proxies: Mutex::new(HashMap::new()),
                 sinks: Mutex::new(HashMap::new()),
                 orphans: Mutex::new(Vec::new()),
+                retired: Mutex::new(HashMap::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -402,6 +412,9 @@ impl Relay {
         for (key, sink) in sinks.iter_mut() {
             let (gone, kept): (Vec<_>, Vec<_>) = sink.tags.drain(..).partition(|t| t.node == node);
             sink.tags = kept;
+            for t in &gone {
+                self.inner.retire(*key, &sink.outbox, &t.tag, node);
+            }
             if let Some(outbox) = sink.outbox.upgrade() {
                 for t in gone {
                     // A mirrored queue with a mirror that can take over: the consumer
@@ -436,6 +449,30 @@ impl Relay {
 }
 
 impl Inner {
+    /// Records that consumer `tag` of channel `key` no longer takes deliveries from `node`:
+    /// a frame that node sent before (held in a socket buffer through a partition, say)
+    /// can arrive after the consumer followed the queue to its new master, and its
+    /// delivery would come behind the new master's, out of order.
+    fn retire(&self, key: ChannelKey, outbox: &Weak<Outbox>, tag: &Arc<str>, node: NodeId) {
+        let mut retired = lock(&self.retired);
+        retired.retain(|_, r| r.outbox.strong_count() > 0);
+        let r = retired.entry(key).or_insert_with(|| Retired {
+            outbox: outbox.clone(),
+            tags: Vec::new(),
+        });
+        r.outbox = outbox.clone();
+        if !r.tags.iter().any(|(t, n)| t == tag && *n == node) {
+            r.tags.push((tag.clone(), node));
+        }
+    }
+
+    /// Whether `node`'s deliveries to consumer `tag` of channel `key` are stale.
+    fn is_retired(&self, key: &ChannelKey, tag: &str, node: NodeId) -> bool {
+        lock(&self.retired)
+            .get(key)
+            .is_some_and(|r| r.tags.iter().any(|(t, n)| &**t == tag && *n == node))
+    }
+
     /// Queues `msg` for `node`, in order with everything else sent there.
     fn send(&self, node: NodeId, msg: RelayMsg, outcome: u64) {
         self.send_raw(node, msg, outcome, None, 0);
@@ -1009,6 +1046,17 @@ impl Inner {
                 };
                 let link: Arc<dyn RemoteLink> = relay;
                 for d in deliveries {
+                    if self.is_retired(&key, &d.tag, from) {
+                        // Sent before this node took the consumer away from `from`: the
+                        // message is the queue's new master's to deliver now (a copy there
+                        // comes flagged redelivered). Returned, so `from` requeues it if it
+                        // still runs the queue.
+                        tracing::debug!(node = from, tag = %d.tag, "stale delivery dropped");
+                        if d.ack_required {
+                            undelivered.push((d.vhost, d.queue, d.seq));
+                        }
+                        continue;
+                    }
                     let Some(message) = d.message.message() else {
                         continue;
                     };
@@ -1048,6 +1096,7 @@ impl Inner {
                     if let Some(t) = gone.filter(|t| {
                         !t.cancel_on_ha_failover && state.mirror_sets.contains_key(&*t.queue)
                     }) {
+                        self.retire(key, &Arc::downgrade(&outbox), &t.tag, from);
                         lock(&self.orphans).push(Orphan {
                             key,
                             outbox: Arc::downgrade(&outbox),
@@ -1279,6 +1328,10 @@ impl RemoteLink for Relay {
                 tags: Vec::new(),
             });
             sink.outbox = Arc::downgrade(outbox);
+            if let Some(r) = lock(&self.inner.retired).get_mut(&key) {
+                r.tags
+                    .retain(|(t, n)| !(*n == queue.node && **t == *consumer.tag));
+            }
             sink.tags.push(SinkTag {
                 node: queue.node,
                 tag: consumer.tag.clone(),

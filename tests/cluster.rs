@@ -893,3 +893,112 @@ async fn publish_in_tx(ch: &Channel, body: &[u8]) {
     .await
     .expect("publish");
 }
+
+/// A node that restarts takes no publish forwarded from another node for its queues until
+/// its storage has put their messages back. Before, such a publish got seq 0 while the
+/// queue's index went on at N, and the node's storage failed for good: no persistent
+/// publish was confirmed again (`warren-chaos --seed 18`). Here a publisher on node 1 keeps
+/// publishing to a queue on node 3 while node 3 is killed and started again; its confirms
+/// must resume, and every confirmed message must be there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
+    let mut cluster = Cluster::start("fwdstart").await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    declare(&ch3, "n3.restarting", true, FieldTable::default())
+        .await
+        .expect("declare");
+    let _ = c3.close(200, "bye".into()).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let publisher = {
+        let (uri, stop, acked) = (cluster.node(1).amqp_uri(), stop.clone(), acked.clone());
+        tokio::spawn(async move {
+            let conn = connect(&uri).await;
+            let ch = channel(&conn).await;
+            within(
+                "confirm.select",
+                ch.confirm_select(ConfirmSelectOptions::default()),
+            )
+            .await
+            .expect("confirm.select");
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut window = Vec::new();
+                for _ in 0..50 {
+                    let confirm = within(
+                        "basic.publish",
+                        ch.basic_publish(
+                            "".into(),
+                            "n3.restarting".into(),
+                            lapin::options::BasicPublishOptions::default(),
+                            &n.to_be_bytes(),
+                            lapin::BasicProperties::default().with_delivery_mode(2),
+                        ),
+                    )
+                    .await
+                    .expect("publish");
+                    window.push((n, confirm));
+                    n += 1;
+                }
+                for (n, confirm) in window {
+                    if within("confirm", confirm).await.expect("confirm").is_ack() {
+                        acked.lock().expect("acked").push(n);
+                    }
+                }
+            }
+            let _ = conn.close(200, "bye".into()).await;
+        })
+    };
+    let acked_count = || acked.lock().expect("acked").len();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked_count() < 5_000 {
+        assert!(
+            Instant::now() < deadline,
+            "publishes to node 3 are not confirmed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    cluster.nodes[2].kill();
+    cluster.restart(3).await;
+    let after_restart = acked_count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked_count() < after_restart + 2_000 {
+        assert!(
+            Instant::now() < deadline,
+            "confirms did not resume after node 3 restarted ({} since); node 3's log:\n{}",
+            acked_count() - after_restart,
+            cluster.node(3).log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    within("publisher", publisher).await.expect("publisher");
+    assert!(
+        !cluster.node(3).log_text().contains("storage failed"),
+        "node 3's storage failed:\n{}",
+        cluster.node(3).log_text()
+    );
+
+    // Every confirmed message is in the queue.
+    let acked: BTreeSet<u64> = acked.lock().expect("acked").iter().copied().collect();
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    let mut got = BTreeSet::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch3.basic_get("n3.restarting".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    {
+        got.insert(u64::from_be_bytes(
+            m.delivery.data[..8].try_into().expect("8 bytes"),
+        ));
+    }
+    let lost: Vec<_> = acked.difference(&got).take(5).collect();
+    assert!(lost.is_empty(), "confirmed messages lost, e.g. {lost:?}");
+    let _ = c3.close(200, "bye".into()).await;
+}

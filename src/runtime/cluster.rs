@@ -272,6 +272,13 @@ impl Cluster {
         let _ = self.relay.set(relay);
     }
 
+    /// This node's queues serve other nodes from now on (storage has recovered them).
+    pub fn serve_queues(&self) {
+        if let Some(relay) = self.relay.get() {
+            relay.serve();
+        }
+    }
+
     /// Starts the failure detector and the membership task (once ready).
     pub fn start_watchers(&mut self) {
         self.tasks.push(tokio::spawn(watch_nodes(

@@ -290,6 +290,10 @@ impl Node {
             // Queues read paged-out messages back through storage.
             broker.set_pager(storage.clone());
         }
+        if let Some(c) = &cluster {
+            // Only now do forwarded publishes find the queues' recovered sequence numbers.
+            c.serve_queues();
+        }
         let mirror = match (&cluster, &storage) {
             (Some(c), Some(storage)) => {
                 let host = super::mirror_host::MirrorHost::new(

@@ -275,6 +275,9 @@ struct Inner {
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
     /// Consumers waiting for their mirrored queue's new master.
     orphans: Mutex<Vec<Orphan>>,
+    /// Whether this node's queues serve other nodes yet: not before storage has put their
+    /// messages back (a forwarded publish would take a seq the queue's index already used).
+    serving: std::sync::atomic::AtomicBool,
     /// Per channel, consumers this node took away from a queue's node (declared down, or it
     /// handed the queue over): (tag, that node). Deliveries it sent before are stale.
     retired: Mutex<HashMap<ChannelKey, Retired>>,
@@ -325,6 +328,7 @@ impl Relay {
                 sinks: Mutex::new(HashMap::new()),
                 orphans: Mutex::new(Vec::new()),
                 retired: Mutex::new(HashMap::new()),
+                serving: std::sync::atomic::AtomicBool::new(false),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -332,6 +336,14 @@ impl Relay {
         }));
         broker.set_remote_link(relay.clone());
         relay
+    }
+
+    /// This node's queues are ready (storage has recovered them): requests from other
+    /// nodes for them are served from now on; before, they are refused.
+    pub fn serve(&self) {
+        self.inner
+            .serving
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Waits until `node`'s broker has followed the metadata up to Raft index `index` (so a
@@ -818,6 +830,11 @@ impl Inner {
     /// group-commit ticket that must be durable before the reply may say "taken" (0: none).
     fn handle_one(&self, from: NodeId, msg: RelayMsg) -> (RelayReply, u64) {
         let now = self.clock.now();
+        if !self.serving.load(std::sync::atomic::Ordering::Acquire) {
+            if let Some(refused) = self.refuse_while_starting(from, &msg) {
+                return (refused, 0);
+            }
+        }
         match msg {
             RelayMsg::Publish {
                 vhost,
@@ -1114,6 +1131,38 @@ impl Inner {
                 }
                 (RelayReply::Undelivered(undelivered), 0)
             }
+        }
+    }
+
+    /// The answer to `msg` while this node's storage is still recovering (None: harmless
+    /// now, handled as usual). A publish is refused (nacked), a consumer is cancelled (one
+    /// of a mirrored queue waits and tries again), questions get "unavailable".
+    fn refuse_while_starting(&self, from: NodeId, msg: &RelayMsg) -> Option<RelayReply> {
+        let starting = || "the queue's node is starting".to_string();
+        match msg {
+            RelayMsg::Publish { .. } => Some(RelayReply::Published(false)),
+            RelayMsg::Consume {
+                conn, channel, tag, ..
+            } => {
+                self.send(
+                    from,
+                    RelayMsg::Deliver {
+                        conn: *conn,
+                        channel: *channel,
+                        deliveries: Vec::new(),
+                        cancels: vec![tag.clone()],
+                    },
+                    0,
+                );
+                Some(RelayReply::Done)
+            }
+            RelayMsg::Get { .. } | RelayMsg::Purge { .. } | RelayMsg::Counts { .. } => {
+                Some(RelayReply::Missing(starting()))
+            }
+            RelayMsg::Settle { .. }
+            | RelayMsg::Cancel { .. }
+            | RelayMsg::Deliver { .. }
+            | RelayMsg::Barrier { .. } => None,
         }
     }
 

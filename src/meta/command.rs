@@ -1,10 +1,10 @@
-//! Metadata commands: plain data, so a later step can replicate them through Raft.
+//! Metadata commands: plain data, replicated through Raft and applied by [`super::state`].
 
 use serde::{Deserialize, Serialize};
 
 use super::policy::Policy;
 use super::state::{
-    Binding, ExchangeDef, MirrorRecord, NodeId, NodeRecord, Permission, QueueDef, User,
+    Binding, ExchangeDef, MirrorRecord, MirrorSet, NodeId, NodeRecord, Permission, QueueDef, User,
 };
 
 /// One change to the metadata.
@@ -138,4 +138,44 @@ pub enum Command {
     Bind(Binding),
     /// Remove a binding (idempotent, as RabbitMQ).
     Unbind(Binding),
+    /// [`Command::PromoteMirror`] of a mirror chosen because it was synchronised: refused
+    /// if it is not synchronised when the command applies. Between the decision and the
+    /// commit its node can restart (a new incarnation unsynchronises its mirrors, and the
+    /// copy it held is gone), and promoting it then loses what the old master confirmed.
+    /// (A variant of its own, last, so logs written before it still decode.)
+    PromoteSyncedMirror {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The epoch the decision was made at.
+        expected_epoch: u64,
+        /// The mirror's node.
+        node: NodeId,
+    },
+}
+
+impl Command {
+    /// The command that promotes `node`'s mirror of `vhost`/`queue`, decided on `set`: one
+    /// that re-checks at commit that the mirror is still synchronised if it was when
+    /// decided (a deliberate promotion of an unsynchronised mirror, `ha-promote-on-*:
+    /// always` or a forced one, stays as it was).
+    pub fn promote(vhost: &str, queue: &str, set: &MirrorSet, node: NodeId) -> Command {
+        let (vhost, queue, expected_epoch) = (vhost.to_string(), queue.to_string(), set.epoch);
+        if set.mirrors.iter().any(|m| m.node == node && m.synchronised) {
+            Command::PromoteSyncedMirror {
+                vhost,
+                queue,
+                expected_epoch,
+                node,
+            }
+        } else {
+            Command::PromoteMirror {
+                vhost,
+                queue,
+                expected_epoch,
+                node,
+            }
+        }
+    }
 }

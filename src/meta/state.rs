@@ -680,6 +680,24 @@ impl MetaState {
                 expected_epoch,
                 node,
             } => self.promote_mirror(vhost, queue, *expected_epoch, *node)?,
+            Command::PromoteSyncedMirror {
+                vhost,
+                queue,
+                expected_epoch,
+                node,
+            } => {
+                let key = (vhost.clone(), queue.clone());
+                let synced = self
+                    .mirror_sets
+                    .get(&key)
+                    .is_some_and(|s| s.mirrors.iter().any(|m| m.node == *node && m.synchronised));
+                if !synced {
+                    return Err(MetaError::Admin(format!(
+                        "node {node}'s mirror of queue '{queue}' in vhost '{vhost}' is no longer synchronised"
+                    )));
+                }
+                self.promote_mirror(vhost, queue, *expected_epoch, *node)?
+            }
             Command::SyncQueue {
                 vhost,
                 queue,
@@ -1447,6 +1465,58 @@ mod tests {
         })
         .unwrap();
         assert!(s.mirror_sets.is_empty());
+    }
+
+    /// A promotion decided because the mirror was synchronised is refused if, by the time
+    /// it commits, the mirror's node restarted (a new incarnation: its copy is gone).
+    #[test]
+    fn a_synced_promotion_is_refused_once_the_mirrors_node_restarted() {
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let key = ("/".to_string(), "m".to_string());
+        let mut q = queue("m");
+        q.durable = true;
+        q.home = 1;
+        s.apply(&Command::DeclareQueue(q)).unwrap();
+        let synced = |node| MirrorRecord {
+            node,
+            since: 0,
+            synchronised: true,
+        };
+        s.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 0,
+            mirrors: vec![synced(2), synced(3)],
+        })
+        .unwrap();
+        // Decided while both mirrors are synchronised.
+        let to2 = Command::promote("/", "m", &s.mirror_sets[&key], 2);
+        let to3 = Command::promote("/", "m", &s.mirror_sets[&key], 3);
+        assert!(matches!(to2, Command::PromoteSyncedMirror { node: 2, .. }));
+        // Node 2 restarts before the promotion commits.
+        s.apply(&Command::RegisterNode(NodeRecord {
+            incarnation: 7,
+            ..node(2)
+        }))
+        .unwrap();
+        let copy = s.clone();
+        let err = s.apply(&to2).expect_err("node 2's copy is gone");
+        assert!(err.to_string().contains("no longer synchronised"), "{err}");
+        assert_eq!(s, copy, "a refused promotion changes nothing");
+        // Node 3 still is synchronised: its promotion goes through.
+        s.apply(&to3).unwrap();
+        assert_eq!(s.vhost("/").unwrap().queues["m"].home, 3);
+        // A deliberate promotion of an unsynchronised mirror stays possible.
+        let set = &s.mirror_sets[&key];
+        assert!(matches!(
+            Command::promote("/", "m", set, 2),
+            Command::PromoteMirror { node: 2, .. }
+        ));
+        s.apply(&Command::promote("/", "m", set, 2)).unwrap();
+        assert_eq!(s.vhost("/").unwrap().queues["m"].home, 2);
     }
 
     #[test]

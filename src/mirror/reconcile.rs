@@ -46,12 +46,7 @@ pub fn plan(state: &MetaState, running: &BTreeSet<NodeId>) -> Vec<Command> {
                 expected_version: current.version,
                 mirrors,
             };
-            let promote = |node: NodeId| Command::PromoteMirror {
-                vhost: vhost_name.clone(),
-                queue: name.clone(),
-                expected_epoch: current.epoch,
-                node,
-            };
+            let promote = |node: NodeId| Command::promote(vhost_name, name, &current, node);
             // Exclusive queues are never mirrored. A non-durable mirrored queue is promoted by
             // the `NodeDown` of its master's node itself (see `MetaState`), or deleted.
             let policy = HaPolicy::of(

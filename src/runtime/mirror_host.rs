@@ -62,6 +62,11 @@ struct Shipping {
     incarnation: u64,
     /// The master's member (a handover waits for it to leave).
     member: MemberId,
+    /// Set when a controlled stop starts handing the queue over: from then on no round is
+    /// confirmed, not even one whose lap is under way. The target may die during the
+    /// handover, and a lap completes without a dead member, so a confirm given then could
+    /// be missing from the copy that becomes the queue.
+    handing_over: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct Inner<N, D: Disk + Clone> {
@@ -368,6 +373,12 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
                 continue;
             };
+            // Fenced before the proposal: a round whose lap ends after it commits could lack
+            // the target (if its member died meanwhile) and still be confirmed. Never
+            // lifted: the node is stopping, and a proposal that timed out may yet commit.
+            shipping
+                .handing_over
+                .store(true, std::sync::atomic::Ordering::Release);
             match inner.raft.propose(promote_to(&key, set, node)).await {
                 Ok(r) if r.outcome.is_ok() => {
                     tracing::info!(queue = %key.1, to = node, "handing the queue over");
@@ -440,6 +451,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         if kept.is_empty() {
             return None;
         }
+        let handing_over = shipping.handing_over.clone();
+        if handing_over.load(std::sync::atomic::Ordering::Acquire) {
+            return Some(Box::pin(std::future::ready(false)));
+        }
         // One GM message per 4 MiB of operations (or per bigger message): rounds pipeline,
         // and most GM messages go in one frame rather than in parts.
         let laps: Vec<_> = ops::split_round(kept, super::storage::SYNC_BATCH_BYTES)
@@ -454,12 +469,30 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     .confirmed_broadcast(Bytes::from(msg.encode()))
             })
             .collect();
+        let (raft, me, key, epoch) = (self.raft.clone(), self.node, key.clone(), shipping.epoch);
         Some(Box::pin(async move {
             let mut all = true;
             for lap in laps {
                 all &= lap.await.is_ok();
             }
-            all
+            // A lap completes without a member that died meanwhile: if a promotion committed
+            // while it ran (the new master may be the one that died), the round is not
+            // confirmed, since the copy that now is the queue may lack it.
+            let state = raft.snapshot();
+            let still_master = state
+                .mirror_sets
+                .get(&key)
+                .is_some_and(|s| s.epoch == epoch)
+                && state
+                    .vhosts
+                    .get(&key.0)
+                    .and_then(|v| v.queues.get(&key.1))
+                    .is_some_and(|d| d.home == me);
+            let handing = handing_over.load(std::sync::atomic::Ordering::Acquire);
+            if !(all && still_master) || handing {
+                tracing::debug!(queue = %key.1, laps_done = all, still_master, handing_over = handing, "a round is not confirmed");
+            }
+            all && still_master && !handing
         }))
     }
 
@@ -475,6 +508,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 || self.home_of(&state, key) != Some(self.node)
                 || fenced == Some((s.incarnation, s.epoch))
         });
+        if refuse {
+            tracing::debug!(queue = %key.1, "not shipping for the queue: its round is refused");
+        }
         refuse.then(|| Box::pin(std::future::ready(false)) as LapWait)
     }
 
@@ -824,6 +860,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             self.drop_copy(key, incarnation).await;
             return None;
         };
+        tracing::debug!(queue = %key.1, member = ?m.handle.id(), "mirror joined the queue's group");
         let mut views = self.raft.subscribe();
         m.master = self.home_of(&state, key).unwrap_or(0);
         loop {
@@ -946,6 +983,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     epoch,
                     incarnation,
                     member: m.handle.id(),
+                    handing_over: Arc::default(),
                 },
             );
         }
@@ -1199,6 +1237,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     epoch,
                     incarnation,
                     member: m.handle.id(),
+                    handing_over: Arc::default(),
                 },
             );
             // Nothing goes out until a quorum read confirmed this master (`keep_leases`,
@@ -1612,12 +1651,7 @@ fn policy_of(state: &MetaState, key: &Key) -> Option<HaPolicy> {
 
 /// The command that makes `node`'s mirror the master of `key`, under the next epoch of `set`.
 fn promote_to(key: &Key, set: &MirrorSet, node: NodeId) -> Command {
-    Command::PromoteMirror {
-        vhost: key.0.clone(),
-        queue: key.1.clone(),
-        expected_epoch: set.epoch,
-        node,
-    }
+    Command::promote(&key.0, &key.1, set, node)
 }
 
 fn is_synchronised(state: &MetaState, key: &Key, node: NodeId) -> bool {
@@ -1788,7 +1822,9 @@ async fn reconcile<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, ev
         };
         let running = running(&state);
         for cmd in crate::mirror::reconcile::plan(&state, &running) {
-            if let Command::PromoteMirror { vhost, queue, .. } = &cmd {
+            if let Command::PromoteMirror { vhost, queue, .. }
+            | Command::PromoteSyncedMirror { vhost, queue, .. } = &cmd
+            {
                 // Only once the old master's member is dead in the group (its node recorded
                 // down or restarted): a master that still counts as a member could still
                 // complete laps, and two masters must never both confirm.
@@ -1807,6 +1843,9 @@ async fn reconcile<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, ev
                     continue;
                 }
                 tracing::warn!(vhost = %vhost, queue = %queue, command = ?cmd, "promoting a mirror");
+            }
+            if let Command::SetMirrors { queue, mirrors, .. } = &cmd {
+                tracing::debug!(queue = %queue, mirrors = ?mirrors.iter().map(|m| m.node).collect::<Vec<_>>(), "setting a queue's mirrors");
             }
             if let Err(e) = inner.raft.propose(cmd).await {
                 tracing::debug!(error = %e, "mirror reconciliation step not applied");

@@ -503,6 +503,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         durability.clone(),
         Path::new("/data"),
         &config.storage,
+        clock.now(),
     )?;
     broker.set_pager(storage.clone());
     trace.log(format!(

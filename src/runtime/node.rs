@@ -273,8 +273,13 @@ impl Node {
         }
         let storage = match &durability {
             Some(d) => {
-                let (storage, summary) =
-                    Storage::open(&broker, d.clone(), &config.node.data_dir, &config.storage)?;
+                let (storage, summary) = Storage::open(
+                    &broker,
+                    d.clone(),
+                    &config.node.data_dir,
+                    &config.storage,
+                    clock.now(),
+                )?;
                 tracing::info!(
                     queues = summary.queues,
                     messages = summary.messages,

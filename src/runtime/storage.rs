@@ -185,6 +185,7 @@ impl Storage<Arc<FileDisk>> {
         durability: Arc<Durability>,
         data_dir: &Path,
         config: &StorageConfig,
+        now: crate::time::Instant,
     ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
         Self::open_with(
             Arc::new(FileDisk::new()),
@@ -192,6 +193,7 @@ impl Storage<Arc<FileDisk>> {
             durability,
             data_dir,
             config,
+            now,
         )
     }
 }
@@ -205,6 +207,7 @@ impl<D: Disk + Clone> Storage<D> {
         durability: Arc<Durability>,
         data_dir: &Path,
         config: &StorageConfig,
+        now: crate::time::Instant,
     ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
         let store_dir = data_dir.join("msg_store_persistent");
         let transient_dir = data_dir.join("msg_store_transient");
@@ -267,6 +270,53 @@ impl<D: Disk + Clone> Storage<D> {
                 *refs.entry(MsgId(id)).or_default() += n;
             }
             indexes.insert((handle.vhost.clone(), handle.name.clone()), index);
+        }
+        // A mirrored queue promoted to this node while it caught up: the broker leaves it to
+        // the mirror runtime to adopt this node's copy, and the copy on disk is the queue.
+        // It is recovered here (its bodies counted before unreferenced ones go) if it is a
+        // copy of the queue's present incarnation; any other folder of the name is stale.
+        for (vhost, name, incarnation) in moved_in(broker) {
+            let dir_name = queue_dir_name(&vhost, &name);
+            let dir = queues_dir.join(&dir_name);
+            if read_copy_incarnation(&disk, &dir) != Some(incarnation) {
+                continue;
+            }
+            let icfg = IndexConfig {
+                keep_transient: true,
+                ..icfg.clone()
+            };
+            let head = config.queue_paging_head_messages.max(1);
+            let mut recovered = None;
+            let adopted = broker.adopt_queue(&vhost, &name, now, |handle| {
+                recovered = Some(recover_queue(
+                    &disk,
+                    &dir,
+                    handle,
+                    &icfg,
+                    head,
+                    &msg_store,
+                    broker.epoch_unix_ms(),
+                    // As for any promoted copy: the old master's last deliveries may not
+                    // have reached it.
+                    true,
+                    &mut summary,
+                )?);
+                Ok::<(), StorageError>(())
+            });
+            match adopted {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => continue,
+            }
+            let Some((index, store_refs)) = recovered else {
+                continue;
+            };
+            tracing::info!(vhost = %vhost, queue = %name, "recovered a mirrored queue promoted to this node while it was starting");
+            known_dirs.insert(dir_name);
+            for (id, n) in store_refs {
+                *refs.entry(MsgId(id)).or_default() += n;
+            }
+            indexes.insert((vhost, name), index);
         }
         // Bodies no queue refers to any more (acked before a crash cut the store's own
         // bookkeeping) go, as RabbitMQ's walker does.
@@ -692,6 +742,16 @@ impl<D: Disk + Clone> Storage<D> {
             return Ok(());
         };
         self.remove_copy(state, &key)?;
+        // Which incarnation the folder's copy is of, durable before the copy's first write:
+        // a node that restarts with the copy and finds itself its queue's master by then
+        // recovers it only if it is a copy of the same queue (`open_with`).
+        let dir = self.queues_dir.join(queue_dir_name(vhost, queue));
+        self.disk.create_dir_all(&dir)?;
+        let marker = dir.join(COPY_INCARNATION_FILE);
+        self.disk
+            .write_file(&marker, incarnation.to_string().as_bytes())?;
+        self.disk.sync(&marker)?;
+        self.disk.sync_dir(&dir)?;
         state.copies.insert(key, incarnation);
         Ok(())
     }
@@ -1159,6 +1219,33 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
     }
 }
 
+/// The file in a mirror copy's index folder that names the queue incarnation it copies.
+const COPY_INCARNATION_FILE: &str = "copy.incarnation";
+
+/// The incarnation a mirror copy in `dir` is of (None: not a copy, or unreadable).
+fn read_copy_incarnation<D: Disk>(disk: &D, dir: &Path) -> Option<u64> {
+    let bytes = disk.read(&dir.join(COPY_INCARNATION_FILE)).ok()?;
+    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+}
+
+/// Mirrored queues whose home is this node but which the broker does not run (yet):
+/// promoted here while the node caught up, left to be adopted. (vhost, name, incarnation).
+fn moved_in(broker: &Broker) -> Vec<(String, String, u64)> {
+    let state = broker.snapshot();
+    let me = broker.node_id();
+    let mut out = Vec::new();
+    for ((vhost, name), set) in &state.mirror_sets {
+        let homed_here = state
+            .vhost(vhost)
+            .and_then(|v| v.queues.get(name))
+            .is_some_and(|d| d.home == me && d.durable && d.exclusive_owner.is_none());
+        if homed_here && broker.queue(vhost, name).is_none() {
+            out.push((vhost.clone(), name.clone(), set.incarnation));
+        }
+    }
+    out
+}
+
 fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     if let Ok(names) = disk.list(dir) {
         for n in names {
@@ -1406,6 +1493,7 @@ mod tests {
             d.clone(),
             &data(),
             &StorageConfig::default(),
+            crate::time::Instant::default(),
         )
         .expect("open storage");
         // As the node does: queues read paged messages and stored bodies through storage.
@@ -1437,7 +1525,15 @@ mod tests {
             queue_index_segment_entry_count: 8,
             ..StorageConfig::default()
         };
-        let (s, _) = Storage::open_with(disk, &b, d, &data(), &config).expect("open");
+        let (s, _) = Storage::open_with(
+            disk,
+            &b,
+            d,
+            &data(),
+            &config,
+            crate::time::Instant::default(),
+        )
+        .expect("open");
         b.set_pager(s.clone());
         for i in 0..50u32 {
             publish(&b, &i.to_be_bytes());
@@ -1501,8 +1597,15 @@ mod tests {
         let disk = MemDisk::new();
         let d = Arc::new(Durability::default());
         let b = broker(&d);
-        let (s, _) =
-            Storage::open_with(disk, &b, d, &data(), &StorageConfig::default()).expect("open");
+        let (s, _) = Storage::open_with(
+            disk,
+            &b,
+            d,
+            &data(),
+            &StorageConfig::default(),
+            crate::time::Instant::default(),
+        )
+        .expect("open");
         b.set_pager(s.clone());
         // 1.5 MiB, 5 MiB (bigger than a batch: alone), then more of 1.5 MiB and 1 KiB.
         let sizes = [
@@ -1678,6 +1781,137 @@ mod tests {
             None
         })));
         shipped
+    }
+
+    /// A broker on node 1 following metadata in which `q` (durable, home node 2) is mirrored
+    /// on node 1, synchronised; with `promoted`, node 1's mirror was then promoted (the
+    /// broker leaves the queue to be adopted). The set's incarnation too.
+    fn mirror_broker(d: &Arc<Durability>, promoted: bool) -> (Broker, u64) {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0)
+            .with_node_id(1)
+            .with_durability(d.clone());
+        let mut state = (*broker.snapshot()).clone();
+        let node = |id| {
+            Command::RegisterNode(crate::meta::NodeRecord {
+                id,
+                name: format!("n{id}"),
+                amqp: String::new(),
+                admin: String::new(),
+                link: String::new(),
+                incarnation: 0,
+            })
+        };
+        for c in [
+            node(1),
+            node(2),
+            Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: "q".into(),
+                durable: true,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments: Default::default(),
+                home: 2,
+            }),
+            Command::SetMirrors {
+                vhost: "/".into(),
+                queue: "q".into(),
+                expected_version: 0,
+                mirrors: vec![crate::meta::state::MirrorRecord {
+                    node: 1,
+                    since: 0,
+                    synchronised: true,
+                }],
+            },
+        ] {
+            state.apply(&c).expect("metadata");
+        }
+        broker.follow(Arc::new(state.clone()), Instant::default());
+        if promoted {
+            state
+                .apply(&Command::PromoteMirror {
+                    vhost: "/".into(),
+                    queue: "q".into(),
+                    expected_epoch: 0,
+                    node: 1,
+                })
+                .expect("promote");
+            broker.follow(Arc::new(state.clone()), Instant::default());
+        }
+        assert!(broker.queue("/", "q").is_none(), "no queue of its own here");
+        let key = ("/".to_string(), "q".to_string());
+        (broker, state.mirror_sets[&key].incarnation)
+    }
+
+    /// A mirror promoted while its node was down or catching up (the promotion commits
+    /// before the node's restart re-registers it) finds itself the queue's master at start:
+    /// storage recovers its copy as the queue, bodies included, if the copy is of the
+    /// queue's present incarnation; a stale copy of the name is dropped. Before, every
+    /// copy was pruned at start and the promoted queue came up empty (a whole-cluster
+    /// SIGTERM lost every confirmed message, `tests/mirroring.rs`).
+    #[test]
+    fn a_copy_promoted_while_its_node_was_starting_is_recovered_as_the_queue() {
+        for stale in [false, true] {
+            let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+            let (b, _, s, _) = open(&master_disk);
+            let shipped = capture_rounds(&s);
+            let big = vec![7u8; 10_000];
+            for body in [b"a".to_vec(), big.clone()] {
+                publish(&b, &body);
+            }
+            assert!(s.step());
+            let d = Arc::new(Durability::default());
+            let (mirror_b, incarnation) = mirror_broker(&d, false);
+            let (mirror, _) = Storage::open_with(
+                mirror_disk.clone(),
+                &mirror_b,
+                d,
+                &data(),
+                &StorageConfig::default(),
+                Instant::default(),
+            )
+            .expect("open");
+            let copy_of = if stale { incarnation + 1 } else { incarnation };
+            mirror.start_copy("/", "q", copy_of).expect("a copy starts");
+            for round in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let ops = crate::mirror::ops::decode(round).expect("a batch decodes");
+                mirror
+                    .apply_mirrored("/", "q", copy_of, ops)
+                    .expect("the mirror writes");
+            }
+            mirror_disk.crash();
+            let d = Arc::new(Durability::default());
+            let (promoted, _) = mirror_broker(&d, true);
+            let (storage, summary) = Storage::open_with(
+                mirror_disk.clone(),
+                &promoted,
+                d,
+                &data(),
+                &StorageConfig::default(),
+                Instant::default(),
+            )
+            .expect("reopen");
+            if stale {
+                assert!(
+                    promoted.queue("/", "q").is_none(),
+                    "a stale copy is not the queue"
+                );
+                assert_eq!(summary.messages, 0);
+                continue;
+            }
+            promoted.set_pager(storage);
+            assert_eq!(summary.messages, 2);
+            let got: Vec<(usize, u8, bool)> = contents(&promoted)
+                .into_iter()
+                .map(|(body, redelivered)| (body.len(), body[0], redelivered))
+                .collect();
+            assert_eq!(
+                got,
+                [(1, b'a', true), (big.len(), 7, true)],
+                "the copy is the queue, stored bodies too; its messages may have gone out \
+                 unrecorded"
+            );
+        }
     }
 
     /// A copy belongs to one incarnation of its queue (issue 16): another incarnation's
@@ -1915,6 +2149,7 @@ mod tests {
             d.clone(),
             &data(),
             &StorageConfig::default(),
+            crate::time::Instant::default(),
         )
         .expect("open");
         let props = AMQPProperties::default()
@@ -1940,8 +2175,15 @@ mod tests {
         // The next start is 50 s later on the wall clock: 10 s of the TTL are left.
         let d2 = Arc::new(Durability::default());
         let b2 = broker_at(&d2, 1_050_000);
-        Storage::open_with(disk.clone(), &b2, d2, &data(), &StorageConfig::default())
-            .expect("reopen");
+        Storage::open_with(
+            disk.clone(),
+            &b2,
+            d2,
+            &data(),
+            &StorageConfig::default(),
+            crate::time::Instant::default(),
+        )
+        .expect("reopen");
         let q = b2.queue("/", "q").expect("queue");
         let mut dead = Vec::new();
         let (e, _) = q

@@ -126,6 +126,7 @@ fn open(disk: &MemDisk, pressure: Pressure, durable: bool, generation: u64) -> N
         d,
         &PathBuf::from("/data"),
         &config.storage,
+        crate::time::Instant::default(),
     )
     .expect("open storage");
     broker.set_pager(storage.clone());

@@ -966,6 +966,51 @@ async fn a_queue_declared_again_after_a_cluster_restart_loses_no_confirmed_messa
     }
 }
 
+/// A whole-cluster SIGTERM: the master's node hands its queue over to a mirror whose node is
+/// stopping too. Once it decides to, it confirms nothing more; before, a lap that completed
+/// after the target's member died was confirmed, and the target's copy, which became the
+/// queue, lacked it (`warren-chaos --seed 18`: 123 confirmed messages lost). Every confirmed
+/// message is there after the cluster starts again.
+///
+/// Ignored in the suite: in about one run in three, publishing after a restart stalls (0
+/// confirms in 60 s), an open GM bug (`docs/reliability.md`, open bug 5): mirrors rejoin the
+/// queue's group while it still lists the not-yet-re-registered master node's old member
+/// alive, so each waits for a catch-up that no live member can send. Run it with
+/// `cargo test --test mirroring a_whole_cluster_stop -- --ignored`. Before the fixes, round
+/// 1 lost every confirmed message in 2 of 2 runs; after them none of 14 runs lost one (5 of
+/// them stalled as above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "open bug 5 in docs/reliability.md: confirms can stall after a whole-cluster restart"]
+async fn a_whole_cluster_stop_loses_no_confirmed_message() {
+    let mut cluster = mirrored_cluster("stopall", "ha.stopall").await;
+    for round in 0..3 {
+        let publisher = Publisher::start(&cluster.node(1).amqp_uri(), "ha.stopall").await;
+        let publisher2 = Publisher::numbered_from(
+            &cluster.node(2).amqp_uri(),
+            "ha.stopall",
+            SPAN * (round + 1),
+        )
+        .await;
+        publisher.wait_more(3_000, "before the stop").await;
+        cluster.stop_all();
+        let mut acked = publisher.finish().await;
+        acked.extend(publisher2.finish().await);
+        for n in &mut cluster.nodes {
+            n.spawn();
+        }
+        for i in 0..3 {
+            cluster.wait_serving(i, 1).await;
+        }
+        let drained = drain(&cluster, 3, "ha.stopall").await;
+        eprintln!(
+            "round {round}: {} confirmed, {} drained",
+            acked.len(),
+            drained.len()
+        );
+        check(&acked, &drained);
+    }
+}
+
 /// Issue 16, reproduction 2: node 1 (the master's) is cut off from the others' node links
 /// while clients reach every node. The majority promotes a mirror, and its publisher (on
 /// node 2) must get confirms again while the partition lasts: what node 2 had queued for

@@ -54,7 +54,11 @@ impl NodeProc {
         let child = Command::new(warren_bin())
             .arg("--config")
             .arg(&self.config)
-            .env("RUST_LOG", "info,openraft=warn")
+            // WARREN_NODE_LOG overrides the nodes' log filter when a run needs tracing.
+            .env(
+                "RUST_LOG",
+                std::env::var("WARREN_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -248,6 +252,17 @@ impl Cluster {
             cluster.wait_serving(i, 1).await;
         }
         cluster
+    }
+
+    /// SIGTERM to every running node at once, then waits for each to exit: a whole-cluster
+    /// clean stop, in which every node stops while the others are stopping too.
+    pub fn stop_all(&mut self) {
+        for n in &self.nodes {
+            n.signal(libc::SIGTERM);
+        }
+        for n in &mut self.nodes {
+            n.stop();
+        }
     }
 
     pub fn node(&self, id: u64) -> &NodeProc {

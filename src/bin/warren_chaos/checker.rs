@@ -185,9 +185,10 @@ pub fn check(h: &Inner) -> Verdict {
                                 format!("sent {} {outcome}", h.at(m.sent))
                             })
                     };
-                    let stream = h.streams.get(&d.stream).map_or(String::new(), |(n, w)| {
-                        format!(" ({w} on node{})", n + 1)
-                    });
+                    let stream = h
+                        .streams
+                        .get(&d.stream)
+                        .map_or(String::new(), |(n, w)| format!(" ({w} on node{})", n + 1));
                     let session = h
                         .sessions
                         .iter()

@@ -970,17 +970,10 @@ async fn a_queue_declared_again_after_a_cluster_restart_loses_no_confirmed_messa
 /// stopping too. Once it decides to, it confirms nothing more; before, a lap that completed
 /// after the target's member died was confirmed, and the target's copy, which became the
 /// queue, lacked it (`warren-chaos --seed 18`: 123 confirmed messages lost). Every confirmed
-/// message is there after the cluster starts again.
-///
-/// Ignored in the suite: in about one run in three, publishing after a restart stalls (0
-/// confirms in 60 s), an open GM bug (`docs/reliability.md`, open bug 5): mirrors rejoin the
-/// queue's group while it still lists the not-yet-re-registered master node's old member
-/// alive, so each waits for a catch-up that no live member can send. Run it with
-/// `cargo test --test mirroring a_whole_cluster_stop -- --ignored`. Before the fixes, round
-/// 1 lost every confirmed message in 2 of 2 runs; after them none of 14 runs lost one (5 of
-/// them stalled as above).
+/// message is there after the cluster starts again. Before the fixes, round 1 lost every
+/// confirmed message in 2 of 2 runs; with them but before the GM fix for orphaned joiners
+/// (`docs/gm.md`), publishing after a restart stalled in 5 of 14 runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "open bug 5 in docs/reliability.md: confirms can stall after a whole-cluster restart"]
 async fn a_whole_cluster_stop_loses_no_confirmed_message() {
     let mut cluster = mirrored_cluster("stopall", "ha.stopall").await;
     for round in 0..3 {

@@ -151,6 +151,11 @@ pub struct Member<M> {
     /// Highest own publish whose lap has completed (with durable acks, the ack lap; confirms
     /// also wait for own release).
     lap_done: Option<PubNum>,
+    /// The members alive when it joined (not when it joined alone): its state can only come
+    /// from them, by a catch-up from its left neighbour, or through a chain starting there.
+    join_peers: BTreeSet<MemberId>,
+    /// Stopped because every member it could get its state from died before it got it.
+    orphaned: bool,
 }
 
 impl<M: Clone> Member<M> {
@@ -178,6 +183,8 @@ impl<M: Clone> Member<M> {
             delivered: BTreeMap::new(),
             held_out: VecDeque::new(),
             lap_done: None,
+            join_peers: BTreeSet::new(),
+            orphaned: false,
         };
         if !m.view.is_alive(me) {
             m.stopped = true;
@@ -187,6 +194,8 @@ impl<M: Clone> Member<M> {
         if alone {
             m.state = Some(BTreeMap::from([(me, Pending::default())]));
             m.seen_alive.insert(me);
+        } else {
+            m.join_peers = m.view.ring.iter().copied().filter(|id| *id != me).collect();
         }
         m.events.push_back(Event::Joined {
             members: m.view.ring.clone(),
@@ -241,6 +250,12 @@ impl<M: Clone> Member<M> {
     /// Whether it has stopped (lost membership).
     pub fn is_stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// Whether it stopped because everyone it could get its state from died first (see
+    /// [`Member::handle_view`]); its owner must record it dead.
+    pub fn is_orphaned(&self) -> bool {
+        self.orphaned
     }
 
     /// Whether it has its state (a joiner gets it with its first catch-up).
@@ -349,6 +364,21 @@ impl<M: Clone> Member<M> {
         let old = std::mem::replace(&mut self.view, new);
         if !self.view.is_alive(self.me) {
             self.stopped = true;
+            self.events.push_back(Event::Stopped);
+            return;
+        }
+        if self.state.is_none()
+            && self.view.ring != [self.me]
+            && self.join_peers.iter().all(|p| !self.view.is_alive(*p))
+        {
+            // Every member that could catch it up died before doing so, and the others in
+            // the ring are joiners too: none of them may ever hold state (after a
+            // whole-cluster restart, all of them joined while a restarted node's old member
+            // still counted as alive), and a ring without state completes no lap. It has
+            // delivered nothing, so it stops; its owner marks it dead and joins again, and
+            // a ring emptied this way starts afresh with whoever joins first, alone.
+            self.stopped = true;
+            self.orphaned = true;
             self.events.push_back(Event::Stopped);
             return;
         }

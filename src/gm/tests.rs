@@ -970,3 +970,51 @@ fn a_leave_with_messages_pending_drains_first_then_the_rest_carry_on() {
     }
     assert!(r.all_quiet());
 }
+
+/// After a whole-cluster restart two joiners came in while the record still listed a
+/// restarted node's old member alive (`docs/reliability.md`, bug 5). When that member is
+/// recorded dead, no one in the ring holds state: the first joiner, whose only possible
+/// source of state is gone, stops (orphaned) rather than wait for ever; once it is recorded
+/// dead the second is alone and starts afresh. A joiner whose source lives keeps waiting,
+/// and a member with state never orphans.
+#[test]
+fn joiners_whose_every_source_of_state_died_stop_and_the_ring_starts_afresh() {
+    let (ghost, j1, j2, old) = (m(3), m(1), m(2), m(4));
+    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
+    let v1 = record(1, vec![Slot::Alive(ghost), Slot::Alive(j1)]);
+    let mut a: Member<String> = Member::new(j1, &v1);
+    assert!(!a.is_ready());
+    let v2 = record(
+        2,
+        vec![Slot::Alive(ghost), Slot::Alive(j1), Slot::Alive(j2)],
+    );
+    a.handle_view(&v2);
+    let mut b: Member<String> = Member::new(j2, &v2);
+    // The ghost is recorded dead: a ring of two joiners, neither with state.
+    let v3 = record(3, vec![Slot::Dead(ghost), Slot::Alive(j1), Slot::Alive(j2)]);
+    a.handle_view(&v3);
+    b.handle_view(&v3);
+    assert!(a.is_stopped() && a.is_orphaned(), "j1's only source died");
+    assert!(
+        std::iter::from_fn(|| a.poll_event()).any(|e| e == Event::Stopped),
+        "its owner hears it stopped"
+    );
+    assert!(!b.is_stopped(), "j2 may still get state from j1");
+    // j1 recorded dead: j2 is alone, and has state.
+    let v4 = record(4, vec![Slot::Dead(ghost), Slot::Dead(j1), Slot::Alive(j2)]);
+    b.handle_view(&v4);
+    assert!(!b.is_stopped() && b.is_ready());
+    b.confirmed_broadcast("after".into(), 7);
+    assert!(
+        std::iter::from_fn(|| b.poll_event()).any(|e| e == Event::Confirmed(7)),
+        "a lone member confirms"
+    );
+    // A member with state is never orphaned by its peers' deaths.
+    let w1 = record(1, vec![Slot::Alive(old)]);
+    let mut c: Member<String> = Member::new(old, &w1);
+    let w2 = record(2, vec![Slot::Alive(old), Slot::Alive(j1), Slot::Alive(j2)]);
+    c.handle_view(&w2);
+    let w3 = record(3, vec![Slot::Alive(old), Slot::Dead(j1), Slot::Alive(j2)]);
+    c.handle_view(&w3);
+    assert!(!c.is_stopped() && !c.is_orphaned());
+}

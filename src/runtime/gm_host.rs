@@ -566,6 +566,16 @@ impl<N: GmNet + Clone> MemberTask<N> {
             self.pump();
             self.maybe_leave();
         }
+        if self.member.is_orphaned() {
+            // Still alive in the record: dead there, or it would hold the others up.
+            tracing::info!("member orphaned (everyone who could catch it up died first): leaving");
+            let record = record_dead(self.host.clone(), self.group.clone(), self.me);
+            tokio::spawn(async move {
+                if let Err(e) = record.await {
+                    tracing::warn!(error = %e, "cannot record an orphaned member dead");
+                }
+            });
+        }
         self.stop();
     }
 
@@ -684,24 +694,9 @@ impl<N: GmNet + Clone> MemberTask<N> {
         let Some(tx) = self.leaving.take() else {
             return;
         };
-        let host = self.host.clone();
-        let group = self.group.clone();
-        let me = self.me;
+        let record = record_dead(self.host.clone(), self.group.clone(), self.me);
         tokio::spawn(async move {
-            let gone = |r: &GroupRecord| !r.members.contains(&Slot::Alive(me));
-            let dead = |r: &GroupRecord| {
-                r.members
-                    .iter()
-                    .map(|s| {
-                        if *s == Slot::Alive(me) {
-                            Slot::Dead(me)
-                        } else {
-                            *s
-                        }
-                    })
-                    .collect()
-            };
-            let _ = tx.send(host.change_record(&group, gone, dead).await);
+            let _ = tx.send(record.await);
         });
     }
 
@@ -717,6 +712,28 @@ impl<N: GmNet + Clone> MemberTask<N> {
         lock(&inner.inbox).forget(&self.group, self.me);
         let _ = self.events.send(Event::Stopped);
     }
+}
+
+/// Marks member `me` dead in `group`'s record (a leave, or an orphaned member's exit).
+async fn record_dead<N: GmNet + Clone>(
+    host: GmHost<N>,
+    group: String,
+    me: MemberId,
+) -> Result<(), GmError> {
+    let gone = |r: &GroupRecord| !r.members.contains(&Slot::Alive(me));
+    let dead = |r: &GroupRecord| {
+        r.members
+            .iter()
+            .map(|s| {
+                if *s == Slot::Alive(me) {
+                    Slot::Dead(me)
+                } else {
+                    *s
+                }
+            })
+            .collect()
+    };
+    host.change_record(&group, gone, dead).await
 }
 
 /// One stream: sends `rx`'s messages to member `to`, one batch in flight, resending until

@@ -23,15 +23,16 @@ cargo build --release --bin warren --bin warrenctl --bin warren-chaos
 #   25  minority partition of node2, flapping cut of node2, policy changes
 #   37  minority partitions of ha.q1's master and of node1
 # and on five nodes:
-#   6   a two-node minority partition, kill -9 of the leader
-# Seeds that found the open bugs listed in docs/reliability.md (the whole-cluster kill -9
-# ones: 3, 5, 7, 12, 18, 23, 27; and 24, which lost confirms once) are left out until
-# those are fixed; run them by hand.
+#   3   kill -9 of node3, a whole-cluster kill -9, a one-node minority partition (5-node seed
+#       6 is out: once a client hung at the stop, open bug 8 in docs/reliability.md)
+# Seeds that found the bugs listed in docs/reliability.md are left out while their bug is
+# open (3-node 7 and 24; 5-node 6); 3-node 3, 5, 12, 18, 23 and 27 found bugs fixed since,
+# and are not in the set yet. Run them by hand.
 status=0
 for seed in 10 16 19 20 25 37; do
     "$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --seed "$seed" \
         | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 done
-"$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --nodes 5 --seed 6 \
+"$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --nodes 5 --seed 3 \
     | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 exit "$status"

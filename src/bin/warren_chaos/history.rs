@@ -86,6 +86,9 @@ pub struct Inner {
     pub faults_end: Option<Instant>,
     /// Problems the workload hit that are failures by themselves.
     pub errors: Vec<String>,
+    /// Client calls that never returned and were given up (bug 8 in docs/reliability.md):
+    /// not failures by themselves, since the checkers still judge every message, but named.
+    pub stalls: Vec<String>,
     /// When the schedule started: the run log's times count from here.
     pub t0: Option<Instant>,
 }
@@ -159,6 +162,12 @@ impl History {
 
     pub fn error(&self, e: String) {
         self.lock().errors.push(e);
+    }
+
+    pub fn stall(&self, what: String) {
+        let mut h = self.lock();
+        let at = h.at(Instant::now());
+        h.stalls.push(format!("{at} {what}"));
     }
 }
 

@@ -76,6 +76,9 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
             for n in &verdict.notes {
                 println!("  | {n}");
             }
+            for s in &history.lock().stalls {
+                println!("  | client stall: {s}");
+            }
             reasons.extend(verdict.reasons.iter().cloned());
         }
     }
@@ -94,6 +97,10 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
         ok(verdict.liveness_errors),
         if passed { "PASS" } else { "FAIL" },
     );
+    let stalls = history.lock().stalls.len();
+    if stalls > 0 {
+        line.push_str(&format!(" (client_stalls={stalls})"));
+    }
     if verdict.returned > 0 {
         line.push_str(&format!(" (returned_unroutable={})", verdict.returned));
     }

@@ -26,6 +26,10 @@ const WINDOW: u64 = 10;
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 /// A publish the client library has not taken by then is unknown (the connection is given up).
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// An ack or reject lapin has not written by then is given up with its connection. lapin
+/// resolves one once the frame is on the socket, so a wait this long is not the broker's
+/// backpressure (a consumer writes at most a prefetch's worth of small frames).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every client shares.
 #[derive(Clone)]
@@ -273,14 +277,45 @@ async fn consume_session(
             Ok(Some(Ok(Some(d)))) => d,
         };
         record(ctx, &d.data, stream, d.redelivered);
-        let r = if rng.gen_range(0..40) == 0 {
-            d.reject(BasicRejectOptions { requeue: true }).await
-        } else {
-            d.ack(BasicAckOptions::default()).await
+        let reject = rng.gen_range(0..40) == 0;
+        let settle = async {
+            if reject {
+                d.reject(BasicRejectOptions { requeue: true }).await
+            } else {
+                d.ack(BasicAckOptions::default()).await
+            }
         };
-        r.context("ack")?;
+        settle_within(ctx, conn, stream, node, settle).await?;
     }
     Ok(())
+}
+
+/// Waits for an ack or reject to be written, for at most [`SETTLE_TIMEOUT`]; a stall is
+/// recorded with the connection's state and ends the session.
+async fn settle_within(
+    ctx: &Ctx,
+    conn: &Connection,
+    stream: u64,
+    node: usize,
+    settle: impl std::future::Future<Output = lapin::Result<bool>>,
+) -> Result<()> {
+    match tokio::time::timeout(SETTLE_TIMEOUT, settle).await {
+        Ok(r) => r.map(drop).context("ack"),
+        Err(_) => {
+            let st = conn.status();
+            ctx.history.stall(format!(
+                "stream {stream} (node{}): an ack was not written within {SETTLE_TIMEOUT:?}; \
+                 connection connected={} blocked={} closing={} closed={} errored={}",
+                node + 1,
+                st.connected(),
+                st.blocked(),
+                st.closing(),
+                st.closed(),
+                st.errored()
+            ));
+            Err(anyhow!("ack stalled"))
+        }
+    }
 }
 
 /// Now and then a `basic.get` (manual ack) on either queue, through any node.
@@ -306,7 +341,8 @@ pub async fn getter(ctx: Ctx, seed: u64) {
                 .await??;
                 if let Some(m) = got {
                     record(&ctx, &m.delivery.data, stream, m.delivery.redelivered);
-                    m.delivery.ack(BasicAckOptions::default()).await?;
+                    let ack = m.delivery.ack(BasicAckOptions::default());
+                    settle_within(&ctx, &conn, stream, node, ack).await?;
                 }
             }
             Ok(())

@@ -94,6 +94,9 @@ listen = "$ip:5679"
 [management]
 listen = "$ip:15672"
 
+[prometheus]
+listen = "$ip:15692"
+
 [cluster]
 node_id = $i
 cluster_id = "bench-mirrored"

@@ -46,7 +46,7 @@ fn config(id: usize, data: &Path) -> String {
     let ip = IPS[id - 1];
     format!(
         "[node]\nname = \"warren{id}@bench\"\ndata_dir = \"{}\"\n\n[amqp]\nlisten = \"{ip}:5672\"\n\n\
-         [admin]\nlisten = \"{ip}:5679\"\n\n[management]\nlisten = \"{ip}:15672\"\n\n[cluster]\nnode_id = {id}\ncluster_id = \"bench\"\n\
+         [admin]\nlisten = \"{ip}:5679\"\n\n[management]\nlisten = \"{ip}:15672\"\n\n[prometheus]\nlisten = \"{ip}:15692\"\n\n[cluster]\nnode_id = {id}\ncluster_id = \"bench\"\n\
          listen = \"{ip}:25672\"\n\n{members}",
         data.display()
     )

@@ -158,7 +158,7 @@ fn config(id: usize, data: &std::path::Path, o: &Opts) -> String {
     let ip = IPS[id - 1];
     format!(
         "[node]\nname = \"warren{id}@bench\"\ndata_dir = \"{}\"\n\n[amqp]\nlisten = \"{ip}:5672\"\n\n\
-         [admin]\nlisten = \"{ip}:5679\"\n\n[management]\nlisten = \"{ip}:15672\"\n\n[cluster]\nnode_id = {id}\ncluster_id = \"bench-mirrored\"\n\
+         [admin]\nlisten = \"{ip}:5679\"\n\n[management]\nlisten = \"{ip}:15672\"\n\n[prometheus]\nlisten = \"{ip}:15692\"\n\n[cluster]\nnode_id = {id}\ncluster_id = \"bench-mirrored\"\n\
          listen = \"{ip}:25672\"\n{timing}\n{members}",
         data.display()
     )

@@ -55,6 +55,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// `[management]`: RabbitMQ's management HTTP API.
     pub management: ManagementConfig,
+    /// `[prometheus]`: the Prometheus metrics endpoint.
+    pub prometheus: PrometheusConfig,
     /// `[[vhosts]]`.
     pub vhosts: Vec<VhostConfig>,
     /// `[[users]]`.
@@ -203,12 +205,52 @@ impl Default for ManagementConfig {
 impl ManagementConfig {
     /// The address to bind, or none when the listener is off (validated at load).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
-        if self.listen.is_empty() {
-            None
-        } else {
-            self.listen.parse().ok()
+        optional_addr(&self.listen)
+    }
+}
+
+/// `[prometheus]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrometheusConfig {
+    /// Address of the metrics endpoint (`/metrics`, `/metrics/per-object`; RabbitMQ's
+    /// `prometheus.tcp.port`); `""` turns it off.
+    pub listen: String,
+}
+
+impl Default for PrometheusConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:15692".into(),
         }
     }
+}
+
+impl PrometheusConfig {
+    /// The address to bind, or none when the listener is off (validated at load).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        optional_addr(&self.listen)
+    }
+}
+
+/// A listener address that `""` turns off.
+fn optional_addr(listen: &str) -> Option<SocketAddr> {
+    if listen.is_empty() {
+        None
+    } else {
+        listen.parse().ok()
+    }
+}
+
+/// Refuses a listener address that is neither an address nor `""`.
+fn check_optional_addr(key: &'static str, listen: &str) -> Result<(), ConfigError> {
+    if listen.is_empty() || listen.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key,
+        reason: format!("`{listen}` is not an address (host:port), nor \"\" (off)"),
+    })
 }
 
 /// `[storage]`.
@@ -330,6 +372,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             admin: AdminConfig::default(),
             management: ManagementConfig::default(),
+            prometheus: PrometheusConfig::default(),
             vhosts: vec![VhostConfig { name: "/".into() }],
             users: vec![UserConfig {
                 name: "guest".into(),
@@ -379,6 +422,7 @@ impl Config {
         config.amqp.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.management.listen = "127.0.0.1:0".into();
+        config.prometheus.listen = "127.0.0.1:0".into();
         config.node.data_dir = data_dir.to_path_buf();
         config.limits.memory_high_watermark_bytes = 1 << 30;
         config
@@ -392,17 +436,8 @@ impl Config {
                 reason: "must be 0 (no limit) or at least 4096".into(),
             });
         }
-        if !self.management.listen.is_empty()
-            && self.management.listen.parse::<SocketAddr>().is_err()
-        {
-            return Err(ConfigError::Invalid {
-                key: "management.listen",
-                reason: format!(
-                    "`{}` is not an address (host:port), nor \"\" (off)",
-                    self.management.listen
-                ),
-            });
-        }
+        check_optional_addr("management.listen", &self.management.listen)?;
+        check_optional_addr("prometheus.listen", &self.prometheus.listen)?;
         if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
             return Err(ConfigError::Invalid {
                 key: "limits.memory_high_watermark_fraction",
@@ -506,6 +541,13 @@ mod tests {
         let on = Config::parse("[management]\nlisten = \"127.0.0.1:0\"\n", "t").expect("on");
         assert!(on.management.listen_addr().is_some());
         let err = Config::parse("[management]\nlisten = \"nowhere\"\n", "t").unwrap_err();
+        let prom = Config::parse("[prometheus]\nlisten = \"\"\n", "t").expect("off");
+        assert_eq!(prom.prometheus.listen_addr(), None);
+        assert_eq!(
+            Config::default().prometheus.listen_addr(),
+            Some(SocketAddr::from(([127, 0, 0, 1], 15692)))
+        );
+        assert!(Config::parse("[prometheus]\nlisten = \"x\"\n", "t").is_err());
         assert!(err.to_string().contains("management.listen"), "{err}");
     }
 

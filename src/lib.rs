@@ -31,6 +31,7 @@ pub mod cluster;
 pub mod config;
 pub mod gm;
 pub mod meta;
+pub mod metrics;
 pub mod mgmt;
 pub mod mirror;
 pub mod runtime;

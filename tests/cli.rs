@@ -67,7 +67,7 @@ fn sigterm_closes_clients_with_320_and_exits_0() {
     std::fs::write(
         &cfg,
         format!(
-            "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n",
+            "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n[prometheus]\nlisten = \"127.0.0.1:0\"\n",
             dir.join("data").display()
         ),
     )

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 const CORES: &[&str] = &[
-    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "cluster", "mgmt", "time.rs",
+    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "cluster", "mgmt", "metrics",
+    "time.rs",
 ];
 const FORBIDDEN: &[&str] = &[
     "tokio",

@@ -87,6 +87,8 @@ pub struct Broker {
     remote_outcomes: RemoteOutcomes,
     /// Live connections, channels and consumers, for the admin listings.
     sessions: Arc<registry::Registry>,
+    /// What the node counts for its Prometheus endpoint.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -142,6 +144,7 @@ impl Broker {
             remote: std::sync::OnceLock::new(),
             remote_outcomes: RemoteOutcomes::default(),
             sessions: Arc::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -199,6 +202,16 @@ impl Broker {
     /// The node's live connections, channels and consumers, which sessions register.
     pub fn sessions(&self) -> &Arc<registry::Registry> {
         &self.sessions
+    }
+
+    /// What the node counts for its Prometheus endpoint.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
+    }
+
+    /// The memory high watermark, in bytes.
+    pub fn memory_high_watermark(&self) -> u64 {
+        self.memory_high_watermark
     }
 
     /// Sets what reads paged messages back, for existing and future queues (once, when
@@ -369,6 +382,7 @@ impl Broker {
             for (vhost, name) in &applied.removed.queues {
                 if let Some(h) = queues.get_mut(vhost).and_then(|v| v.remove(name)) {
                     h.lock().delete(&h);
+                    self.metrics.queues_deleted.inc();
                 }
             }
             // A policy change reshapes every live queue of its vhost.
@@ -397,6 +411,7 @@ impl Broker {
 
     /// A queue's runtime state, with its arguments combined with its effective policy.
     fn new_queue(&self, def: &QueueDef, args: QueueArgs, now: Instant) -> Arc<QueueHandle> {
+        self.metrics.queues_created.inc();
         let mut q = Queue::new(
             args,
             def.exclusive_owner,
@@ -438,6 +453,7 @@ impl Broker {
             for vname in gone {
                 for (_, h) in queues.remove(&vname).unwrap_or_default() {
                     h.lock().delete(&h);
+                    self.metrics.queues_deleted.inc();
                 }
             }
             for (vname, v) in &state.vhosts {
@@ -481,6 +497,7 @@ impl Broker {
                                     h.lock().move_away(&h);
                                 } else {
                                     h.lock().delete(&h);
+                                    self.metrics.queues_deleted.inc();
                                 }
                             }
                         }

@@ -385,6 +385,11 @@ impl Queue {
         (self.ready_len as u64 + self.returned.len() as u64 + self.q1.len() as u64 + paged) as u32
     }
 
+    /// Body bytes of the ready messages (in memory or paged out).
+    pub fn ready_bytes(&self) -> u64 {
+        self.ready_bytes + self.paged_bytes()
+    }
+
     /// Delivered but unacknowledged messages.
     pub fn unacked_count(&self) -> u32 {
         self.unacked.len() as u32

@@ -154,7 +154,10 @@ impl Cluster {
             cc.node_id,
             transport.clone(),
             raft.clone(),
-            GmHostConfig::default(),
+            GmHostConfig {
+                lap_latency: Some(broker.metrics().gm_lap_latency.clone()),
+                ..GmHostConfig::default()
+            },
         );
         let gm_frames = gm.clone();
         transport.serve_gm(Arc::new(move |frame: &[u8]| gm_frames.handle_frame(frame)));

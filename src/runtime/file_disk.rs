@@ -7,18 +7,30 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use prometheus_client::metrics::histogram::Histogram;
+
 use crate::store::disk::{Disk, DiskError};
 
 /// Files on the local file system. Keeps append handles open so appends cost one syscall.
 #[derive(Debug, Default)]
 pub struct FileDisk {
     open: Mutex<HashMap<PathBuf, File>>,
+    /// Where each file fsync's duration goes (`warren_fsync_latency_seconds`), if anywhere.
+    fsync_latency: Option<Histogram>,
 }
 
 impl FileDisk {
     /// A file disk.
     pub fn new() -> FileDisk {
         FileDisk::default()
+    }
+
+    /// A file disk that records how long each file fsync takes in `h`.
+    pub fn timing_fsyncs(h: Histogram) -> FileDisk {
+        FileDisk {
+            fsync_latency: Some(h),
+            ..FileDisk::default()
+        }
     }
 
     fn with_file<T>(
@@ -134,7 +146,12 @@ impl Disk for FileDisk {
 
     fn sync(&self, path: &Path) -> Result<(), DiskError> {
         self.with_file(path, |f| {
-            f.sync_data().map_err(|e| DiskError::io("fsync", path, e))
+            let started = std::time::Instant::now();
+            let r = f.sync_data().map_err(|e| DiskError::io("fsync", path, e));
+            if let Some(h) = &self.fsync_latency {
+                h.observe(started.elapsed().as_secs_f64());
+            }
+            r
         })
     }
 

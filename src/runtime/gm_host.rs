@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -63,6 +64,8 @@ pub struct GmHostConfig {
     pub cas_retry: Duration,
     /// Attempts for a join, leave or erase before giving up.
     pub cas_attempts: usize,
+    /// Where each confirmed broadcast's lap time goes (`warren_gm_lap_latency_seconds`).
+    pub lap_latency: Option<Histogram>,
 }
 
 impl Default for GmHostConfig {
@@ -75,6 +78,7 @@ impl Default for GmHostConfig {
             max_activity_bytes: 4 << 20,
             cas_retry: Duration::from_millis(20),
             cas_attempts: 200,
+            lap_latency: None,
         }
     }
 }
@@ -500,7 +504,8 @@ struct MemberTask<N> {
     me: MemberId,
     member: Member<Bytes>,
     senders: BTreeMap<MemberId, (mpsc::UnboundedSender<GmMsg<Bytes>>, JoinHandle<()>)>,
-    confirms: BTreeMap<u64, oneshot::Sender<Result<(), GmError>>>,
+    /// Confirmed broadcasts whose lap is not over, with when they were taken.
+    confirms: BTreeMap<u64, (oneshot::Sender<Result<(), GmError>>, tokio::time::Instant)>,
     next_token: u64,
     leaving: Option<oneshot::Sender<Result<(), GmError>>>,
     events: mpsc::UnboundedSender<Event<Bytes>>,
@@ -591,7 +596,8 @@ impl<N: GmNet + Clone> MemberTask<N> {
                 let n = msg.len();
                 let token = self.next_token;
                 self.next_token += 1;
-                self.confirms.insert(token, tx);
+                self.confirms
+                    .insert(token, (tx, tokio::time::Instant::now()));
                 // Flushed with the rest of the batch (see `run`).
                 self.member.confirmed_broadcast_buffered(msg, token);
                 n
@@ -633,7 +639,10 @@ impl<N: GmNet + Clone> MemberTask<N> {
         while let Some(event) = self.member.poll_event() {
             match event {
                 Event::Confirmed(token) => {
-                    if let Some(tx) = self.confirms.remove(&token) {
+                    if let Some((tx, taken)) = self.confirms.remove(&token) {
+                        if let Some(h) = &self.host.inner.cfg.lap_latency {
+                            h.observe(taken.elapsed().as_secs_f64());
+                        }
                         let _ = tx.send(Ok(()));
                     }
                 }
@@ -704,7 +713,7 @@ impl<N: GmNet + Clone> MemberTask<N> {
         for (_, (_, task)) in std::mem::take(&mut self.senders) {
             task.abort();
         }
-        for (_, tx) in std::mem::take(&mut self.confirms) {
+        for (_, (tx, _)) in std::mem::take(&mut self.confirms) {
             let _ = tx.send(Err(GmError::Stopped));
         }
         let inner = &self.host.inner;

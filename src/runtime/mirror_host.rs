@@ -1481,6 +1481,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         let mut from = 0;
         let started = std::time::Instant::now();
         let mut copied = 0usize;
+        let progress = SyncProgress {
+            metrics: self.broker.metrics().clone(),
+            key: key.clone(),
+        };
+        progress.at(0, below);
         loop {
             let storage = self.storage.clone();
             let (vhost, name) = key.clone();
@@ -1518,7 +1523,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
             copied += n;
             match next {
-                Some(n) => from = n,
+                Some(n) => {
+                    from = n;
+                    progress.at(n, below);
+                }
                 None => break,
             }
         }
@@ -1550,6 +1558,26 @@ async fn leave(m: &mut Membership) {
                 Some(_) => {}
             }
         }
+    }
+}
+
+/// A running backlog copy as the metrics show it; gone from them when dropped, however
+/// the copy ends.
+struct SyncProgress {
+    metrics: Arc<crate::metrics::Metrics>,
+    key: Key,
+}
+
+impl SyncProgress {
+    fn at(&self, next: u64, below: u64) {
+        self.metrics
+            .sync_progress(&self.key.0, &self.key.1, next, below);
+    }
+}
+
+impl Drop for SyncProgress {
+    fn drop(&mut self) {
+        self.metrics.sync_ended(&self.key.0, &self.key.1);
     }
 }
 

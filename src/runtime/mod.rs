@@ -13,6 +13,7 @@
 //! - [`gm_host`]: a node's GM members, their views from the metadata, their messages over
 //!   the node links (or any [`gm_host::GmNet`]).
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
+//! - [`mgmt`], [`prometheus`]: the management HTTP API and the metrics endpoint.
 
 pub mod admin;
 pub mod clock;
@@ -26,6 +27,7 @@ pub mod mgmt;
 pub mod mirror_host;
 pub mod node;
 pub mod node_link;
+pub mod prometheus;
 pub mod relay;
 pub mod storage;
 pub mod transport;

@@ -52,6 +52,7 @@ pub struct Node {
     addr: SocketAddr,
     admin_addr: SocketAddr,
     mgmt_addr: Option<SocketAddr>,
+    prometheus_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
     tracker: TaskTracker,
@@ -198,6 +199,8 @@ impl Node {
             })?),
             None => None,
         };
+        let (prometheus_listener, prometheus_addr) =
+            bind_optional(config.prometheus.listen_addr()).await?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
         let mut tasks = Vec::new();
@@ -257,6 +260,24 @@ impl Node {
                     clock,
                     meta: meta.clone(),
                     loopback_users: Arc::new(config.amqp.loopback_users.clone()),
+                },
+                shutdown_rx.clone(),
+            )));
+        }
+        if let (Some(listener), Some(addr)) = (prometheus_listener, prometheus_addr) {
+            tracing::info!(%addr, "prometheus metrics listening");
+            tasks.push(tokio::spawn(super::prometheus::serve(
+                listener,
+                super::prometheus::PrometheusContext {
+                    broker: broker.clone(),
+                    node: config.node.name.clone(),
+                    cluster: config
+                        .cluster
+                        .as_ref()
+                        .map_or_else(|| config.node.name.clone(), |c| c.cluster_id.clone()),
+                    raft: cluster.as_ref().map(|c| c.raft().clone()),
+                    disk_free_limit_bytes: config.limits.disk_free_limit_bytes,
+                    started: std::time::Instant::now(),
                 },
                 shutdown_rx.clone(),
             )));
@@ -391,6 +412,10 @@ impl Node {
                         if ticks.is_multiple_of(10) {
                             let free = super::disk_free::available_bytes(&data_dir);
                             let low = free.is_some_and(|f| f < disk_free_limit);
+                            let m = monitor_broker.metrics();
+                            let bytes = free.map_or(-1, |f| i64::try_from(f).unwrap_or(i64::MAX));
+                            m.disk_free_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+                            m.disk_alarm.store(i64::from(low), std::sync::atomic::Ordering::Relaxed);
                             if low != disk_low {
                                 if low {
                                     tracing::warn!(free = ?free, limit = disk_free_limit, "disk alarm set: free space below disk_free_limit_bytes");
@@ -443,6 +468,7 @@ impl Node {
             addr,
             admin_addr,
             mgmt_addr,
+            prometheus_addr,
             broker,
             shutdown: shutdown_tx,
             tracker,
@@ -467,6 +493,11 @@ impl Node {
     /// The management HTTP API's address, when it is on.
     pub fn mgmt_addr(&self) -> Option<SocketAddr> {
         self.mgmt_addr
+    }
+
+    /// The Prometheus endpoint's address, when it is on.
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        self.prometheus_addr
     }
 
     /// The broker (for inspection in tests and admin tools).
@@ -512,4 +543,17 @@ impl Node {
         }
         tracing::info!("node stopped");
     }
+}
+
+/// Binds `addr` when a listener is configured there: (listener, its bound address).
+async fn bind_optional(
+    addr: Option<SocketAddr>,
+) -> Result<(Option<tokio::net::TcpListener>, Option<SocketAddr>), NodeError> {
+    let Some(a) = addr else {
+        return Ok((None, None));
+    };
+    let bind = |source| NodeError::Bind { addr: a, source };
+    let listener = tokio::net::TcpListener::bind(a).await.map_err(bind)?;
+    let local = listener.local_addr().map_err(bind)?;
+    Ok((Some(listener), Some(local)))
 }

@@ -187,14 +187,8 @@ impl Storage<Arc<FileDisk>> {
         config: &StorageConfig,
         now: crate::time::Instant,
     ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
-        Self::open_with(
-            Arc::new(FileDisk::new()),
-            broker,
-            durability,
-            data_dir,
-            config,
-            now,
-        )
+        let disk = FileDisk::timing_fsyncs(broker.metrics().fsync_latency.clone());
+        Self::open_with(Arc::new(disk), broker, durability, data_dir, config, now)
     }
 }
 

@@ -29,6 +29,7 @@ use crate::broker::{
     QueueRef, RemoteConsumer, RemoteOutcomes, Settle,
 };
 use crate::meta::Command;
+use crate::metrics::Metrics;
 use crate::time::Instant;
 
 #[derive(Debug)]
@@ -100,6 +101,8 @@ enum Waiting {
     Confirm {
         /// Publish sequence number.
         seq: u64,
+        /// When the publish came (for the confirm latency).
+        at: Instant,
         /// Ack (true) or nack.
         ack: bool,
         /// Group-commit ticket (0: none).
@@ -172,6 +175,26 @@ pub struct Channel {
     /// This channel's entry in the broker's session registry: updated when what it shows
     /// changes (counts with a relaxed store, no lock).
     listed: ChannelHandle,
+    /// The node's Prometheus counters.
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // A channel is dropped once, when it is gone for good (closed, or its connection).
+        self.metrics.channels_closed.inc();
+    }
+}
+
+/// Counts a routed publish, or an unroutable one as returned or dropped.
+fn count_routing(metrics: &Metrics, routed: usize, mandatory: bool) {
+    if routed > 0 {
+        metrics.routed.inc();
+    } else if mandatory {
+        metrics.unroutable_returned.inc();
+    } else {
+        metrics.unroutable_dropped.inc();
+    }
 }
 
 fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
@@ -182,7 +205,14 @@ fn ok_or_nowait(c: &mut Connection, ch: u16, nowait: bool, m: AMQPClass) {
 
 impl Channel {
     /// A newly opened channel, shown in listings through `listed`.
-    pub fn new(conn_id: u64, id: u16, outbox: Arc<Outbox>, listed: ChannelHandle) -> Channel {
+    pub fn new(
+        conn_id: u64,
+        id: u16,
+        outbox: Arc<Outbox>,
+        listed: ChannelHandle,
+        metrics: Arc<Metrics>,
+    ) -> Channel {
+        metrics.channels_opened.inc();
         Channel {
             id,
             link: Arc::new(ChannelLink::new(conn_id, id, outbox)),
@@ -198,6 +228,7 @@ impl Channel {
             tx: None,
             last_queue: None,
             listed,
+            metrics,
         }
     }
 
@@ -640,12 +671,21 @@ impl Channel {
         no_ack: bool,
     ) {
         let Some(got) = got else {
+            self.metrics.get_empty.inc();
             c.send_method(
                 self.id,
                 AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
             );
             return;
         };
+        if no_ack {
+            self.metrics.delivered_get_auto_ack.inc();
+        } else {
+            self.metrics.delivered_get_manual_ack.inc();
+        }
+        if got.redelivered {
+            self.metrics.redelivered.inc();
+        }
         let tag = self.next_delivery_tag;
         self.next_delivery_tag += 1;
         if !no_ack {
@@ -723,6 +763,9 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let refs = self.take_tags(tag, multiple)?;
+        if requeue.is_none() {
+            self.metrics.acknowledged.inc_by(refs.len() as u64);
+        }
         self.listed.set_unacked(self.unacked.len());
         settle_refs(c, self.id, refs, requeue, now);
         if self.link.global_prefetch.load(Ordering::Acquire) != 0 {
@@ -891,6 +934,10 @@ impl Channel {
             }
         }
         c.note_publish();
+        self.metrics.received.inc();
+        if self.confirm {
+            self.metrics.received_confirm.inc();
+        }
         let message = Arc::new(Message {
             id: c.broker.next_message_id(),
             exchange: p.exchange,
@@ -907,12 +954,14 @@ impl Channel {
         let outcome = c
             .broker
             .publish(vhost, &message.exchange, message.clone(), now);
+        count_routing(&self.metrics, outcome.routed, p.mandatory);
         if outcome.routed == 0 && p.mandatory {
             self.send_return(c, &message);
         }
         if let Some(seq) = seq {
             self.confirms.pending.push(Waiting::Confirm {
                 seq,
+                at: now,
                 ack: !outcome.rejected,
                 ticket: outcome.ticket,
                 remote: outcome.remote,
@@ -948,6 +997,7 @@ impl Channel {
         out: &mut Vec<u8>,
         durability: Option<&Durability>,
         remote: &RemoteOutcomes,
+        now: Instant,
     ) -> bool {
         if self.confirms.pending.is_empty() {
             return false;
@@ -1032,6 +1082,13 @@ impl Channel {
                     let Waiting::Confirm { seq, .. } = emit[j] else {
                         unreachable!("matched above")
                     };
+                    self.metrics.confirmed.inc_by((j + 1 - i) as u64);
+                    for w in &emit[i..=j] {
+                        if let Waiting::Confirm { at, .. } = w {
+                            let ms = now.millis_since(*at);
+                            self.metrics.confirm_latency.observe(ms as f64 / 1000.0);
+                        }
+                    }
                     // Everything before `seq` is already confirmed, so `multiple` covers the run.
                     frame::encode_basic_ack(out, self.id, seq, j > i);
                     i = j + 1;
@@ -1083,6 +1140,7 @@ impl Channel {
                         if outcome.remote != 0 {
                             remote.push(outcome.remote);
                         }
+                        count_routing(&self.metrics, outcome.routed, mandatory);
                         if outcome.routed == 0 && mandatory {
                             self.send_return(c, &message);
                         }
@@ -1132,6 +1190,14 @@ impl Channel {
 
     /// Encodes a delivery from the outbox, assigning its delivery tag.
     pub fn encode_delivery(&mut self, out: &mut Vec<u8>, frame_max: u32, d: Delivery) {
+        if d.ack_required {
+            self.metrics.delivered_consume_manual_ack.inc();
+        } else {
+            self.metrics.delivered_consume_auto_ack.inc();
+        }
+        if d.redelivered {
+            self.metrics.redelivered.inc();
+        }
         let tag = self.next_delivery_tag;
         self.next_delivery_tag += 1;
         frame::encode_deliver(

@@ -174,6 +174,13 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Dropped once, when its task ends.
+        self.broker.metrics().connections_closed.inc();
+    }
+}
+
 impl Connection {
     /// A new connection in the handshake. `outbox` is this connection's delivery queue.
     pub fn new(
@@ -184,6 +191,7 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         let snapshot = broker.snapshot();
+        broker.metrics().connections_opened.inc();
         Connection {
             id: broker.next_connection_id(),
             deadline: Some(now.plus_millis(cfg.handshake_timeout_ms)),
@@ -484,8 +492,16 @@ impl Connection {
                         Some(l) => l.open_channel(ch),
                         None => ChannelHandle::detached(ch),
                     };
-                    self.channels
-                        .insert(ch, Channel::new(self.id, ch, self.outbox.clone(), listed));
+                    self.channels.insert(
+                        ch,
+                        Channel::new(
+                            self.id,
+                            ch,
+                            self.outbox.clone(),
+                            listed,
+                            self.broker.metrics().clone(),
+                        ),
+                    );
                     self.send_method(
                         ch,
                         AMQPClass::Channel(chm::AMQPMethod::OpenOk(chm::OpenOk {})),
@@ -893,7 +909,7 @@ impl Connection {
         let mut waiting = false;
         for (ch, c) in self.channels.iter_mut() {
             if !self.meta.is_parked(*ch) {
-                waiting |= c.flush_confirms(&mut self.out, durability.as_deref(), remote);
+                waiting |= c.flush_confirms(&mut self.out, durability.as_deref(), remote, now);
             }
         }
         if waiting {
@@ -904,7 +920,7 @@ impl Connection {
             // The mark may have moved between the check and the registration.
             for (ch, c) in self.channels.iter_mut() {
                 if !self.meta.is_parked(*ch) {
-                    c.flush_confirms(&mut self.out, durability.as_deref(), remote);
+                    c.flush_confirms(&mut self.out, durability.as_deref(), remote, now);
                 }
             }
         }

@@ -132,6 +132,13 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         .users
         .get(&user)
         .is_some_and(|u| u.password_matches(&password));
+    let metrics = c.broker.metrics();
+    metrics.auth_attempts.inc();
+    if ok {
+        metrics.auth_attempts_succeeded.inc();
+    } else {
+        metrics.auth_attempts_failed.inc();
+    }
     if !ok {
         tracing::warn!(conn = c.id, user = %user, "authentication failed");
         return Err(access_refused(format!(

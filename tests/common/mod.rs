@@ -168,6 +168,15 @@ impl TestNode {
         self.node.as_ref().expect("node running").admin_addr()
     }
 
+    /// The node's Prometheus endpoint (`http://ADDR/metrics`).
+    pub fn prometheus_addr(&self) -> SocketAddr {
+        self.node
+            .as_ref()
+            .expect("node running")
+            .prometheus_addr()
+            .expect("prometheus listener on")
+    }
+
     /// The node's management HTTP API (`http://ADDR/api/...`).
     pub fn mgmt_addr(&self) -> SocketAddr {
         self.node
@@ -1056,7 +1065,7 @@ impl NodeProcess {
         std::fs::write(
             &cfg,
             format!(
-                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n",
+                "[node]\ndata_dir = \"{}\"\n[amqp]\nlisten = \"127.0.0.1:{port}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[management]\nlisten = \"127.0.0.1:0\"\n[prometheus]\nlisten = \"127.0.0.1:0\"\n",
                 dir.join("data").display()
             ),
         )

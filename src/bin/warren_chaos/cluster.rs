@@ -58,6 +58,9 @@ listen = "{ip}:5679"
 [management]
 listen = "{ip}:15672"
 
+[prometheus]
+listen = "{ip}:15692"
+
 [limits]
 memory_high_watermark_bytes = 1073741824
 

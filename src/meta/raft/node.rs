@@ -333,6 +333,18 @@ impl MetaRaft {
         self.raft.metrics().borrow().current_leader
     }
 
+    /// Term, indexes and leader as this node sees them (for the metrics endpoint).
+    pub fn progress(&self) -> crate::metrics::RaftSample {
+        let m = self.raft.metrics().borrow().clone();
+        crate::metrics::RaftSample {
+            node_id: self.id,
+            term: m.current_term,
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            leader: m.current_leader,
+        }
+    }
+
     /// Whether this node believes it leads (an isolated old leader may, until it hears of
     /// a newer term).
     pub fn is_leader(&self) -> bool {

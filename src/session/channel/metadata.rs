@@ -175,6 +175,7 @@ impl Channel {
                         (q.message_count(), q.consumer_count())
                     };
                     self.last_queue = Some(name.clone());
+                    self.metrics.queues_declared.inc();
                     ok_or_nowait(
                         c,
                         ch,
@@ -462,6 +463,7 @@ impl Channel {
                     ..
                 },
             ) => {
+                self.metrics.queues_declared.inc();
                 ok_or_nowait(
                     c,
                     ch,
@@ -561,6 +563,7 @@ impl Channel {
             q.touch(now);
             (q.message_count(), q.consumer_count())
         };
+        self.metrics.queues_declared.inc();
         let reply = (!nowait).then(|| {
             AMQPClass::Queue(qm::AMQPMethod::DeclareOk(qm::DeclareOk {
                 queue: short(&name),

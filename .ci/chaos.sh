@@ -22,14 +22,16 @@ cargo build --release --bin warren --bin warrenctl --bin warren-chaos
 #   10  SIGTERM restart of node3, minority partition of node3, policy changes
 #   25  minority partition of node2, flapping cut of node2, policy changes
 #   37  minority partitions of ha.q1's master and of node1
+#   54  minority partition of node1, then a 10 s SIGSTOP of ha.q0's master (bug 9 in
+#       docs/reliability.md: lost confirmed messages in 4 of 4 runs before its fix)
 # and on five nodes:
-#   3   kill -9 of node3, a whole-cluster kill -9, a one-node minority partition (5-node seed
-#       6 is out: once a client hung at the stop, open bug 8 in docs/reliability.md)
+#   3   kill -9 of node3, a whole-cluster kill -9, a one-node minority partition
 # Seeds that found the bugs listed in docs/reliability.md are left out while their bug is
-# open (3-node 7 and 24; 5-node 6); 3-node 3, 5, 12, 18, 23 and 27 found bugs fixed since,
-# and are not in the set yet. Run them by hand.
+# open (3-node 7 and 24); 3-node 3, 5, 12, 18, 23 and 27 found bugs fixed since, and are
+# not in the set yet. Run them by hand. A client call lapin never completes (bug 8) is
+# bounded and reported as client_stalls=N, not failed.
 status=0
-for seed in 10 16 19 20 25 37; do
+for seed in 10 16 19 20 25 37 54; do
     "$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --seed "$seed" \
         | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 done

@@ -668,6 +668,32 @@ impl Inner {
             self.broker.remote_outcomes().resolve(out.outcome, false);
         }
         if let Some(proxy) = out.after {
+            // Deliveries that never left: back to their queues, as if the consumer's node
+            // had answered them undelivered. Left unacked here they would be lost for
+            // good when the proxy outlives the node's `node_down` (it attached after, as a
+            // frozen node that resumed does before this node records it up again).
+            if let RelayMsg::Deliver { deliveries, .. } = &out.msg {
+                let mut returned = 0usize;
+                for d in deliveries.iter().filter(|d| d.ack_required) {
+                    let key = (d.vhost.clone(), d.queue.clone(), d.seq);
+                    if lock(&proxy.unacked).remove(&key) {
+                        self.settle_local(
+                            &d.vhost,
+                            &d.queue,
+                            &[d.seq],
+                            Settle::Nack { requeue: true },
+                        );
+                        returned += 1;
+                    }
+                }
+                if returned > 0 {
+                    tracing::debug!(
+                        node = proxy.node,
+                        returned,
+                        "deliveries not sent: returned to their queues"
+                    );
+                }
+            }
             self.release(&proxy, out.released);
         }
     }

@@ -426,3 +426,112 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_follow_alarms_listeners_and_cluster_state() {
+    use common::procs;
+    let mut cluster = procs::Cluster::start("health").await;
+    let bases: Vec<String> = (1..=3)
+        .map(|id| format!("http://{}:15672", cluster.node(id).ip))
+        .collect();
+    let api = |id: u64| Api {
+        base: bases[id as usize - 1].clone(),
+    };
+    for check in [
+        "alarms",
+        "local-alarms",
+        "virtual-hosts",
+        "node-is-quorum-critical",
+        "node-is-mirror-sync-critical",
+        "port-listener/5672",
+        "port-listener/15692",
+        "protocol-listener/amqp",
+        "protocol-listener/clustering",
+    ] {
+        let (s, b) = api(1)
+            .call("GET", &format!("/api/health/checks/{check}"), None)
+            .await;
+        assert_eq!((s, &b["status"]), (200, &json!("ok")), "{check}: {b}");
+    }
+    let (s, b) = api(1)
+        .call("GET", "/api/health/checks/port-listener/4", None)
+        .await;
+    assert_eq!((s, &b["missing"]), (503, &json!(4)), "{b}");
+    // A queue mastered on node 1 with its mirrors synchronised: not sync-critical.
+    let out = cluster
+        .ctl(
+            1,
+            &[
+                "set_policy",
+                "ha",
+                "^ha\\.",
+                r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
+                "--apply-to",
+                "queues",
+            ],
+        )
+        .await;
+    assert!(out.status.success(), "{out:?}");
+    let conn = procs::connect(&cluster.node(1).amqp_uri()).await;
+    let ch = procs::channel(&conn).await;
+    procs::declare(&ch, "ha.h", true, procs::locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    eventually("both mirrors synchronised", || async {
+        let (_, q) = api(1).call("GET", "/api/queues/%2F/ha.h", None).await;
+        q["synchronised_slave_nodes"]
+            .as_array()
+            .is_some_and(|a| a.len() == 2)
+    })
+    .await;
+    assert_eq!(
+        api(1)
+            .call(
+                "GET",
+                "/api/health/checks/node-is-mirror-sync-critical",
+                None
+            )
+            .await
+            .0,
+        200
+    );
+    drop(ch);
+    drop(conn);
+    // Node 3 dies: stopping node 1 now would leave the metadata without a majority, and
+    // node 1's queue with one synchronised mirror (node 2) still up.
+    cluster.nodes[2].kill();
+    eventually("node 1 is quorum-critical once node 3 is down", || async {
+        let (s, b) = api(1)
+            .call("GET", "/api/health/checks/node-is-quorum-critical", None)
+            .await;
+        s == 503 && b["status"] == "failed"
+    })
+    .await;
+    assert_eq!(
+        api(1)
+            .call(
+                "GET",
+                "/api/health/checks/node-is-mirror-sync-critical",
+                None
+            )
+            .await
+            .0,
+        200
+    );
+    // Node 2 dies too: no synchronised mirror on a running node is left.
+    cluster.nodes[1].kill();
+    eventually(
+        "node 1 is mirror-sync-critical once both mirrors' nodes are down",
+        || async {
+            let (s, b) = api(1)
+                .call(
+                    "GET",
+                    "/api/health/checks/node-is-mirror-sync-critical",
+                    None,
+                )
+                .await;
+            s == 503 && b["queues"] == json!([{"name": "ha.h", "vhost": "/"}])
+        },
+    )
+    .await;
+}

@@ -209,6 +209,11 @@ impl Broker {
         &self.metrics
     }
 
+    /// Whether free disk space is below `disk_free_limit_bytes` (as last measured).
+    pub fn disk_alarm(&self) -> bool {
+        self.metrics.disk_alarm.load(Ordering::Relaxed) != 0
+    }
+
     /// The memory high watermark, in bytes.
     pub fn memory_high_watermark(&self) -> u64 {
         self.memory_high_watermark

@@ -16,9 +16,11 @@
 //! - [`resources`]: one function per endpoint.
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
 //! - [`definitions`]: RabbitMQ's definitions export and import.
+//! - [`health`]: the health checks.
 
 pub mod convert;
 pub mod definitions;
+pub mod health;
 pub mod resources;
 
 use base64::Engine;
@@ -198,6 +200,8 @@ pub struct Context<'a> {
     pub loopback_users: &'a [String],
     /// Counts of queues other nodes run.
     pub remote_counts: &'a RemoteCountsByVhost,
+    /// This node's listeners (the listener health checks).
+    pub listeners: &'a [health::Listener],
 }
 
 /// The management tags a user has, and what they grant (RabbitMQ's meanings).

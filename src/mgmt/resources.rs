@@ -143,6 +143,9 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["health", "checks", check @ ..] => only_get(m, || {
+            super::health::check(ctx, meta, check).unwrap_or_else(Response::not_found)
+        }),
         ["definitions"] => {
             return match m {
                 _ if !caller.tags.administrator => reply(not_administrator()),

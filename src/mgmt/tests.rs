@@ -62,6 +62,7 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
         node: &node(),
         loopback_users: &loopback,
         remote_counts: &counts,
+        listeners: &[("amqp", 5672), ("http", 15672)],
     };
     let req = Request::new(method, path, Some(basic_auth(user, "pw"))).with_body(body.as_bytes());
     handle(&ctx, &req, Instant::from_millis(0))
@@ -80,6 +81,7 @@ fn no_credentials_is_401_with_the_basic_realm() {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
+        listeners: &[("amqp", 5672), ("http", 15672)],
     };
     let r = handle(
         &ctx,
@@ -105,6 +107,7 @@ fn bad_password_is_401_login_failed() {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
+        listeners: &[("amqp", 5672), ("http", 15672)],
     };
     let req = Request::new(
         Method::Get,
@@ -139,6 +142,7 @@ fn loopback_users_are_refused_from_elsewhere() {
         node: &node(),
         loopback_users: &lb,
         remote_counts: &counts,
+        listeners: &[("amqp", 5672), ("http", 15672)],
     };
     let mut req = Request::new(Method::Get, "/api/whoami", Some(basic_auth("admin", "pw")));
     req.peer_loopback = false;
@@ -669,6 +673,7 @@ fn definitions_export_and_import_round_trip() {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
+        listeners: &[("amqp", 5672), ("http", 15672)],
     };
     let req = Request::new(
         Method::Post,
@@ -736,5 +741,22 @@ fn a_rabbitmq_3_10_export_imports() {
     assert_eq!(
         get(&b, "admin", "/api/users/ops").body.unwrap()["password_hash"],
         "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR"
+    );
+}
+
+#[test]
+fn health_checks_are_routed_for_any_management_user() {
+    let b = broker();
+    let r = get(&b, "mgr", "/api/health/checks/local-alarms");
+    assert_eq!(r, Response::ok(json!({"status": "ok"})));
+    assert_eq!(
+        get(&b, "mon", "/api/health/checks/virtual-hosts").status,
+        200
+    );
+    assert_eq!(get(&b, "admin", "/api/health/checks/nope").status, 404);
+    assert_eq!(get(&b, "plain", "/api/health/checks/alarms").status, 401);
+    assert_eq!(
+        call(&b, "admin", Method::Post, "/api/health/checks/alarms", "").status,
+        405
     );
 }

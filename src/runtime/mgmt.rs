@@ -32,6 +32,8 @@ pub struct MgmtContext {
     pub meta: Arc<dyn MetaCommit>,
     /// `[amqp] loopback_users`.
     pub loopback_users: Arc<Vec<String>>,
+    /// The node's listeners, for the listener health checks.
+    pub listeners: Arc<Vec<mgmt::health::Listener>>,
 }
 
 /// Serves `listener` until `shutdown` flips.
@@ -100,6 +102,7 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
         node: &ctx.node,
         loopback_users: &ctx.loopback_users,
         remote_counts: &counts,
+        listeners: &ctx.listeners,
     };
     let planned = mgmt::plan(&core, req);
     match planned {

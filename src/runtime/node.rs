@@ -248,8 +248,9 @@ impl Node {
             tracker.clone(),
             shutdown_rx.clone(),
         )));
-        if let (Some(listener), Some(addr)) = (mgmt_listener, mgmt_addr) {
-            tracing::info!(%addr, "management API listening");
+        if let (Some(listener), Some(mgmt)) = (mgmt_listener, mgmt_addr) {
+            let addr_mgmt_port = mgmt.port();
+            tracing::info!(addr = %mgmt, "management API listening");
             tasks.push(tokio::spawn(super::mgmt::serve(
                 listener,
                 super::mgmt::MgmtContext {
@@ -260,6 +261,20 @@ impl Node {
                     clock,
                     meta: meta.clone(),
                     loopback_users: Arc::new(config.amqp.loopback_users.clone()),
+                    listeners: Arc::new(
+                        [
+                            Some(("amqp", addr.port())),
+                            Some(("http", addr_mgmt_port)),
+                            prometheus_addr.map(|a| ("http/prometheus", a.port())),
+                            cluster
+                                .as_ref()
+                                .map(|c| ("clustering", c.transport().local_addr().port())),
+                            Some(("warren/admin", admin_addr.port())),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                    ),
                 },
                 shutdown_rx.clone(),
             )));

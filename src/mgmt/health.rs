@@ -1,0 +1,354 @@
+//! RabbitMQ's health checks (`/api/health/checks/...`): 200 `{"status":"ok"}` when the
+//! check passes, 503 `{"status":"failed","reason":...}` with the details when it does not,
+//! as RabbitMQ 3.10 answers (shapes read off a live 3.10.8 node). Any management user may
+//! call them.
+//!
+//! What they mean in Warren:
+//! - `alarms` / `local-alarms`: this node's memory and free-disk alarms (a node knows only
+//!   its own, so both answer for it; `docs/management.md`).
+//! - `node-is-quorum-critical`: whether stopping this node would cost the metadata Raft
+//!   group its majority (Warren has no quorum queues; its metadata is the Raft group).
+//! - `node-is-mirror-sync-critical`: whether a mirrored queue mastered here has no
+//!   synchronised mirror on a running node, so stopping this node would leave it without a
+//!   master that holds its messages.
+//! - `port-listener/{port}`, `protocol-listener/{protocol}`: this node's listeners.
+//! - `virtual-hosts`: every vhost runs on every node in Warren: always ok.
+
+use serde_json::{json, Value};
+
+use super::{Context, Response};
+use crate::meta::MetaState;
+
+/// One of the node's listeners: (protocol as RabbitMQ names it, port).
+pub type Listener = (&'static str, u16);
+
+fn ok(extra: Value) -> Response {
+    let mut body = json!({"status": "ok"});
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    Response::ok(body)
+}
+
+fn failed(reason: &str, extra: Value) -> Response {
+    let mut body = json!({"status": "failed", "reason": reason});
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    Response {
+        status: 503,
+        body: Some(body),
+        headers: Vec::new(),
+    }
+}
+
+/// Answers `/api/health/checks/{check...}`; `None` for a check that does not exist.
+pub fn check(ctx: &Context<'_>, meta: &MetaState, check: &[&str]) -> Option<Response> {
+    Some(match check {
+        ["alarms"] => alarms(ctx, "There are alarms in effect in the cluster"),
+        ["local-alarms"] => alarms(ctx, "There are alarms in effect on the node"),
+        ["virtual-hosts"] => ok(json!({})),
+        ["node-is-quorum-critical"] => quorum_critical(ctx, meta),
+        ["node-is-mirror-sync-critical"] => mirror_sync_critical(ctx, meta),
+        ["port-listener", port] => port_listener(ctx, port),
+        ["protocol-listener", protocol] => protocol_listener(ctx, protocol),
+        _ => return None,
+    })
+}
+
+fn alarms(ctx: &Context<'_>, reason: &str) -> Response {
+    let mut alarms = Vec::new();
+    if ctx.broker.memory_alarm() {
+        alarms.push(json!({"node": ctx.node.name, "resource": "memory"}));
+    }
+    if ctx.broker.disk_alarm() {
+        alarms.push(json!({"node": ctx.node.name, "resource": "disk space"}));
+    }
+    if alarms.is_empty() {
+        ok(json!({}))
+    } else {
+        failed(reason, json!({ "alarms": alarms }))
+    }
+}
+
+/// The registered nodes, and those running as this node sees them (itself included).
+fn running(ctx: &Context<'_>, meta: &MetaState) -> (usize, usize) {
+    let me = ctx.broker.node_id();
+    let total = meta.nodes.len();
+    let up = meta
+        .nodes
+        .keys()
+        .filter(|id| **id == me || !ctx.broker.node_is_down(**id))
+        .count();
+    (total, up)
+}
+
+fn quorum_critical(ctx: &Context<'_>, meta: &MetaState) -> Response {
+    let (total, up) = running(ctx, meta);
+    if total <= 1 {
+        return ok(json!({"reason": "single node cluster"}));
+    }
+    let majority = total / 2 + 1;
+    if up.saturating_sub(1) < majority {
+        failed(
+            "The metadata Raft group would lose its majority if the target node is shut down",
+            json!({"running_nodes": up, "cluster_nodes": total, "majority": majority}),
+        )
+    } else {
+        ok(json!({}))
+    }
+}
+
+fn mirror_sync_critical(ctx: &Context<'_>, meta: &MetaState) -> Response {
+    let me = ctx.broker.node_id();
+    if meta.nodes.len() <= 1 {
+        return ok(json!({"reason": "single node cluster"}));
+    }
+    let mut queues = Vec::new();
+    for (vname, v) in &meta.vhosts {
+        for (name, def) in &v.queues {
+            if def.home != me {
+                continue;
+            }
+            let Some(set) = meta.mirror_sets.get(&(vname.clone(), name.clone())) else {
+                continue;
+            };
+            if set.mirrors.is_empty() {
+                continue;
+            }
+            let covered = set
+                .mirrors
+                .iter()
+                .any(|m| m.synchronised && m.node != me && !ctx.broker.node_is_down(m.node));
+            if !covered {
+                queues.push(json!({"name": name, "vhost": vname}));
+            }
+        }
+    }
+    if queues.is_empty() {
+        ok(json!({}))
+    } else {
+        failed(
+            "There are classic mirrored queues without online synchronised mirrors",
+            json!({ "queues": queues }),
+        )
+    }
+}
+
+fn port_listener(ctx: &Context<'_>, port: &str) -> Response {
+    let ports: Vec<u16> = ctx.listeners.iter().map(|(_, p)| *p).collect();
+    match port.parse::<u16>() {
+        Ok(p) if ports.contains(&p) => ok(json!({"port": p})),
+        Ok(p) => failed("No active listener", json!({"missing": p, "ports": ports})),
+        Err(_) => Response::bad_request(format!("Invalid port: {port}")),
+    }
+}
+
+fn protocol_listener(ctx: &Context<'_>, protocol: &str) -> Response {
+    let protocols: Vec<&str> = ctx.listeners.iter().map(|(p, _)| *p).collect();
+    if protocols.contains(&protocol) {
+        ok(json!({ "protocol": protocol }))
+    } else {
+        failed(
+            "No active listener",
+            json!({"missing": protocol, "protocols": protocols}),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use amq_protocol::types::FieldTable;
+
+    use super::*;
+    use crate::admin::NodeInfo;
+    use crate::broker::Broker;
+    use crate::config::Config;
+    use crate::meta::state::{MirrorRecord, NodeRecord, QueueDef};
+    use crate::meta::Command;
+    use crate::mgmt::RemoteCountsByVhost;
+
+    const LISTENERS: &[Listener] = &[("amqp", 5672), ("http", 15672), ("clustering", 25672)];
+
+    fn record(id: u64) -> NodeRecord {
+        NodeRecord {
+            id,
+            name: format!("n{id}"),
+            amqp: String::new(),
+            admin: String::new(),
+            link: String::new(),
+            incarnation: 0,
+        }
+    }
+
+    /// Nodes 1..=`nodes` registered; queue `m` homed on node 1 with mirrors on 2 and 3
+    /// (`synced` says which are synchronised).
+    fn meta(nodes: u64, synced: &[u64]) -> MetaState {
+        let mut s = MetaState::default();
+        let mut apply = |c: Command| s.apply(&c).unwrap_or_else(|e| panic!("{e}"));
+        apply(Command::AddVhost { name: "/".into() });
+        for id in 1..=nodes {
+            apply(Command::RegisterNode(record(id)));
+        }
+        apply(Command::DeclareQueue(QueueDef {
+            vhost: "/".into(),
+            name: "m".into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+            home: 1,
+        }));
+        let mirrors = [2, 3]
+            .iter()
+            .filter(|n| **n <= nodes)
+            .map(|n| MirrorRecord {
+                node: *n,
+                since: 0,
+                synchronised: synced.contains(n),
+            })
+            .collect();
+        apply(Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 0,
+            mirrors,
+        });
+        s
+    }
+
+    fn run(broker: &Broker, meta: &MetaState, path: &[&str]) -> Response {
+        let counts = RemoteCountsByVhost::new();
+        let ctx = Context {
+            broker,
+            node: &NodeInfo { name: "n1".into() },
+            loopback_users: &[],
+            remote_counts: &counts,
+            listeners: LISTENERS,
+        };
+        check(&ctx, meta, path).expect("a known check")
+    }
+
+    fn node1(down: &[u64]) -> Broker {
+        let b = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(1);
+        b.set_down_nodes(down.iter().copied().collect::<BTreeSet<_>>());
+        b
+    }
+
+    #[test]
+    fn alarms_name_the_node_and_resource_and_answer_503() {
+        let b = node1(&[]);
+        let m = meta(3, &[2, 3]);
+        assert_eq!(
+            run(&b, &m, &["alarms"]),
+            Response::ok(json!({"status": "ok"}))
+        );
+        b.metrics()
+            .disk_alarm
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        for (check, reason) in [
+            ("alarms", "There are alarms in effect in the cluster"),
+            ("local-alarms", "There are alarms in effect on the node"),
+        ] {
+            let r = run(&b, &m, &[check]);
+            assert_eq!(r.status, 503);
+            assert_eq!(
+                r.body,
+                Some(json!({
+                    "status": "failed",
+                    "reason": reason,
+                    "alarms": [{"node": "n1", "resource": "disk space"}],
+                }))
+            );
+        }
+    }
+
+    #[test]
+    fn quorum_critical_when_stopping_this_node_leaves_no_majority() {
+        let m = meta(3, &[2, 3]);
+        assert_eq!(
+            run(&node1(&[]), &m, &["node-is-quorum-critical"]).status,
+            200
+        );
+        let r = run(&node1(&[2]), &m, &["node-is-quorum-critical"]);
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.body.as_ref().unwrap()["majority"], 2);
+        let single = meta(1, &[]);
+        assert_eq!(
+            run(&node1(&[]), &single, &["node-is-quorum-critical"]).body,
+            Some(json!({"status": "ok", "reason": "single node cluster"}))
+        );
+    }
+
+    #[test]
+    fn mirror_sync_critical_when_no_running_mirror_is_synchronised() {
+        // One synchronised mirror on a running node: fine.
+        assert_eq!(
+            run(
+                &node1(&[]),
+                &meta(3, &[3]),
+                &["node-is-mirror-sync-critical"]
+            )
+            .status,
+            200
+        );
+        // Its node is down: critical, and the queue is named.
+        let r = run(
+            &node1(&[3]),
+            &meta(3, &[3]),
+            &["node-is-mirror-sync-critical"],
+        );
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body.as_ref().unwrap()["queues"],
+            json!([{"name": "m", "vhost": "/"}])
+        );
+        // No synchronised mirror at all: critical.
+        let r = run(
+            &node1(&[]),
+            &meta(3, &[]),
+            &["node-is-mirror-sync-critical"],
+        );
+        assert_eq!(r.status, 503);
+        // Queues mastered elsewhere are not this node's concern.
+        let other = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(2);
+        assert_eq!(
+            run(&other, &meta(3, &[]), &["node-is-mirror-sync-critical"]).status,
+            200
+        );
+    }
+
+    #[test]
+    fn listener_checks_list_what_is_open() {
+        let b = node1(&[]);
+        let m = meta(3, &[]);
+        assert_eq!(
+            run(&b, &m, &["port-listener", "15672"]).body,
+            Some(json!({"status": "ok", "port": 15672}))
+        );
+        let r = run(&b, &m, &["port-listener", "1"]);
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body,
+            Some(json!({
+                "status": "failed",
+                "reason": "No active listener",
+                "missing": 1,
+                "ports": [5672, 15672, 25672],
+            }))
+        );
+        assert_eq!(run(&b, &m, &["port-listener", "x"]).status, 400);
+        assert_eq!(
+            run(&b, &m, &["protocol-listener", "amqp"]).body,
+            Some(json!({"status": "ok", "protocol": "amqp"}))
+        );
+        let r = run(&b, &m, &["protocol-listener", "mqtt"]);
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body.as_ref().unwrap()["protocols"],
+            json!(["amqp", "http", "clustering"])
+        );
+    }
+}

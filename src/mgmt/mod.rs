@@ -17,10 +17,12 @@
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
 //! - [`definitions`]: RabbitMQ's definitions export and import.
 //! - [`health`]: the health checks.
+//! - [`query`]: `columns`, `sort` and pagination of listings.
 
 pub mod convert;
 pub mod definitions;
 pub mod health;
+pub mod query;
 pub mod resources;
 
 use base64::Engine;
@@ -326,7 +328,28 @@ pub fn plan(ctx: &Context<'_>, req: &Request) -> Handled {
     };
     let segments: Vec<String> = rest.trim_end_matches('/').split('/').map(decode).collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
-    resources::route(ctx, &meta, &caller, req, &segments)
+    if req.method != Method::Get {
+        return resources::route(ctx, &meta, &caller, req, &segments);
+    }
+    let listing = match query::ListQuery::parse(req) {
+        Ok(q) => q,
+        Err(r) => return Handled::Reply(r),
+    };
+    match resources::route(ctx, &meta, &caller, req, &segments) {
+        Handled::Reply(Response {
+            status: 200,
+            body: Some(body),
+            headers,
+        }) if !listing.is_plain() => Handled::Reply(match listing.apply(body) {
+            Ok(body) => Response {
+                status: 200,
+                body: Some(body),
+                headers,
+            },
+            Err(r) => r,
+        }),
+        other => other,
+    }
 }
 
 /// Answers `req` on a single node: changes are applied to the broker at once (tests).

@@ -760,3 +760,33 @@ fn health_checks_are_routed_for_any_management_user() {
         405
     );
 }
+
+#[test]
+fn listings_take_columns_sort_and_pages() {
+    let b = broker();
+    let r = get(
+        &b,
+        "admin",
+        "/api/exchanges/%2F?columns=name&sort=name&sort_reverse=true",
+    );
+    let names: Vec<&str> = r
+        .body
+        .as_ref()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.reverse();
+    assert_eq!(names, sorted);
+    assert_eq!(
+        r.body.as_ref().unwrap()[0].as_object().unwrap().len(),
+        1,
+        "only the name"
+    );
+    let r = get(&b, "admin", "/api/vhosts?page=1&page_size=1&columns=name");
+    assert_eq!(r.body.unwrap()["total_count"], 2);
+}

@@ -668,34 +668,65 @@ impl Inner {
             self.broker.remote_outcomes().resolve(out.outcome, false);
         }
         if let Some(proxy) = out.after {
-            // Deliveries that never left: back to their queues, as if the consumer's node
-            // had answered them undelivered. Left unacked here they would be lost for
-            // good when the proxy outlives the node's `node_down` (it attached after, as a
-            // frozen node that resumed does before this node records it up again).
-            if let RelayMsg::Deliver { deliveries, .. } = &out.msg {
-                let mut returned = 0usize;
-                for d in deliveries.iter().filter(|d| d.ack_required) {
-                    let key = (d.vhost.clone(), d.queue.clone(), d.seq);
-                    if lock(&proxy.unacked).remove(&key) {
-                        self.settle_local(
-                            &d.vhost,
-                            &d.queue,
-                            &[d.seq],
-                            Settle::Nack { requeue: true },
-                        );
-                        returned += 1;
-                    }
-                }
-                if returned > 0 {
-                    tracing::debug!(
-                        node = proxy.node,
-                        returned,
-                        "deliveries not sent: returned to their queues"
-                    );
-                }
+            if matches!(out.msg, RelayMsg::Deliver { .. }) {
+                self.abandon_proxy(&proxy);
             }
             self.release(&proxy, out.released);
         }
+    }
+
+    /// Deliveries to the consumer's node could not be sent (it is recorded down, or its link
+    /// failed): the proxy is closed as `node_down` closes a node's proxies — its consumers
+    /// detached, what it held requeued — and the node is told, best effort, that its
+    /// consumers were cancelled, so they follow the queue again once it hears.
+    ///
+    /// Closing, not just requeueing the batch: the proxy can outlive the node's
+    /// `node_down` (a frozen node that resumed attaches a consumer before this node hears
+    /// it again), and its deliveries would then stay unacked here for good; requeued to a
+    /// proxy still attached, they would come straight back to it, in a loop.
+    fn abandon_proxy(&self, proxy: &Arc<ProxyChannel>) {
+        {
+            let mut proxies = lock(&self.proxies);
+            if proxies
+                .get(&(proxy.node, proxy.key))
+                .is_some_and(|p| Arc::ptr_eq(p, proxy))
+            {
+                proxies.remove(&(proxy.node, proxy.key));
+            }
+        }
+        let tags: Vec<String> = lock(&proxy.consumers)
+            .iter()
+            .map(|(_, _, t)| t.to_string())
+            .collect();
+        let held = lock(&proxy.unacked).len();
+        self.close_proxy(proxy);
+        tracing::debug!(
+            node = proxy.node,
+            consumers = tags.len(),
+            held,
+            "deliveries not sent: proxy closed, its messages requeued"
+        );
+        if !tags.is_empty() {
+            self.cancel_best_effort(proxy.node, proxy.key, tags);
+        }
+    }
+
+    /// Tells `node` that consumers `tags` of its channel `key` were cancelled here, without
+    /// waiting for it and whether or not it is recorded down (a frozen node gets it when it
+    /// resumes; a dead one never does, and its channels are gone anyway).
+    fn cancel_best_effort(&self, node: NodeId, key: ChannelKey, tags: Vec<String>) {
+        let msg = RelayMsg::Deliver {
+            conn: key.conn,
+            channel: key.channel,
+            deliveries: Vec::new(),
+            cancels: tags,
+        };
+        let payload = encode(&[&msg]);
+        let transport = self.transport.clone();
+        tokio::spawn(async move {
+            let send = transport.send_broker(node, payload);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), send).await;
+        });
     }
 
     /// Returns outbox credit of a proxy channel and pokes the queues that waited for it.
@@ -950,6 +981,14 @@ impl Inner {
                     refuse(format!("no queue '{queue}' here"));
                     return (RelayReply::Done, 0);
                 };
+                if self.broker.node_is_down(from) {
+                    // Nothing could be delivered to it until this node hears it again (a
+                    // frozen node that resumed): its consumer is cancelled, and follows the
+                    // queue again.
+                    tracing::debug!(queue = %queue, node = from, "remote consumer of a node recorded down refused");
+                    self.cancel_best_effort(from, key, vec![tag.to_string()]);
+                    return (RelayReply::Done, 0);
+                }
                 let proxy = self.proxy(from, key, global_prefetch);
                 let consumer = Consumer {
                     tag: tag.clone(),
@@ -1293,7 +1332,10 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
     let mut items = Vec::new();
     loop {
         notify.notified().await;
-        if !lock(&inner.proxies).contains_key(&(proxy.node, proxy.key)) {
+        let current = lock(&inner.proxies)
+            .get(&(proxy.node, proxy.key))
+            .is_some_and(|p| Arc::ptr_eq(p, &proxy));
+        if !current {
             return;
         }
         proxy.outbox.drain(&mut items);

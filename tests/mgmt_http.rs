@@ -495,6 +495,15 @@ async fn health_checks_follow_alarms_listeners_and_cluster_state() {
             .0,
         200
     );
+    // Queue actions: a sync of the mirrored queue commits through Raft (a refused command
+    // would be a 400), as does its cancel.
+    for action in ["sync", "cancel_sync"] {
+        let body = format!(r#"{{"action":"{action}"}}"#);
+        let (s, b) = api(2)
+            .call("POST", "/api/queues/%2F/ha.h/actions", Some(&body))
+            .await;
+        assert_eq!(s, 204, "{action}: {b}");
+    }
     drop(ch);
     drop(conn);
     // Node 3 dies: stopping node 1 now would leave the metadata without a majority, and

@@ -162,6 +162,14 @@ impl Response {
         Response::error(401, "not_authorised", reason)
     }
 
+    /// The same error with a structured `reason` (RabbitMQ prints some Erlang terms as lists).
+    pub fn with_reason(mut self, reason: Value) -> Response {
+        if let Some(Value::Object(o)) = self.body.as_mut() {
+            o.insert("reason".to_string(), reason);
+        }
+        self
+    }
+
     fn with_header(mut self, name: &'static str, value: String) -> Response {
         self.headers.push((name, value));
         self

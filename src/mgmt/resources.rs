@@ -120,6 +120,12 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["queues", vhost, name, "actions"] => {
+            return match m {
+                Method::Post => queue_action(meta, caller, req, vhost, name),
+                _ => method_not_allowed(),
+            }
+        }
         ["bindings"] => only_get(m, || bindings(ctx, meta, caller, None, None)),
         ["bindings", vhost] => only_get(m, || bindings(ctx, meta, caller, Some(vhost), None)),
         ["bindings", vhost, "e", src, "q", dst] => {
@@ -745,6 +751,58 @@ fn queue_change(
         Ok(d) => commit(vec![Command::DeclareQueue(d)], put_status(existed)),
         Err(r) => reply(r),
     }
+}
+
+/// `POST /api/queues/{vhost}/{name}/actions` with `{"action":"sync"}` or
+/// `{"action":"cancel_sync"}` (administrators): `warrenctl sync_queue` /
+/// `cancel_sync_queue`. 204 once committed; an unmirrored queue has nothing to sync and
+/// answers 204 at once, as in RabbitMQ.
+fn queue_action(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    name: &str,
+) -> Handled {
+    if !caller.tags.administrator {
+        return reply(not_administrator());
+    }
+    let Some(v) = meta.vhost(vhost) else {
+        return reply(Response::not_found());
+    };
+    if !v.queues.contains_key(name) {
+        return reply(Response::not_found());
+    }
+    let body = match body_object(req) {
+        Ok(b) => b,
+        Err(r) => return reply(r),
+    };
+    let cancel = match body.get("action").and_then(Value::as_str) {
+        Some("sync") => false,
+        Some("cancel_sync") => true,
+        other => {
+            // RabbitMQ's reason is the Erlang term `{unknown, Action}`, printed as a list.
+            let action = other.unwrap_or("undefined");
+            return reply(
+                Response::error(400, "bad_request", "").with_reason(json!(["unknown", action])),
+            );
+        }
+    };
+    let mirrored = meta
+        .mirror_sets
+        .get(&(vhost.to_string(), name.to_string()))
+        .is_some_and(|s| !s.mirrors.is_empty());
+    if !mirrored {
+        return reply(Response::empty(204));
+    }
+    commit(
+        vec![Command::SyncQueue {
+            vhost: vhost.to_string(),
+            queue: name.to_string(),
+            cancel,
+        }],
+        Response::empty(204),
+    )
 }
 
 fn queue_def(req: &Request, vhost: &str, name: &str) -> Result<QueueDef, Response> {

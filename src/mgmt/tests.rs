@@ -790,3 +790,63 @@ fn listings_take_columns_sort_and_pages() {
     let r = get(&b, "admin", "/api/vhosts?page=1&page_size=1&columns=name");
     assert_eq!(r.body.unwrap()["total_count"], 2);
 }
+
+#[test]
+fn queue_actions_sync_mirrored_queues_and_refuse_unknown_ones() {
+    let b = broker();
+    b.apply(
+        &Command::DeclareQueue(crate::meta::state::QueueDef {
+            vhost: "/".into(),
+            name: "q".into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: Default::default(),
+            home: 0,
+        }),
+        Instant::from_millis(0),
+    )
+    .unwrap();
+    let post = |user: &str, path: &str, body: &str| call(&b, user, Method::Post, path, body);
+    // Unmirrored: nothing to sync, 204 at once (RabbitMQ 3.10.8 answers the same).
+    assert_eq!(
+        post("admin", "/api/queues/%2F/q/actions", r#"{"action":"sync"}"#).status,
+        204
+    );
+    assert_eq!(
+        post(
+            "admin",
+            "/api/queues/%2F/q/actions",
+            r#"{"action":"cancel_sync"}"#
+        )
+        .status,
+        204
+    );
+    let r = post(
+        "admin",
+        "/api/queues/%2F/q/actions",
+        r#"{"action":"bogus"}"#,
+    );
+    assert_eq!(
+        r,
+        Response {
+            status: 400,
+            body: Some(json!({"error": "bad_request", "reason": ["unknown", "bogus"]})),
+            headers: Vec::new(),
+        }
+    );
+    assert_eq!(
+        post(
+            "admin",
+            "/api/queues/%2F/nope/actions",
+            r#"{"action":"sync"}"#
+        )
+        .status,
+        404
+    );
+    assert_eq!(
+        post("mon", "/api/queues/%2F/q/actions", r#"{"action":"sync"}"#).status,
+        401
+    );
+    assert_eq!(get(&b, "admin", "/api/queues/%2F/q/actions").status, 405);
+}

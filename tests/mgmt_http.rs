@@ -458,20 +458,7 @@ async fn health_checks_follow_alarms_listeners_and_cluster_state() {
         .await;
     assert_eq!((s, &b["missing"]), (503, &json!(4)), "{b}");
     // A queue mastered on node 1 with its mirrors synchronised: not sync-critical.
-    let out = cluster
-        .ctl(
-            1,
-            &[
-                "set_policy",
-                "ha",
-                "^ha\\.",
-                r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
-                "--apply-to",
-                "queues",
-            ],
-        )
-        .await;
-    assert!(out.status.success(), "{out:?}");
+    cluster.set_ha_policy(procs::ALL_AUTOMATIC).await;
     let conn = procs::connect(&cluster.node(1).amqp_uri()).await;
     let ch = procs::channel(&conn).await;
     procs::declare(&ch, "ha.h", true, procs::locator("client-local"))

@@ -182,24 +182,6 @@ fn off_node1(master: &str) -> bool {
     master == "warren2@test" || master == "warren3@test"
 }
 
-/// Sets the `ha` policy on `^ha\.` queues.
-async fn set_ha_policy(cluster: &Cluster, definition: &str) {
-    let out = cluster
-        .ctl(
-            1,
-            &[
-                "set_policy",
-                "ha",
-                "^ha\\.",
-                definition,
-                "--apply-to",
-                "queues",
-            ],
-        )
-        .await;
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// Drains the queue through node `via` (basic.get, no-ack): (number, redelivered) in order.
 async fn drain(cluster: &Cluster, via: u64, queue: &str) -> Vec<(u32, bool)> {
     let conn = connect(&cluster.node(via).amqp_uri()).await;
@@ -287,8 +269,6 @@ fn check(acked: &[u32], drained: &[(u32, bool)]) {
 /// Numbers of different publishers in one test are this far apart.
 const SPAN: u32 = 1 << 24;
 
-const ALL_AUTOMATIC: &str = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
-
 /// A three-node cluster with the `ha` policy (all, automatic sync) and the durable queue
 /// `queue` mastered on node 1, both mirrors synchronised.
 async fn mirrored_cluster(name: &str, queue: &str) -> Cluster {
@@ -308,7 +288,7 @@ async fn mirrored_cluster_with(
     timeouts: (u64, u64),
 ) -> Cluster {
     let cluster = Cluster::start_with(name, timeouts).await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    cluster.set_ha_policy(ALL_AUTOMATIC).await;
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     declare(&channel(&c1).await, queue, durable, locator("client-local"))
         .await
@@ -488,7 +468,7 @@ async fn transient_messages_from_before_the_policy_keep_mirrors_unsynchronised_u
         .expect("publish");
         assert!(within("confirm", confirm).await.expect("confirm").is_ack());
     }
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    cluster.set_ha_policy(ALL_AUTOMATIC).await;
     let start = Instant::now();
     loop {
         let mirrors = mirrors_of(&cluster, 1, "ha.before").await;
@@ -539,7 +519,9 @@ async fn mirrors_of(cluster: &Cluster, asked: u64, queue: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
     let cluster = Cluster::start("reshape").await;
-    set_ha_policy(&cluster, r#"{"ha-mode":"exactly","ha-params":1}"#).await;
+    cluster
+        .set_ha_policy(r#"{"ha-mode":"exactly","ha-params":1}"#)
+        .await;
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     declare(
         &channel(&c1).await,
@@ -557,7 +539,7 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
     assert_eq!(mirrors_of(&cluster, 2, "ha.moves").await, "[]");
 
     // All nodes, manual sync: two mirrors, unsynchronised while the backlog is there.
-    set_ha_policy(&cluster, r#"{"ha-mode":"all"}"#).await;
+    cluster.set_ha_policy(r#"{"ha-mode":"all"}"#).await;
     let start = Instant::now();
     while !mirrors_of(&cluster, 2, "ha.moves")
         .await
@@ -588,11 +570,9 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
     eprintln!("synchronised {took:?} after sync_queue");
 
     // A nodes policy without the master's node: the master moves to a synchronised mirror.
-    set_ha_policy(
-        &cluster,
-        r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"]}"#,
-    )
-    .await;
+    cluster
+        .set_ha_policy(r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"]}"#)
+        .await;
     let (master, took) = wait_state(&cluster, 1, "ha.moves", off_node1, &[]).await;
     eprintln!("master moved to {master} in {took:?}");
     publisher.wait_more(300, "after the move").await;
@@ -818,9 +798,7 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
     let leave = spawn_consumer(channel(&c1).await, "ha.moved", "leave", true, stop.clone());
     let publisher = Publisher::start(&cluster.node(2).amqp_uri(), "ha.moved").await;
     publisher.wait_more(300, "before the move").await;
-    set_ha_policy(
-        &cluster,
-        r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"],"ha-sync-mode":"automatic"}"#,
+    cluster.set_ha_policy(r#"{"ha-mode":"nodes","ha-params":["warren2@test","warren3@test"],"ha-sync-mode":"automatic"}"#,
     )
     .await;
     let (master, took) = wait_state(&cluster, 1, "ha.moved", off_node1, &[]).await;
@@ -922,7 +900,7 @@ async fn messages_bigger_than_a_gm_frame_reach_the_mirrors_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_queue_declared_again_after_a_cluster_restart_loses_no_confirmed_message() {
     let mut cluster = Cluster::start("redeclare").await;
-    set_ha_policy(&cluster, ALL_AUTOMATIC).await;
+    cluster.set_ha_policy(ALL_AUTOMATIC).await;
     // Without the fix, about one restarted round in three lost messages.
     for round in 0..5 {
         if round > 0 {

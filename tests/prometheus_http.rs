@@ -211,20 +211,7 @@ async fn metrics_follow_amqp_traffic_with_rabbitmqs_names() {
 async fn a_cluster_node_reports_raft_mirrors_and_gm_laps() {
     use common::procs;
     let cluster = procs::Cluster::start("prometheus").await;
-    let out = cluster
-        .ctl(
-            1,
-            &[
-                "set_policy",
-                "ha",
-                "^ha\\.",
-                r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#,
-                "--apply-to",
-                "queues",
-            ],
-        )
-        .await;
-    assert!(out.status.success(), "{out:?}");
+    cluster.set_ha_policy(procs::ALL_AUTOMATIC).await;
     let conn = procs::connect(&cluster.node(1).amqp_uri()).await;
     let ch = procs::channel(&conn).await;
     procs::declare(&ch, "ha.pm", true, procs::locator("client-local"))

@@ -37,20 +37,9 @@ pub struct MgmtContext {
 }
 
 /// Serves `listener` until `shutdown` flips.
-pub async fn serve(listener: TcpListener, ctx: MgmtContext, mut shutdown: watch::Receiver<bool>) {
-    let app = axum::Router::new()
-        .fallback(handler)
-        .with_state(ctx)
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let stop = async move {
-        let _ = shutdown.changed().await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::warn!(error = %e, "management listener stopped");
-    }
+pub async fn serve(listener: TcpListener, ctx: MgmtContext, shutdown: watch::Receiver<bool>) {
+    let app = axum::Router::new().fallback(handler).with_state(ctx);
+    super::http::serve(listener, app, shutdown, "management").await;
 }
 
 async fn handler(

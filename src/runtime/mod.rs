@@ -22,6 +22,7 @@ pub mod conn_task;
 pub mod disk_free;
 pub mod file_disk;
 pub mod gm_host;
+pub mod http;
 pub mod inspect;
 pub mod mgmt;
 pub mod mirror_host;

@@ -3,7 +3,6 @@
 //! process figures from `/proc`) and renders it with the counters through the sans-IO
 //! [`crate::metrics`].
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -35,24 +34,9 @@ pub struct PrometheusContext {
 }
 
 /// Serves `listener` until `shutdown` flips.
-pub async fn serve(
-    listener: TcpListener,
-    ctx: PrometheusContext,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let app = axum::Router::new()
-        .fallback(handler)
-        .with_state(ctx)
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let stop = async move {
-        let _ = shutdown.changed().await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::warn!(error = %e, "prometheus listener stopped");
-    }
+pub async fn serve(listener: TcpListener, ctx: PrometheusContext, shutdown: watch::Receiver<bool>) {
+    let app = axum::Router::new().fallback(handler).with_state(ctx);
+    super::http::serve(listener, app, shutdown, "prometheus").await;
 }
 
 async fn handler(

@@ -21,6 +21,9 @@ use super::within;
 
 pub static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
 
+/// `ha-mode: all` with automatic sync.
+pub const ALL_AUTOMATIC: &str = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
+
 /// Upper bound for a node to start serving clients.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -328,6 +331,20 @@ impl Cluster {
     }
 
     /// warrenctl's output rows (header first), failing on a non-zero exit.
+    /// Sets policy `ha` on `^ha\.` (queues) through node 1 with `definition`.
+    pub async fn set_ha_policy(&self, definition: &str) {
+        let args = [
+            "set_policy",
+            "ha",
+            "^ha\\.",
+            definition,
+            "--apply-to",
+            "queues",
+        ];
+        let out = self.ctl(1, &args).await;
+        assert!(out.status.success(), "{out:?}");
+    }
+
     pub async fn ctl_rows(&self, id: u64, args: &[&str]) -> Vec<Vec<String>> {
         let out = self.ctl(id, args).await;
         assert!(

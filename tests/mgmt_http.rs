@@ -531,3 +531,104 @@ async fn health_checks_follow_alarms_listeners_and_cluster_state() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
+    let (node, api) = start().await;
+    let conn = node.connect().await;
+    let ch = open_channel(&conn).await;
+    declare_queue(&ch, "lq").await;
+    within(
+        "basic.qos",
+        ch.basic_qos(7, lapin::options::BasicQosOptions::default()),
+    )
+    .await
+    .expect("qos");
+    // Kept: lapin cancels a consumer whose handle is dropped.
+    let _consumer = within(
+        "basic.consume",
+        ch.basic_consume(
+            "lq".into(),
+            "ctag1".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume");
+    let (s, conns) = api.call("GET", "/api/connections", None).await;
+    assert_eq!(s, 200);
+    let c = &conns[0];
+    assert_eq!(conns.as_array().unwrap().len(), 1, "{conns}");
+    assert_eq!(
+        (
+            &c["user"],
+            &c["vhost"],
+            &c["channels"],
+            &c["protocol"],
+            &c["state"]
+        ),
+        (
+            &json!("guest"),
+            &json!("/"),
+            &json!(1),
+            &json!("AMQP 0-9-1"),
+            &json!("running")
+        )
+    );
+    let name = c["name"].as_str().unwrap().to_string();
+    assert!(name.contains(" -> "), "{name}");
+    assert!(c["client_properties"]["product"].is_string(), "{c}");
+    let enc = name.replace(' ', "%20").replace('>', "%3E");
+    let (s, one) = api
+        .call("GET", &format!("/api/connections/{enc}"), None)
+        .await;
+    assert_eq!((s, &one["name"]), (200, &json!(name)));
+    let (s, chans) = api
+        .call("GET", &format!("/api/connections/{enc}/channels"), None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (
+            &chans[0]["number"],
+            &chans[0]["prefetch_count"],
+            &chans[0]["consumer_count"]
+        ),
+        (&json!(1), &json!(7), &json!(1))
+    );
+    assert_eq!(chans[0]["connection_details"]["name"], json!(name));
+    let (_, all) = api.call("GET", "/api/channels", None).await;
+    assert_eq!(all.as_array().unwrap().len(), 1);
+    let (s, cons) = api.call("GET", "/api/consumers/%2F", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (
+            &cons[0]["consumer_tag"],
+            &cons[0]["queue"],
+            &cons[0]["ack_required"]
+        ),
+        (
+            &json!("ctag1"),
+            &json!({"name": "lq", "vhost": "/"}),
+            &json!(true)
+        )
+    );
+    assert_eq!(cons[0]["channel_details"]["connection_name"], json!(name));
+    // A monitoring user sees them too; a missing one is 404; a missing vhost 404.
+    let (s, m) = api
+        .call_as(("mon", "pw"), "GET", "/api/vhosts/%2F/connections", None)
+        .await;
+    assert_eq!((s, m.as_array().unwrap().len()), (200, 1));
+    assert_eq!(api.call("GET", "/api/connections/nope", None).await.0, 404);
+    assert_eq!(api.call("GET", "/api/consumers/nope", None).await.0, 404);
+    // Gone from the listings once closed.
+    within("close", conn.close(200, "bye".into()))
+        .await
+        .expect("close");
+    eventually("the connection is gone from the listing", || async {
+        let (_, c) = api.call("GET", "/api/connections", None).await;
+        c.as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+    node.shutdown().await;
+}

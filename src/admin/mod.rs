@@ -557,7 +557,7 @@ fn channel_row(
 
 /// Whether a consumer gets messages: always, unless its queue is single-active-consumer and
 /// another consumer is the active one. Reads the queue (the registry lock is not held).
-fn consumer_activity(
+pub fn consumer_activity(
     broker: &Broker,
     vhost: &str,
     conn_id: u64,

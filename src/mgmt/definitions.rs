@@ -16,7 +16,7 @@ use crate::meta::{Command, MetaState};
 /// The RabbitMQ version whose format this is.
 pub const RABBIT_VERSION: &str = "3.10.8";
 
-fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
+pub(super) fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
     serde_json::from_str(&admin::format_table(t)).unwrap_or(json!({}))
 }
 

@@ -17,11 +17,13 @@
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
 //! - [`definitions`]: RabbitMQ's definitions export and import.
 //! - [`health`]: the health checks.
+//! - [`live`]: this node's connections, channels and consumers.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
 
 pub mod convert;
 pub mod definitions;
 pub mod health;
+pub mod live;
 pub mod query;
 pub mod resources;
 

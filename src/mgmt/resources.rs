@@ -6,6 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::convert::{self, Kind};
+use super::live;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
 use crate::meta::state::{
@@ -149,6 +150,29 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["connections"] => only_get(m, || live::connections(ctx, caller, None, None)),
+        ["connections", name] => only_get(m, || live::connections(ctx, caller, None, Some(name))),
+        ["connections", name, "channels"] => {
+            only_get(m, || live::channels(ctx, caller, None, Some(name), None))
+        }
+        ["vhosts", vhost, "connections"] => only_get(m, || {
+            in_vhost(meta, caller, vhost, || {
+                live::connections(ctx, caller, Some(vhost), None)
+            })
+        }),
+        ["channels"] => only_get(m, || live::channels(ctx, caller, None, None, None)),
+        ["channels", name] => only_get(m, || live::channels(ctx, caller, None, None, Some(name))),
+        ["vhosts", vhost, "channels"] => only_get(m, || {
+            in_vhost(meta, caller, vhost, || {
+                live::channels(ctx, caller, Some(vhost), None, None)
+            })
+        }),
+        ["consumers"] => only_get(m, || live::consumers(ctx, meta, caller, None)),
+        ["consumers", vhost] => only_get(m, || {
+            in_vhost(meta, caller, vhost, || {
+                live::consumers(ctx, meta, caller, Some(vhost))
+            })
+        }),
         ["health", "checks", check @ ..] => only_get(m, || {
             super::health::check(ctx, meta, check).unwrap_or_else(Response::not_found)
         }),
@@ -163,6 +187,23 @@ pub fn route(
         _ => Response::not_found(),
     };
     reply(r)
+}
+
+/// `f`'s answer when `vhost` exists and `caller` may see it: 404 for a missing vhost,
+/// 401 for one it may not see.
+fn in_vhost(
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: &str,
+    f: impl FnOnce() -> Response,
+) -> Response {
+    if meta.vhost(vhost).is_none() {
+        return Response::not_found();
+    }
+    if !caller.sees_vhost(meta, vhost) {
+        return vhost_refused();
+    }
+    f()
 }
 
 fn only_get(m: Method, f: impl FnOnce() -> Response) -> Response {

@@ -1,0 +1,177 @@
+//! The live objects of this node: `/api/connections`, `/api/channels`, `/api/consumers`
+//! (and their per-vhost and per-name forms), from the session registry, with RabbitMQ
+//! 3.10's field names (read off a live 3.10.8 node) for the fields Warren has. A user sees
+//! its own connections and their channels unless it is `monitoring` (or `administrator`),
+//! as in RabbitMQ; consumers are listed per vhost for users with access to it.
+//!
+//! Only this node's: a clustered node does not yet ask the others (`docs/management.md`).
+
+use serde_json::{json, Value};
+
+use super::definitions::table_json;
+use super::{Caller, Context, Response};
+use crate::admin::{channel_pid, consumer_activity};
+use crate::broker::registry::{ChannelView, ConnectionView};
+use crate::meta::MetaState;
+
+/// The connections `caller` may see, of `vhost` when given.
+fn visible(ctx: &Context<'_>, caller: &Caller, vhost: Option<&str>) -> Vec<ConnectionView> {
+    ctx.broker
+        .sessions()
+        .connections()
+        .into_iter()
+        .filter(|c| caller.tags.monitoring || c.info.user == caller.user.name)
+        .filter(|c| vhost.is_none_or(|v| c.info.vhost == v))
+        .collect()
+}
+
+fn connection_json(ctx: &Context<'_>, c: &ConnectionView) -> Value {
+    let i = &c.info;
+    json!({
+        "name": i.name(),
+        "node": ctx.node.name,
+        "user": i.user,
+        "user_who_performed_action": i.user,
+        "vhost": i.vhost,
+        "peer_host": i.peer_host,
+        "peer_port": i.peer_port,
+        "host": i.host,
+        "port": i.port,
+        "state": c.state.name(),
+        "channels": c.channels.len(),
+        "protocol": "AMQP 0-9-1",
+        "type": "network",
+        "ssl": false,
+        "timeout": i.timeout_s,
+        "frame_max": i.frame_max,
+        "channel_max": i.channel_max,
+        "client_properties": table_json(&i.client_properties),
+    })
+}
+
+fn channel_name(c: &ConnectionView, ch: &ChannelView) -> String {
+    format!("{} ({})", c.info.name(), ch.number)
+}
+
+fn channel_json(ctx: &Context<'_>, c: &ConnectionView, ch: &ChannelView) -> Value {
+    let i = &c.info;
+    json!({
+        "name": channel_name(c, ch),
+        "node": ctx.node.name,
+        "number": ch.number,
+        "user": i.user,
+        "user_who_performed_action": i.user,
+        "vhost": i.vhost,
+        "state": "running",
+        "connection_details": {
+            "name": i.name(),
+            "peer_host": i.peer_host,
+            "peer_port": i.peer_port,
+        },
+        "consumer_count": ch.consumers.len(),
+        "prefetch_count": ch.prefetch,
+        "global_prefetch_count": ch.global_prefetch,
+        "messages_unacknowledged": ch.unacked,
+        "messages_unconfirmed": ch.unconfirmed,
+        "messages_uncommitted": 0,
+        "acks_uncommitted": 0,
+        "transactional": ch.transactional,
+        "confirm": ch.confirm,
+    })
+}
+
+/// `/api/connections`, `/api/vhosts/{vhost}/connections`, `/api/connections/{name}`.
+pub fn connections(
+    ctx: &Context<'_>,
+    caller: &Caller,
+    vhost: Option<&str>,
+    one: Option<&str>,
+) -> Response {
+    let conns = visible(ctx, caller, vhost);
+    match one {
+        None => Response::ok(Value::Array(
+            conns.iter().map(|c| connection_json(ctx, c)).collect(),
+        )),
+        Some(name) => conns
+            .iter()
+            .find(|c| c.info.name() == name)
+            .map_or_else(Response::not_found, |c| {
+                Response::ok(connection_json(ctx, c))
+            }),
+    }
+}
+
+/// `/api/channels`, `/api/vhosts/{vhost}/channels`, `/api/connections/{name}/channels`,
+/// `/api/channels/{name}`.
+pub fn channels(
+    ctx: &Context<'_>,
+    caller: &Caller,
+    vhost: Option<&str>,
+    connection: Option<&str>,
+    one: Option<&str>,
+) -> Response {
+    let conns = visible(ctx, caller, vhost);
+    if let Some(name) = connection {
+        if !conns.iter().any(|c| c.info.name() == name) {
+            return Response::not_found();
+        }
+    }
+    let all: Vec<(&ConnectionView, &ChannelView)> = conns
+        .iter()
+        .filter(|c| connection.is_none_or(|n| c.info.name() == n))
+        .flat_map(|c| c.channels.iter().map(move |ch| (c, ch)))
+        .collect();
+    match one {
+        None => Response::ok(Value::Array(
+            all.iter().map(|(c, ch)| channel_json(ctx, c, ch)).collect(),
+        )),
+        Some(name) => all
+            .iter()
+            .find(|(c, ch)| channel_name(c, ch) == name)
+            .map_or_else(Response::not_found, |(c, ch)| {
+                Response::ok(channel_json(ctx, c, ch))
+            }),
+    }
+}
+
+/// `/api/consumers` and `/api/consumers/{vhost}`.
+pub fn consumers(
+    ctx: &Context<'_>,
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: Option<&str>,
+) -> Response {
+    let mut out = Vec::new();
+    for c in ctx.broker.sessions().connections() {
+        let i = &c.info;
+        if vhost.is_some_and(|v| v != i.vhost) || !caller.sees_vhost(meta, &i.vhost) {
+            continue;
+        }
+        for ch in &c.channels {
+            for k in &ch.consumers {
+                let (active, status) = consumer_activity(ctx.broker, &i.vhost, i.id, ch.number, k);
+                out.push(json!({
+                    "consumer_tag": k.tag,
+                    "queue": {"name": k.queue, "vhost": i.vhost},
+                    "channel_details": {
+                        "connection_name": i.name(),
+                        "name": channel_name(&c, ch),
+                        "node": ctx.node.name,
+                        "number": ch.number,
+                        "peer_host": i.peer_host,
+                        "peer_port": i.peer_port,
+                        "user": i.user,
+                        "pid": channel_pid(&ctx.node.name, i.id, ch.number),
+                    },
+                    "ack_required": k.ack_required,
+                    "prefetch_count": k.prefetch,
+                    "exclusive": k.exclusive,
+                    "arguments": table_json(&k.arguments),
+                    "active": active,
+                    "activity_status": status,
+                }));
+            }
+        }
+    }
+    Response::ok(Value::Array(out))
+}

@@ -210,6 +210,22 @@ impl Ring {
         true
     }
 
+    /// Orphaned members (every source of their state died first) stop, and their owner
+    /// records them dead, as the GM host does (`docs/gm.md`, *orphaned joiners*).
+    /// Whether it reaped any.
+    fn reap_orphans(&mut self) -> bool {
+        let orphans: Vec<MemberId> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.is_orphaned())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &orphans {
+            self.kill(*id, false);
+        }
+        !orphans.is_empty()
+    }
+
     fn pump(&mut self) {
         for member in self.members.values_mut() {
             member.flush();
@@ -220,6 +236,10 @@ impl Ring {
             while self.step() {
                 n += 1;
                 assert!(n < 100_000, "the ring does not settle");
+            }
+            if self.reap_orphans() {
+                // The others see the new view: they may have work again.
+                continue;
             }
             if !self.durable || self.all_quiet() {
                 break;

@@ -121,6 +121,46 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["queues", vhost, name, "get"] => {
+            return match m {
+                Method::Post => direct_on_queue(meta, caller, req, vhost, name, |q| {
+                    super::direct::parse_get(q, &req.body)
+                }),
+                _ => method_not_allowed(),
+            }
+        }
+        ["queues", vhost, name, "contents"] => {
+            return match m {
+                Method::Delete => direct_on_queue(meta, caller, req, vhost, name, |q| {
+                    Ok(super::direct::DirectOp::Purge {
+                        queue: q.to_string(),
+                    })
+                }),
+                _ => method_not_allowed(),
+            }
+        }
+        ["exchanges", vhost, name, "publish"] => {
+            let name = if *name == "amq.default" { "" } else { name };
+            return match m {
+                Method::Post => {
+                    let exists = meta
+                        .vhost(vhost)
+                        .is_some_and(|v| v.exchanges.contains_key(name));
+                    direct(meta, caller, req, vhost, exists, || {
+                        super::direct::parse_publish(name, &req.body)
+                    })
+                }
+                _ => method_not_allowed(),
+            };
+        }
+        ["aliveness-test", vhost] => {
+            return match m {
+                Method::Get => direct(meta, caller, req, vhost, true, || {
+                    Ok(super::direct::DirectOp::Aliveness)
+                }),
+                _ => method_not_allowed(),
+            }
+        }
         ["queues", vhost, name, "actions"] => {
             return match m {
                 Method::Post => queue_action(meta, caller, req, vhost, name),
@@ -151,7 +191,13 @@ pub fn route(
             }
         }
         ["connections"] => only_get(m, || live::connections(ctx, caller, None, None)),
-        ["connections", name] => only_get(m, || live::connections(ctx, caller, None, Some(name))),
+        ["connections", name] => {
+            return match m {
+                Method::Get => reply(live::connections(ctx, caller, None, Some(name))),
+                Method::Delete => live::close(ctx, caller, req, name),
+                _ => method_not_allowed(),
+            }
+        }
         ["connections", name, "channels"] => {
             only_get(m, || live::channels(ctx, caller, None, Some(name), None))
         }
@@ -187,6 +233,51 @@ pub fn route(
         _ => Response::not_found(),
     };
     reply(r)
+}
+
+/// Work done over an AMQP channel in `vhost` as the caller: 404 for a missing vhost (or
+/// object: `exists`), 401 without access to the vhost (`is_authorized_vhost`), 400 for a
+/// bad body; permissions on the objects are the channel's to check.
+fn direct(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    exists: bool,
+    op: impl FnOnce() -> Result<super::direct::DirectOp, Response>,
+) -> Handled {
+    if meta.vhost(vhost).is_none() || !exists {
+        return reply(Response::not_found());
+    }
+    if !caller.can_access(meta, vhost) {
+        return reply(vhost_refused());
+    }
+    let Some((user, password)) = super::credentials(req) else {
+        return reply(Response::not_authorised("Login failed"));
+    };
+    match op() {
+        Ok(op) => Handled::Direct(Box::new(super::direct::Direct {
+            vhost: vhost.to_string(),
+            user,
+            password,
+            op,
+        })),
+        Err(r) => reply(r),
+    }
+}
+
+fn direct_on_queue(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    queue: &str,
+    op: impl FnOnce(&str) -> Result<super::direct::DirectOp, Response>,
+) -> Handled {
+    let exists = meta
+        .vhost(vhost)
+        .is_some_and(|v| v.queues.contains_key(queue));
+    direct(meta, caller, req, vhost, exists, || op(queue))
 }
 
 /// `f`'s answer when `vhost` exists and `caller` may see it: 404 for a missing vhost,

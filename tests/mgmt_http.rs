@@ -870,3 +870,74 @@ async fn deleting_a_connection_closes_it_with_connection_forced() {
     );
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_vhosts_and_permissions_made_at_run_time_survive_a_restart() {
+    let (node, api) = start().await;
+    assert_eq!(api.call("PUT", "/api/vhosts/rt", None).await.0, 201);
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/users/rtu",
+            Some(r#"{"password":"s3cret","tags":"management"}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/permissions/rt/rtu",
+            Some(r#"{"configure":".*","write":".*","read":".*"}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        api.call_as(
+            ("rtu", "s3cret"),
+            "PUT",
+            "/api/queues/rt/kept",
+            Some(r#"{"durable":true}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    // A user of the config file whose password changed at run time keeps the new one.
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/users/mon",
+            Some(r#"{"password":"changed","tags":"monitoring"}"#)
+        )
+        .await
+        .0,
+        204
+    );
+    let node = node.restart().await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    assert_eq!(api.call("GET", "/api/vhosts/rt", None).await.0, 200);
+    let (s, perm) = api.call("GET", "/api/permissions/rt/rtu", None).await;
+    assert_eq!((s, &perm["write"]), (200, &json!(".*")));
+    let (s, q) = api
+        .call_as(("rtu", "s3cret"), "GET", "/api/queues/rt/kept", None)
+        .await;
+    assert_eq!((s, &q["durable"]), (200, &json!(true)), "{q}");
+    assert_eq!(
+        api.call_as(("mon", "changed"), "GET", "/api/whoami", None)
+            .await
+            .0,
+        200
+    );
+    // The user logs in over AMQP to the vhost made at run time.
+    let conn = node
+        .connect_uri(&format!("amqp://rtu:s3cret@{}/rt", node.addr))
+        .await;
+    assert!(conn.status().connected());
+    node.shutdown().await;
+}

@@ -941,3 +941,40 @@ async fn users_vhosts_and_permissions_made_at_run_time_survive_a_restart() {
     assert!(conn.status().connected());
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_policies_are_for_administrators_and_cap_queues() {
+    let (node, api) = start().await;
+    let path = "/api/operator-policies/%2F/cap";
+    let body = r#"{"pattern":"^op\\.","definition":{"max-length":2},"apply-to":"queues"}"#;
+    let (s, b) = api.call_as(("mon", "pw"), "PUT", path, Some(body)).await;
+    assert_eq!((s, &b["reason"]), (401, &json!("Not administrator user")));
+    assert_eq!(api.call("PUT", path, Some(body)).await.0, 201);
+    assert_eq!(api.call("PUT", path, Some(body)).await.0, 204);
+    let (s, list) = api.call("GET", "/api/operator-policies", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        list,
+        json!([{"vhost": "/", "name": "cap", "pattern": "^op\\.", "apply-to": "queues",
+                "definition": {"max-length": 2}, "priority": 0}])
+    );
+    // Not a user policy.
+    assert_eq!(api.call("GET", "/api/policies/%2F/cap", None).await.0, 404);
+    assert_eq!(api.call("PUT", "/api/queues/%2F/op.q", None).await.0, 201);
+    let (_, q) = api.call("GET", "/api/queues/%2F/op.q", None).await;
+    assert_eq!(q["operator_policy"], "cap", "{q}");
+    for _ in 0..3 {
+        api.call(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            Some(r#"{"properties":{},"routing_key":"op.q","payload":"x","payload_encoding":"string"}"#),
+        )
+        .await;
+    }
+    let (_, q) = api.call("GET", "/api/queues/%2F/op.q", None).await;
+    assert_eq!(q["messages"], 2, "the operator policy caps the queue: {q}");
+    assert_eq!(api.call("DELETE", path, None).await.0, 204);
+    assert_eq!(api.call("GET", path, None).await.0, 404);
+    assert_eq!(api.call("DELETE", path, None).await.0, 404);
+    node.shutdown().await;
+}

@@ -181,14 +181,31 @@ pub fn route(
             let src = if *src == "amq.default" { "" } else { src };
             return binding_one(meta, caller, m, vhost, src, dst, props);
         }
-        ["policies"] => only_get(m, || policies(ctx, meta, caller, None, None)),
-        ["policies", vhost] => only_get(m, || policies(ctx, meta, caller, Some(vhost), None)),
-        ["policies", vhost, name] => {
-            return match m {
-                Method::Get => reply(policies(ctx, meta, caller, Some(vhost), Some(name))),
-                Method::Put | Method::Delete => policy_change(ctx, meta, caller, req, vhost, name),
-                _ => method_not_allowed(),
-            }
+        [kind @ ("policies" | "operator-policies"), rest @ ..] => {
+            let operator = *kind == "operator-policies";
+            return match rest {
+                [] => reply(only_get(m, || {
+                    policies(ctx, meta, caller, None, None, operator)
+                })),
+                [vhost] => reply(only_get(m, || {
+                    policies(ctx, meta, caller, Some(vhost), None, operator)
+                })),
+                [vhost, name] => match m {
+                    Method::Get => reply(policies(
+                        ctx,
+                        meta,
+                        caller,
+                        Some(vhost),
+                        Some(name),
+                        operator,
+                    )),
+                    Method::Put | Method::Delete => {
+                        policy_change(ctx, meta, caller, req, vhost, name, operator)
+                    }
+                    _ => method_not_allowed(),
+                },
+                _ => reply(Response::not_found()),
+            };
         }
         ["connections"] => only_get(m, || live::connections(ctx, caller, None, None)),
         ["connections", name] => {
@@ -1141,15 +1158,28 @@ const POLICY_FIELDS: &[(&str, &str, Kind)] = &[
     ("priority", "priority", Kind::Int),
 ];
 
+/// Who may read and change policies: policymakers, and only administrators for operator
+/// policies (RabbitMQ's `is_authorized_policies` / `is_authorized_admin`).
+fn policy_refused(caller: &Caller, operator: bool) -> Option<Response> {
+    if operator && !caller.tags.administrator {
+        Some(not_administrator())
+    } else if !caller.tags.policymaker {
+        Some(Response::not_authorised("Not policymaker user"))
+    } else {
+        None
+    }
+}
+
 fn policies(
     ctx: &Context<'_>,
     meta: &MetaState,
     caller: &Caller,
     vhost: Option<&str>,
     one: Option<&str>,
+    operator: bool,
 ) -> Response {
-    if !caller.tags.policymaker {
-        return Response::not_authorised("Not policymaker user");
+    if let Some(r) = policy_refused(caller, operator) {
+        return r;
     }
     let vhosts: Vec<String> = match vhost {
         Some(v) if meta.vhost(v).is_none() => return Response::not_found(),
@@ -1166,10 +1196,7 @@ fn policies(
     };
     let mut list = Vec::new();
     for v in vhosts {
-        let request = AdminRequest::ListPolicies {
-            vhost: v,
-            operator: false,
-        };
+        let request = AdminRequest::ListPolicies { vhost: v, operator };
         if let Ok(t) = admin_table(ctx, &request) {
             list.extend(
                 convert::objects(&t, POLICY_FIELDS, &[])
@@ -1188,16 +1215,21 @@ fn policy_change(
     req: &Request,
     vhost: &str,
     name: &str,
+    operator: bool,
 ) -> Handled {
-    if !caller.tags.policymaker {
-        return reply(Response::not_authorised("Not policymaker user"));
+    if let Some(r) = policy_refused(caller, operator) {
+        return reply(r);
     }
     if let Err(r) = writable_vhost(meta, caller, vhost) {
         return reply(r);
     }
-    let existed = meta
-        .vhost(vhost)
-        .is_some_and(|v| v.policies.contains_key(name));
+    let existed = meta.vhost(vhost).is_some_and(|v| {
+        if operator {
+            v.operator_policies.contains_key(name)
+        } else {
+            v.policies.contains_key(name)
+        }
+    });
     if req.method == Method::Delete {
         if !existed {
             return reply(Response::not_found());
@@ -1205,7 +1237,7 @@ fn policy_change(
         let request = AdminRequest::ClearPolicy {
             vhost: vhost.to_string(),
             name: name.to_string(),
-            operator: false,
+            operator,
         };
         return admin_change(ctx, &request, Response::empty(204));
     }
@@ -1240,7 +1272,7 @@ fn policy_change(
         definition,
         priority,
         apply_to,
-        operator: false,
+        operator,
     };
     admin_change(ctx, &request, put_status(existed))
 }

@@ -57,6 +57,8 @@ pub struct Config {
     pub management: ManagementConfig,
     /// `[prometheus]`: the Prometheus metrics endpoint.
     pub prometheus: PrometheusConfig,
+    /// `[definitions]`: a definitions file imported at start.
+    pub definitions: DefinitionsConfig,
     /// `[[vhosts]]`.
     pub vhosts: Vec<VhostConfig>,
     /// `[[users]]`.
@@ -207,6 +209,16 @@ impl ManagementConfig {
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         optional_addr(&self.listen)
     }
+}
+
+/// `[definitions]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DefinitionsConfig {
+    /// A file in RabbitMQ's definitions format imported at every start, once the node has
+    /// its metadata and before it accepts clients (RabbitMQ's `load_definitions`); `""`
+    /// imports nothing. An unreadable or invalid file stops the start.
+    pub load_file: String,
 }
 
 /// `[prometheus]`.
@@ -373,6 +385,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             management: ManagementConfig::default(),
             prometheus: PrometheusConfig::default(),
+            definitions: DefinitionsConfig::default(),
             vhosts: vec![VhostConfig { name: "/".into() }],
             users: vec![UserConfig {
                 name: "guest".into(),

@@ -701,3 +701,126 @@ async fn warrenctl_lists_live_connections_channels_and_consumers() {
     drop(conn_a);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_export_to_a_file_and_import_back() {
+    let node = common::TestNode::start().await;
+    let admin = node.admin_addr();
+    ok(&ctl(admin, &["add_vhost", "exported"]).await);
+    ok(&ctl(
+        admin,
+        &["set_policy", "cap", "^cap\\.", r#"{"max-length":3}"#],
+    )
+    .await);
+    {
+        let (_conn, ch) = node.channel().await;
+        common::declare_queue_with(
+            &ch,
+            "cap.q",
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    }
+    let dir = temp_dir("defs");
+    let file = dir.join("defs.json");
+    let out = ok(&ctl(admin, &["export_definitions", file.to_str().unwrap()]).await);
+    assert!(out.is_empty(), "nothing on stdout: {out}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("the file")).expect("JSON");
+    assert_eq!(json["rabbit_version"], "3.10.8");
+    assert!(json["vhosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["name"] == "exported"));
+    assert!(json["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|q| q["name"] == "cap.q"));
+    // To stdout with `-`: the same document.
+    let out = ok(&ctl(admin, &["export_definitions", "-"]).await);
+    let again: serde_json::Value = serde_json::from_str(&out).expect("JSON on stdout");
+    assert_eq!(again, json);
+
+    // Gone, then imported back.
+    ok(&ctl(admin, &["delete_vhost", "exported"]).await);
+    ok(&ctl(admin, &["clear_policy", "cap"]).await);
+    {
+        let (_conn, ch) = node.channel().await;
+        common::within(
+            "queue.delete",
+            ch.queue_delete("cap.q".into(), Default::default()),
+        )
+        .await
+        .expect("delete");
+    }
+    let out = ok(&ctl(admin, &["import_definitions", file.to_str().unwrap()]).await);
+    assert!(out.starts_with("Imported "), "{out}");
+    assert!(ok(&ctl(admin, &["list_vhosts"]).await).contains("exported"));
+    assert!(ok(&ctl(admin, &["list_policies"]).await).contains("cap"));
+    assert!(ok(&ctl(admin, &["list_queues", "name"]).await).contains("cap.q"));
+    // A file that is not definitions is refused, and changes nothing.
+    std::fs::write(dir.join("bad.json"), b"{\"queues\": 5}").unwrap();
+    let bad = ctl(
+        admin,
+        &["import_definitions", dir.join("bad.json").to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("invalid definitions"),
+        "{}",
+        stderr(&bad)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    node.shutdown().await;
+}
+
+/// A definitions file as RabbitMQ 3.10.8 exports it (users with a SHA-256 hash).
+const RABBIT_EXPORT: &str = r#"{"rabbit_version":"3.10.8","rabbitmq_version":"3.10.8",
+"product_name":"RabbitMQ","product_version":"3.10.8",
+"users":[{"name":"loader","password_hash":"kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+  "hashing_algorithm":"rabbit_password_hashing_sha256","tags":["management"],"limits":{}}],
+"vhosts":[{"name":"/"},{"name":"loaded"}],
+"permissions":[{"user":"loader","vhost":"loaded","configure":".*","write":".*","read":".*"}],
+"topic_permissions":[],"parameters":[],"global_parameters":[],
+"policies":[{"vhost":"loaded","name":"ttl","pattern":".*","apply-to":"queues",
+  "definition":{"message-ttl":60000},"priority":0}],
+"queues":[{"name":"lq","vhost":"loaded","durable":true,"auto_delete":false,"arguments":{}}],
+"exchanges":[{"name":"lx","vhost":"loaded","type":"topic","durable":true,"auto_delete":false,
+  "internal":false,"arguments":{}}],
+"bindings":[{"source":"lx","vhost":"loaded","destination":"lq","destination_type":"queue",
+  "routing_key":"a.#","arguments":{}}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_file_is_imported_before_clients_and_a_bad_one_stops_the_start() {
+    let dir = temp_dir("load");
+    let file = dir.join("definitions.json");
+    std::fs::write(&file, RABBIT_EXPORT).unwrap();
+    let path = file.to_str().unwrap().to_string();
+    let node = common::TestNode::start_with(|c| c.definitions.load_file = path.clone()).await;
+    let admin = node.admin_addr();
+    assert!(ok(&ctl(admin, &["list_vhosts"]).await).contains("loaded"));
+    let bindings = ok(&ctl(admin, &["list_bindings", "-p", "loaded"]).await);
+    assert!(
+        bindings.contains("lx") && bindings.contains("a.#"),
+        "{bindings}"
+    );
+    let policies = ok(&ctl(admin, &["list_policies", "-p", "loaded"]).await);
+    assert!(policies.contains("ttl"), "{policies}");
+    let perms = ok(&ctl(admin, &["list_permissions", "-p", "loaded"]).await);
+    assert!(perms.contains("loader"), "{perms}");
+    node.shutdown().await;
+
+    std::fs::write(&file, b"not json").unwrap();
+    let mut config = Config::for_tests(&dir.join("data"));
+    config.definitions.load_file = file.to_str().unwrap().to_string();
+    let err = Node::start(config).await.err().expect("the start fails");
+    assert!(err.to_string().contains("invalid definitions"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,6 +45,14 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("join_cluster", "join_cluster SEED_ADMIN_ADDRESS"),
     ("forget_cluster_node", "forget_cluster_node NODE"),
     ("sync_queue", "sync_queue [-p VHOST] QUEUE"),
+    (
+        "export_definitions",
+        "export_definitions PATH|-  (RabbitMQ's definitions JSON, to a file or stdout)",
+    ),
+    (
+        "import_definitions",
+        "import_definitions PATH|-  (RabbitMQ's definitions JSON, from a file or stdin)",
+    ),
     ("cancel_sync_queue", "cancel_sync_queue [-p VHOST] QUEUE"),
     (
         "force_promote_mirror",
@@ -265,8 +273,27 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
                 (None, _) => return Err(usage("expected a queue name".into())),
             }
         }
+        "export_definitions" => {
+            exact(1)?;
+            Request::ExportDefinitions
+        }
+        // The file is read by `warrenctl` ([`definitions_path`]): the request carries its text.
+        "import_definitions" => {
+            exact(1)?;
+            Request::ImportDefinitions {
+                json: String::new(),
+            }
+        }
         _ => return Err(UsageError(format!("unknown command '{command}'"))),
     })
+}
+
+/// The file argument of `export_definitions` and `import_definitions` (`-`: stdout or
+/// stdin).
+pub fn definitions_path(command: &str, args: &[String]) -> Option<String> {
+    matches!(command, "export_definitions" | "import_definitions")
+        .then(|| args.last().cloned())
+        .flatten()
 }
 
 #[cfg(test)]

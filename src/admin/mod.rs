@@ -32,7 +32,7 @@ use crate::meta::Command;
 use crate::time::Instant;
 
 /// The largest frame body either side accepts.
-pub const MAX_FRAME: usize = 1 << 20;
+pub const MAX_FRAME: usize = 16 << 20;
 
 /// The tag a user needs to use the admin endpoint.
 pub const ADMIN_TAG: &str = "administrator";
@@ -218,6 +218,15 @@ pub enum Request {
         queue: String,
         /// The mirror's node (name or id); none: the default choice.
         node: Option<String>,
+    },
+    /// `export_definitions`: RabbitMQ's definitions JSON, in the answer's message
+    /// (answered by the node's runtime with [`crate::mgmt::definitions`]).
+    ExportDefinitions,
+    /// `import_definitions`: imports RabbitMQ's definitions JSON (the runtime plans it with
+    /// [`crate::mgmt::definitions::plan_json`] and commits every command).
+    ImportDefinitions {
+        /// The file's text.
+        json: String,
     },
 }
 
@@ -1116,6 +1125,10 @@ fn plan_inner(
                     ),
                 ),
             }
+        }
+        // The definitions format is the management API's, which builds on this module.
+        Request::ExportDefinitions | Request::ImportDefinitions { .. } => {
+            Response::refused("definitions are exported and imported by the node's runtime")
         }
     }
 }

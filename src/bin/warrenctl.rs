@@ -210,10 +210,36 @@ fn print_table(r: &Response, formatter: Formatter, quiet: bool) {
     }
 }
 
+/// The definitions file's text (`-`: standard input).
+fn read_definitions(path: &str) -> Result<String, CtlError> {
+    let mut text = String::new();
+    let read = if path == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(path).map(|t| text = t)
+    };
+    read.map_err(|e| CtlError::Usage(format!("cannot read {path}: {e}")))?;
+    Ok(text)
+}
+
+/// Writes the exported definitions (`-`: standard output).
+fn write_definitions(path: &str, json: &str) -> Result<(), CtlError> {
+    let written = if path == "-" {
+        writeln!(std::io::stdout(), "{json}")
+    } else {
+        std::fs::write(path, format!("{json}\n"))
+    };
+    written.map_err(|e| CtlError::Usage(format!("cannot write {path}: {e}")))
+}
+
 fn run(argv: &[String]) -> Result<u8, CtlError> {
     let o = parse_options(argv)?;
-    let request: Request =
+    let mut request: Request =
         cli::parse(&o.command, &o.args).map_err(|e| CtlError::Usage(e.to_string()))?;
+    let file = cli::definitions_path(&o.command, &o.args);
+    if let (Request::ImportDefinitions { json }, Some(path)) = (&mut request, &file) {
+        *json = read_definitions(path)?;
+    }
     let mut stream = connect(&o.node)?;
     let auth = exchange(
         &mut stream,
@@ -231,7 +257,9 @@ fn run(argv: &[String]) -> Result<u8, CtlError> {
         eprintln!("Error: {}", r.message);
         return Ok(EX_REFUSED);
     }
-    if !r.columns.is_empty() {
+    if let (Request::ExportDefinitions, Some(path)) = (&request, &file) {
+        write_definitions(path, &r.message)?;
+    } else if !r.columns.is_empty() {
         print_table(&r, o.formatter, o.quiet);
     } else if !o.quiet && !r.message.is_empty() {
         match o.formatter {

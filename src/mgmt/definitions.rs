@@ -7,7 +7,8 @@ use serde_json::{json, Map, Value};
 
 use super::resources::stored_hash;
 use super::{convert, Handled, Request, Response};
-use crate::admin::{self, json as admin_json, Request as AdminRequest};
+use crate::admin::{self, json as admin_json, NodeInfo, Request as AdminRequest};
+use crate::broker::Broker;
 use crate::meta::definitions::Definitions;
 use crate::meta::policy::ApplyTo;
 use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User};
@@ -242,13 +243,7 @@ fn binding(o: &Map<String, Value>) -> Result<Binding, String> {
 /// already exists and is equivalent is applied again harmlessly (declarations are
 /// idempotent), as in RabbitMQ.
 pub fn import(ctx: &super::Context<'_>, req: &Request) -> Handled {
-    let file: File = match serde_json::from_slice(&req.body) {
-        Ok(f) => f,
-        Err(e) => {
-            return Handled::Reply(Response::bad_request(format!("invalid definitions: {e}")))
-        }
-    };
-    match plan_import(ctx, &file) {
+    match plan_json(ctx.broker, ctx.node, &req.body) {
         Ok(commands) => Handled::Commit {
             commands,
             ok: Response::empty(204),
@@ -257,14 +252,22 @@ pub fn import(ctx: &super::Context<'_>, req: &Request) -> Handled {
     }
 }
 
-fn via_admin(ctx: &super::Context<'_>, request: &AdminRequest) -> Result<Command, String> {
-    match admin::plan(ctx.broker, ctx.node, request) {
+/// Plans the import of a definitions file's text (the API's `POST /api/definitions`,
+/// `warrenctl import_definitions`, `[definitions] load_file`).
+pub fn plan_json(broker: &Broker, node: &NodeInfo, json: &[u8]) -> Result<Vec<Command>, String> {
+    let file: File =
+        serde_json::from_slice(json).map_err(|e| format!("invalid definitions: {e}"))?;
+    plan_import(&(broker, node), &file)
+}
+
+fn via_admin(ctx: &(&Broker, &NodeInfo), request: &AdminRequest) -> Result<Command, String> {
+    match admin::plan(ctx.0, ctx.1, request) {
         admin::Handled::Commit { command, .. } => Ok(command),
         admin::Handled::Reply(r) => Err(r.message),
     }
 }
 
-fn plan_import(ctx: &super::Context<'_>, f: &File) -> Result<Vec<Command>, String> {
+fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, String> {
     let mut c = Vec::new();
     for v in &f.vhosts {
         c.push(Command::AddVhost {

@@ -133,6 +133,14 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
     match (request, &ctx.cluster) {
         (Request::ClusterStatus, Some(c)) => return c.status(),
         (Request::JoinCluster { seed }, Some(c)) => return c.join(seed, auth).await,
+        (Request::ExportDefinitions, _) => {
+            return Response::done(
+                crate::mgmt::definitions::export(&ctx.broker.snapshot()).to_string(),
+            )
+        }
+        (Request::ImportDefinitions { json }, _) => {
+            return import_definitions(ctx, json.as_bytes()).await
+        }
         _ => {}
     }
     let counts = match request {
@@ -146,6 +154,21 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
             Err(e) => Response::refused(e.to_string()),
         },
     }
+}
+
+/// Plans a definitions file and commits its commands in order; the first refusal stops it.
+pub(crate) async fn import_definitions(ctx: &AdminContext, json: &[u8]) -> Response {
+    let commands = match crate::mgmt::definitions::plan_json(&ctx.broker, &ctx.node, json) {
+        Ok(c) => c,
+        Err(e) => return Response::refused(e),
+    };
+    let n = commands.len();
+    for c in commands {
+        if let Err(e) = ctx.meta.commit(c, ctx.clock.now()).await {
+            return Response::refused(e.to_string());
+        }
+    }
+    Response::done(format!("Imported {n} definitions"))
 }
 
 /// The counts of `vhost`'s queues that other nodes run, asked of those nodes at once (a

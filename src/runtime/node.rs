@@ -37,6 +37,14 @@ pub enum NodeError {
     /// Cluster mode could not start.
     #[error("cluster: {0}")]
     Cluster(#[from] super::cluster::ClusterError),
+    /// `[definitions] load_file` could not be read or imported.
+    #[error("definitions file {path}: {reason}")]
+    Definitions {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// The listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -375,6 +383,28 @@ impl Node {
             }
             None => None,
         };
+        if !config.definitions.load_file.is_empty() {
+            let path = config.definitions.load_file.clone();
+            let fail = |reason: String| NodeError::Definitions {
+                path: path.clone(),
+                reason,
+            };
+            let json = std::fs::read(&path).map_err(|e| fail(e.to_string()))?;
+            let importer = super::admin::AdminContext {
+                broker: broker.clone(),
+                node: crate::admin::NodeInfo {
+                    name: config.node.name.clone(),
+                },
+                clock,
+                meta: meta.clone(),
+                cluster: None,
+            };
+            let r = super::admin::import_definitions(&importer, &json).await;
+            if !r.ok {
+                return Err(fail(r.message));
+            }
+            tracing::info!(%path, "{}", r.message);
+        }
         let (alarm_tx, alarm_rx) = watch::channel(false);
         let ctx = ConnContext {
             broker: broker.clone(),

@@ -820,7 +820,9 @@ async fn a_load_file_is_imported_before_clients_and_a_bad_one_stops_the_start() 
     std::fs::write(&file, b"not json").unwrap();
     let mut config = Config::for_tests(&dir.join("data"));
     config.definitions.load_file = file.to_str().unwrap().to_string();
-    let err = Node::start(config).await.err().expect("the start fails");
+    let Err(err) = Node::start(config).await else {
+        panic!("a start with an invalid definitions file succeeded")
+    };
     assert!(err.to_string().contains("invalid definitions"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -433,6 +433,41 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         .map(|m| m["payload"].as_str().unwrap())
         .collect();
     assert_eq!(payloads, ["m", "m", "m", "via3"]);
+    // Node 3 lists node 1's client connection (and its channel), naming node 1.
+    let (s, conns) = api(3).call("GET", "/api/connections", None).await;
+    assert_eq!(s, 200);
+    let on1: Vec<&Value> = conns
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["node"] == "warren1@test")
+        .collect();
+    assert_eq!(on1.len(), 1, "{conns}");
+    let name = on1[0]["name"].as_str().unwrap().to_string();
+    let (_, chans) = api(3).call("GET", "/api/channels", None).await;
+    assert!(
+        chans
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["node"] == "warren1@test" && c["connection_details"]["name"] == name),
+        "{chans}"
+    );
+    // Closed through node 2's API: node 1 closes it.
+    let enc = name.replace(' ', "%20").replace('>', "%3E");
+    let (s, _) = api(2)
+        .call("DELETE", &format!("/api/connections/{enc}"), None)
+        .await;
+    assert_eq!(s, 204);
+    let api1 = api(1);
+    eventually("node 1's connection is gone", || async {
+        let (_, c) = api1.call("GET", "/api/connections", None).await;
+        !c.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == name.as_str())
+    })
+    .await;
     // Every node sees the three nodes running.
     let (s, nodes) = api(2).call("GET", "/api/nodes", None).await;
     assert_eq!(s, 200);

@@ -165,6 +165,11 @@ impl Broker {
         let _ = self.remote.set(link);
     }
 
+    /// The relay to other nodes (cluster mode).
+    pub fn remote_link(&self) -> Option<&Arc<dyn RemoteLink>> {
+        self.remote.get()
+    }
+
     /// Outcomes of publishes forwarded to other nodes.
     pub fn remote_outcomes(&self) -> &RemoteOutcomes {
         &self.remote_outcomes

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::outbox::{OutItem, Outbox};
 use amq_protocol::types::FieldTable;
+use serde::{Deserialize, Serialize};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Entries are plain data replaced whole; a panic elsewhere cannot leave one half-written.
@@ -27,7 +28,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What a connection is, fixed once it is open.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ConnectionInfo {
     /// Connection id (unique in the cluster, see [`super::Broker::next_connection_id`]).
     pub id: u64,
@@ -72,7 +73,7 @@ impl ConnectionInfo {
 }
 
 /// A connection's flow state, as `list_connections` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConnectionState {
     /// Open and read.
     Running,
@@ -110,7 +111,7 @@ impl ConnectionState {
 }
 
 /// One consumer, as `list_consumers` shows it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConsumerInfo {
     /// Consumer tag.
     pub tag: String,
@@ -148,7 +149,7 @@ struct ConnectionEntry {
 }
 
 /// A channel as read by a listing.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChannelView {
     /// Channel number.
     pub number: u16,
@@ -169,7 +170,7 @@ pub struct ChannelView {
 }
 
 /// A connection as read by a listing.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ConnectionView {
     /// What it is.
     pub info: ConnectionInfo,

@@ -96,7 +96,38 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
     /// Asks the queue's node something whose answer a parked channel waits for; the future
     /// resolves to the answer (or [`QueueReply::Unavailable`]) and never fails otherwise.
     fn call(&self, call: QueueCall) -> CallFuture;
+    /// Asks node `node` about its sessions (the management API's cluster-wide listings);
+    /// resolves to [`NodeReply::Unavailable`] when the node cannot answer.
+    fn node_call(&self, node: NodeId, call: NodeCall) -> NodeCallFuture;
 }
+
+/// A question to another node about itself, not one of its queues.
+#[derive(Clone, Debug)]
+pub enum NodeCall {
+    /// Its connections, with their channels and consumers.
+    Sessions,
+    /// Close its connection `id` with 320 `CONNECTION_FORCED - {reason}`.
+    CloseConnection {
+        /// The connection.
+        id: u64,
+        /// The reply text.
+        reason: String,
+    },
+}
+
+/// The answer to a [`NodeCall`].
+#[derive(Clone, Debug)]
+pub enum NodeReply {
+    /// Its connections.
+    Sessions(Vec<super::registry::ConnectionView>),
+    /// Whether the connection was there to close.
+    Closed(bool),
+    /// The node could not be reached, or did not answer.
+    Unavailable(String),
+}
+
+/// The answer to a [`NodeCall`], later.
+pub type NodeCallFuture = std::pin::Pin<Box<dyn std::future::Future<Output = NodeReply> + Send>>;
 
 /// The answer to a [`QueueCall`], later.
 pub type CallFuture = std::pin::Pin<Box<dyn std::future::Future<Output = QueueReply> + Send>>;

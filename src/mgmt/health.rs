@@ -227,6 +227,7 @@ mod tests {
             loopback_users: &[],
             remote_counts: &counts,
             listeners: LISTENERS,
+            remote_sessions: &[],
         };
         check(&ctx, meta, path).expect("a known check")
     }

@@ -4,7 +4,8 @@
 //! its own connections and their channels unless it is `monitoring` (or `administrator`),
 //! as in RabbitMQ; consumers are listed per vhost for users with access to it.
 //!
-//! Only this node's: a clustered node does not yet ask the others (`docs/management.md`).
+//! Any node answers for the whole cluster: the driver asks the other running nodes for their
+//! sessions first ([`super::NodeSessions`]); a node that does not answer in time is left out.
 
 use serde_json::{json, Value};
 
@@ -12,24 +13,52 @@ use super::definitions::table_json;
 use super::{Caller, Context, Handled, Request, Response};
 use crate::admin::{channel_pid, consumer_activity};
 use crate::broker::registry::{ChannelView, ConnectionView};
-use crate::meta::MetaState;
+use crate::meta::{MetaState, NodeId};
 
-/// The connections `caller` may see, of `vhost` when given.
-fn visible(ctx: &Context<'_>, caller: &Caller, vhost: Option<&str>) -> Vec<ConnectionView> {
-    ctx.broker
+/// A connection and the node it is on (`None`: this one).
+struct Live<'a> {
+    node: &'a str,
+    node_id: Option<NodeId>,
+    view: ConnectionView,
+}
+
+/// Every connection of the cluster: this node's, then the other nodes' as they answered.
+fn cluster_connections<'a>(ctx: &Context<'a>) -> Vec<Live<'a>> {
+    let mut all: Vec<Live<'a>> = ctx
+        .broker
         .sessions()
         .connections()
         .into_iter()
-        .filter(|c| caller.tags.monitoring || c.info.user == caller.user.name)
-        .filter(|c| vhost.is_none_or(|v| c.info.vhost == v))
+        .map(|view| Live {
+            node: &ctx.node.name,
+            node_id: None,
+            view,
+        })
+        .collect();
+    for n in ctx.remote_sessions {
+        all.extend(n.connections.iter().cloned().map(|view| Live {
+            node: &n.name,
+            node_id: Some(n.id),
+            view,
+        }));
+    }
+    all
+}
+
+/// The connections `caller` may see, of `vhost` when given.
+fn visible<'a>(ctx: &Context<'a>, caller: &Caller, vhost: Option<&str>) -> Vec<Live<'a>> {
+    cluster_connections(ctx)
+        .into_iter()
+        .filter(|c| caller.tags.monitoring || c.view.info.user == caller.user.name)
+        .filter(|c| vhost.is_none_or(|v| c.view.info.vhost == v))
         .collect()
 }
 
-fn connection_json(ctx: &Context<'_>, c: &ConnectionView) -> Value {
+fn connection_json(node: &str, c: &ConnectionView) -> Value {
     let i = &c.info;
     json!({
         "name": i.name(),
-        "node": ctx.node.name,
+        "node": node,
         "user": i.user,
         "user_who_performed_action": i.user,
         "vhost": i.vhost,
@@ -53,11 +82,11 @@ fn channel_name(c: &ConnectionView, ch: &ChannelView) -> String {
     format!("{} ({})", c.info.name(), ch.number)
 }
 
-fn channel_json(ctx: &Context<'_>, c: &ConnectionView, ch: &ChannelView) -> Value {
+fn channel_json(node: &str, c: &ConnectionView, ch: &ChannelView) -> Value {
     let i = &c.info;
     json!({
         "name": channel_name(c, ch),
-        "node": ctx.node.name,
+        "node": node,
         "number": ch.number,
         "user": i.user,
         "user_who_performed_action": i.user,
@@ -90,13 +119,16 @@ pub fn connections(
     let conns = visible(ctx, caller, vhost);
     match one {
         None => Response::ok(Value::Array(
-            conns.iter().map(|c| connection_json(ctx, c)).collect(),
+            conns
+                .iter()
+                .map(|c| connection_json(c.node, &c.view))
+                .collect(),
         )),
         Some(name) => conns
             .iter()
-            .find(|c| c.info.name() == name)
+            .find(|c| c.view.info.name() == name)
             .map_or_else(Response::not_found, |c| {
-                Response::ok(connection_json(ctx, c))
+                Response::ok(connection_json(c.node, &c.view))
             }),
     }
 }
@@ -107,17 +139,18 @@ pub fn connections(
 pub fn close(ctx: &Context<'_>, caller: &Caller, req: &Request, name: &str) -> Handled {
     let Some(c) = visible(ctx, caller, None)
         .into_iter()
-        .find(|c| c.info.name() == name)
+        .find(|c| c.view.info.name() == name)
     else {
         return Handled::Reply(Response::not_found());
     };
-    if !caller.tags.administrator && c.info.user != caller.user.name {
+    if !caller.tags.administrator && c.view.info.user != caller.user.name {
         return Handled::Reply(Response::not_authorised(
             "User not authorised to access object",
         ));
     }
     Handled::CloseConnection {
-        id: c.info.id,
+        node: c.node_id,
+        id: c.view.info.id,
         reason: req
             .x_reason
             .clone()
@@ -136,24 +169,26 @@ pub fn channels(
 ) -> Response {
     let conns = visible(ctx, caller, vhost);
     if let Some(name) = connection {
-        if !conns.iter().any(|c| c.info.name() == name) {
+        if !conns.iter().any(|c| c.view.info.name() == name) {
             return Response::not_found();
         }
     }
-    let all: Vec<(&ConnectionView, &ChannelView)> = conns
+    let all: Vec<(&Live<'_>, &ChannelView)> = conns
         .iter()
-        .filter(|c| connection.is_none_or(|n| c.info.name() == n))
-        .flat_map(|c| c.channels.iter().map(move |ch| (c, ch)))
+        .filter(|c| connection.is_none_or(|n| c.view.info.name() == n))
+        .flat_map(|c| c.view.channels.iter().map(move |ch| (c, ch)))
         .collect();
     match one {
         None => Response::ok(Value::Array(
-            all.iter().map(|(c, ch)| channel_json(ctx, c, ch)).collect(),
+            all.iter()
+                .map(|(c, ch)| channel_json(c.node, &c.view, ch))
+                .collect(),
         )),
         Some(name) => all
             .iter()
-            .find(|(c, ch)| channel_name(c, ch) == name)
+            .find(|(c, ch)| channel_name(&c.view, ch) == name)
             .map_or_else(Response::not_found, |(c, ch)| {
-                Response::ok(channel_json(ctx, c, ch))
+                Response::ok(channel_json(c.node, &c.view, ch))
             }),
     }
 }
@@ -166,7 +201,8 @@ pub fn consumers(
     vhost: Option<&str>,
 ) -> Response {
     let mut out = Vec::new();
-    for c in ctx.broker.sessions().connections() {
+    for live in cluster_connections(ctx) {
+        let c = &live.view;
         let i = &c.info;
         if vhost.is_some_and(|v| v != i.vhost) || !caller.sees_vhost(meta, &i.vhost) {
             continue;
@@ -179,13 +215,13 @@ pub fn consumers(
                     "queue": {"name": k.queue, "vhost": i.vhost},
                     "channel_details": {
                         "connection_name": i.name(),
-                        "name": channel_name(&c, ch),
-                        "node": ctx.node.name,
+                        "name": channel_name(c, ch),
+                        "node": live.node,
                         "number": ch.number,
                         "peer_host": i.peer_host,
                         "peer_port": i.peer_port,
                         "user": i.user,
-                        "pid": channel_pid(&ctx.node.name, i.id, ch.number),
+                        "pid": channel_pid(live.node, i.id, ch.number),
                     },
                     "ack_required": k.ack_required,
                     "prefetch_count": k.prefetch,

@@ -204,9 +204,12 @@ pub enum Handled {
     /// Carry out the work over an AMQP connection to this node as the caller, and answer
     /// with [`direct::reply`].
     Direct(Box<direct::Direct>),
-    /// Close this node's connection `id` with 320 `CONNECTION_FORCED - {reason}`
-    /// ([`crate::broker::registry::Registry::close`]), then answer 204 (404 if it is gone).
+    /// Close connection `id` with 320 `CONNECTION_FORCED - {reason}`
+    /// ([`crate::broker::registry::Registry::close`]) on this node (`node: None`) or through
+    /// the relay on another, then answer 204 (404 if it is gone).
     CloseConnection {
+        /// The connection's node, when not this one.
+        node: Option<crate::meta::NodeId>,
         /// The connection's id.
         id: u64,
         /// The reply text.
@@ -230,6 +233,19 @@ pub struct Context<'a> {
     pub remote_counts: &'a RemoteCountsByVhost,
     /// This node's listeners (the listener health checks).
     pub listeners: &'a [health::Listener],
+    /// The other running nodes' connections (for the live listings; empty otherwise).
+    pub remote_sessions: &'a [NodeSessions],
+}
+
+/// Another node's connections, as it answered.
+#[derive(Clone, Debug)]
+pub struct NodeSessions {
+    /// Its id.
+    pub id: crate::meta::NodeId,
+    /// Its name.
+    pub name: String,
+    /// Its connections.
+    pub connections: Vec<crate::broker::registry::ConnectionView>,
 }
 
 /// The management tags a user has, and what they grant (RabbitMQ's meanings).
@@ -390,7 +406,16 @@ pub fn handle(ctx: &Context<'_>, req: &Request, now: Instant) -> Response {
             }
             ok
         }
-        Handled::CloseConnection { id, reason } => close_connection(ctx.broker, id, &reason),
+        Handled::CloseConnection {
+            node: None,
+            id,
+            reason,
+        } => close_connection(ctx.broker, id, &reason),
+        Handled::CloseConnection { node: Some(_), .. } => Response::error(
+            501,
+            "not_implemented",
+            "another node's connection is closed through the relay (the HTTP driver)",
+        ),
         Handled::Direct(d) => Response::error(
             501,
             "not_implemented",

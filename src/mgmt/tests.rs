@@ -63,6 +63,7 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
         loopback_users: &loopback,
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
+        remote_sessions: &[],
     };
     let req = Request::new(method, path, Some(basic_auth(user, "pw"))).with_body(body.as_bytes());
     handle(&ctx, &req, Instant::from_millis(0))
@@ -82,6 +83,7 @@ fn no_credentials_is_401_with_the_basic_realm() {
         loopback_users: &[],
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
+        remote_sessions: &[],
     };
     let r = handle(
         &ctx,
@@ -108,6 +110,7 @@ fn bad_password_is_401_login_failed() {
         loopback_users: &[],
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
+        remote_sessions: &[],
     };
     let req = Request::new(
         Method::Get,
@@ -143,6 +146,7 @@ fn loopback_users_are_refused_from_elsewhere() {
         loopback_users: &lb,
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
+        remote_sessions: &[],
     };
     let mut req = Request::new(Method::Get, "/api/whoami", Some(basic_auth("admin", "pw")));
     req.peer_loopback = false;
@@ -674,6 +678,7 @@ fn definitions_export_and_import_round_trip() {
         loopback_users: &[],
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
+        remote_sessions: &[],
     };
     let req = Request::new(
         Method::Post,

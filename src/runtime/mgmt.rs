@@ -16,8 +16,11 @@ use tokio::sync::watch;
 use super::clock::Clock;
 use super::conn_task::MetaCommit;
 use crate::admin::NodeInfo;
+use crate::broker::remote::{NodeCall, NodeReply};
 use crate::broker::Broker;
-use crate::mgmt::{self, Context, Handled, Method, RemoteCountsByVhost, Request, Response};
+use crate::mgmt::{
+    self, Context, Handled, Method, NodeSessions, RemoteCountsByVhost, Request, Response,
+};
 
 /// What every management request shares.
 #[derive(Clone)]
@@ -92,12 +95,18 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
             );
         }
     }
+    let sessions = if live_path(&req.path) {
+        remote_sessions(&ctx.broker).await
+    } else {
+        Vec::new()
+    };
     let core = Context {
         broker: &ctx.broker,
         node: &ctx.node,
         loopback_users: &ctx.loopback_users,
         remote_counts: &counts,
         listeners: &ctx.listeners,
+        remote_sessions: &sessions,
     };
     let planned = mgmt::plan(&core, req);
     match planned {
@@ -110,12 +119,83 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
             }
             ok
         }
-        Handled::CloseConnection { id, reason } => mgmt::close_connection(&ctx.broker, id, &reason),
+        Handled::CloseConnection {
+            node: None,
+            id,
+            reason,
+        } => mgmt::close_connection(&ctx.broker, id, &reason),
+        Handled::CloseConnection {
+            node: Some(node),
+            id,
+            reason,
+        } => {
+            let Some(link) = ctx.broker.remote_link() else {
+                return Response::not_found();
+            };
+            let call = link.node_call(node, NodeCall::CloseConnection { id, reason });
+            match tokio::time::timeout(NODE_CALL_DEADLINE, call).await {
+                Ok(NodeReply::Closed(true)) => Response::empty(204),
+                Ok(NodeReply::Closed(false)) => Response::not_found(),
+                _ => Response::error(
+                    503,
+                    "service_unavailable",
+                    "the connection's node did not answer",
+                ),
+            }
+        }
         Handled::Direct(d) => {
             let outcome = super::direct::run(ctx.amqp, &d).await;
             mgmt::direct::reply(&d.op, outcome)
         }
     }
+}
+
+/// How long a listing waits for another node's sessions.
+const NODE_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the path lists (or closes) connections, channels or consumers.
+fn live_path(path: &str) -> bool {
+    let p = path.trim_end_matches('/');
+    p.starts_with("/api/connections")
+        || p.starts_with("/api/channels")
+        || p.starts_with("/api/consumers")
+        || (p.starts_with("/api/vhosts/")
+            && (p.ends_with("/connections") || p.ends_with("/channels")))
+}
+
+/// The sessions of every other node not recorded down, asked at once; a node that does not
+/// answer within [`NODE_CALL_DEADLINE`] is left out.
+async fn remote_sessions(broker: &Broker) -> Vec<NodeSessions> {
+    let Some(link) = broker.remote_link() else {
+        return Vec::new();
+    };
+    let me = broker.node_id();
+    let mut calls = tokio::task::JoinSet::new();
+    for (id, record) in broker.snapshot().nodes.iter() {
+        if *id == me || broker.node_is_down(*id) {
+            continue;
+        }
+        let (id, name) = (*id, record.name.clone());
+        let call = link.node_call(id, NodeCall::Sessions);
+        calls.spawn(async move {
+            match tokio::time::timeout(NODE_CALL_DEADLINE, call).await {
+                Ok(NodeReply::Sessions(connections)) => Some(NodeSessions {
+                    id,
+                    name,
+                    connections,
+                }),
+                _ => None,
+            }
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = calls.join_next().await {
+        if let Ok(Some(s)) = r {
+            out.push(s);
+        }
+    }
+    out.sort_by_key(|s| s.id);
+    out
 }
 
 fn to_http(r: Response) -> HttpResponse {

@@ -35,7 +35,9 @@ use super::conn_task::MetaCommit;
 use super::node_link::transport::{BrokerReply, BrokerService};
 use super::node_link::TcpTransport;
 use super::storage::decode_message;
-use crate::broker::remote::{CallFuture, QueueCall, QueueReply, RemoteGot};
+use crate::broker::remote::{
+    CallFuture, NodeCall, NodeCallFuture, NodeReply, QueueCall, QueueReply, RemoteGot,
+};
 use crate::broker::{
     Broker, ChannelKey, ChannelLink, Consumer, Delivery, Message, OutItem, Outbox, QueueRef,
     RemoteConsumer, RemoteLink, RemoteQueue, Settle,
@@ -164,6 +166,10 @@ enum RelayMsg {
         deliveries: Vec<WireDelivery>,
         cancels: Vec<String>,
     },
+    /// To any node: its connections (the management API's cluster-wide listings).
+    Sessions,
+    /// To a connection's node: close it with 320 (`DELETE /api/connections/{name}`).
+    CloseConnection { id: u64, reason: String },
 }
 
 impl RelayMsg {
@@ -196,6 +202,10 @@ enum RelayReply {
     Purged(u32),
     /// The queue is not (or no longer) on this node.
     Missing(String),
+    /// This node's connections.
+    Sessions(Vec<crate::broker::registry::ConnectionView>),
+    /// Whether the connection was there to close.
+    Closed(bool),
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -213,6 +223,8 @@ struct Outgoing {
     released: usize,
     /// A parked channel waiting for the answer.
     reply_to: Option<oneshot::Sender<QueueReply>>,
+    /// A node call waiting for the answer.
+    node_reply_to: Option<oneshot::Sender<NodeReply>>,
     /// The queue a call is about.
     source: Option<Arc<RemoteQueue>>,
 }
@@ -358,6 +370,7 @@ impl Relay {
                 after: None,
                 released: 0,
                 reply_to: Some(tx),
+                node_reply_to: None,
                 source: None,
             },
         );
@@ -504,6 +517,7 @@ impl Inner {
             after,
             released,
             reply_to: None,
+            node_reply_to: None,
             source: None,
         };
         self.enqueue(node, out);
@@ -616,6 +630,14 @@ impl Inner {
     }
 
     fn answered(&self, out: Outgoing, reply: Option<&RelayReply>) {
+        if let Some(tx) = out.node_reply_to {
+            let _ = tx.send(match reply {
+                Some(RelayReply::Sessions(v)) => NodeReply::Sessions(v.clone()),
+                Some(RelayReply::Closed(found)) => NodeReply::Closed(*found),
+                _ => NodeReply::Unavailable("unexpected answer from the node".into()),
+            });
+            return;
+        }
         if let Some(tx) = out.reply_to {
             let answer = match reply {
                 Some(RelayReply::Got(got)) => {
@@ -1108,6 +1130,14 @@ impl Inner {
                 Some(h) => (RelayReply::Purged(h.lock().purge()), 0),
                 None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
             },
+            RelayMsg::Sessions => (
+                RelayReply::Sessions(self.broker.sessions().connections()),
+                0,
+            ),
+            RelayMsg::CloseConnection { id, reason } => (
+                RelayReply::Closed(self.broker.sessions().close(id, &reason)),
+                0,
+            ),
             RelayMsg::Deliver {
                 conn,
                 channel,
@@ -1227,7 +1257,9 @@ impl Inner {
             RelayMsg::Settle { .. }
             | RelayMsg::Cancel { .. }
             | RelayMsg::Deliver { .. }
-            | RelayMsg::Barrier { .. } => None,
+            | RelayMsg::Barrier { .. }
+            | RelayMsg::Sessions
+            | RelayMsg::CloseConnection { .. } => None,
         }
     }
 
@@ -1521,6 +1553,7 @@ impl RemoteLink for Relay {
                 after: None,
                 released: 0,
                 reply_to: Some(tx),
+                node_reply_to: None,
                 source: Some(q.clone()),
             },
         );
@@ -1528,6 +1561,30 @@ impl RemoteLink for Relay {
             rx.await.unwrap_or_else(|_| {
                 QueueReply::Unavailable("the queue's node could not be reached".into())
             })
+        })
+    }
+
+    fn node_call(&self, node: NodeId, call: NodeCall) -> NodeCallFuture {
+        let msg = match call {
+            NodeCall::Sessions => RelayMsg::Sessions,
+            NodeCall::CloseConnection { id, reason } => RelayMsg::CloseConnection { id, reason },
+        };
+        let (tx, rx) = oneshot::channel();
+        self.inner.enqueue(
+            node,
+            Outgoing {
+                msg,
+                outcome: 0,
+                after: None,
+                released: 0,
+                reply_to: None,
+                node_reply_to: Some(tx),
+                source: None,
+            },
+        );
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| NodeReply::Unavailable("the node could not be reached".into()))
         })
     }
 

@@ -19,6 +19,7 @@
 //! - [`health`]: the health checks.
 //! - [`live`]: this node's connections, channels and consumers.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
+//! - [`ring`]: Warren's `gm_ring` of a single queue, for the console.
 
 pub mod convert;
 pub mod definitions;
@@ -26,6 +27,7 @@ pub mod health;
 pub mod live;
 pub mod query;
 pub mod resources;
+pub mod ring;
 
 use base64::Engine;
 use serde_json::{json, Value};

@@ -755,6 +755,12 @@ fn queues(
             );
         }
     }
+    // Warren's extension, on the single-queue answer only: listings stay RabbitMQ's size.
+    if let (Some(name), Some(vhost), Some(Value::Object(q))) = (one, vhost, list.first_mut()) {
+        for (k, v) in super::ring::fields(ctx.broker, meta, vhost, name) {
+            q.insert(k.to_string(), v);
+        }
+    }
     one_or_list(list, one.is_some())
 }
 

@@ -602,6 +602,8 @@ fn overview_and_nodes() {
     assert_eq!(o["object_totals"]["queues"], 1);
     assert_eq!(o["queue_totals"]["messages"], 0);
     assert_eq!(o["node"], "warren@test");
+    assert_eq!(o["message_stats"]["publish"], 0, "this node's counters");
+    assert_eq!(o["message_stats"]["deliver_get"], 0);
     assert_eq!(
         get(&b, "admin", "/api/nodes").body,
         Some(json!([{"name": "warren@test", "type": "disc", "running": true}]))

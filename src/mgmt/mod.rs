@@ -20,7 +20,9 @@
 //! - [`live`]: this node's connections, channels and consumers.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
 //! - [`ring`]: Warren's `gm_ring` of a single queue, for the console.
+//! - [`console`]: the web console's static files, served outside `/api/`.
 
+pub mod console;
 pub mod convert;
 pub mod definitions;
 pub mod health;

@@ -202,6 +202,12 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
         "the queue's row names its master and its 200 messages: {row}"
     );
     shots.take(&browser, "queues");
+    // The filter keeps matching rows only; a new view of the list starts unfiltered.
+    browser.type_into("#queue-filter", "console-none");
+    wait_text(&browser, "#queues tbody", "None.").await;
+    browser.goto(&format!("{base}#/overview"));
+    browser.goto(&format!("{base}#/queues"));
+    wait_text(&browser, "#queues", QUEUE).await;
     browser.click(&format!("#queues a[href*='{QUEUE}']"));
 
     let ring = wait_ring(&browser, "three synchronised members", |r| {

@@ -91,6 +91,12 @@ impl Browser {
             .as_str()
             .unwrap_or_else(|| panic!("no session: {created}"))
             .to_string();
+        // --window-size counts the (invisible) window frame of headless Chromium; the page
+        // itself gets exactly width×height through the DevTools protocol.
+        let metrics = json!({"cmd": "Emulation.setDeviceMetricsOverride", "params": {
+            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false,
+        }});
+        browser.command("POST", "/goog/cdp/execute", Some(metrics));
         browser
     }
 

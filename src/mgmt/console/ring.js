@@ -91,10 +91,14 @@ function drawMember(root, m, [x, y]) {
   title.textContent = `${m.node}: ${m.role}, ${memberCaption(m)}`;
 }
 
-/** "synchronised", "syncing, 1200 behind", "down", ... */
+/** "synchronised", "syncing, 1200 behind", "unsynchronised", "down", ... */
 function memberCaption(m) {
   if (m.state === "syncing") {
-    return m.sync_remaining === null ? "syncing" : `syncing, ${m.sync_remaining} behind`;
+    if (m.sync_remaining !== null && m.sync_remaining !== undefined) {
+      return `syncing, ${m.sync_remaining} behind`;
+    }
+    // The master's node says no copy runs (manual sync mode): waiting for a sync.
+    return m.sync_running === false ? "unsynchronised" : "syncing";
   }
   if (m.state === "down" && m.ghost) {
     return "down (left the ring)";

@@ -57,7 +57,7 @@ class SortableTable {
     const head = el("tr", {}, this.columns.map((c) => {
       const sorted = c.key === key ? (reverse ? " sorted-desc" : " sorted-asc") : "";
       return el("th", {
-        class: `sortable${sorted}`,
+        class: `sortable${sorted}${c.num ? " num" : ""}`,
         "data-key": c.key,
         onclick: () => {
           this.sort = { key: c.key, reverse: c.key === key ? !reverse : false };
@@ -215,7 +215,8 @@ Views.queue = (main, [vhost, name]) => {
     const [q, nodeList] = await Promise.all([Api.get(path), Api.get("nodes", [401])]);
     const running = new Map((Array.isArray(nodeList) ? nodeList : [])
       .map((n) => [n.name, n.running]));
-    const list = (q.gm_ring || []).map((m) => ({ ...m, ghost: false }));
+    const list = (q.gm_ring || []).map((m) => ({ ...m, ghost: false,
+      sync_running: q.sync_running }));
     const present = new Set(list.map((m) => m.node));
     for (const [node, at] of seen) {
       if (present.has(node)) {

@@ -99,6 +99,25 @@ fn no_credentials_is_401_with_the_basic_realm() {
 }
 
 #[test]
+fn a_path_outside_the_api_is_404_without_asking_for_credentials() {
+    let b = broker();
+    let counts = RemoteCountsByVhost::new();
+    let ctx = Context {
+        broker: &b,
+        node: &node(),
+        loopback_users: &[],
+        remote_counts: &counts,
+        listeners: &[],
+    };
+    let r = handle(
+        &ctx,
+        &Request::new(Method::Get, "/nothing.html", None),
+        Instant::from_millis(0),
+    );
+    assert_eq!(r, Response::not_found());
+}
+
+#[test]
 fn bad_password_is_401_login_failed() {
     let b = broker();
     let counts = RemoteCountsByVhost::new();

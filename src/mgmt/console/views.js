@@ -208,8 +208,12 @@ Views.queue = (main, [vhost, name]) => {
       el("div", { class: "panel" }, el("h2", {}, "Queue"), facts,
         el("h2", {}, "Members"), members, el("p", {}, sync), note)),
   );
-  // Nodes seen in this queue's ring: one whose node went down and that left the ring is
-  // still drawn, marked down, until its node runs again.
+  // Nodes seen in this queue's ring: one that left the ring and whose node is down is
+  // still drawn, marked down, at its last place until its node runs again. The answering
+  // node may learn of a promotion (through Raft) before its own failure detector marks the
+  // old master's node down, so a node that left while still "running" is remembered for
+  // FORGET_MS before it counts as having left normally (a policy change, say).
+  const FORGET_MS = 10000;
   const seen = new Map();
   const refresh = async () => {
     const [q, nodeList] = await Promise.all([Api.get(path), Api.get("nodes", [401])]);
@@ -218,20 +222,28 @@ Views.queue = (main, [vhost, name]) => {
     const list = (q.gm_ring || []).map((m) => ({ ...m, ghost: false,
       sync_running: q.sync_running }));
     const present = new Set(list.map((m) => m.node));
-    for (const [node, at] of seen) {
+    const now = Date.now();
+    for (const [node, last] of seen) {
       if (present.has(node)) {
         continue;
       }
       if (running.get(node) === false) {
-        list.splice(Math.min(at, list.length), 0, {
+        last.gone = null;
+        list.splice(Math.min(last.at, list.length), 0, {
           node, role: "member", state: "down", sync_remaining: null, gm_member: null,
           ghost: true,
         });
-      } else {
+      } else if (last.gone === null) {
+        last.gone = now;
+      } else if (now - last.gone > FORGET_MS) {
         seen.delete(node);
       }
     }
-    list.forEach((m, i) => seen.set(m.node, i));
+    list.forEach((m, i) => {
+      if (!m.ghost) {
+        seen.set(m.node, { at: i, gone: null });
+      }
+    });
     if (list.length === 0) {
       ring.replaceChildren(el("p", { class: "muted" },
         "Not mirrored: no GM ring (an ha-mode policy mirrors it)."));

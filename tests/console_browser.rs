@@ -1,5 +1,6 @@
 //! The web console in a real browser (headless Chromium through chromedriver) against a
-//! real three-process cluster: the page logs in, lists the queues, draws a mirrored
+//! real three-process cluster: the page logs in, shows the overview, connections, channels
+//! and policies, lists (and filters) the queues, draws a mirrored
 //! queue's GM ring with its three members, marks the master's member down and shows the
 //! new master after `kill -9` of the master's node, and shows the restarted node's mirror
 //! syncing and then synchronised after the page's Sync button.
@@ -179,7 +180,7 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
             "nacked"
         );
     }
-    let _ = c2.close(200, "bye".into()).await;
+    // c2 stays open for the connections view.
 
     let browser = Browser::start(1200, 800);
     let mut shots = Shots::new();
@@ -193,6 +194,13 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
     wait_text(&browser, "#nodes", "warren3@test").await;
     wait_text(&browser, "#alarms", "No resource alarm").await;
     shots.take(&browser, "overview");
+
+    browser.goto(&format!("{base}#/connections"));
+    wait_text(&browser, "#connections tbody", "guest").await;
+    wait_text(&browser, "#channels tbody", "confirm").await;
+    browser.goto(&format!("{base}#/policies"));
+    wait_text(&browser, "#policies tbody", r#"{"ha-mode":"all"}"#).await;
+    let _ = c2.close(200, "bye".into()).await;
 
     browser.goto(&format!("{base}#/queues"));
     wait_text(&browser, "#queues", QUEUE).await;

@@ -252,6 +252,7 @@ Views.queue = (main, [vhost, name]) => {
     }
     showFacts(facts, q);
     showMembers(members, list, q.sync_running);
+    members.hidden = list.length === 0;
     sync.hidden = list.length === 0;
   };
   return { refresh, every_ms: 1000 };

@@ -3,6 +3,7 @@
 
 mod common;
 
+use amq_protocol::protocol::{connection, AMQPClass};
 use common::*;
 use serde_json::{json, Value};
 
@@ -449,6 +450,30 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     assert_eq!(s, 200);
     assert_eq!(q["node"], "warren1@test");
     assert_eq!(q["messages"], 3);
+    // Published through node 3's API, fetched through node 2's: both relayed to node 1.
+    let (s, r) = api(3)
+        .call(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            Some(r#"{"properties":{},"routing_key":"on1","payload":"via3","payload_encoding":"string"}"#),
+        )
+        .await;
+    assert_eq!((s, r), (200, json!({"routed": true})));
+    let (s, got) = api(2)
+        .call(
+            "POST",
+            "/api/queues/%2F/on1/get",
+            Some(r#"{"count":10,"ackmode":"ack_requeue_true","encoding":"auto"}"#),
+        )
+        .await;
+    assert_eq!(s, 200, "{got}");
+    let payloads: Vec<&str> = got
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap())
+        .collect();
+    assert_eq!(payloads, ["m", "m", "m", "via3"]);
     // Every node sees the three nodes running.
     let (s, nodes) = api(2).call("GET", "/api/nodes", None).await;
     assert_eq!(s, 200);
@@ -671,5 +696,326 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
         c.as_array().is_some_and(|a| a.is_empty())
     })
     .await;
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_get_purge_and_aliveness_go_over_an_amqp_channel() {
+    let (node, api) = start().await;
+    assert_eq!(
+        api.call("PUT", "/api/queues/%2F/pq", Some(r#"{"durable":true}"#))
+            .await
+            .0,
+        201
+    );
+    let publish = |key: &str, payload: &str, enc: &str| {
+        format!(
+            r#"{{"properties":{{"delivery_mode":2,"headers":{{"h":"v"}},"message_id":"m1"}},
+                "routing_key":"{key}","payload":"{payload}","payload_encoding":"{enc}"}}"#
+        )
+    };
+    let path = "/api/exchanges/%2F/amq.default/publish";
+    let (s, body) = api
+        .call("POST", path, Some(&publish("pq", "hello", "string")))
+        .await;
+    assert_eq!((s, body), (200, json!({"routed": true})));
+    // Binary, base64-encoded (0xff 0xfe is not UTF-8: it comes back as base64).
+    let (s, body) = api
+        .call("POST", path, Some(&publish("pq", "//4=", "base64")))
+        .await;
+    assert_eq!((s, body), (200, json!({"routed": true})));
+    let (s, body) = api
+        .call("POST", path, Some(&publish("nowhere", "x", "string")))
+        .await;
+    assert_eq!((s, body), (200, json!({"routed": false})));
+    let (s, _) = api
+        .call(
+            "POST",
+            "/api/exchanges/%2F/missing/publish",
+            Some(&publish("pq", "x", "string")),
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, body) = api
+        .call(
+            "POST",
+            path,
+            Some(r#"{"properties":{},"routing_key":"pq"}"#),
+        )
+        .await;
+    assert_eq!(s, 400, "{body}");
+
+    // ack_requeue_true: both shown, both still there afterwards.
+    let get = |ackmode: &str| {
+        format!(r#"{{"count":5,"ackmode":"{ackmode}","encoding":"auto","truncate":50000}}"#)
+    };
+    let (s, got) = api
+        .call(
+            "POST",
+            "/api/queues/%2F/pq/get",
+            Some(&get("ack_requeue_true")),
+        )
+        .await;
+    assert_eq!(s, 200, "{got}");
+    let got = got.as_array().expect("a list").clone();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        got[0],
+        json!({"payload_bytes": 5, "redelivered": false, "exchange": "", "routing_key": "pq",
+               "message_count": 1,
+               "properties": {"delivery_mode": 2, "headers": {"h": "v"}, "message_id": "m1"},
+               "payload": "hello", "payload_encoding": "string"})
+    );
+    assert_eq!(
+        (&got[1]["payload"], &got[1]["payload_encoding"]),
+        (&json!("//4="), &json!("base64"))
+    );
+    // ack_requeue_false takes them (now redelivered).
+    let (s, got) = api
+        .call(
+            "POST",
+            "/api/queues/%2F/pq/get",
+            Some(&get("ack_requeue_false")),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(got.as_array().unwrap().len(), 2, "{got}");
+    assert_eq!(got[0]["redelivered"], true);
+    let (_, got) = api
+        .call(
+            "POST",
+            "/api/queues/%2F/pq/get",
+            Some(&get("ack_requeue_false")),
+        )
+        .await;
+    assert_eq!(got, json!([]));
+
+    // Purge.
+    for _ in 0..3 {
+        api.call("POST", path, Some(&publish("pq", "p", "string")))
+            .await;
+    }
+    let (_, q) = api.call("GET", "/api/queues/%2F/pq", None).await;
+    assert_eq!(q["messages"], 3, "{q}");
+    assert_eq!(
+        api.call("DELETE", "/api/queues/%2F/pq/contents", None)
+            .await
+            .0,
+        204
+    );
+    let (_, q) = api.call("GET", "/api/queues/%2F/pq", None).await;
+    assert_eq!(q["messages"], 0, "{q}");
+    assert_eq!(
+        api.call("DELETE", "/api/queues/%2F/missing/contents", None)
+            .await
+            .0,
+        404
+    );
+    let (s, body) = api
+        .call(
+            "POST",
+            "/api/queues/%2F/pq/get",
+            Some(r#"{"count":1,"encoding":"auto"}"#),
+        )
+        .await;
+    assert_eq!(s, 400, "{body}");
+
+    // The aliveness test.
+    let (s, body) = api.call("GET", "/api/aliveness-test/%2F", None).await;
+    assert_eq!((s, body), (200, json!({"status": "ok"})));
+    assert_eq!(
+        api.call("GET", "/api/aliveness-test/nope", None).await.0,
+        404
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_error_of_the_work_is_a_400_naming_the_amqp_code() {
+    let node = TestNode::start_with(|c| {
+        add_user(c, "ro", "pw", Some(("/", "^$", "^$", "^$")));
+        c.users.last_mut().unwrap().tags = vec!["management".into()];
+    })
+    .await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    assert_eq!(api.call("PUT", "/api/queues/%2F/locked", None).await.0, 201);
+    // No read permission on the queue: the channel's 403 comes back as RabbitMQ shows it.
+    let (s, body) = api
+        .call_as(
+            ("ro", "pw"),
+            "POST",
+            "/api/queues/%2F/locked/get",
+            Some(r#"{"count":1,"ackmode":"ack_requeue_true","encoding":"auto"}"#),
+        )
+        .await;
+    assert_eq!(s, 400, "{body}");
+    let reason = body["reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reason == "403 ACCESS_REFUSED - read access to queue 'locked' in vhost '/' refused for user 'ro'",
+        "{body}"
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_connection_closes_it_with_connection_forced() {
+    let (node, api) = start().await;
+    // A raw client: the connection.close it is sent is read as is.
+    let (mut raw, _, _) = RawClient::handshake(node.addr, &RawOpts::default()).await;
+    let (_, conns) = api.call("GET", "/api/connections", None).await;
+    let name = conns[0]["name"].as_str().expect("a connection").to_string();
+    let enc = name.replace(' ', "%20").replace('>', "%3E");
+    let path = format!("/api/connections/{enc}");
+    // A monitoring user that does not own it may not close it.
+    let (s, body) = api.call_as(("mon", "pw"), "DELETE", &path, None).await;
+    assert_eq!(
+        (s, &body["reason"]),
+        (401, &json!("User not authorised to access object"))
+    );
+    let base = api.base.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        ureq::delete(&format!("{base}{path}"))
+            .set("Authorization", &warren::mgmt::basic_auth("guest", "guest"))
+            .set("X-Reason", "maintenance")
+            .call()
+            .map(|r| r.status())
+            .unwrap_or_else(|e| panic!("DELETE: {e}"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 204);
+    let close = within("connection.close", async {
+        loop {
+            match raw.next_method().await {
+                Some((0, AMQPClass::Connection(connection::AMQPMethod::Close(c)))) => break c,
+                Some(_) => continue,
+                None => panic!("the socket closed without connection.close"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        (close.reply_code, close.reply_text.as_str()),
+        (320, "CONNECTION_FORCED - maintenance")
+    );
+    eventually("the connection is gone from the listing", || async {
+        let (_, c) = api.call("GET", "/api/connections", None).await;
+        c.as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+    assert_eq!(
+        api.call("DELETE", "/api/connections/nope", None).await.0,
+        404
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_vhosts_and_permissions_made_at_run_time_survive_a_restart() {
+    let (node, api) = start().await;
+    assert_eq!(api.call("PUT", "/api/vhosts/rt", None).await.0, 201);
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/users/rtu",
+            Some(r#"{"password":"s3cret","tags":"management"}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/permissions/rt/rtu",
+            Some(r#"{"configure":".*","write":".*","read":".*"}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    assert_eq!(
+        api.call_as(
+            ("rtu", "s3cret"),
+            "PUT",
+            "/api/queues/rt/kept",
+            Some(r#"{"durable":true}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    // A user of the config file whose password changed at run time keeps the new one.
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/users/mon",
+            Some(r#"{"password":"changed","tags":"monitoring"}"#)
+        )
+        .await
+        .0,
+        204
+    );
+    let node = node.restart().await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    assert_eq!(api.call("GET", "/api/vhosts/rt", None).await.0, 200);
+    let (s, perm) = api.call("GET", "/api/permissions/rt/rtu", None).await;
+    assert_eq!((s, &perm["write"]), (200, &json!(".*")));
+    let (s, q) = api
+        .call_as(("rtu", "s3cret"), "GET", "/api/queues/rt/kept", None)
+        .await;
+    assert_eq!((s, &q["durable"]), (200, &json!(true)), "{q}");
+    assert_eq!(
+        api.call_as(("mon", "changed"), "GET", "/api/whoami", None)
+            .await
+            .0,
+        200
+    );
+    // The user logs in over AMQP to the vhost made at run time.
+    let conn = node
+        .connect_uri(&format!("amqp://rtu:s3cret@{}/rt", node.addr))
+        .await;
+    assert!(conn.status().connected());
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_policies_are_for_administrators_and_cap_queues() {
+    let (node, api) = start().await;
+    let path = "/api/operator-policies/%2F/cap";
+    let body = r#"{"pattern":"^op\\.","definition":{"max-length":2},"apply-to":"queues"}"#;
+    let (s, b) = api.call_as(("mon", "pw"), "PUT", path, Some(body)).await;
+    assert_eq!((s, &b["reason"]), (401, &json!("Not administrator user")));
+    assert_eq!(api.call("PUT", path, Some(body)).await.0, 201);
+    assert_eq!(api.call("PUT", path, Some(body)).await.0, 204);
+    let (s, list) = api.call("GET", "/api/operator-policies", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        list,
+        json!([{"vhost": "/", "name": "cap", "pattern": "^op\\.", "apply-to": "queues",
+                "definition": {"max-length": 2}, "priority": 0}])
+    );
+    // Not a user policy.
+    assert_eq!(api.call("GET", "/api/policies/%2F/cap", None).await.0, 404);
+    assert_eq!(api.call("PUT", "/api/queues/%2F/op.q", None).await.0, 201);
+    let (_, q) = api.call("GET", "/api/queues/%2F/op.q", None).await;
+    assert_eq!(q["operator_policy"], "cap", "{q}");
+    for _ in 0..3 {
+        api.call(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            Some(r#"{"properties":{},"routing_key":"op.q","payload":"x","payload_encoding":"string"}"#),
+        )
+        .await;
+    }
+    let (_, q) = api.call("GET", "/api/queues/%2F/op.q", None).await;
+    assert_eq!(q["messages"], 2, "the operator policy caps the queue: {q}");
+    assert_eq!(api.call("DELETE", path, None).await.0, 204);
+    assert_eq!(api.call("GET", path, None).await.0, 404);
+    assert_eq!(api.call("DELETE", path, None).await.0, 404);
     node.shutdown().await;
 }

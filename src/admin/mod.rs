@@ -1183,9 +1183,11 @@ mod tests {
                 Instant::from_millis(0),
             )
             .unwrap();
-        let conn = broker
-            .sessions()
-            .register(conn_info(5, 40001), ConnectionState::Running);
+        let conn = broker.sessions().register(
+            conn_info(5, 40001),
+            ConnectionState::Running,
+            std::sync::Weak::new(),
+        );
         let ch = conn.open_channel(1);
         ch.set_prefetch(10);
         ch.set_unacked(2);
@@ -1472,9 +1474,11 @@ mod tests {
             )
             .unwrap();
         let h = broker.queue("/", "sac").unwrap();
-        let conn = broker
-            .sessions()
-            .register(conn_info(9, 40002), ConnectionState::Running);
+        let conn = broker.sessions().register(
+            conn_info(9, 40002),
+            ConnectionState::Running,
+            std::sync::Weak::new(),
+        );
         let mut chans = Vec::new();
         for (number, tag) in [(1u16, "first"), (2, "second")] {
             let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));

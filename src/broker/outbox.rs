@@ -52,6 +52,12 @@ pub enum OutItem {
         /// Consumer tag.
         consumer_tag: Arc<str>,
     },
+    /// An operator closed the connection (the management API's `DELETE
+    /// /api/connections/{name}`): it closes with 320 `CONNECTION_FORCED` and this text.
+    Close {
+        /// The reply text after `CONNECTION_FORCED - `.
+        reason: String,
+    },
 }
 
 #[derive(Default)]

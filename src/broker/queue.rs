@@ -1046,7 +1046,7 @@ mod tests {
                     d.redelivered,
                     d.seq,
                 )),
-                OutItem::Cancel { .. } | OutItem::Rehome { .. } => None,
+                OutItem::Cancel { .. } | OutItem::Rehome { .. } | OutItem::Close { .. } => None,
             })
             .collect()
     }

@@ -16,8 +16,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use super::outbox::{OutItem, Outbox};
 use amq_protocol::types::FieldTable;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -142,6 +143,8 @@ struct ConnectionEntry {
     info: ConnectionInfo,
     state: AtomicU8,
     channels: Mutex<BTreeMap<u16, Arc<ChannelEntry>>>,
+    /// Where an operator's close is sent ([`Registry::close`]).
+    outbox: Weak<Outbox>,
 }
 
 /// A channel as read by a listing.
@@ -189,16 +192,18 @@ impl Registry {
     }
 
     /// Lists `info` until the returned handle is dropped. A second registration of the same
-    /// id replaces the first.
+    /// id replaces the first. `outbox` is the connection's, for [`Registry::close`].
     pub fn register(
         self: &Arc<Self>,
         info: ConnectionInfo,
         state: ConnectionState,
+        outbox: Weak<Outbox>,
     ) -> ConnectionHandle {
         let entry = Arc::new(ConnectionEntry {
             info,
             state: AtomicU8::new(state.to_u8()),
             channels: Mutex::new(BTreeMap::new()),
+            outbox,
         });
         lock(&self.connections).insert(entry.info.id, entry.clone());
         ConnectionHandle {
@@ -224,6 +229,20 @@ impl Registry {
                 }
             })
             .collect()
+    }
+
+    /// Asks connection `id` to close with 320 `CONNECTION_FORCED - {reason}`; false when no
+    /// such connection is listed (or it is already going).
+    pub fn close(&self, id: u64, reason: &str) -> bool {
+        let outbox = lock(&self.connections)
+            .get(&id)
+            .and_then(|e| e.outbox.upgrade());
+        outbox.is_some_and(|o| {
+            o.push(OutItem::Close {
+                reason: reason.to_string(),
+            })
+            .is_ok()
+        })
     }
 
     /// How many connections are listed.
@@ -414,9 +433,26 @@ mod tests {
     }
 
     #[test]
+    fn an_operator_close_reaches_the_connections_outbox() {
+        let reg = Arc::new(Registry::new());
+        let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
+        let _conn = reg.register(info(7), ConnectionState::Running, Arc::downgrade(&outbox));
+        assert!(!reg.close(8, "no such"), "an unknown id");
+        assert!(reg.close(7, "Closed via management plugin"));
+        let mut items = Vec::new();
+        outbox.drain(&mut items);
+        assert!(matches!(
+            items.as_slice(),
+            [OutItem::Close { reason }] if reason == "Closed via management plugin"
+        ));
+        drop(outbox);
+        assert!(!reg.close(7, "gone"), "a connection whose outbox is gone");
+    }
+
+    #[test]
     fn sessions_appear_and_disappear_with_their_handles() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.register(info(7), ConnectionState::Running);
+        let conn = reg.register(info(7), ConnectionState::Running, Weak::new());
         let mut ch1 = conn.open_channel(1);
         let ch2 = conn.open_channel(2);
         ch1.set_prefetch(5);
@@ -450,13 +486,13 @@ mod tests {
     #[test]
     fn a_stale_handle_does_not_remove_its_successor() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.register(info(1), ConnectionState::Running);
+        let conn = reg.register(info(1), ConnectionState::Running, Weak::new());
         let old = conn.open_channel(1);
         let new = conn.open_channel(1);
         drop(old);
         assert_eq!(reg.connections()[0].channels.len(), 1);
         drop(new);
-        let again = reg.register(info(1), ConnectionState::Running);
+        let again = reg.register(info(1), ConnectionState::Running, Weak::new());
         drop(conn);
         assert_eq!(reg.len(), 1, "the older handle left the newer entry alone");
         drop(again);

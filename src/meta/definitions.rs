@@ -1,19 +1,21 @@
 //! Durable definitions: the part of the metadata that survives a restart.
 //!
-//! Durable exchanges, durable non-exclusive queues, and bindings between durable ends, as
-//! RabbitMQ keeps them. Encoded with bincode inside a checksummed record, so a torn write is
-//! detected instead of half-applied. Vhosts, users and permissions come from the config file.
+//! Vhosts, users, permissions, policies, durable exchanges, durable non-exclusive queues, and
+//! bindings between durable ends, as RabbitMQ keeps them. Encoded with bincode inside a
+//! checksummed record, so a torn write is detected instead of half-applied. A single node
+//! applies its config file's vhosts, users and permissions at every start, then these: a
+//! change made at run time (through AMQP, the management API or `warrenctl`) wins.
 
 use serde::{Deserialize, Serialize};
 
 use super::command::Command;
 use super::policy::Policy;
-use super::state::{Binding, Destination, ExchangeDef, MetaState, QueueDef};
+use super::state::{Binding, Destination, ExchangeDef, MetaState, Permission, QueueDef, User};
 use crate::store::record;
 
-/// Format version written in front of the payload (3 added the queue's home node, 2
-/// policies; 1 and 2 are still read).
-const VERSION: u32 = 3;
+/// Format version written in front of the payload (4 added vhosts, users and permissions, 3
+/// the queue's home node, 2 policies; 1 to 3 are still read).
+const VERSION: u32 = 4;
 
 /// Why a definitions file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,21 @@ pub struct Definitions {
     pub bindings: Vec<Binding>,
     /// Policies and operator policies (`true`), always durable.
     pub policies: Vec<(Policy, bool)>,
+    /// Every vhost.
+    pub vhosts: Vec<String>,
+    /// Every user (passwords as stored).
+    pub users: Vec<User>,
+    /// Every permission.
+    pub permissions: Vec<Permission>,
+}
+
+/// Version 3: before vhosts, users and permissions.
+#[derive(Deserialize)]
+struct DefinitionsV3 {
+    exchanges: Vec<ExchangeDef>,
+    queues: Vec<QueueDef>,
+    bindings: Vec<Binding>,
+    policies: Vec<(Policy, bool)>,
 }
 
 /// Version 1: before policies.
@@ -91,7 +108,12 @@ fn builtin(name: &str) -> bool {
 impl Definitions {
     /// Extracts the durable definitions, in a fixed order.
     pub fn from_state(state: &MetaState) -> Definitions {
-        let mut d = Definitions::default();
+        let mut d = Definitions {
+            vhosts: state.vhosts.keys().cloned().collect(),
+            users: state.users.values().cloned().collect(),
+            permissions: state.permissions.values().cloned().collect(),
+            ..Definitions::default()
+        };
         for v in state.vhosts.values() {
             for e in v.exchanges.values() {
                 if e.durable && !builtin(&e.name) {
@@ -126,8 +148,19 @@ impl Definitions {
 
     /// The commands that recreate these definitions.
     pub fn commands(&self) -> Vec<Command> {
-        let mut c = Vec::new();
-        // Policies first, so queues are created with their effective arguments.
+        let mut c: Vec<Command> = self
+            .vhosts
+            .iter()
+            .map(|name| Command::AddVhost { name: name.clone() })
+            .collect();
+        c.extend(self.users.iter().cloned().map(Command::PutUser));
+        c.extend(
+            self.permissions
+                .iter()
+                .cloned()
+                .map(Command::SetPermissions),
+        );
+        // Policies before queues, so queues are created with their effective arguments.
         c.extend(
             self.policies
                 .iter()
@@ -168,7 +201,7 @@ impl Definitions {
                     exchanges: v1.exchanges,
                     queues: v1.queues.into_iter().map(QueueDef::from).collect(),
                     bindings: v1.bindings,
-                    policies: Vec::new(),
+                    ..Definitions::default()
                 })
             }
             2 => {
@@ -178,6 +211,17 @@ impl Definitions {
                     queues: v2.queues.into_iter().map(QueueDef::from).collect(),
                     bindings: v2.bindings,
                     policies: v2.policies,
+                    ..Definitions::default()
+                })
+            }
+            3 => {
+                let v3: DefinitionsV3 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
+                Ok(Definitions {
+                    exchanges: v3.exchanges,
+                    queues: v3.queues,
+                    bindings: v3.bindings,
+                    policies: v3.policies,
+                    ..Definitions::default()
                 })
             }
             VERSION => bincode::deserialize(&payload[4..]).map_err(decode_err),
@@ -262,7 +306,61 @@ mod tests {
         );
         let mut file = Vec::new();
         record::encode(&mut file, &payload);
-        assert_eq!(Definitions::decode(&file).unwrap(), d);
+        assert_eq!(Definitions::decode(&file).unwrap(), durable_only(d));
+    }
+
+    /// What versions 1 to 3 held: no vhosts, users or permissions.
+    fn durable_only(d: Definitions) -> Definitions {
+        Definitions {
+            vhosts: Vec::new(),
+            users: Vec::new(),
+            permissions: Vec::new(),
+            ..d
+        }
+    }
+
+    #[test]
+    fn a_version_3_file_is_still_read() {
+        let d = Definitions::from_state(&state());
+        let mut payload = 3u32.to_le_bytes().to_vec();
+        payload.extend(
+            bincode::serialize(&(&d.exchanges, &d.queues, &d.bindings, &d.policies)).unwrap(),
+        );
+        let mut file = Vec::new();
+        record::encode(&mut file, &payload);
+        assert_eq!(Definitions::decode(&file).unwrap(), durable_only(d));
+    }
+
+    #[test]
+    fn vhosts_users_and_permissions_are_kept_and_replayed() {
+        let mut s = state();
+        for c in [
+            Command::AddVhost { name: "v2".into() },
+            Command::PutUser(User {
+                name: "alice".into(),
+                password: "pw".into(),
+                tags: vec!["administrator".into()],
+            }),
+            Command::SetPermissions(Permission {
+                user: "alice".into(),
+                vhost: "v2".into(),
+                configure: ".*".into(),
+                write: "^w".into(),
+                read: "".into(),
+            }),
+        ] {
+            s.apply(&c).unwrap();
+        }
+        let d = Definitions::from_state(&s);
+        assert_eq!(d.vhosts, ["/", "v2"]);
+        let mut fresh = MetaState::default();
+        for c in Definitions::decode(&d.encode()).unwrap().commands() {
+            fresh.apply(&c).unwrap();
+        }
+        assert_eq!(fresh.users, s.users);
+        assert_eq!(fresh.permissions, s.permissions);
+        assert!(fresh.vhosts.contains_key("v2"));
+        assert_eq!(Definitions::from_state(&fresh), d);
     }
 
     #[test]

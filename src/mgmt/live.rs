@@ -9,7 +9,7 @@
 use serde_json::{json, Value};
 
 use super::definitions::table_json;
-use super::{Caller, Context, Response};
+use super::{Caller, Context, Handled, Request, Response};
 use crate::admin::{channel_pid, consumer_activity};
 use crate::broker::registry::{ChannelView, ConnectionView};
 use crate::meta::MetaState;
@@ -98,6 +98,30 @@ pub fn connections(
             .map_or_else(Response::not_found, |c| {
                 Response::ok(connection_json(ctx, c))
             }),
+    }
+}
+
+/// `DELETE /api/connections/{name}`: the connection's user or an administrator closes it
+/// with 320 `CONNECTION_FORCED` and the `X-Reason` header's text (RabbitMQ's default:
+/// "Closed via management plugin").
+pub fn close(ctx: &Context<'_>, caller: &Caller, req: &Request, name: &str) -> Handled {
+    let Some(c) = visible(ctx, caller, None)
+        .into_iter()
+        .find(|c| c.info.name() == name)
+    else {
+        return Handled::Reply(Response::not_found());
+    };
+    if !caller.tags.administrator && c.info.user != caller.user.name {
+        return Handled::Reply(Response::not_authorised(
+            "User not authorised to access object",
+        ));
+    }
+    Handled::CloseConnection {
+        id: c.info.id,
+        reason: req
+            .x_reason
+            .clone()
+            .unwrap_or_else(|| "Closed via management plugin".to_string()),
     }
 }
 

@@ -16,6 +16,7 @@
 //! - [`resources`]: one function per endpoint.
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
 //! - [`definitions`]: RabbitMQ's definitions export and import.
+//! - [`direct`]: publish, get, purge and the aliveness test, done over an AMQP channel.
 //! - [`health`]: the health checks.
 //! - [`live`]: this node's connections, channels and consumers.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
@@ -25,6 +26,7 @@
 pub mod console;
 pub mod convert;
 pub mod definitions;
+pub mod direct;
 pub mod health;
 pub mod live;
 pub mod query;
@@ -73,6 +75,8 @@ pub struct Request {
     pub authorization: Option<String>,
     /// Whether the peer is on a loopback address (for `loopback_users`).
     pub peer_loopback: bool,
+    /// The `X-Reason` header (the text a closed connection is given).
+    pub x_reason: Option<String>,
 }
 
 impl Request {
@@ -86,6 +90,7 @@ impl Request {
             body: Vec::new(),
             authorization,
             peer_loopback: true,
+            x_reason: None,
         }
     }
 
@@ -199,6 +204,17 @@ pub enum Handled {
         commands: Vec<Command>,
         /// The answer on success.
         ok: Response,
+    },
+    /// Carry out the work over an AMQP connection to this node as the caller, and answer
+    /// with [`direct::reply`].
+    Direct(Box<direct::Direct>),
+    /// Close this node's connection `id` with 320 `CONNECTION_FORCED - {reason}`
+    /// ([`crate::broker::registry::Registry::close`]), then answer 204 (404 if it is gone).
+    CloseConnection {
+        /// The connection's id.
+        id: u64,
+        /// The reply text.
+        reason: String,
     },
 }
 
@@ -380,7 +396,27 @@ pub fn handle(ctx: &Context<'_>, req: &Request, now: Instant) -> Response {
             }
             ok
         }
+        Handled::CloseConnection { id, reason } => close_connection(ctx.broker, id, &reason),
+        Handled::Direct(d) => Response::error(
+            501,
+            "not_implemented",
+            format!("{:?} needs an AMQP channel (the HTTP driver)", d.op),
+        ),
     }
+}
+
+/// Carries out [`Handled::CloseConnection`].
+pub fn close_connection(broker: &Broker, id: u64, reason: &str) -> Response {
+    if broker.sessions().close(id, reason) {
+        Response::empty(204)
+    } else {
+        Response::not_found()
+    }
+}
+
+/// The user and password of a request's basic auth.
+pub fn credentials(req: &Request) -> Option<(String, String)> {
+    req.authorization.as_deref().and_then(parse_basic)
 }
 
 #[cfg(test)]

@@ -121,6 +121,46 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["queues", vhost, name, "get"] => {
+            return match m {
+                Method::Post => direct_on_queue(meta, caller, req, vhost, name, |q| {
+                    super::direct::parse_get(q, &req.body)
+                }),
+                _ => method_not_allowed(),
+            }
+        }
+        ["queues", vhost, name, "contents"] => {
+            return match m {
+                Method::Delete => direct_on_queue(meta, caller, req, vhost, name, |q| {
+                    Ok(super::direct::DirectOp::Purge {
+                        queue: q.to_string(),
+                    })
+                }),
+                _ => method_not_allowed(),
+            }
+        }
+        ["exchanges", vhost, name, "publish"] => {
+            let name = if *name == "amq.default" { "" } else { name };
+            return match m {
+                Method::Post => {
+                    let exists = meta
+                        .vhost(vhost)
+                        .is_some_and(|v| v.exchanges.contains_key(name));
+                    direct(meta, caller, req, vhost, exists, || {
+                        super::direct::parse_publish(name, &req.body)
+                    })
+                }
+                _ => method_not_allowed(),
+            };
+        }
+        ["aliveness-test", vhost] => {
+            return match m {
+                Method::Get => direct(meta, caller, req, vhost, true, || {
+                    Ok(super::direct::DirectOp::Aliveness)
+                }),
+                _ => method_not_allowed(),
+            }
+        }
         ["queues", vhost, name, "actions"] => {
             return match m {
                 Method::Post => queue_action(meta, caller, req, vhost, name),
@@ -141,17 +181,40 @@ pub fn route(
             let src = if *src == "amq.default" { "" } else { src };
             return binding_one(meta, caller, m, vhost, src, dst, props);
         }
-        ["policies"] => only_get(m, || policies(ctx, meta, caller, None, None)),
-        ["policies", vhost] => only_get(m, || policies(ctx, meta, caller, Some(vhost), None)),
-        ["policies", vhost, name] => {
+        [kind @ ("policies" | "operator-policies"), rest @ ..] => {
+            let operator = *kind == "operator-policies";
+            return match rest {
+                [] => reply(only_get(m, || {
+                    policies(ctx, meta, caller, None, None, operator)
+                })),
+                [vhost] => reply(only_get(m, || {
+                    policies(ctx, meta, caller, Some(vhost), None, operator)
+                })),
+                [vhost, name] => match m {
+                    Method::Get => reply(policies(
+                        ctx,
+                        meta,
+                        caller,
+                        Some(vhost),
+                        Some(name),
+                        operator,
+                    )),
+                    Method::Put | Method::Delete => {
+                        policy_change(ctx, meta, caller, req, vhost, name, operator)
+                    }
+                    _ => method_not_allowed(),
+                },
+                _ => reply(Response::not_found()),
+            };
+        }
+        ["connections"] => only_get(m, || live::connections(ctx, caller, None, None)),
+        ["connections", name] => {
             return match m {
-                Method::Get => reply(policies(ctx, meta, caller, Some(vhost), Some(name))),
-                Method::Put | Method::Delete => policy_change(ctx, meta, caller, req, vhost, name),
+                Method::Get => reply(live::connections(ctx, caller, None, Some(name))),
+                Method::Delete => live::close(ctx, caller, req, name),
                 _ => method_not_allowed(),
             }
         }
-        ["connections"] => only_get(m, || live::connections(ctx, caller, None, None)),
-        ["connections", name] => only_get(m, || live::connections(ctx, caller, None, Some(name))),
         ["connections", name, "channels"] => {
             only_get(m, || live::channels(ctx, caller, None, Some(name), None))
         }
@@ -187,6 +250,51 @@ pub fn route(
         _ => Response::not_found(),
     };
     reply(r)
+}
+
+/// Work done over an AMQP channel in `vhost` as the caller: 404 for a missing vhost (or
+/// object: `exists`), 401 without access to the vhost (`is_authorized_vhost`), 400 for a
+/// bad body; permissions on the objects are the channel's to check.
+fn direct(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    exists: bool,
+    op: impl FnOnce() -> Result<super::direct::DirectOp, Response>,
+) -> Handled {
+    if meta.vhost(vhost).is_none() || !exists {
+        return reply(Response::not_found());
+    }
+    if !caller.can_access(meta, vhost) {
+        return reply(vhost_refused());
+    }
+    let Some((user, password)) = super::credentials(req) else {
+        return reply(Response::not_authorised("Login failed"));
+    };
+    match op() {
+        Ok(op) => Handled::Direct(Box::new(super::direct::Direct {
+            vhost: vhost.to_string(),
+            user,
+            password,
+            op,
+        })),
+        Err(r) => reply(r),
+    }
+}
+
+fn direct_on_queue(
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    vhost: &str,
+    queue: &str,
+    op: impl FnOnce(&str) -> Result<super::direct::DirectOp, Response>,
+) -> Handled {
+    let exists = meta
+        .vhost(vhost)
+        .is_some_and(|v| v.queues.contains_key(queue));
+    direct(meta, caller, req, vhost, exists, || op(queue))
 }
 
 /// `f`'s answer when `vhost` exists and `caller` may see it: 404 for a missing vhost,
@@ -1081,15 +1189,28 @@ const POLICY_FIELDS: &[(&str, &str, Kind)] = &[
     ("priority", "priority", Kind::Int),
 ];
 
+/// Who may read and change policies: policymakers, and only administrators for operator
+/// policies (RabbitMQ's `is_authorized_policies` / `is_authorized_admin`).
+fn policy_refused(caller: &Caller, operator: bool) -> Option<Response> {
+    if operator && !caller.tags.administrator {
+        Some(not_administrator())
+    } else if !caller.tags.policymaker {
+        Some(Response::not_authorised("Not policymaker user"))
+    } else {
+        None
+    }
+}
+
 fn policies(
     ctx: &Context<'_>,
     meta: &MetaState,
     caller: &Caller,
     vhost: Option<&str>,
     one: Option<&str>,
+    operator: bool,
 ) -> Response {
-    if !caller.tags.policymaker {
-        return Response::not_authorised("Not policymaker user");
+    if let Some(r) = policy_refused(caller, operator) {
+        return r;
     }
     let vhosts: Vec<String> = match vhost {
         Some(v) if meta.vhost(v).is_none() => return Response::not_found(),
@@ -1106,10 +1227,7 @@ fn policies(
     };
     let mut list = Vec::new();
     for v in vhosts {
-        let request = AdminRequest::ListPolicies {
-            vhost: v,
-            operator: false,
-        };
+        let request = AdminRequest::ListPolicies { vhost: v, operator };
         if let Ok(t) = admin_table(ctx, &request) {
             list.extend(
                 convert::objects(&t, POLICY_FIELDS, &[])
@@ -1128,16 +1246,21 @@ fn policy_change(
     req: &Request,
     vhost: &str,
     name: &str,
+    operator: bool,
 ) -> Handled {
-    if !caller.tags.policymaker {
-        return reply(Response::not_authorised("Not policymaker user"));
+    if let Some(r) = policy_refused(caller, operator) {
+        return reply(r);
     }
     if let Err(r) = writable_vhost(meta, caller, vhost) {
         return reply(r);
     }
-    let existed = meta
-        .vhost(vhost)
-        .is_some_and(|v| v.policies.contains_key(name));
+    let existed = meta.vhost(vhost).is_some_and(|v| {
+        if operator {
+            v.operator_policies.contains_key(name)
+        } else {
+            v.policies.contains_key(name)
+        }
+    });
     if req.method == Method::Delete {
         if !existed {
             return reply(Response::not_found());
@@ -1145,7 +1268,7 @@ fn policy_change(
         let request = AdminRequest::ClearPolicy {
             vhost: vhost.to_string(),
             name: name.to_string(),
-            operator: false,
+            operator,
         };
         return admin_change(ctx, &request, Response::empty(204));
     }
@@ -1180,7 +1303,7 @@ fn policy_change(
         definition,
         priority,
         apply_to,
-        operator: false,
+        operator,
     };
     admin_change(ctx, &request, put_status(existed))
 }

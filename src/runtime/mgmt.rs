@@ -35,6 +35,8 @@ pub struct MgmtContext {
     pub loopback_users: Arc<Vec<String>>,
     /// The node's listeners, for the listener health checks.
     pub listeners: Arc<Vec<mgmt::health::Listener>>,
+    /// The AMQP listener, for the work done over a channel ([`super::direct`]).
+    pub amqp: SocketAddr,
 }
 
 /// Serves `listener` until `shutdown` flips.
@@ -67,6 +69,10 @@ async fn handler(
             .and_then(|v| v.to_str().ok())
             .map(String::from),
         peer_loopback: peer.ip().is_loopback(),
+        x_reason: headers
+            .get("x-reason")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
     };
     if let Some(asset) = mgmt::console::asset(&req) {
         return asset_http(asset);
@@ -107,6 +113,11 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
                 }
             }
             ok
+        }
+        Handled::CloseConnection { id, reason } => mgmt::close_connection(&ctx.broker, id, &reason),
+        Handled::Direct(d) => {
+            let outcome = super::direct::run(ctx.amqp, &d).await;
+            mgmt::direct::reply(&d.op, outcome)
         }
     }
 }

@@ -69,6 +69,44 @@ struct Shipping {
     handing_over: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The queues this node ships rounds for. Its lock is never held while another is taken:
+/// the storage tap reads it under the storage lock, and a queue's lock and the broker's are
+/// taken before the storage lock, so a queue or broker lock taken under this one closes a
+/// cycle (bug 11 in `docs/reliability.md`: `keep_leases` held it while looking a queue up,
+/// an adoption held the broker and waited for storage, and the syncer waited for this; the
+/// node froze). Every method takes the lock for one map operation and returns owned values.
+#[derive(Default)]
+struct Shippers(Mutex<HashMap<Key, Shipping>>);
+
+impl Shippers {
+    fn get(&self, key: &Key) -> Option<Shipping> {
+        lock(&self.0).get(key).cloned()
+    }
+
+    fn insert(&self, key: Key, shipping: Shipping) {
+        lock(&self.0).insert(key, shipping);
+    }
+
+    fn remove(&self, key: &Key) {
+        lock(&self.0).remove(key);
+    }
+
+    fn is_empty(&self) -> bool {
+        lock(&self.0).is_empty()
+    }
+
+    fn all(&self) -> Vec<(Key, Shipping)> {
+        lock(&self.0)
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect()
+    }
+
+    fn drain(&self) -> Vec<Key> {
+        lock(&self.0).drain().map(|(k, _)| k).collect()
+    }
+}
+
 struct Inner<N, D: Disk + Clone> {
     node: NodeId,
     broker: Arc<Broker>,
@@ -79,7 +117,8 @@ struct Inner<N, D: Disk + Clone> {
     /// Storage work runs on this task, not the blocking pool (the simulation: its disk is
     /// memory, and a thread would make the run depend on the OS scheduler).
     inline: bool,
-    masters: Mutex<HashMap<Key, Shipping>>,
+    /// The queues this node ships rounds for.
+    masters: Shippers,
     /// Queues whose master here lost its GM member (recorded dead: this node was recorded
     /// down, or restarted), with the (incarnation, epoch) it mastered. While the metadata
     /// still shows that epoch, nothing of the queue is confirmed here on local disk alone:
@@ -297,7 +336,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
                 raft,
                 clock,
                 inline: false,
-                masters: Mutex::new(HashMap::new()),
+                masters: Shippers::default(),
                 fenced: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
                 next_sync: std::sync::atomic::AtomicU64::new(1),
@@ -350,10 +389,7 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
     pub async fn hand_over(&self, within: Duration) {
         let inner = &self.inner;
         let state = inner.raft.snapshot();
-        let masters: Vec<(Key, Shipping)> = lock(&inner.masters)
-            .iter()
-            .map(|(k, s)| (k.clone(), s.clone()))
-            .collect();
+        let masters = inner.masters.all();
         let running: BTreeSet<NodeId> = state
             .nodes
             .keys()
@@ -414,7 +450,8 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
         for (_, t) in lock(&self.inner.tasks).drain() {
             t.abort();
         }
-        for (key, _) in lock(&self.inner.masters).drain() {
+        let stopped = self.inner.masters.drain();
+        for key in stopped {
             if let Some(h) = self.inner.broker.queue(&key.0, &key.1) {
                 h.lock()
                     .set_lease(Some(crate::time::Instant::from_millis(0)));
@@ -427,7 +464,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// The storage tap: ships a mastered queue's round (the operations of its persistent
     /// index, which holds every message of a mirrored queue; page-outs stay local).
     fn ship(&self, key: &Key, round: &[IndexOp]) -> Option<LapWait> {
-        let Some(shipping) = lock(&self.masters).get(key).cloned() else {
+        let Some(shipping) = self.masters.get(key) else {
             return self.not_shipping(key);
         };
         if shipping.incarnation != incarnation_of(&self.raft.snapshot(), key) {
@@ -976,7 +1013,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         // Rounds are shipped from the queue's first one on: the queue does not serve before
         // `adopt_queue`.
         if let Some(m) = &member {
-            lock(&self.masters).insert(
+            self.masters.insert(
                 key.clone(),
                 Shipping {
                     sender: m.handle.sender(),
@@ -1227,26 +1264,24 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 m
             }
         };
-        {
-            let mut masters = lock(&self.masters);
-            lock(&self.fenced).remove(key);
-            masters.insert(
-                key.clone(),
-                Shipping {
-                    sender: m.handle.sender(),
-                    epoch,
-                    incarnation,
-                    member: m.handle.id(),
-                    handing_over: Arc::default(),
-                },
-            );
-            // Nothing goes out until a quorum read confirmed this master (`keep_leases`,
-            // woken now for it).
-            if let Some(h) = self.broker.queue(&key.0, &key.1) {
-                h.lock()
-                    .set_lease(Some(crate::time::Instant::from_millis(0)));
-            }
+        // Nothing goes out until a quorum read confirmed this master (`keep_leases`, woken
+        // below for it, renews only queues it finds shipping).
+        if let Some(h) = self.broker.queue(&key.0, &key.1) {
+            h.lock()
+                .set_lease(Some(crate::time::Instant::from_millis(0)));
         }
+        // Shipping before unfenced: the tap never finds the queue neither shipped nor fenced.
+        self.masters.insert(
+            key.clone(),
+            Shipping {
+                sender: m.handle.sender(),
+                epoch,
+                incarnation,
+                member: m.handle.id(),
+                handing_over: Arc::default(),
+            },
+        );
+        lock(&self.fenced).remove(key);
         self.lease_wake.notify_one();
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
         let mut syncs: BTreeMap<MemberId, SyncRun> = BTreeMap::new();
@@ -1370,8 +1405,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
         }
         {
-            let mut masters = lock(&self.masters);
-            masters.remove(key);
+            // Removed first: `keep_leases` renews only a queue still shipping (checked under
+            // the queue's lock), so the lease set here stands.
+            self.masters.remove(key);
             if let Some(h) = self.broker.queue(&key.0, &key.1) {
                 // Still the queue's node with no mirror left (a policy cleared): no one
                 // can be promoted, so no lease is needed. Otherwise it stops serving now.
@@ -1711,11 +1747,11 @@ async fn queue_task<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>, k
                     match (member, role_of(&state, &inner.broker, &key, inner.node)) {
                         (Some(m), Role::Master) => inner.run_master(&key, Some(m)).await,
                         (Some(mut m), _) => {
-                            lock(&inner.masters).remove(&key);
+                            inner.masters.remove(&key);
                             leave(&mut m).await;
                         }
                         (None, _) => {
-                            lock(&inner.masters).remove(&key);
+                            inner.masters.remove(&key);
                         }
                     }
                 } else {
@@ -1781,29 +1817,36 @@ async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) 
             _ = tokio::time::sleep(inner.lease / 3) => {}
             _ = inner.lease_wake.notified() => {}
         }
-        if lock(&inner.masters).is_empty() {
+        if inner.masters.is_empty() {
             continue;
         }
         let t0 = inner.clock.now();
         let Ok(state) = inner.raft.quorum_snapshot(inner.lease).await else {
             continue;
         };
+        let shipping = inner.masters.all();
         let mut renewed = Vec::new();
-        {
-            // Under the masters lock: a master that stops meanwhile is not renewed.
-            let masters = lock(&inner.masters);
-            for (key, shipping) in masters.iter() {
-                let still = inner.home_of(&state, key) == Some(inner.node)
-                    && incarnation_of(&state, key) == shipping.incarnation
-                    && state
-                        .gm_groups
-                        .get(&group_name(&key.0, &key.1, shipping.incarnation))
-                        .is_some_and(|g| g.members.contains(&Slot::Alive(shipping.member)));
-                if !still {
-                    continue;
-                }
-                if let Some(h) = inner.broker.queue(&key.0, &key.1) {
-                    h.lock().set_lease(Some(t0.plus_millis(lease_ms)));
+        for (key, shipping) in shipping {
+            let still = inner.home_of(&state, &key) == Some(inner.node)
+                && incarnation_of(&state, &key) == shipping.incarnation
+                && state
+                    .gm_groups
+                    .get(&group_name(&key.0, &key.1, shipping.incarnation))
+                    .is_some_and(|g| g.members.contains(&Slot::Alive(shipping.member)));
+            if !still {
+                continue;
+            }
+            if let Some(h) = inner.broker.queue(&key.0, &key.1) {
+                let mut q = h.lock();
+                // Checked under the queue's lock: a master that stopped meanwhile (and
+                // fenced the queue after leaving the map) is not renewed.
+                let current = inner
+                    .masters
+                    .get(&key)
+                    .is_some_and(|s| s.member == shipping.member && s.epoch == shipping.epoch);
+                if current {
+                    q.set_lease(Some(t0.plus_millis(lease_ms)));
+                    drop(q);
                     renewed.push(h);
                 }
             }

@@ -13,12 +13,14 @@
 //! - [`gm_host`]: a node's GM members, their views from the metadata, their messages over
 //!   the node links (or any [`gm_host::GmNet`]).
 //! - [`clock`]: turns the runtime's clock into [`crate::time::Instant`]s.
-//! - [`mgmt`], [`prometheus`]: the management HTTP API and the metrics endpoint.
+//! - [`mgmt`], [`prometheus`]: the management HTTP API and the metrics endpoint;
+//!   [`direct`]: the API's publish, get and purge over an AMQP connection to the node.
 
 pub mod admin;
 pub mod clock;
 pub mod cluster;
 pub mod conn_task;
+pub mod direct;
 pub mod disk_free;
 pub mod file_disk;
 pub mod gm_host;

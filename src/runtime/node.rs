@@ -275,6 +275,7 @@ impl Node {
                         .flatten()
                         .collect(),
                     ),
+                    amqp: addr,
                 },
                 shutdown_rx.clone(),
             )));

@@ -1384,6 +1384,8 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                         c.retain(|(_, _, t)| *t != consumer_tag);
                         cancels.push(consumer_tag.to_string());
                     }
+                    // Only a connection's own outbox is closed by an operator.
+                    OutItem::Close { .. } => {}
                 }
             }
             let msg = RelayMsg::Deliver {

@@ -672,8 +672,10 @@ impl Connection {
             return;
         }
         let mut released = 0usize;
+        let mut forced = None;
         for item in items.drain(..) {
             match item {
+                OutItem::Close { reason } => forced = Some(reason),
                 OutItem::Deliver(d) => {
                     released += d.message.size() as usize;
                     match self.channels.get_mut(&d.channel) {
@@ -721,6 +723,10 @@ impl Connection {
             if !dead.is_empty() {
                 self.broker.dead_letter(&q, dead, now);
             }
+        }
+        if let Some(reason) = forced {
+            tracing::info!(conn = self.id, %reason, "connection closed by an operator");
+            self.close_connection(AmqpError::new(ReplyCode::ConnectionForced, reason), now);
         }
     }
 
@@ -874,7 +880,11 @@ impl Connection {
             channel_max: self.channel_max,
             client_properties: std::mem::take(&mut self.client_properties),
         };
-        self.listed = Some(self.broker.sessions().register(info, self.flow_state()));
+        self.listed = Some(self.broker.sessions().register(
+            info,
+            self.flow_state(),
+            Arc::downgrade(&self.outbox),
+        ));
     }
 
     fn flow_state(&self) -> ConnectionState {

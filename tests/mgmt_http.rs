@@ -325,6 +325,47 @@ async fn every_endpoint_answers_with_rabbitmq_codes() {
     node.shutdown().await;
 }
 
+/// GET `path` without credentials: status, `Content-Type`, body.
+fn fetch(base: &str, path: &str) -> (u16, String, String) {
+    let resp = match ureq::get(&format!("{base}{path}")).call() {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("GET {path}: {e}"),
+    };
+    let status = resp.status();
+    let kind = resp.header("content-type").unwrap_or_default().to_string();
+    (status, kind, resp.into_string().expect("body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_at_the_root_without_credentials() {
+    let (node, api) = start().await;
+    let base = api.base.clone();
+    let answers = tokio::task::spawn_blocking(move || {
+        ["/", "/app.js", "/console.css", "/nothing.html"].map(|p| fetch(&base, p))
+    })
+    .await
+    .expect("http task");
+    let [(s, kind, page), (js_status, js, _), (css_status, css, _), (missing, _, _)] = answers;
+    assert_eq!((s, kind.as_str()), (200, "text/html; charset=utf-8"));
+    assert!(page.contains("<script src=\"app.js\""), "{page}");
+    assert_eq!(
+        (js_status, js.as_str()),
+        (200, "text/javascript; charset=utf-8")
+    );
+    assert_eq!((css_status, css.as_str()), (200, "text/css; charset=utf-8"));
+    assert_eq!(
+        missing, 404,
+        "a mistyped page is 404, not a password prompt"
+    );
+    // The API still wants credentials.
+    let (s, _) = api
+        .call_as(("guest", "wrong"), "GET", "/api/overview", None)
+        .await;
+    assert_eq!(s, 401);
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_listen_turns_the_listener_off() {
     let node = TestNode::start_with(|c| c.management.listen = String::new()).await;

@@ -149,6 +149,14 @@ impl Metrics {
             .remove(&(vhost.to_string(), queue.to_string()));
     }
 
+    /// Sequence numbers the running sync of `queue`'s mirror still has to copy, when this
+    /// node (its master's) runs one; what `warren_mirror_sync_sequence_remaining` shows.
+    pub fn sync_remaining(&self, vhost: &str, queue: &str) -> Option<u64> {
+        self.lock_syncs()
+            .get(&(vhost.to_string(), queue.to_string()))
+            .map(|(next, below)| below.saturating_sub(*next))
+    }
+
     fn lock_syncs(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), (u64, u64)>> {
         self.syncs.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -20,7 +20,10 @@
 //! - [`health`]: the health checks.
 //! - [`live`]: this node's connections, channels and consumers.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
+//! - [`ring`]: Warren's `gm_ring` of a single queue, for the console.
+//! - [`console`]: the web console's static files, served outside `/api/`.
 
+pub mod console;
 pub mod convert;
 pub mod definitions;
 pub mod direct;
@@ -28,6 +31,7 @@ pub mod health;
 pub mod live;
 pub mod query;
 pub mod resources;
+pub mod ring;
 
 use base64::Engine;
 use serde_json::{json, Value};
@@ -360,13 +364,15 @@ pub fn decode(s: &str) -> String {
 
 /// Answers `req` up to the metadata change it makes, if any.
 pub fn plan(ctx: &Context<'_>, req: &Request) -> Handled {
+    // Outside /api/ only the console's files exist (served before this): a mistyped page
+    // is 404, not a 401 that would make a browser prompt for a password.
+    let Some(rest) = req.path.strip_prefix("/api/") else {
+        return Handled::Reply(Response::not_found());
+    };
     let meta = ctx.broker.snapshot();
     let caller = match authenticate(&meta, req, ctx.loopback_users) {
         Ok(c) => c,
         Err(r) => return Handled::Reply(r),
-    };
-    let Some(rest) = req.path.strip_prefix("/api/") else {
-        return Handled::Reply(Response::not_found());
     };
     let segments: Vec<String> = rest.trim_end_matches('/').split('/').map(decode).collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();

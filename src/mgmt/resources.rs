@@ -438,7 +438,32 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
             "messages_ready": ready,
             "messages_unacknowledged": unacked,
         },
+        "message_stats": message_stats(ctx.broker.metrics()),
     }))
+}
+
+/// RabbitMQ's overview `message_stats` counts, from this node's counters (the Prometheus
+/// endpoint's): no `*_details` rates, as there is no statistics database to sample them;
+/// the console derives rates from successive answers.
+fn message_stats(m: &crate::metrics::Metrics) -> Value {
+    let deliver = m.delivered_consume_manual_ack.get();
+    let deliver_no_ack = m.delivered_consume_auto_ack.get();
+    let get = m.delivered_get_manual_ack.get();
+    let get_no_ack = m.delivered_get_auto_ack.get();
+    json!({
+        "publish": m.received.get(),
+        "confirm": m.confirmed.get(),
+        "deliver": deliver,
+        "deliver_no_ack": deliver_no_ack,
+        "get": get,
+        "get_no_ack": get_no_ack,
+        "deliver_get": deliver + deliver_no_ack + get + get_no_ack,
+        "get_empty": m.get_empty.get(),
+        "redeliver": m.redelivered.get(),
+        "ack": m.acknowledged.get(),
+        "drop_unroutable": m.unroutable_dropped.get(),
+        "return_unroutable": m.unroutable_returned.get(),
+    })
 }
 
 fn whoami(caller: &Caller) -> Response {
@@ -861,6 +886,12 @@ fn queues(
                     .into_iter()
                     .filter(|q| one.is_none_or(|n| q["name"] == *n)),
             );
+        }
+    }
+    // Warren's extension, on the single-queue answer only: listings stay RabbitMQ's size.
+    if let (Some(name), Some(vhost), Some(Value::Object(q))) = (one, vhost, list.first_mut()) {
+        for (k, v) in super::ring::fields(ctx.broker, meta, vhost, name) {
+            q.insert(k.to_string(), v);
         }
     }
     one_or_list(list, one.is_some())

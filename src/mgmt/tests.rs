@@ -101,6 +101,26 @@ fn no_credentials_is_401_with_the_basic_realm() {
 }
 
 #[test]
+fn a_path_outside_the_api_is_404_without_asking_for_credentials() {
+    let b = broker();
+    let counts = RemoteCountsByVhost::new();
+    let ctx = Context {
+        broker: &b,
+        node: &node(),
+        loopback_users: &[],
+        remote_counts: &counts,
+        listeners: &[],
+        remote_sessions: &[],
+    };
+    let r = handle(
+        &ctx,
+        &Request::new(Method::Get, "/nothing.html", None),
+        Instant::from_millis(0),
+    );
+    assert_eq!(r, Response::not_found());
+}
+
+#[test]
 fn bad_password_is_401_login_failed() {
     let b = broker();
     let counts = RemoteCountsByVhost::new();
@@ -379,7 +399,9 @@ fn queues_put_lists_with_rabbitmq_fields_and_delete() {
             "arguments": {"x-max-length": 5}, "node": "warren@test", "messages": 0,
             "messages_ready": 0, "messages_unacknowledged": 0, "consumers": 0, "policy": null,
             "operator_policy": null, "effective_policy_definition": {}, "slave_nodes": [],
-            "synchronised_slave_nodes": [], "state": "running"
+            "synchronised_slave_nodes": [], "state": "running",
+            // Warren's extension (`ring`): an unmirrored queue has no ring.
+            "gm_ring": [], "epoch": 0, "sync_running": false
         }))
     );
     assert_eq!(
@@ -604,6 +626,8 @@ fn overview_and_nodes() {
     assert_eq!(o["object_totals"]["queues"], 1);
     assert_eq!(o["queue_totals"]["messages"], 0);
     assert_eq!(o["node"], "warren@test");
+    assert_eq!(o["message_stats"]["publish"], 0, "this node's counters");
+    assert_eq!(o["message_stats"]["deliver_get"], 0);
     assert_eq!(
         get(&b, "admin", "/api/nodes").body,
         Some(json!([{"name": "warren@test", "type": "disc", "running": true}]))
@@ -854,4 +878,133 @@ fn queue_actions_sync_mirrored_queues_and_refuse_unknown_ones() {
         401
     );
     assert_eq!(get(&b, "admin", "/api/queues/%2F/q/actions").status, 405);
+}
+
+/// A broker on cluster node 1 with nodes 1-3 (`warren1`..`warren3`), the queue `ha.q`
+/// mastered on node 1 with mirrors on node 2 (synchronised) and 3 (not), and its GM group
+/// of `slots`.
+fn mirrored(slots: Vec<crate::gm::Slot>) -> Broker {
+    use crate::meta::state::{MirrorRecord, NodeRecord, QueueDef};
+    let b = broker().with_node_id(1);
+    let now = Instant::from_millis(0);
+    for id in 1..=3 {
+        let node = NodeRecord {
+            id,
+            name: format!("warren{id}@h"),
+            amqp: String::new(),
+            admin: String::new(),
+            link: String::new(),
+            incarnation: 0,
+        };
+        b.apply(&Command::RegisterNode(node), now).unwrap();
+    }
+    let queue = QueueDef {
+        vhost: "/".into(),
+        name: "ha.q".into(),
+        durable: true,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments: Default::default(),
+        home: 1,
+    };
+    b.apply(&Command::DeclareQueue(queue), now).unwrap();
+    let mirror = |node, synchronised| MirrorRecord {
+        node,
+        since: 0,
+        synchronised,
+    };
+    let set = Command::SetMirrors {
+        vhost: "/".into(),
+        queue: "ha.q".into(),
+        expected_version: 0,
+        mirrors: vec![mirror(2, true), mirror(3, false)],
+    };
+    b.apply(&set, now).unwrap();
+    let incarnation = b.snapshot().mirror_sets[&("/".to_string(), "ha.q".to_string())].incarnation;
+    let group = Command::GmGroup {
+        name: crate::mirror::message::group_name("/", "ha.q", incarnation),
+        expected_version: 0,
+        members: slots,
+    };
+    b.apply(&group, now).unwrap();
+    b
+}
+
+fn alive(node: u64) -> crate::gm::Slot {
+    crate::gm::Slot::Alive(crate::gm::MemberId { node, since: 1 })
+}
+
+#[test]
+fn one_queue_carries_its_gm_ring_in_ring_order_with_sync_state() {
+    // Ring order 1, 3, 2: the drawing follows the group record, not node order.
+    let b = mirrored(vec![alive(1), alive(3), alive(2)]);
+    b.metrics().sync_progress("/", "ha.q", 40, 100);
+    let q = get(&b, "admin", "/api/queues/%2F/ha.q").body.unwrap();
+    assert_eq!(q["epoch"], 0);
+    assert_eq!(q["sync_running"], true);
+    assert_eq!(
+        q["gm_ring"],
+        json!([
+            {"node": "warren1@h", "role": "master", "state": "synchronised",
+             "sync_remaining": 0, "gm_member": "alive"},
+            {"node": "warren3@h", "role": "mirror", "state": "syncing",
+             "sync_remaining": 60, "gm_member": "alive"},
+            {"node": "warren2@h", "role": "mirror", "state": "synchronised",
+             "sync_remaining": 0, "gm_member": "alive"},
+        ])
+    );
+    // Listings stay RabbitMQ's: the ring is on the single queue only.
+    let list = get(&b, "admin", "/api/queues/%2F").body.unwrap();
+    assert!(list[0].get("gm_ring").is_none(), "{list}");
+}
+
+#[test]
+fn a_ring_member_of_a_down_node_or_a_dead_member_is_down() {
+    use crate::gm::{MemberId, Slot};
+    // Node 3's first member died; its new one has not joined the group yet.
+    let dead = Slot::Dead(MemberId { node: 3, since: 0 });
+    let b = mirrored(vec![alive(1), dead, alive(2)]);
+    b.set_down_nodes([2].into());
+    let q = get(&b, "admin", "/api/queues/%2F/ha.q").body.unwrap();
+    assert_eq!(
+        q["sync_running"], false,
+        "the master's node knows no copy runs"
+    );
+    assert_eq!(
+        q["gm_ring"],
+        json!([
+            {"node": "warren1@h", "role": "master", "state": "synchronised",
+             "sync_remaining": 0, "gm_member": "alive"},
+            {"node": "warren3@h", "role": "mirror", "state": "down",
+             "sync_remaining": null, "gm_member": "dead"},
+            {"node": "warren2@h", "role": "mirror", "state": "down",
+             "sync_remaining": null, "gm_member": "alive"},
+        ])
+    );
+}
+
+#[test]
+fn sync_progress_is_null_where_the_master_does_not_run() {
+    let b = mirrored(vec![alive(1), alive(2)]);
+    let b = b.with_node_id(2);
+    b.metrics().sync_progress("/", "ha.q", 40, 100);
+    let q = get(&b, "admin", "/api/queues/%2F/ha.q").body.unwrap();
+    assert_eq!(q["sync_running"], Value::Null);
+    // Node 3's mirror has no member in the group yet: it comes after the ring.
+    assert_eq!(
+        q["gm_ring"][2],
+        json!({"node": "warren3@h", "role": "mirror", "state": "syncing",
+               "sync_remaining": null, "gm_member": null})
+    );
+}
+
+#[test]
+fn an_unmirrored_queue_has_an_empty_ring() {
+    let b = broker();
+    call(&b, "admin", Method::Put, "/api/queues/%2F/plain", "{}");
+    let q = get(&b, "admin", "/api/queues/%2F/plain").body.unwrap();
+    assert_eq!(
+        (&q["gm_ring"], &q["epoch"], &q["sync_running"]),
+        (&json!([]), &json!(0), &json!(false))
+    );
 }

@@ -1,5 +1,6 @@
 //! The management HTTP listener: axum serves HTTP/1.1 and hands every request to the
-//! sans-IO [`crate::mgmt`] core; changes it plans are committed through the node's
+//! sans-IO [`crate::mgmt`] core (the web console's files, [`crate::mgmt::console`], or the
+//! API); changes it plans are committed through the node's
 //! `MetaCommit`, and queue counts of other nodes are fetched the way `warrenctl
 //! list_queues` fetches them ([`super::admin::remote_counts`]).
 
@@ -76,6 +77,9 @@ async fn handler(
             .and_then(|v| v.to_str().ok())
             .map(String::from),
     };
+    if let Some(asset) = mgmt::console::asset(&req) {
+        return asset_http(asset);
+    }
     let response = answer(&ctx, &req).await;
     if response.status >= 400 {
         tracing::debug!(path = %req.path, status = response.status, "management request refused");
@@ -195,6 +199,16 @@ async fn remote_sessions(broker: &Broker) -> Vec<NodeSessions> {
         }
     }
     out.sort_by_key(|s| s.id);
+    out
+}
+
+/// A console file (`mgmt::console`): the bytes, their type, and no caching, so a page
+/// loaded after an upgrade is the new binary's.
+fn asset_http(asset: mgmt::console::Asset) -> HttpResponse {
+    let mut out = HttpResponse::new(Body::from(asset.body));
+    let h = out.headers_mut();
+    h.insert("content-type", HeaderValue::from_static(asset.content_type));
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
     out
 }
 

@@ -21,6 +21,7 @@
 
 pub mod faults;
 pub mod procs;
+pub mod webdriver;
 
 use std::future::Future;
 use std::net::SocketAddr;

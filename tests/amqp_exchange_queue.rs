@@ -1580,3 +1580,102 @@ async fn per_message_expiration_property_expires_it() {
     assert!(get(&ch, &q, true).await.is_none());
     node.shutdown().await;
 }
+
+// ------------------------------------------------------------- sender-selected distribution
+
+fn keys(names: &[&str]) -> AMQPValue {
+    let mut a = amq_protocol::types::FieldArray::default();
+    for n in names {
+        a.push(lstr(n));
+    }
+    AMQPValue::FieldArray(a)
+}
+
+/// The message `queue` holds (taken with no-ack), or a panic.
+async fn get_one(ch: &Channel, queue: &str) -> lapin::message::BasicGetMessage {
+    within(
+        "basic.get",
+        ch.basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        ),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("basic.get {queue}: {e}"))
+    .unwrap_or_else(|| panic!("{queue} is empty"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cc_and_bcc_headers_add_routing_keys_and_bcc_is_not_delivered() {
+    let node = TestNode::start().await;
+    let (_conn, ch) = node.channel().await;
+    within(
+        "confirm.select",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    declare_exchange(&ch, "ssd", ExchangeKind::Direct, Default::default()).await;
+    for q in ["ssd.a", "ssd.b", "ssd.c", "ssd.d"] {
+        declare_queue(&ch, q).await;
+        bind(&ch, q, "ssd", &q[4..], FieldTable::default()).await;
+    }
+    let headers = table(&[
+        ("CC", keys(&["b"])),
+        ("BCC", keys(&["c"])),
+        ("other", lstr("kept")),
+    ]);
+    publish_confirmed_with(
+        &ch,
+        "ssd",
+        "a",
+        b"m",
+        Default::default(),
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    for q in ["ssd.a", "ssd.b", "ssd.c"] {
+        let m = get_one(&ch, q).await;
+        let h = m.delivery.properties.headers().clone().expect("headers");
+        assert_eq!(h.inner().get("CC"), Some(&keys(&["b"])), "{q}");
+        assert!(
+            !h.contains_key("BCC"),
+            "{q}: BCC is removed before delivery"
+        );
+        assert_eq!(h.inner().get("other"), Some(&lstr("kept")), "{q}");
+        assert_eq!(m.delivery.routing_key.as_str(), "a");
+    }
+    let (d, _) = queue_counts(&ch, "ssd.d").await;
+    assert_eq!(d, 0, "a key nobody named routes nowhere");
+    // The default exchange: CC names a second queue.
+    publish_confirmed_with(
+        &ch,
+        "",
+        "ssd.a",
+        b"m2",
+        Default::default(),
+        BasicProperties::default().with_headers(table(&[("CC", keys(&["ssd.d"]))])),
+    )
+    .await;
+    assert_eq!(get_one(&ch, "ssd.d").await.delivery.data, b"m2");
+    assert_eq!(get_one(&ch, "ssd.a").await.delivery.data, b"m2");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cc_header_that_is_not_an_array_closes_the_channel_406() {
+    let node = TestNode::start().await;
+    let (_conn, ch) = node.channel().await;
+    let mut watch = watch_channel(&ch).await;
+    let _ = ch
+        .basic_publish(
+            "".into(),
+            "nowhere".into(),
+            Default::default(),
+            b"m",
+            BasicProperties::default().with_headers(table(&[("CC", lstr("b"))])),
+        )
+        .await;
+    expect_closed_with(&mut watch, 406, "CC as a long string").await;
+    node.shutdown().await;
+}

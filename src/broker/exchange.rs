@@ -1,7 +1,9 @@
 //! Routing: which queues a message published to an exchange reaches.
 //!
 //! Direct, fanout, topic and headers matching, exchange-to-exchange bindings (followed with a
-//! visited set so cycles terminate) and alternate exchanges for unroutable messages.
+//! visited set so cycles terminate), alternate exchanges for unroutable messages, and
+//! RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers' routing keys are
+//! routed too ([`sender_selected_keys`]).
 
 use std::collections::BTreeSet;
 
@@ -9,28 +11,96 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 
 use crate::meta::{Binding, Destination, ExchangeKind, Vhost};
 
+/// The headers whose routing keys a publisher adds (`BCC`'s are removed before delivery).
+pub const SENDER_SELECTED: [&str; 2] = ["CC", "BCC"];
+
+/// The extra routing keys of the `CC` and `BCC` headers: arrays of long strings (other
+/// elements are skipped, as RabbitMQ does). A header of another type is an error naming it
+/// and its RabbitMQ type, as RabbitMQ's `{unacceptable_type_in_header, Header, Type}`.
+pub fn sender_selected_keys(
+    headers: Option<&FieldTable>,
+) -> Result<Vec<String>, (&'static str, &'static str)> {
+    let mut keys = Vec::new();
+    for name in SENDER_SELECTED {
+        keys.extend(header_keys(headers, name)?);
+    }
+    Ok(keys)
+}
+
+/// The routing keys of one sender-selected header.
+pub fn header_keys(
+    headers: Option<&FieldTable>,
+    name: &'static str,
+) -> Result<Vec<String>, (&'static str, &'static str)> {
+    match headers.and_then(|h| h.inner().get(name)) {
+        None => Ok(Vec::new()),
+        Some(AMQPValue::FieldArray(a)) => Ok(a
+            .as_slice()
+            .iter()
+            .filter_map(|v| match v {
+                AMQPValue::LongString(s) => {
+                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                }
+                _ => None,
+            })
+            .collect()),
+        Some(other) => Err((name, rabbit_type(other))),
+    }
+}
+
+/// RabbitMQ's name for a field value's type.
+fn rabbit_type(v: &AMQPValue) -> &'static str {
+    match v {
+        AMQPValue::Boolean(_) => "bool",
+        AMQPValue::ShortShortInt(_) => "byte",
+        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
+        AMQPValue::ShortInt(_) => "short",
+        AMQPValue::ShortUInt(_) => "unsignedshort",
+        AMQPValue::LongInt(_) => "signedint",
+        AMQPValue::LongUInt(_) => "unsignedint",
+        AMQPValue::LongLongInt(_) => "long",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) => "shortstr",
+        AMQPValue::LongString(_) => "longstr",
+        AMQPValue::FieldArray(_) => "array",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::FieldTable(_) => "table",
+        AMQPValue::ByteArray(_) => "binary",
+        AMQPValue::Void => "void",
+    }
+}
+
 /// Routes a message; returns the destination queue names, sorted and without duplicates.
 ///
-/// The default exchange (`""`) routes to the queue named by the routing key.
+/// The default exchange (`""`) routes to the queue named by the routing key. The `CC` and
+/// `BCC` headers' keys are routed as well (checked by the publisher's channel first; a
+/// header of the wrong type adds nothing here), and `extra` (the keys of a `BCC` header the
+/// channel removed from the message).
 pub fn route(
     vhost: &Vhost,
     exchange: &str,
     routing_key: &str,
     headers: Option<&FieldTable>,
+    extra: &[String],
 ) -> Vec<String> {
+    let mut keys = vec![routing_key.to_string()];
+    keys.extend(sender_selected_keys(headers).unwrap_or_default());
+    keys.extend(extra.iter().cloned());
     let mut queues = BTreeSet::new();
     let mut visited = BTreeSet::new();
     let mut current = Some(exchange.to_string());
     // Alternate exchanges chain: an exchange that routes nowhere hands the message to its AE.
     while let Some(name) = current.take() {
-        route_from(
-            vhost,
-            &name,
-            routing_key,
-            headers,
-            &mut queues,
-            &mut visited,
-        );
+        // Each key walks the exchange graph from here afresh (a walk's visited set stops
+        // its cycles); the alternate-exchange chain then skips what any walk visited.
+        let before = visited.clone();
+        for key in &keys {
+            let mut walked = before.clone();
+            route_from(vhost, &name, key, headers, &mut queues, &mut walked);
+            visited.extend(walked);
+        }
         if !queues.is_empty() {
             break;
         }
@@ -256,5 +326,34 @@ mod tests {
         h2.insert("b".into(), AMQPValue::ShortShortInt(2));
         assert!(headers_match(&args, Some(&h2)));
         assert!(!headers_match(&args, None));
+    }
+}
+
+#[cfg(test)]
+mod sender_selected_tests {
+    use super::*;
+    use amq_protocol::types::{FieldArray, LongString};
+
+    fn array(keys: &[&str]) -> AMQPValue {
+        let mut a = FieldArray::default();
+        for k in keys {
+            a.push(AMQPValue::LongString(LongString::from(
+                k.as_bytes().to_vec(),
+            )));
+        }
+        AMQPValue::FieldArray(a)
+    }
+
+    #[test]
+    fn cc_and_bcc_arrays_give_their_keys_and_other_types_are_named() {
+        let mut h = FieldTable::default();
+        h.insert("CC".into(), array(&["b", "c"]));
+        h.insert("BCC".into(), array(&["d"]));
+        assert_eq!(sender_selected_keys(Some(&h)).unwrap(), ["b", "c", "d"]);
+        assert_eq!(header_keys(Some(&h), "BCC").unwrap(), ["d"]);
+        assert!(sender_selected_keys(None).unwrap().is_empty());
+        let mut bad = FieldTable::default();
+        bad.insert("CC".into(), AMQPValue::LongString("b".into()));
+        assert_eq!(sender_selected_keys(Some(&bad)), Err(("CC", "longstr")));
     }
 }

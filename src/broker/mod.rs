@@ -586,11 +586,26 @@ impl Broker {
         message: Arc<Message>,
         now: Instant,
     ) -> PublishOutcome {
+        self.publish_with_bcc(vhost, exchange, message, &[], now)
+    }
+
+    /// [`Broker::publish`], also routed by `bcc`: the keys of the `BCC` header the
+    /// publisher's channel removed from the message (RabbitMQ's sender-selected
+    /// distribution: blind-copy keys route but are not delivered).
+    pub fn publish_with_bcc(
+        &self,
+        vhost: &Vhost,
+        exchange: &str,
+        message: Arc<Message>,
+        bcc: &[String],
+        now: Instant,
+    ) -> PublishOutcome {
         let targets = exchange::route(
             vhost,
             exchange,
             &message.routing_key,
             message.properties.headers().as_ref(),
+            bcc,
         );
         let mut outcome = PublishOutcome::default();
         let mut dead = Vec::new();
@@ -704,6 +719,7 @@ impl Broker {
                     &dlx,
                     &message.routing_key,
                     message.properties.headers().as_ref(),
+                    &[],
                 );
                 let message = Arc::new(message);
                 for name in targets {

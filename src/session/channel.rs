@@ -80,7 +80,8 @@ enum TxAck {
 
 #[derive(Debug, Default)]
 struct Tx {
-    publishes: Vec<(String, Arc<Message>, bool)>,
+    /// (exchange, message, mandatory, the keys of its removed `BCC` header).
+    publishes: Vec<(String, Arc<Message>, bool, Vec<String>)>,
     acks: Vec<TxAck>,
 }
 
@@ -933,6 +934,27 @@ impl Channel {
                 )));
             }
         }
+        // Sender-selected distribution: CC and BCC must be arrays; BCC's keys route but the
+        // header is not delivered.
+        let headers = header.properties.headers().as_ref();
+        if let Err((name, kind)) = crate::broker::exchange::sender_selected_keys(headers) {
+            return Err(precondition_failed(format!(
+                "invalid message: {{unacceptable_type_in_header,\"{name}\",{kind}}}"
+            )));
+        }
+        let bcc = crate::broker::exchange::header_keys(headers, "BCC").unwrap_or_default();
+        let (properties_raw, properties) = match headers {
+            Some(h) if h.inner().contains_key("BCC") => {
+                let mut kept = amq_protocol::types::FieldTable::default();
+                for (k, v) in h.inner().iter().filter(|(k, _)| k.as_str() != "BCC") {
+                    kept.insert(k.clone(), v.clone());
+                }
+                let properties = header.properties.clone().with_headers(kept);
+                let raw = crate::amqp::frame::encode_properties(&properties);
+                (bytes::Bytes::from(raw), properties)
+            }
+            _ => (header.raw_properties, header.properties),
+        };
         c.note_publish();
         self.metrics.received.inc();
         if self.confirm {
@@ -942,18 +964,18 @@ impl Channel {
             id: c.broker.next_message_id(),
             exchange: p.exchange,
             routing_key: p.routing_key,
-            properties_raw: header.raw_properties,
-            properties: header.properties,
+            properties_raw,
+            properties,
             body: p.body.freeze(),
         });
         if let Some(tx) = &mut self.tx {
             tx.publishes
-                .push((message.exchange.clone(), message, p.mandatory));
+                .push((message.exchange.clone(), message, p.mandatory, bcc));
             return Ok(());
         }
-        let outcome = c
-            .broker
-            .publish(vhost, &message.exchange, message.clone(), now);
+        let outcome =
+            c.broker
+                .publish_with_bcc(vhost, &message.exchange, message.clone(), &bcc, now);
         count_routing(&self.metrics, outcome.routed, p.mandatory);
         if outcome.routed == 0 && p.mandatory {
             self.send_return(c, &message);
@@ -1134,8 +1156,10 @@ impl Channel {
                 let mut ticket = 0;
                 let mut remote = Vec::new();
                 if let Some(vhost) = snapshot.vhost(&c.vhost) {
-                    for (exchange, message, mandatory) in t.publishes {
-                        let outcome = c.broker.publish(vhost, &exchange, message.clone(), now);
+                    for (exchange, message, mandatory, bcc) in t.publishes {
+                        let outcome =
+                            c.broker
+                                .publish_with_bcc(vhost, &exchange, message.clone(), &bcc, now);
                         ticket = ticket.max(outcome.ticket);
                         if outcome.remote != 0 {
                             remote.push(outcome.remote);

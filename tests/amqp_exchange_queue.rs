@@ -1679,3 +1679,56 @@ async fn a_cc_header_that_is_not_an_array_closes_the_channel_406() {
     expect_closed_with(&mut watch, 406, "CC as a long string").await;
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbinding_what_is_gone_is_ok_as_in_rabbitmq() {
+    let node = TestNode::start().await;
+    let (_conn, ch) = node.channel().await;
+    declare_queue(&ch, "ub.q").await;
+    // A queue that auto-delete (or anyone) already removed, a missing exchange, a binding
+    // that never existed: teardown code unbinds them all, and RabbitMQ 3.10 says ok.
+    for (queue, exchange) in [
+        ("no-such-q", "amq.direct"),
+        ("ub.q", "no-such-x"),
+        ("ub.q", "amq.direct"),
+    ] {
+        within(
+            "queue.unbind",
+            ch.queue_unbind(
+                queue.into(),
+                exchange.into(),
+                "k".into(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("unbind {queue} from {exchange}: {e}"));
+    }
+    within(
+        "exchange.unbind",
+        ch.exchange_unbind(
+            "no-such-d".into(),
+            "amq.direct".into(),
+            "k".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("exchange.unbind of a missing destination");
+    // Binding a missing queue is still 404.
+    let e = within(
+        "queue.bind",
+        ch.queue_bind(
+            "no-such-q".into(),
+            "amq.direct".into(),
+            "k".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect_err("bind of a missing queue");
+    assert_eq!(reply_code(&e), Some(404));
+    node.shutdown().await;
+}

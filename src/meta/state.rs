@@ -762,7 +762,13 @@ impl MetaState {
             }
             Command::Unbind(b) => {
                 let v = self.vhost_mut(&b.vhost)?;
-                check_binding_ends(v, b)?;
+                // As RabbitMQ 3.10: unbinding from or to an object that is gone (teardown
+                // after an auto-delete) is a harmless no-op, not 404.
+                match check_binding_ends(v, b) {
+                    Err(MetaError::DefaultExchange) => return Err(MetaError::DefaultExchange),
+                    Err(_) => return Ok(applied),
+                    Ok(()) => {}
+                }
                 let mut emptied = false;
                 if let Some(list) = v.bindings.get_mut(&b.source) {
                     list.retain(|x| !x.same_as(b));

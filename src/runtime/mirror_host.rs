@@ -69,6 +69,19 @@ struct Shipping {
     handing_over: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl Shipping {
+    /// Shipping through `handle`'s member at `epoch` of queue incarnation `incarnation`.
+    fn of(handle: &GmHandle, epoch: u64, incarnation: u64) -> Shipping {
+        Shipping {
+            sender: handle.sender(),
+            epoch,
+            incarnation,
+            member: handle.id(),
+            handing_over: Arc::default(),
+        }
+    }
+}
+
 /// The queues this node ships rounds for. Its lock is never held while another is taken:
 /// the storage tap reads it under the storage lock, and a queue's lock and the broker's are
 /// taken before the storage lock, so a queue or broker lock taken under this one closes a
@@ -1013,16 +1026,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         // Rounds are shipped from the queue's first one on: the queue does not serve before
         // `adopt_queue`.
         if let Some(m) = &member {
-            self.masters.insert(
-                key.clone(),
-                Shipping {
-                    sender: m.handle.sender(),
-                    epoch,
-                    incarnation,
-                    member: m.handle.id(),
-                    handing_over: Arc::default(),
-                },
-            );
+            self.masters
+                .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
         }
         // The broker applies the promotion shortly after the metadata does.
         for _ in 0..200 {
@@ -1271,16 +1276,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 .set_lease(Some(crate::time::Instant::from_millis(0)));
         }
         // Shipping before unfenced: the tap never finds the queue neither shipped nor fenced.
-        self.masters.insert(
-            key.clone(),
-            Shipping {
-                sender: m.handle.sender(),
-                epoch,
-                incarnation,
-                member: m.handle.id(),
-                handing_over: Arc::default(),
-            },
-        );
+        self.masters
+            .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
         lock(&self.fenced).remove(key);
         self.lease_wake.notify_one();
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");

@@ -69,27 +69,31 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
     handle(&ctx, &req, Instant::from_millis(0))
 }
 
-fn get(b: &Broker, user: &str, path: &str) -> Response {
-    call(b, user, Method::Get, path, "")
-}
-
-#[test]
-fn no_credentials_is_401_with_the_basic_realm() {
-    let b = broker();
+/// A GET with no `Authorization` header.
+fn without_credentials(b: &Broker, path: &str) -> Response {
     let counts = RemoteCountsByVhost::new();
     let ctx = Context {
-        broker: &b,
+        broker: b,
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
     };
-    let r = handle(
+    handle(
         &ctx,
-        &Request::new(Method::Get, "/api/overview", None),
+        &Request::new(Method::Get, path, None),
         Instant::from_millis(0),
-    );
+    )
+}
+
+fn get(b: &Broker, user: &str, path: &str) -> Response {
+    call(b, user, Method::Get, path, "")
+}
+
+#[test]
+fn no_credentials_is_401_with_the_basic_realm() {
+    let r = without_credentials(&broker(), "/api/overview");
     assert_eq!(r.status, 401);
     assert_eq!(
         r.headers,
@@ -102,21 +106,7 @@ fn no_credentials_is_401_with_the_basic_realm() {
 
 #[test]
 fn a_path_outside_the_api_is_404_without_asking_for_credentials() {
-    let b = broker();
-    let counts = RemoteCountsByVhost::new();
-    let ctx = Context {
-        broker: &b,
-        node: &node(),
-        loopback_users: &[],
-        remote_counts: &counts,
-        listeners: &[],
-        remote_sessions: &[],
-    };
-    let r = handle(
-        &ctx,
-        &Request::new(Method::Get, "/nothing.html", None),
-        Instant::from_millis(0),
-    );
+    let r = without_credentials(&broker(), "/nothing.html");
     assert_eq!(r, Response::not_found());
 }
 

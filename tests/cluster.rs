@@ -1002,3 +1002,69 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
     assert!(lost.is_empty(), "confirmed messages lost, e.g. {lost:?}");
     let _ = c3.close(200, "bye".into()).await;
 }
+
+/// A basic.get whose asker gave the queue's node up while the get was under way (frozen
+/// with SIGSTOP: the request waits in its socket) is still answered by that node once it
+/// resumes. The message it took never reached a channel; it must come back to the queue,
+/// not stay unacknowledged there for good (chaos seed 192, bug 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
+    let cluster = Cluster::start("lostget").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "lostget.q", true, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "lostget.q", b"m0").await);
+    let _ = c1.close(200, "bye".into()).await;
+
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    cluster.node(1).pause();
+    let frozen = Instant::now();
+    // Node 2 gives node 1 up (the failure detector records it down) and fails the get.
+    let got = tokio::time::timeout(
+        Duration::from_secs(30),
+        ch2.basic_get("lostget.q".into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .expect("the get is answered or fails within 30 s");
+    let err = got.expect_err("a get from a frozen node fails");
+    eprintln!("get failed after {:?}: {err}", frozen.elapsed());
+    cluster.node(1).resume();
+
+    // Node 1 handles the get it held when it resumes; then the message must be back.
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "m0 never came back to lostget.q; last: {last}\nnode 1 log:\n{}",
+            cluster.node(1).log_text()
+        );
+        let ch = channel(&c3).await;
+        match within(
+            "basic.get",
+            ch.basic_get("lostget.q".into(), BasicGetOptions { no_ack: false }),
+        )
+        .await
+        {
+            Ok(Some(m)) => {
+                assert_eq!(m.delivery.data, b"m0");
+                break;
+            }
+            Ok(None) => last = "get-empty".into(),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = c2.close(200, "bye".into()).await;
+    let _ = c3.close(200, "bye".into()).await;
+}

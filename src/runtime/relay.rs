@@ -23,7 +23,7 @@
 //! Not forwarded yet (answered as documented in `docs/clustering.md`): basic.get, purge and
 //! the counts of a queue of another node, and dead letters routed to another node's queues.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -145,13 +145,23 @@ enum RelayMsg {
         seqs: Vec<u64>,
         how: WireSettle,
     },
-    /// To the queue's node: basic.get for channel `key` of the sender.
+    /// To the queue's node: basic.get for channel `key` of the sender, numbered by the
+    /// sender so that it can take it back ([`RelayMsg::GetAbandoned`]).
     Get {
         vhost: String,
         queue: String,
         conn: u64,
         channel: u16,
         no_ack: bool,
+        request: u64,
+    },
+    /// To the queue's node: the answer to get `request` of channel `key` never reached the
+    /// channel (the sender gave the node up while the request was under way): what it took
+    /// goes back to the queue. If the get has not arrived yet, it finds the queue empty.
+    GetAbandoned {
+        conn: u64,
+        channel: u16,
+        request: u64,
     },
     /// To the queue's node: its ready message and consumer counts.
     Counts { vhost: String, queue: String },
@@ -213,6 +223,12 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     bincode::serialize(v).unwrap_or_default()
 }
 
+/// One message as a request of its own: a batch of one, as [`Service::handle`] reads it
+/// (an array would go without its length, as a tuple, and not decode).
+fn encode_one(msg: &RelayMsg) -> Vec<u8> {
+    encode(&[msg].as_slice())
+}
+
 /// A message queued for another node, with what to do with its reply.
 struct Outgoing {
     msg: RelayMsg,
@@ -239,7 +255,19 @@ struct ProxyChannel {
     consumers: Mutex<Vec<(String, String, Arc<str>)>>,
     /// Deliveries sent and not settled: (vhost, queue, seq).
     unacked: Mutex<BTreeSet<(String, String, u64)>>,
+    /// The latest gets with acks it answered: (request, vhost, queue, seq), for an
+    /// abandonment to name.
+    gets: Mutex<VecDeque<(u64, String, String, u64)>>,
 }
+
+/// Gets a proxy channel remembers for [`RelayMsg::GetAbandoned`] (a channel has one get
+/// under way at a time; a few cover channel numbers reused after an error).
+const PROXY_GETS: usize = 8;
+/// Abandonments of gets not arrived yet that a node remembers.
+const ABANDONED_GETS: usize = 1024;
+/// How long a settle, cancel or abandonment that could not be sent is tried again: what
+/// it releases would otherwise stay unacknowledged on the queue's node for good.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// On the consumer's node: where deliveries for a channel go.
 struct ConsumerSink {
@@ -293,6 +321,10 @@ struct Inner {
     /// Per channel, consumers this node took away from a queue's node (declared down, or it
     /// handed the queue over): (tag, that node). Deliveries it sent before are stale.
     retired: Mutex<HashMap<ChannelKey, Retired>>,
+    /// The number of this node's next get ([`RelayMsg::Get`]'s `request`).
+    next_get: std::sync::atomic::AtomicU64,
+    /// Gets other nodes abandoned before they arrived here: (node, request).
+    abandoned_gets: Mutex<VecDeque<(NodeId, u64)>>,
 }
 
 /// A channel's retired consumers (see `Inner::retired`); pruned once the channel is gone.
@@ -341,6 +373,9 @@ impl Relay {
                 orphans: Mutex::new(Vec::new()),
                 retired: Mutex::new(HashMap::new()),
                 serving: std::sync::atomic::AtomicBool::new(false),
+                // Not from 1: a restarted node must not reuse the numbers of its last life.
+                next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),
+                abandoned_gets: Mutex::new(VecDeque::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -527,7 +562,7 @@ impl Inner {
         if self.broker.node_is_down(node) {
             // Nothing sent to a node the failure detector gave up on would be answered
             // before it comes back (a frozen node holds its sockets open).
-            self.failed(out);
+            self.failed(node, out);
             return;
         }
         let mut senders = lock(&self.senders);
@@ -536,7 +571,7 @@ impl Inner {
             .or_insert_with(|| self.spawn_sender(node));
         if let Err(mpsc::error::SendError(out)) = tx.send(out) {
             // The sender task ended (shutdown): fail what needed an answer.
-            self.failed(out);
+            self.failed(node, out);
         }
     }
 
@@ -575,7 +610,7 @@ impl Inner {
                             answers.answered(out, replies.get(i));
                         }
                     }
-                    None => outs.into_iter().for_each(|o| answers.failed(o)),
+                    None => outs.into_iter().for_each(|o| answers.failed(node, o)),
                 }
             }
         });
@@ -604,10 +639,10 @@ impl Inner {
                 };
                 let Some(sent) = sent else {
                     tracing::info!(node, "relay: node down; failing what was queued for it");
-                    batch.into_iter().for_each(|o| inner.failed(o));
+                    batch.into_iter().for_each(|o| inner.failed(node, o));
                     rx.close();
                     while let Some(o) = rx.recv().await {
-                        inner.failed(o);
+                        inner.failed(node, o);
                     }
                     return;
                 };
@@ -616,12 +651,12 @@ impl Inner {
                         if let Err(mpsc::error::SendError((outs, _))) =
                             reply_tx.send((batch, reply))
                         {
-                            outs.into_iter().for_each(|o| inner.failed(o));
+                            outs.into_iter().for_each(|o| inner.failed(node, o));
                         }
                     }
                     Err(e) => {
                         tracing::debug!(node, error = %e, "relay: cannot reach node");
-                        batch.into_iter().for_each(|o| inner.failed(o));
+                        batch.into_iter().for_each(|o| inner.failed(node, o));
                     }
                 }
             }
@@ -660,7 +695,20 @@ impl Inner {
                 Some(RelayReply::Missing(text)) => QueueReply::Unavailable(text.clone()),
                 _ => QueueReply::Unavailable("unexpected answer from the queue's node".into()),
             };
-            let _ = tx.send(answer);
+            if let Err(QueueReply::Got(Some(got))) = tx.send(answer) {
+                // The asking connection is gone: the message goes back to its queue.
+                if let (Some(q), RelayMsg::Get { conn, channel, .. }) = (&got.source, &out.msg) {
+                    let settle = RelayMsg::Settle {
+                        vhost: q.vhost.clone(),
+                        queue: q.name.clone(),
+                        conn: *conn,
+                        channel: *channel,
+                        seqs: vec![got.seq],
+                        how: WireSettle::Requeue,
+                    };
+                    self.send(q.node, settle, 0);
+                }
+            }
             return;
         }
         if out.outcome != 0 {
@@ -679,7 +727,32 @@ impl Inner {
         }
     }
 
-    fn failed(&self, out: Outgoing) {
+    /// `out` could not be sent to `node`, or its answer did not come (the node was given
+    /// up): whoever waits hears so. What would leave a message unacknowledged there for
+    /// good is sent again, outside the ordered sender: settles, and the abandonment of a get
+    /// with acks (the get may have reached the node anyway). Not cancels: sent again, one
+    /// could overtake the consumer's re-consume with the same tag once the queue is back.
+    fn failed(&self, node: NodeId, out: Outgoing) {
+        match &out.msg {
+            RelayMsg::Settle { .. } => {
+                self.send_until_taken(node, out.msg.clone());
+            }
+            RelayMsg::Get {
+                conn,
+                channel,
+                no_ack: false,
+                request,
+                ..
+            } => self.send_until_taken(
+                node,
+                RelayMsg::GetAbandoned {
+                    conn: *conn,
+                    channel: *channel,
+                    request: *request,
+                },
+            ),
+            _ => {}
+        }
         if let Some(tx) = out.reply_to {
             let _ = tx.send(QueueReply::Unavailable(
                 "the queue's node could not be reached".into(),
@@ -695,6 +768,59 @@ impl Inner {
             }
             self.release(&proxy, out.released);
         }
+    }
+
+    /// Get `request` of `node`'s channel `key` never reached the channel: what it took goes
+    /// back to its queue. One not arrived yet is remembered, so that it takes nothing.
+    fn abandon_get(&self, node: NodeId, key: ChannelKey, request: u64) {
+        let proxy = lock(&self.proxies).get(&(node, key)).cloned();
+        let found = proxy.and_then(|p| {
+            let mut gets = lock(&p.gets);
+            let i = gets.iter().position(|g| g.0 == request)?;
+            let (_, vhost, queue, seq) = gets.remove(i)?;
+            let held = lock(&p.unacked).remove(&(vhost.clone(), queue.clone(), seq));
+            Some((vhost, queue, seq, held))
+        });
+        match found {
+            Some((vhost, queue, seq, true)) => {
+                tracing::debug!(node, queue = %queue, seq, "abandoned get: its message requeued");
+                self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+            }
+            // Settled already, or requeued with its proxy channel.
+            Some(_) => {}
+            None => {
+                let mut abandoned = lock(&self.abandoned_gets);
+                if abandoned.len() == ABANDONED_GETS {
+                    abandoned.pop_front();
+                }
+                abandoned.push_back((node, request));
+            }
+        }
+    }
+
+    /// Sends `msg` to `node` outside its ordered sender, again and again for [`RETRY_FOR`]
+    /// until the node has handled it.
+    fn send_until_taken(&self, node: NodeId, msg: RelayMsg) {
+        let payload = encode_one(&msg);
+        let transport = self.transport.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + RETRY_FOR;
+            loop {
+                let attempt = async {
+                    let reply = transport.send_broker(node, payload.clone()).await.ok()?;
+                    reply.await.ok()?.ok()
+                };
+                let timeout = std::time::Duration::from_secs(5);
+                if let Ok(Some(_)) = tokio::time::timeout(timeout, attempt).await {
+                    return;
+                }
+                if tokio::time::Instant::now() >= until {
+                    tracing::warn!(node, "relay: a settle for the node could not be sent");
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        });
     }
 
     /// Deliveries to the consumer's node could not be sent (it is recorded down, or its link
@@ -743,7 +869,7 @@ impl Inner {
             deliveries: Vec::new(),
             cancels: tags,
         };
-        let payload = encode(&[&msg]);
+        let payload = encode_one(&msg);
         let transport = self.transport.clone();
         tokio::spawn(async move {
             let send = transport.send_broker(node, payload);
@@ -804,6 +930,7 @@ impl Inner {
             outbox,
             consumers: Mutex::new(Vec::new()),
             unacked: Mutex::new(BTreeSet::new()),
+            gets: Mutex::new(VecDeque::new()),
         });
         proxies.insert((node, key), proxy.clone());
         if let Some(relay) = self.link.upgrade() {
@@ -1085,10 +1212,19 @@ impl Inner {
                 conn,
                 channel,
                 no_ack,
+                request,
             } => {
                 let Some(h) = self.broker.queue(&vhost, &queue) else {
                     return (RelayReply::Missing(missing(&vhost, &queue)), 0);
                 };
+                {
+                    let mut abandoned = lock(&self.abandoned_gets);
+                    if let Some(i) = abandoned.iter().position(|a| *a == (from, request)) {
+                        // Its asker gave it up already: nobody would take the message.
+                        abandoned.remove(i);
+                        return (RelayReply::Got(None), 0);
+                    }
+                }
                 let mut dead = Vec::new();
                 let got = h.lock().get(now, !no_ack, &mut dead);
                 if !dead.is_empty() {
@@ -1099,6 +1235,11 @@ impl Inner {
                         // Its ack (or the channel's end) comes back through the proxy channel.
                         let proxy = self.proxy(from, ChannelKey { conn, channel }, 0);
                         lock(&proxy.unacked).insert((vhost.clone(), queue.clone(), entry.seq));
+                        let mut gets = lock(&proxy.gets);
+                        if gets.len() == PROXY_GETS {
+                            gets.pop_front();
+                        }
+                        gets.push_back((request, vhost.clone(), queue.clone(), entry.seq));
                     }
                     (
                         entry.seq,
@@ -1108,6 +1249,14 @@ impl Inner {
                     )
                 });
                 (RelayReply::Got(got), 0)
+            }
+            RelayMsg::GetAbandoned {
+                conn,
+                channel,
+                request,
+            } => {
+                self.abandon_get(from, ChannelKey { conn, channel }, request);
+                (RelayReply::Done, 0)
             }
             // Handled with its batch in `handle` (it waits for the follower, not the disk).
             RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0, 0), 0),
@@ -1256,6 +1405,7 @@ impl Inner {
             }
             RelayMsg::Settle { .. }
             | RelayMsg::Cancel { .. }
+            | RelayMsg::GetAbandoned { .. }
             | RelayMsg::Deliver { .. }
             | RelayMsg::Barrier { .. }
             | RelayMsg::Sessions
@@ -1534,6 +1684,7 @@ impl RemoteLink for Relay {
                 conn: key.conn,
                 channel: key.channel,
                 no_ack,
+                request: self.inner.next_get.fetch_add(1, Ordering::Relaxed),
             },
             QueueCall::Counts { .. } => RelayMsg::Counts {
                 vhost: q.vhost.clone(),
@@ -1603,5 +1754,32 @@ impl RemoteLink for Relay {
             how,
         };
         self.inner.send(queue.node, msg, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages sent alone (a broker cancel, a settle sent again, an abandoned get) decode
+    /// as the batch the receiver expects.
+    #[test]
+    fn a_message_sent_alone_decodes_as_a_batch_of_one() {
+        let msg = RelayMsg::GetAbandoned {
+            conn: 7,
+            channel: 3,
+            request: 512,
+        };
+        let batch: Vec<RelayMsg> = bincode::deserialize(&encode_one(&msg)).expect("a batch of one");
+        assert!(matches!(
+            batch.as_slice(),
+            [RelayMsg::GetAbandoned {
+                conn: 7,
+                channel: 3,
+                request: 512
+            }]
+        ));
+        // What the two senders did before: not a batch.
+        assert!(bincode::deserialize::<Vec<RelayMsg>>(&encode(&[&msg])).is_err());
     }
 }

@@ -855,7 +855,7 @@ fn plan_inner(
             apply(
                 Command::PutUser(User {
                     name: name.clone(),
-                    password: password.clone(),
+                    password: User::hash_password(password),
                     tags: Vec::new(),
                 }),
                 format!("Adding user \"{name}\" ..."),
@@ -871,7 +871,7 @@ fn plan_inner(
             };
             apply(
                 Command::PutUser(User {
-                    password: password.clone(),
+                    password: User::hash_password(password),
                     ..u.clone()
                 }),
                 format!("Changing password for user \"{name}\" ..."),

@@ -784,7 +784,7 @@ pub fn config_commands(config: &Config) -> Vec<Command> {
     c.extend(config.users.iter().map(|u| {
         Command::PutUser(User {
             name: u.name.clone(),
-            password: u.password.clone(),
+            password: User::hash_password(&u.password),
             tags: u.tags.clone(),
         })
     }));

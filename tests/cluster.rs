@@ -1126,3 +1126,78 @@ async fn passwords_reach_no_file_in_plain_text() {
     }
     assert!(scanned >= 6, "only {scanned} files scanned");
 }
+
+/// A one-way cut (node 1's packets to node 2 dropped): node 2 gives node 1 up and cancels
+/// its consumer on node 1's queue, and its client acks the delivery it holds while node 2
+/// cannot tell node 1. Once the cut heals, node 1 keeps neither that consumer nor the
+/// message unacknowledged: the message is acked or back in the queue (at least once),
+/// never held for a channel that will not settle it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut() {
+    if !common::faults::available() {
+        return;
+    }
+    let cluster = Cluster::start("oneway").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "oneway.q", true, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "oneway.q", b"m0").await);
+
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    let mut consumer = common::consume_tagged(&ch2, "oneway.q", "c2", Default::default()).await;
+    let delivery = consumer.next().await;
+    assert_eq!(delivery.data, b"m0");
+
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::one_way(&ips[..1], &ips[1..2]);
+    // Node 2 records node 1 down and cancels the consumer (consumer cancel notify).
+    let ended = consumer.next_event().await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "node 2 did not cancel its consumer on node 1's queue: {ended:?}"
+    );
+    within("basic.ack", delivery.acker.ack(BasicAckOptions::default()))
+        .await
+        .expect("ack written");
+    drop(cut);
+
+    // After the heal: nothing unacknowledged, no consumer for node 2's channel.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = cluster
+            .ctl_rows(
+                1,
+                &[
+                    "list_queues",
+                    "name",
+                    "messages",
+                    "messages_unacknowledged",
+                    "consumers",
+                ],
+            )
+            .await;
+        let settled = |messages: &str| {
+            let row: Vec<String> = ["oneway.q", messages, "0", "0"].map(String::from).to_vec();
+            rows.contains(&row)
+        };
+        if settled("0") || settled("1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 still counts for oneway.q (name, messages, unacked, consumers): {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+}

@@ -265,8 +265,8 @@ struct ProxyChannel {
 const PROXY_GETS: usize = 8;
 /// Abandonments of gets not arrived yet that a node remembers.
 const ABANDONED_GETS: usize = 1024;
-/// How long a settle, cancel or abandonment that could not be sent is tried again: what
-/// it releases would otherwise stay unacknowledged on the queue's node for good.
+/// How long a settle or the abandonment of a get is tried again: what it releases would
+/// otherwise stay unacknowledged on the queue's node for good.
 const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// On the consumer's node: where deliveries for a channel go.
@@ -325,6 +325,10 @@ struct Inner {
     next_get: std::sync::atomic::AtomicU64,
     /// Gets other nodes abandoned before they arrived here: (node, request).
     abandoned_gets: Mutex<VecDeque<(NodeId, u64)>>,
+    /// Consumers this node cancelled on a node it gave up, to cancel there once it is heard
+    /// again (it may never have given this node up, and would keep them): (node, channel,
+    /// vhost, queue, tag).
+    cancel_when_up: Mutex<Vec<(NodeId, ChannelKey, String, String, Arc<str>)>>,
 }
 
 /// A channel's retired consumers (see `Inner::retired`); pruned once the channel is gone.
@@ -376,6 +380,7 @@ impl Relay {
                 // Not from 1: a restarted node must not reuse the numbers of its last life.
                 next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),
                 abandoned_gets: Mutex::new(VecDeque::new()),
+                cancel_when_up: Mutex::new(Vec::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -474,6 +479,14 @@ impl Relay {
             sink.tags = kept;
             for t in &gone {
                 self.inner.retire(*key, &sink.outbox, &t.tag, node);
+                let (vhost, queue) = &*t.queue;
+                lock(&self.inner.cancel_when_up).push((
+                    node,
+                    *key,
+                    vhost.clone(),
+                    queue.clone(),
+                    t.tag.clone(),
+                ));
             }
             if let Some(outbox) = sink.outbox.upgrade() {
                 for t in gone {
@@ -504,6 +517,35 @@ impl Relay {
         sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
         if let Some((_, down)) = lock(&self.inner.senders).remove(&node) {
             let _ = down.send(true);
+        }
+    }
+}
+
+impl Relay {
+    /// `node` is heard again after it was given up: the consumers cancelled on it then are
+    /// cancelled there too, in order before anything else sent to it (a consumer that
+    /// followed its queue back there since is not: it is no longer retired).
+    pub fn node_up(&self, node: NodeId) {
+        let gone: Vec<_> = {
+            let mut all = lock(&self.inner.cancel_when_up);
+            let (here, rest) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|c| c.0 == node);
+            *all = rest;
+            here
+        };
+        for (node, key, vhost, queue, tag) in gone {
+            if !self.inner.is_retired(&key, &tag, node) {
+                continue;
+            }
+            let msg = RelayMsg::Cancel {
+                vhost,
+                queue,
+                conn: key.conn,
+                channel: key.channel,
+                tag: tag.to_string(),
+            };
+            self.inner.send(node, msg, 0);
         }
     }
 }
@@ -729,14 +771,12 @@ impl Inner {
 
     /// `out` could not be sent to `node`, or its answer did not come (the node was given
     /// up): whoever waits hears so. What would leave a message unacknowledged there for
-    /// good is sent again, outside the ordered sender: settles, and the abandonment of a get
-    /// with acks (the get may have reached the node anyway). Not cancels: sent again, one
-    /// could overtake the consumer's re-consume with the same tag once the queue is back.
+    /// good is sent again, outside the ordered sender, until the node has it: a settle (the
+    /// node may not have given this one up, and keeps the delivery), and the abandonment of
+    /// a get with acks (the get may have reached the node anyway).
     fn failed(&self, node: NodeId, out: Outgoing) {
         match &out.msg {
-            RelayMsg::Settle { .. } => {
-                self.send_until_taken(node, out.msg.clone());
-            }
+            RelayMsg::Settle { .. } => self.send_until_taken(node, out.msg.clone()),
             RelayMsg::Get {
                 conn,
                 channel,
@@ -815,7 +855,7 @@ impl Inner {
                     return;
                 }
                 if tokio::time::Instant::now() >= until {
-                    tracing::warn!(node, "relay: a settle for the node could not be sent");
+                    tracing::warn!(node, "relay: a settle could not be sent to the node");
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;

@@ -326,9 +326,17 @@ struct Inner {
     /// Gets other nodes abandoned before they arrived here: (node, request).
     abandoned_gets: Mutex<VecDeque<(NodeId, u64)>>,
     /// Consumers this node cancelled on a node it gave up, to cancel there once it is heard
-    /// again (it may never have given this node up, and would keep them): (node, channel,
-    /// vhost, queue, tag).
-    cancel_when_up: Mutex<Vec<(NodeId, ChannelKey, String, String, Arc<str>)>>,
+    /// again (it may never have given this node up, and would keep them).
+    cancel_when_up: Mutex<Vec<GivenUp>>,
+}
+
+/// A consumer of channel `key` on `queue` of `node`, cancelled here when `node` was given up.
+struct GivenUp {
+    node: NodeId,
+    key: ChannelKey,
+    vhost: String,
+    queue: String,
+    tag: Arc<str>,
 }
 
 /// A channel's retired consumers (see `Inner::retired`); pruned once the channel is gone.
@@ -480,13 +488,16 @@ impl Relay {
             for t in &gone {
                 self.inner.retire(*key, &sink.outbox, &t.tag, node);
                 let (vhost, queue) = &*t.queue;
-                lock(&self.inner.cancel_when_up).push((
+                let mut given_up = lock(&self.inner.cancel_when_up);
+                // Those of channels gone since need nothing more.
+                given_up.retain(|g| self.inner.is_retired(&g.key, &g.tag, g.node));
+                given_up.push(GivenUp {
                     node,
-                    *key,
-                    vhost.clone(),
-                    queue.clone(),
-                    t.tag.clone(),
-                ));
+                    key: *key,
+                    vhost: vhost.clone(),
+                    queue: queue.clone(),
+                    tag: t.tag.clone(),
+                });
             }
             if let Some(outbox) = sink.outbox.upgrade() {
                 for t in gone {
@@ -530,11 +541,18 @@ impl Relay {
             let mut all = lock(&self.inner.cancel_when_up);
             let (here, rest) = std::mem::take(&mut *all)
                 .into_iter()
-                .partition(|c| c.0 == node);
+                .partition(|c| c.node == node);
             *all = rest;
             here
         };
-        for (node, key, vhost, queue, tag) in gone {
+        for GivenUp {
+            node,
+            key,
+            vhost,
+            queue,
+            tag,
+        } in gone
+        {
             if !self.inner.is_retired(&key, &tag, node) {
                 continue;
             }

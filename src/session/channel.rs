@@ -32,6 +32,10 @@ use crate::meta::Command;
 use crate::metrics::Metrics;
 use crate::time::Instant;
 
+/// basic.publish's class and method ids, named by the errors of a publish's checks.
+const BASIC_CLASS: u16 = 60;
+const BASIC_PUBLISH: u16 = 40;
+
 #[derive(Debug)]
 struct PendingPublish {
     exchange: String,
@@ -865,7 +869,8 @@ impl Channel {
                     return Err(precondition_failed(format!(
                         "message size {} is larger than configured max size {}",
                         h.body_size, c.cfg.max_message_size
-                    )));
+                    ))
+                    .at(BASIC_CLASS, BASIC_PUBLISH));
                 }
                 // Reserve what is announced only up to 1 MiB: the announcement is not the data.
                 pending.body.reserve((h.body_size as usize).min(1 << 20));
@@ -888,7 +893,10 @@ impl Channel {
             .is_some_and(|h| pending.body.len() as u64 == h.body_size);
         if complete {
             let p = self.content.take().expect("checked above");
-            self.publish(c, p, now)?;
+            // The checks of a complete publish fail basic.publish, which the close names
+            // (RabbitMQ checks them while it handles the method).
+            self.publish(c, p, now)
+                .map_err(|e| e.at(BASIC_CLASS, BASIC_PUBLISH))?;
         }
         Ok(())
     }

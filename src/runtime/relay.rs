@@ -1416,8 +1416,9 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                         c.retain(|(_, _, t)| *t != consumer_tag);
                         cancels.push(consumer_tag.to_string());
                     }
-                    // Only a connection's own outbox is closed by an operator.
-                    OutItem::Close { .. } => {}
+                    // Only a connection's own outbox is closed by an operator, and only a
+                    // channel's reply consumer gets replies.
+                    OutItem::Close { .. } | OutItem::Reply { .. } => {}
                 }
             }
             let msg = RelayMsg::Deliver {

@@ -25,6 +25,13 @@
 //! reply whose consumer is gone, or whose name does not decode, is dropped silently: it was
 //! never counted as routed (see [`crate::broker::Broker::deliver_replies`]).
 //!
+//! # Across nodes
+//! A reply published on another node than its consumer's goes to that node through the
+//! [`super::RemoteLink`] (`RelayMsg::DeliverReply` in the runtime's relay), in order with
+//! what the publishing node sends there, and nobody waits for an answer; a declare of the
+//! name on another node asks the consumer's node with a counts call, which it answers for
+//! its reply consumers. A reply for a node the failure detector holds down is dropped.
+//!
 //! # Bounds
 //! The table holds at most one entry per open channel of the node's connections (a channel
 //! has one reply consumer at most), so it is bounded by the connections times their
@@ -300,8 +307,9 @@ impl super::Broker {
         }
     }
 
-    /// Delivers `message` to the reply consumer named `name`. A name that does not decode,
-    /// or that names another node, is dropped, as RabbitMQ drops what it cannot decode.
+    /// Delivers `message` to the reply consumer named `name`, here or through the relay on
+    /// its node. A name that does not decode, or whose node is unknown or down, is dropped,
+    /// as RabbitMQ drops what it cannot decode.
     fn deliver_reply(&self, name: &str, message: Arc<Message>) {
         let Ok(address) = ReplyAddress::parse(name) else {
             tracing::debug!(name, "reply to an undecodable name dropped");
@@ -311,7 +319,23 @@ impl super::Broker {
             self.direct_replies.deliver(&address, message);
             return;
         }
-        tracing::debug!(name, node = address.node, "reply for another node dropped");
+        match self.remote.get() {
+            Some(link) if !self.node_is_down(address.node) => {
+                link.deliver_reply(address.node, name, message)
+            }
+            _ => tracing::debug!(name, node = address.node, "reply for an unreachable node dropped"),
+        }
+    }
+
+    /// Delivers a reply another node forwarded to a reply consumer of this node; false when
+    /// the name is not one of this node's live consumers (the reply is dropped).
+    pub fn deliver_forwarded_reply(&self, name: &str, message: Arc<Message>) -> bool {
+        match ReplyAddress::parse(name) {
+            Ok(address) if address.node == self.node_id => {
+                self.direct_replies.deliver(&address, message)
+            }
+            _ => false,
+        }
     }
 }
 

@@ -9,6 +9,8 @@
 //! 1 consumer when it names a live reply consumer, 404 otherwise. The names and the node's
 //! table of reply consumers are [`crate::broker::direct_reply`]'s.
 
+use std::sync::Arc;
+
 use amq_protocol::protocol::basic::{self, AMQPProperties};
 use amq_protocol::protocol::{queue as qm, AMQPClass};
 
@@ -17,8 +19,10 @@ use crate::amqp::frame;
 use crate::amqp::reply_code::{not_allowed, not_found, precondition_failed, AmqpError};
 use crate::amqp::short;
 use crate::broker::direct_reply::{ReplyAddress, ReplyKey, ReplyRegistration, REPLY_QUEUE};
+use crate::broker::remote::{QueueCall, RemoteQueue};
 use crate::broker::Message;
 use crate::session::connection::Connection;
+use crate::session::meta::Then;
 
 /// A channel's direct reply-to consumer.
 #[derive(Debug)]
@@ -105,8 +109,8 @@ impl Channel {
     }
 
     /// queue.declare of a name starting with `amq.rabbitmq.reply-to`, passive or not: the
-    /// pseudo-queue itself always exists; a reply name exists while its consumer does;
-    /// anything else is 404.
+    /// pseudo-queue itself always exists; a reply name exists while its consumer does (asked
+    /// of its node when that is another); anything else is 404.
     ///
     /// Two answers differ from RabbitMQ 3.10, which fails them with 541 INTERNAL_ERROR and
     /// closes the connection: a name whose suffix does not decode is 404, and the channel's
@@ -124,7 +128,28 @@ impl Channel {
         } else {
             match ReplyAddress::parse(&name) {
                 Ok(a) if a.node == c.broker.node_id() => c.broker.direct_replies().contains(&a),
-                _ => false,
+                Ok(a) => {
+                    let link = c.broker.remote_link().cloned();
+                    match link.filter(|_| !c.broker.node_is_down(a.node)) {
+                        Some(link) => {
+                            // Its node answers as for a queue's counts: 0 and 1, or 404.
+                            let queue = Arc::new(RemoteQueue {
+                                node: a.node,
+                                vhost: c.vhost.clone(),
+                                name: name.clone(),
+                                link,
+                            });
+                            c.park_call(
+                                self.id,
+                                QueueCall::Counts { queue },
+                                Then::QueueDeclareCounts { name, nowait },
+                            );
+                            return Ok(());
+                        }
+                        None => false,
+                    }
+                }
+                Err(_) => false,
             }
         };
         if !exists {

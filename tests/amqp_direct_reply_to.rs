@@ -85,7 +85,11 @@ async fn an_rpc_round_trip_goes_through_direct_reply_to() {
         assert_eq!(reply.exchange.as_str(), "");
         assert!(!reply.redelivered);
         assert_eq!(
-            reply.properties.correlation_id().as_ref().map(|c| c.as_str()),
+            reply
+                .properties
+                .correlation_id()
+                .as_ref()
+                .map(|c| c.as_str()),
             Some(id.as_str())
         );
     }
@@ -151,7 +155,12 @@ async fn publishing_with_reply_to_and_no_reply_consumer_closes_the_channel_406()
         request_properties("c1"),
     )
     .await;
-    expect_closed_with(&mut watch, 406, "publish with reply_to and no reply consumer").await;
+    expect_closed_with(
+        &mut watch,
+        406,
+        "publish with reply_to and no reply consumer",
+    )
+    .await;
     let (_c2, other) = node.channel().await;
     assert_eq!(queue_counts(&other, &rpc).await, (0, 0), "not routed");
     node.shutdown().await;

@@ -323,7 +323,11 @@ impl super::Broker {
             Some(link) if !self.node_is_down(address.node) => {
                 link.deliver_reply(address.node, name, message)
             }
-            _ => tracing::debug!(name, node = address.node, "reply for an unreachable node dropped"),
+            _ => tracing::debug!(
+                name,
+                node = address.node,
+                "reply for an unreachable node dropped"
+            ),
         }
     }
 
@@ -445,7 +449,10 @@ mod tests {
         let out = outbox();
         let a = address(9);
         let _reg = replies.register(a, &out).unwrap();
-        assert!(replies.register(a, &out).is_none(), "a key is registered once");
+        assert!(
+            replies.register(a, &out).is_none(),
+            "a key is registered once"
+        );
         for forged in [
             ReplyAddress { channel: 1, ..a },
             ReplyAddress { conn: 5, ..a },

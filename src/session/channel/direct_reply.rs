@@ -122,7 +122,10 @@ impl Channel {
         nowait: bool,
     ) -> Result<(), AmqpError> {
         // RabbitMQ strips CR and LF from these names only.
-        let name: String = name.chars().filter(|ch| !matches!(ch, '\r' | '\n')).collect();
+        let name: String = name
+            .chars()
+            .filter(|ch| !matches!(ch, '\r' | '\n'))
+            .collect();
         let exists = if name == REPLY_QUEUE {
             true
         } else {

@@ -283,7 +283,10 @@ fn a_second_reply_consumer_on_a_channel_is_refused_406() {
     let out = c.send(&consume(1, REPLY_QUEUE, "second", true));
     assert_eq!(
         channel_close(&out).map(|c| (c.0, c.1)),
-        Some((406, "PRECONDITION_FAILED - reply consumer already set".into()))
+        Some((
+            406,
+            "PRECONDITION_FAILED - reply consumer already set".into()
+        ))
     );
     // Closing the channel ended the reply consumer with it.
     assert!(b.direct_replies().is_empty());
@@ -366,7 +369,9 @@ fn a_mandatory_reply_is_delivered_and_returned_and_confirmed_as_rabbitmq_does() 
     let name = reply_name_of_request(&mut client, "rpc");
     server.send(&method(
         1,
-        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select { nowait: false })),
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
     ));
     let out = server.send(&publish_with(
         1,
@@ -491,7 +496,13 @@ fn the_empty_queue_name_after_declaring_the_pseudo_queue_consumes_it() {
     c.send(&declare(1, REPLY_QUEUE, true));
     let out = c.send(&consume(1, "", "replies", true));
     assert!(
-        matches!(&out[..], [Out::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))]),
+        matches!(
+            &out[..],
+            [Out::Method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))
+            )]
+        ),
         "{out:?}"
     );
     assert_eq!(b.direct_replies().len(), 1);

@@ -161,9 +161,9 @@ impl Channel {
                     (true, true) => self.last_queue.clone(),
                     _ => Some(name.clone()),
                 };
-                if let Some(reply) = named.filter(|n| {
-                    n.starts_with(crate::broker::direct_reply::REPLY_QUEUE)
-                }) {
+                if let Some(reply) =
+                    named.filter(|n| n.starts_with(crate::broker::direct_reply::REPLY_QUEUE))
+                {
                     return self.declare_reply_queue(c, &reply, d.nowait);
                 }
                 if d.passive {

@@ -288,7 +288,13 @@ impl super::Broker {
     /// a confirm is an ack whether or not the consumer still exists.
     pub(crate) fn deliver_replies(&self, message: &Arc<Message>, bcc: &[String]) {
         let headers = message.properties.headers().as_ref();
-        if !is_reply_name(&message.routing_key) && headers.is_none() && bcc.is_empty() {
+        // The hot path of every default-exchange publish: two lookups, no allocation.
+        let has_cc = headers.is_some_and(|h| {
+            super::exchange::SENDER_SELECTED
+                .iter()
+                .any(|k| h.inner().contains_key(*k))
+        });
+        if !is_reply_name(&message.routing_key) && !has_cc && bcc.is_empty() {
             return;
         }
         let mut names = std::collections::BTreeSet::new();

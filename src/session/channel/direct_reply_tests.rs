@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use amq_protocol::protocol::basic::{self, AMQPProperties};
-use amq_protocol::protocol::{channel, confirm, connection, queue, AMQPClass};
+use amq_protocol::protocol::{channel, confirm, connection, queue, tx, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 
 use crate::amqp::frame::{self, FrameKind, PROTOCOL_HEADER};
@@ -516,4 +516,37 @@ fn closing_the_connection_ends_its_reply_names() {
     assert_eq!(b.direct_replies().len(), 1);
     client.s.handle_disconnect(Instant::from_millis(0));
     assert!(b.direct_replies().is_empty());
+}
+
+#[test]
+fn a_reply_published_in_a_transaction_is_delivered_at_commit_and_not_after_rollback() {
+    // RabbitMQ 3.10 delivers it at publish, even when the transaction is rolled back (its
+    // routing has the side effect); Warren keeps the transaction's promise.
+    let b = broker();
+    let mut client = Client::new(&b);
+    let mut server = Client::new(&b);
+    client.send(&consume(1, REPLY_QUEUE, "replies", true));
+    let name = reply_name_of_request(&mut client, "rpc");
+    let select = method(1, AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {})));
+    server.send(&select);
+    server.send(&publish(1, &name, b"committed"));
+    assert!(
+        deliveries(&client.read()).is_empty(),
+        "not before the commit"
+    );
+    server.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+    ));
+    assert_eq!(deliveries(&client.read())[0].4, b"committed");
+    server.send(&publish(1, &name, b"rolled back"));
+    server.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Rollback(tx::Rollback {})),
+    ));
+    server.send(&method(
+        1,
+        AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+    ));
+    assert!(deliveries(&client.read()).is_empty());
 }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Run the third-party AMQP client suites (py-amqp, kombu) against a broker that is
+# Run the third-party AMQP client suites (py-amqp, kombu), and our own py-amqp check of
+# direct reply-to (tests/interop/test_direct_reply_to.py), against a broker that is
 # already listening. Used by .ci/run against a Warren node, and by hand against
 # RabbitMQ for the baseline (see tests/interop/README.md).
 #
-#   .ci/interop.sh [--host H] [--port P] [--suite py-amqp|kombu]... [--no-deselect]
-#                  [--reruns N] [-- PYTEST_ARGS...]
+#   .ci/interop.sh [--host H] [--port P] [--suite py-amqp|kombu|direct-reply-to]...
+#                  [--no-deselect] [--reruns N] [-- PYTEST_ARGS...]
 #
-# Defaults: host $RABBITMQ_HOST or 127.0.0.1, port $RABBITMQ_5672_TCP or 5672, both
+# Defaults: host $RABBITMQ_HOST or 127.0.0.1, port $RABBITMQ_5672_TCP or 5672, all three
 # suites, the tests listed in tests/interop/deselected.txt deselected, every test
 # rerun at most once (INTEROP_RERUNS) whatever its @flaky marker says, each test
 # bounded to INTEROP_TEST_TIMEOUT seconds (60).
@@ -34,23 +35,30 @@ while [[ $# -gt 0 ]]; do
         --no-deselect) DESELECT=0; shift ;;
         --reruns) RERUNS="$2"; shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "interop.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 
-# name | folder under .ci/work/suites | test file
+# name | folder (under .ci/work/suites unless absolute) | test file
 SUITES=(
     "py-amqp|amqp-5.4.2|t/integration/test_rmq.py"
     "kombu|kombu-5.7.0|t/integration/test_py_amqp.py"
+    "direct-reply-to|$ROOT/tests/interop|test_direct_reply_to.py"
 )
-[[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=(py-amqp kombu)
+[[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=(py-amqp kombu direct-reply-to)
 for name in "${SELECTED[@]}"; do
     case "$name" in
-        py-amqp | kombu) ;;
-        *) echo "interop.sh: unknown suite $name (py-amqp, kombu)" >&2; exit 2 ;;
+        py-amqp | kombu | direct-reply-to) ;;
+        *) echo "interop.sh: unknown suite $name (py-amqp, kombu, direct-reply-to)" >&2; exit 2 ;;
     esac
 done
+suite_dir() {
+    case "$1" in
+        /*) echo "$1" ;;
+        *) echo "$WORK/suites/$1" ;;
+    esac
+}
 
 # deselected.txt: `NODE_ID  # TAG: explanation`, TAG one of the later-work features.
 ALLOWED_TAGS='^(TLS|message-ttl|queue-expires|priority|dead-letter|failover):'
@@ -107,7 +115,7 @@ declare -A DESELECT_ARGS=()
 for spec in "${SUITES[@]}"; do
     IFS='|' read -r name dir file <<<"$spec"
     [[ " ${SELECTED[*]} " == *" $name "* ]] || continue
-    collected="$(cd "$WORK/suites/$dir" && "${PYTEST[@]}" --collect-only -q "$file" | grep '::' || true)"
+    collected="$(cd "$(suite_dir "$dir")" && "${PYTEST[@]}" --collect-only -q "$file" | grep '::' || true)"
     args=""
     for id in ${DESELECTED[@]+"${DESELECTED[@]}"}; do
         [[ "$id" == "$file::"* ]] || continue
@@ -123,7 +131,7 @@ done
 for spec in "${SUITES[@]}"; do
     IFS='|' read -r name dir file <<<"$spec"
     [[ " ${SELECTED[*]} " == *" $name "* ]] || continue
-    cd "$WORK/suites/$dir"
+    cd "$(suite_dir "$dir")"
     args=()
     while IFS= read -r id; do
         [[ -n "$id" ]] && args+=(--deselect "$id")

@@ -1,6 +1,6 @@
 //! Real three-process clusters on loopback (`common::procs`): shared metadata, queues on
 //! the nodes the locator picks, failures of followers and leaders, restarts, joins, and
-//! queue operations and dead letters across nodes.
+//! queue operations and dead letters across nodes, and direct reply-to across nodes.
 
 mod common;
 
@@ -1200,4 +1200,130 @@ async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut(
     }
     let _ = c1.close(200, "bye".into()).await;
     let _ = c2.close(200, "bye".into()).await;
+}
+
+/// Direct reply-to across nodes: a reply name made on node 1 takes replies published on
+/// nodes 2 and 3 (confirmed with an ack, as RabbitMQ); a declare of the name on node 3 asks
+/// node 1, which answers 0 messages and 1 consumer while the consumer lives, 404 after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reply_to_replies_from_other_nodes_reach_the_reply_consumer() {
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions};
+    use lapin::BasicProperties;
+    const REPLY_QUEUE: &str = "amq.rabbitmq.reply-to";
+
+    let cluster = Cluster::start("reply").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let client = channel(&c1).await;
+    let consumer = within(
+        "basic.consume",
+        client.basic_consume(
+            REPLY_QUEUE.into(),
+            "replies".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume the pseudo-queue on node 1");
+    let mut replies = common::attach(consumer);
+    within(
+        "confirm.select",
+        client.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+
+    // The request queue lives on node 2 (client-local); the request is forwarded there.
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let server = channel(&c2).await;
+    declare(&server, "rpc.requests", false, FieldTable::default())
+        .await
+        .expect("declare on node 2");
+    let confirm = within(
+        "basic.publish",
+        client.basic_publish(
+            "".into(),
+            "rpc.requests".into(),
+            BasicPublishOptions::default(),
+            b"question",
+            BasicProperties::default().with_reply_to(REPLY_QUEUE.into()),
+        ),
+    )
+    .await
+    .expect("publish the request");
+    assert!(within("confirm", confirm).await.expect("confirm").is_ack());
+    let request = within(
+        "basic.get",
+        server.basic_get("rpc.requests".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the request is on node 2");
+    let name = request
+        .delivery
+        .properties
+        .reply_to()
+        .as_ref()
+        .map(|r| r.to_string())
+        .expect("reply_to");
+    assert!(name.starts_with("amq.rabbitmq.reply-to."), "{name}");
+
+    // The reply from node 2, with confirms: an ack, and node 1's consumer has it.
+    within(
+        "confirm.select",
+        server.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&server, "", &name, b"answer from 2").await);
+    let reply = replies.next().await;
+    assert_eq!(common::body(&reply), "answer from 2");
+    assert_eq!(reply.routing_key.as_str(), name);
+
+    // Node 3 sees the name as a queue with one consumer, and its replies get there too.
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let third = channel(&c3).await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = within(
+        "passive queue.declare",
+        third.queue_declare(name.as_str().into(), passive, FieldTable::default()),
+    )
+    .await
+    .expect("the reply name exists, asked on node 3");
+    assert_eq!((q.message_count(), q.consumer_count()), (0, 1));
+    within(
+        "basic.publish",
+        third.basic_publish(
+            "".into(),
+            name.as_str().into(),
+            BasicPublishOptions::default(),
+            b"answer from 3",
+            BasicProperties::default(),
+        ),
+    )
+    .await
+    .expect("publish from node 3");
+    assert_eq!(common::body(&replies.next().await), "answer from 3");
+
+    // Once the consumer is cancelled, node 3's declare is 404.
+    within(
+        "basic.cancel",
+        client.basic_cancel("replies".into(), BasicCancelOptions::default()),
+    )
+    .await
+    .expect("cancel the reply consumer");
+    replies.expect_cancelled().await;
+    let res = within(
+        "passive queue.declare",
+        third.queue_declare(name.as_str().into(), passive, FieldTable::default()),
+    )
+    .await;
+    let e = res.expect_err("the reply name is gone");
+    assert_eq!(reply_code(&e), Some(404), "{e}");
 }

@@ -14,6 +14,10 @@
 //!   ordinary flow control (prefetch, outbox bytes) paces a remote consumer as a local one.
 //! - `Settle` / `Cancel`: acks, nacks, requeues and cancels of a proxy channel; a cancel
 //!   that leaves an auto-delete queue without consumers deletes it (through Raft).
+//! - `DeliverReply`: a message published (on C) to a reply name of a channel of H (direct
+//!   reply-to) goes to that channel's reply consumer, or nowhere; nothing is answered but
+//!   `Done`, as RabbitMQ's cast to the channel. A declare of such a name on C asks H with
+//!   `Counts`, which H answers for its reply consumers.
 //!
 //! On C, deliveries land in the consumer connection's outbox as [`QueueRef::Remote`]
 //! deliveries, so its acks travel back. When H goes down, C cancels its consumers on H's
@@ -35,6 +39,7 @@ use super::conn_task::MetaCommit;
 use super::node_link::transport::{BrokerReply, BrokerService};
 use super::node_link::TcpTransport;
 use super::storage::decode_message;
+use crate::broker::direct_reply::{is_reply_name, ReplyAddress};
 use crate::broker::remote::{
     CallFuture, NodeCall, NodeCallFuture, NodeReply, QueueCall, QueueReply, RemoteGot,
 };
@@ -180,13 +185,18 @@ enum RelayMsg {
     Sessions,
     /// To a connection's node: close it with 320 (`DELETE /api/connections/{name}`).
     CloseConnection { id: u64, reason: String },
+    /// To a reply consumer's node: a message published to its reply name (direct
+    /// reply-to). Nothing waits for the answer. Last, so earlier variants keep their tags.
+    DeliverReply { name: String, message: WireMessage },
 }
 
 impl RelayMsg {
     /// Roughly the bytes it takes on the wire (message bodies and properties).
     fn size(&self) -> usize {
         match self {
-            RelayMsg::Publish { message, .. } => message.bytes.len(),
+            RelayMsg::Publish { message, .. } | RelayMsg::DeliverReply { message, .. } => {
+                message.bytes.len()
+            }
             RelayMsg::Deliver { deliveries, .. } => {
                 deliveries.iter().map(|d| d.message.bytes.len()).sum()
             }
@@ -1318,6 +1328,23 @@ impl Inner {
             }
             // Handled with its batch in `handle` (it waits for the follower, not the disk).
             RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0, 0), 0),
+            // A reply name of this node, declared on another (direct reply-to): it "exists"
+            // while its consumer does, with RabbitMQ's 0 messages and 1 consumer.
+            RelayMsg::Counts { vhost, queue } if is_reply_name(&queue) => {
+                let live = ReplyAddress::parse(&queue)
+                    .is_ok_and(|a| a.node == self.me && self.broker.direct_replies().contains(&a));
+                match live {
+                    true => (RelayReply::Counts(0, 1, 0), 0),
+                    false => (RelayReply::Missing(missing(&vhost, &queue)), 0),
+                }
+            }
+            RelayMsg::DeliverReply { name, message } => {
+                if let Some(message) = message.message() {
+                    self.broker
+                        .deliver_forwarded_reply(&name, Arc::new(message));
+                }
+                (RelayReply::Done, 0)
+            }
             RelayMsg::Counts { vhost, queue } => match self.broker.queue(&vhost, &queue) {
                 Some(h) => {
                     let mut q = h.lock();
@@ -1467,7 +1494,8 @@ impl Inner {
             | RelayMsg::Deliver { .. }
             | RelayMsg::Barrier { .. }
             | RelayMsg::Sessions
-            | RelayMsg::CloseConnection { .. } => None,
+            | RelayMsg::CloseConnection { .. }
+            | RelayMsg::DeliverReply { .. } => None,
         }
     }
 
@@ -1624,8 +1652,9 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                         c.retain(|(_, _, t)| *t != consumer_tag);
                         cancels.push(consumer_tag.to_string());
                     }
-                    // Only a connection's own outbox is closed by an operator.
-                    OutItem::Close { .. } => {}
+                    // Only a connection's own outbox is closed by an operator, and only a
+                    // channel's reply consumer gets replies.
+                    OutItem::Close { .. } | OutItem::Reply { .. } => {}
                 }
             }
             let msg = RelayMsg::Deliver {
@@ -1671,6 +1700,14 @@ impl RemoteLink for Relay {
             message: WireMessage::of(&message),
         };
         self.inner.send(node, msg, outcome);
+    }
+
+    fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>) {
+        let msg = RelayMsg::DeliverReply {
+            name: name.to_string(),
+            message: WireMessage::of(&message),
+        };
+        self.inner.send(node, msg, 0);
     }
 
     fn consume(

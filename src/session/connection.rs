@@ -694,6 +694,18 @@ impl Connection {
                         }
                     }
                 }
+                OutItem::Reply {
+                    channel,
+                    key,
+                    message,
+                } => {
+                    released += message.size() as usize;
+                    if let Some(c) = self.channels.get_mut(&channel) {
+                        if !c.is_closing() {
+                            c.encode_reply(&mut self.out, self.frame_max, key, &message);
+                        }
+                    }
+                }
                 OutItem::Cancel {
                     channel,
                     consumer_tag,

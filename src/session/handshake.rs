@@ -56,6 +56,7 @@ pub fn send_start(c: &mut Connection) {
             "authentication_failure_close",
             "per_consumer_qos",
             "consumer_priorities",
+            "direct_reply_to",
         ]
         .into_iter()
         .map(|k| (k, AMQPValue::Boolean(true)))

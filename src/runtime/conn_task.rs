@@ -1,5 +1,7 @@
 //! Drives one client connection: socket reads and writes, timers, outbox wake-ups, the memory
-//! alarm, shutdown and metadata commits, all fed to the sans-IO [`Connection`].
+//! alarm, shutdown and metadata commits, all fed to the sans-IO [`Connection`]. The driver
+//! is generic over the stream: plaintext TCP and TLS sessions ([`super::tls`]) run the same
+//! code.
 //!
 //! # Metadata commands
 //! The session does not apply declares, deletes and bindings: it emits them
@@ -28,7 +30,7 @@ use super::clock::Clock;
 use crate::broker::remote::{CallFuture, QueueReply};
 use crate::broker::{Broker, Outbox};
 use crate::meta::Command;
-use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig};
+use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig, TlsPeer};
 use crate::time::Instant;
 
 /// What every connection task shares.
@@ -207,12 +209,19 @@ async fn drain_meta(
 }
 
 /// Runs a connection to completion, committing metadata through the node's `MetaCommit`.
-pub async fn run<S>(stream: S, peer: SocketAddr, local: SocketAddr, ctx: ConnContext)
-where
+/// `stream` is a TCP socket or a TLS session over one (`tls` then describes it to the
+/// session); the same driver serves both.
+pub async fn run<S>(
+    stream: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<TlsPeer>,
+    ctx: ConnContext,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let meta = ctx.meta.clone();
-    run_with_meta(stream, peer, local, ctx, meta).await
+    run_with_meta(stream, peer, local, tls, ctx, meta).await
 }
 
 /// Runs a connection to completion, committing metadata through `meta`.
@@ -220,6 +229,7 @@ pub async fn run_with_meta<S>(
     stream: S,
     peer: SocketAddr,
     local: SocketAddr,
+    tls: Option<TlsPeer>,
     mut ctx: ConnContext,
     meta: Arc<dyn MetaCommit>,
 ) where
@@ -239,6 +249,7 @@ pub async fn run_with_meta<S>(
         port: peer.port(),
         local_host: local.ip().to_string(),
         local_port: local.port(),
+        tls,
     };
     let mut session = Connection::new(
         ctx.broker.clone(),
@@ -485,7 +496,14 @@ mod tests {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let peer: SocketAddr = "127.0.0.1:5000".parse().expect("address");
         let local: SocketAddr = "127.0.0.1:5672".parse().expect("address");
-        let task = tokio::spawn(run_with_meta(server, peer, local, node.ctx.clone(), meta));
+        let task = tokio::spawn(run_with_meta(
+            server,
+            peer,
+            local,
+            None,
+            node.ctx.clone(),
+            meta,
+        ));
         (client, task)
     }
 

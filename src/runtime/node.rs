@@ -429,7 +429,7 @@ impl Node {
                         Ok((stream, peer)) => {
                             let ctx = ctx.clone();
                             let local = listener.stream_local_addr(&stream).unwrap_or(addr);
-                            accept_tracker.spawn(conn_task::run(stream, peer, local, ctx));
+                            accept_tracker.spawn(conn_task::run(stream, peer, local, None, ctx));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "accept failed");

@@ -264,6 +264,9 @@ pub async fn run_with_meta<S>(
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut wbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut wpos = 0usize;
+        // A TLS stream may keep encrypted bytes after `write` returned (the socket was
+        // full): they leave with a flush. TCP flushes at once.
+        let mut unflushed = false;
         let mut eof = false;
         let mut in_flight = InFlight::default();
         // A watch whose sender is gone answers `changed()` at once forever: stop polling it.
@@ -295,7 +298,7 @@ pub async fn run_with_meta<S>(
             }
             session.poll_transmit_into(&mut wbuf, now);
             let finished = session.is_finished() || eof;
-            if finished && wpos == wbuf.len() {
+            if finished && wpos == wbuf.len() && !unflushed {
                 break;
             }
             let deadline = session.poll_timeout().map(|t| clock.to_tokio(t));
@@ -324,10 +327,27 @@ pub async fn run_with_meta<S>(
                 {
                     feed(&mut session, done, &clock);
                 }
-                r = wr.write(&wbuf[wpos..]), if wpos < wbuf.len() => {
+                r = write_or_flush(&mut wr, &wbuf[wpos..]), if wpos < wbuf.len() || unflushed => {
                     match r {
-                        Ok(0) | Err(_) => { eof = true; wbuf.clear(); wpos = 0; }
-                        Ok(n) => wpos += n,
+                        Written::Bytes(Ok(0) | Err(_)) => { eof = true; wbuf.clear(); wpos = 0; }
+                        Written::Bytes(Ok(n)) => {
+                            wpos += n;
+                            if wpos == wbuf.len() {
+                                // One try without waiting; what is left waits for the
+                                // next turn's flush.
+                                match try_flush(&mut wr).await {
+                                    Poll::Ready(Ok(())) => unflushed = false,
+                                    Poll::Ready(Err(_)) => eof = true,
+                                    Poll::Pending => unflushed = true,
+                                }
+                            }
+                        }
+                        Written::Flushed(r) => {
+                            unflushed = false;
+                            if r.is_err() {
+                                eof = true;
+                            }
+                        }
                     }
                 }
                 r = rd.read_buf(&mut rbuf), if can_read => {
@@ -360,6 +380,28 @@ pub async fn run_with_meta<S>(
     }
     .instrument(span)
     .await
+}
+
+/// What [`write_or_flush`] did.
+enum Written {
+    /// Wrote some of the bytes.
+    Bytes(std::io::Result<usize>),
+    /// Had nothing to write and flushed.
+    Flushed(std::io::Result<()>),
+}
+
+/// Writes `buf`, or flushes when it is empty (bytes a TLS stream kept back).
+async fn write_or_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> Written {
+    if buf.is_empty() {
+        Written::Flushed(wr.flush().await)
+    } else {
+        Written::Bytes(wr.write(buf).await)
+    }
+}
+
+/// Polls `wr`'s flush once: `Pending` leaves the task's waker registered.
+async fn try_flush<W: AsyncWrite + Unpin>(wr: &mut W) -> Poll<std::io::Result<()>> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *wr).poll_flush(cx))).await
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -55,6 +55,8 @@ pub struct ConnContext {
 }
 
 const READ_CHUNK: usize = 64 * 1024;
+/// How long the end of a connection waits for its last write (TLS: close_notify).
+const SHUTDOWN_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A metadata command being committed; resolves to what [`Broker::apply`] returns.
 pub type MetaFuture = Pin<Box<dyn Future<Output = MetaResult> + Send>>;
@@ -375,7 +377,8 @@ pub async fn run_with_meta<S>(
         // The teardown's deletions (exclusive and auto-delete queues) are committed although
         // the client is gone; their results reach a finished session, which drops them.
         drain_meta(&mut session, &mut in_flight, meta.as_ref(), &clock).await;
-        let _ = wr.shutdown().await;
+        // TLS sends close_notify here, which a client that stopped reading never takes.
+        let _ = tokio::time::timeout(SHUTDOWN_WRITE, wr.shutdown()).await;
         tracing::debug!("connection task done");
     }
     .instrument(span)

@@ -4,13 +4,16 @@
 # already listening. Used by .ci/run against a Warren node, and by hand against
 # RabbitMQ for the baseline (see tests/interop/README.md).
 #
-#   .ci/interop.sh [--host H] [--port P] [--suite py-amqp|kombu|direct-reply-to]...
-#                  [--no-deselect] [--reruns N] [-- PYTEST_ARGS...]
+#   .ci/interop.sh [--host H] [--port P] [--tls-port P --certs DIR]
+#                  [--suite py-amqp|kombu|direct-reply-to]... [--no-deselect] [--reruns N]
+#                  [-- PYTEST_ARGS...]
 #
 # Defaults: host $RABBITMQ_HOST or 127.0.0.1, port $RABBITMQ_5672_TCP or 5672, all three
 # suites, the tests listed in tests/interop/deselected.txt deselected, every test
 # rerun at most once (INTEROP_RERUNS) whatever its @flaky marker says, each test
-# bounded to INTEROP_TEST_TIMEOUT seconds (60).
+# bounded to INTEROP_TEST_TIMEOUT seconds (60). With --tls-port (the broker's AMQPS port)
+# and --certs (a folder made by .ci/make-certs.sh, the broker trusting its CA), py-amqp's
+# TLS tests run too; without them the `tls-listener:` entries are deselected.
 # Ends with the line `interop: N passed, M failed`; exits non-zero when M > 0.
 set -euo pipefail
 
@@ -24,6 +27,8 @@ RERUNS="${INTEROP_RERUNS:-1}"
 TEST_TIMEOUT="${INTEROP_TEST_TIMEOUT:-60}"
 SUITE_TIMEOUT="${INTEROP_SUITE_TIMEOUT:-1500}"
 DESELECT=1
+TLS_PORT=""
+CERTS=""
 SELECTED=()
 EXTRA=()
 
@@ -31,14 +36,21 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --host) HOST="$2"; shift 2 ;;
         --port) PORT="$2"; shift 2 ;;
+        --tls-port) TLS_PORT="$2"; shift 2 ;;
+        --certs) CERTS="$2"; shift 2 ;;
         --suite) SELECTED+=("$2"); shift 2 ;;
         --no-deselect) DESELECT=0; shift ;;
         --reruns) RERUNS="$2"; shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "interop.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+
+if [[ -n "$TLS_PORT" && ! -f "$CERTS/client_certificate.pem" ]]; then
+    echo "interop.sh: --tls-port needs --certs DIR with .ci/make-certs.sh's files" >&2
+    exit 2
+fi
 
 # name | folder (under .ci/work/suites unless absolute) | test file
 SUITES=(
@@ -61,7 +73,7 @@ suite_dir() {
 }
 
 # deselected.txt: `NODE_ID  # TAG: explanation`, TAG one of the later-work features.
-ALLOWED_TAGS='^(TLS|message-ttl|queue-expires|priority|dead-letter|failover):'
+ALLOWED_TAGS='^(TLS|tls-listener|message-ttl|queue-expires|priority|dead-letter|failover):'
 DESELECTED=()
 if [[ $DESELECT -eq 1 && -f "$DESELECT_FILE" ]]; then
     n=0
@@ -72,7 +84,8 @@ if [[ $DESELECT -eq 1 && -f "$DESELECT_FILE" ]]; then
         reason="$(sed -nE 's/^[^#]*#[[:space:]]*//p' <<<"$line")"
         if ! [[ "$reason" =~ $ALLOWED_TAGS ]]; then
             echo "interop.sh: $DESELECT_FILE:$n: reason must start with one of" \
-                 "TLS: message-ttl: queue-expires: priority: dead-letter: failover:" >&2
+                 "TLS: tls-listener: message-ttl: queue-expires: priority: dead-letter:" \
+                 "failover:" >&2
             exit 2
         fi
         case "$id" in
@@ -82,6 +95,8 @@ if [[ $DESELECT -eq 1 && -f "$DESELECT_FILE" ]]; then
                 exit 2
                 ;;
         esac
+        # With an AMQPS listener to test, its tests run (the id was still checked above).
+        [[ -n "$TLS_PORT" && "$reason" == tls-listener:* ]] && continue
         DESELECTED+=("$id")
     done <"$DESELECT_FILE"
 fi
@@ -104,6 +119,17 @@ fi
 
 mkdir -p "$WORK/results"
 export RABBITMQ_HOST="$HOST" RABBITMQ_5672_TCP="$PORT"
+if [[ -n "$TLS_PORT" ]]; then
+    # py-amqp's TLS tests read t/certs/ (the names RabbitMQ's tls-gen gives) and port 5671
+    # or RABBITMQ_5671_TCP. test_tls_connect_fails wants a certificate and a key that do
+    # not belong together, so that the client's own TLS setup fails.
+    certs="$WORK/suites/amqp-5.4.2/t/certs"
+    mkdir -p "$certs"
+    cp "$CERTS/ca_certificate.pem" "$CERTS/client_certificate.pem" "$CERTS/client_key.pem" "$certs/"
+    cp "$CERTS/client_certificate.pem" "$certs/client_certificate_broken.pem"
+    cp "$CERTS/server_key.pem" "$certs/client_key_broken.pem"
+    export RABBITMQ_5671_TCP="$TLS_PORT"
+fi
 export PYTHONPATH="$ROOT/.ci${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
 PYTEST=("$PY" -m pytest -p interop_plugin -p no:cacheprovider)
 REPORT_ARGS=()

@@ -1167,6 +1167,8 @@ mod tests {
             frame_max: 131_072,
             channel_max: 2047,
             client_properties: FieldTable::default(),
+            auth_mechanism: "PLAIN".into(),
+            ssl: None,
         }
     }
 

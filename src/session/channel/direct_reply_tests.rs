@@ -121,6 +121,7 @@ impl Client {
                 port: 40000,
                 local_host: "127.0.0.1".into(),
                 local_port: 5672,
+                tls: None,
             },
             Arc::new(Outbox::new(1 << 20, Box::new(|| {}))),
             now,

@@ -174,6 +174,11 @@ pub struct LimitsConfig {
     /// Bytes queued for a consumer connection's socket above which queues stop delivering to
     /// it until the socket drains.
     pub connection_outbound_bytes_max: usize,
+    /// Failed logins from one address within `failed_login_window_ms` after which its
+    /// logins are refused unchecked until the window ends (0: no limit). Warren only.
+    pub max_failed_logins: u32,
+    /// The window of `max_failed_logins`, in milliseconds.
+    pub failed_login_window_ms: u64,
 }
 
 /// `[admin]`.
@@ -380,6 +385,8 @@ impl Default for LimitsConfig {
             disk_free_limit_bytes: 50_000_000,
             queue_credit_initial: 400,
             connection_outbound_bytes_max: 4 * 1024 * 1024,
+            max_failed_logins: 10,
+            failed_login_window_ms: 60_000,
         }
     }
 }

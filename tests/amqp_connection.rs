@@ -147,6 +147,44 @@ async fn wrong_password_is_refused_with_access_refused_403() {
     node.shutdown().await;
 }
 
+/// After `max_failed_logins` failures from one address, even the right password is refused
+/// (403, the text a wrong password gets) until the window ends; then it logs in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_from_an_address_block_its_logins_for_the_window() {
+    let node = TestNode::start_with(|c| {
+        c.limits.max_failed_logins = 3;
+        c.limits.failed_login_window_ms = 5_000;
+    })
+    .await;
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        let res = node
+            .try_connect_uri(&node.uri_for("guest", "wrong", "/"))
+            .await;
+        assert_code(res, 403, "a wrong password");
+    }
+    let res = node.try_connect_uri(&node.uri()).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(5_000),
+        "the machine was too slow for this window"
+    );
+    assert_code(res, 403, "the right password while blocked");
+    // After the window, the right password works again.
+    let deadline = started + std::time::Duration::from_secs(10);
+    loop {
+        match node.try_connect_uri(&node.uri()).await {
+            Ok(conn) => {
+                assert!(started.elapsed() >= std::time::Duration::from_millis(5_000));
+                assert!(conn.status().connected());
+                break;
+            }
+            Err(_) => assert!(std::time::Instant::now() < deadline, "still blocked"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_user_is_refused_with_access_refused_403() {
     let node = TestNode::start().await;

@@ -10,6 +10,7 @@ pub mod dead_letter;
 pub mod direct_reply;
 pub mod durability;
 pub mod exchange;
+pub mod login_throttle;
 pub mod message;
 pub mod outbox;
 pub mod queue;
@@ -92,6 +93,7 @@ pub struct Broker {
     direct_replies: Arc<direct_reply::DirectReplies>,
     /// What the node counts for its Prometheus endpoint.
     metrics: Arc<crate::metrics::Metrics>,
+    login_throttle: Mutex<login_throttle::LoginThrottle>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -149,7 +151,18 @@ impl Broker {
             sessions: Arc::default(),
             direct_replies: Arc::default(),
             metrics: Arc::default(),
+            login_throttle: Mutex::new(login_throttle::LoginThrottle::new(
+                config.limits.max_failed_logins,
+                config.limits.failed_login_window_ms,
+            )),
         }
+    }
+
+    /// Failed logins per source address ([`login_throttle`]).
+    pub fn login_throttle(&self) -> std::sync::MutexGuard<'_, login_throttle::LoginThrottle> {
+        self.login_throttle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Makes this the broker of cluster node `id`: its connection ids carry the id, and it

@@ -415,7 +415,7 @@ impl Connection {
     ) -> Result<(), AmqpError> {
         match (self.state, m) {
             (State::AwaitStartOk, conn::AMQPMethod::StartOk(s)) => {
-                handshake::handle_start_ok(self, s)?;
+                handshake::handle_start_ok(self, s, now)?;
                 self.state = State::AwaitTuneOk;
                 Ok(())
             }

@@ -122,13 +122,30 @@ fn credentials(mechanism: &str, response: &[u8]) -> Result<(String, String), Amq
 }
 
 /// Authenticates start-ok and sends tune.
-pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpError> {
+pub fn handle_start_ok(
+    c: &mut Connection,
+    s: conn::StartOk,
+    now: crate::time::Instant,
+) -> Result<(), AmqpError> {
     if let Some(AMQPValue::FieldTable(caps)) = s.client_properties.inner().get("capabilities") {
         let flag = |k: &str| matches!(caps.inner().get(k), Some(AMQPValue::Boolean(true)));
         c.caps.consumer_cancel_notify = flag("consumer_cancel_notify");
         c.caps.connection_blocked = flag("connection.blocked");
     }
     let mechanism = s.mechanism.as_str().to_string();
+    let refused = || {
+        access_refused(format!(
+            "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+        ))
+    };
+    let source = c.peer().host.clone();
+    if c.broker.login_throttle().is_blocked(&source, now) {
+        // Refused unchecked, with the answer a wrong password gets: a guesser learns nothing.
+        tracing::warn!(conn = c.id, source = %source, "login refused: too many failed logins from this address");
+        c.broker.metrics().auth_attempts.inc();
+        c.broker.metrics().auth_attempts_failed.inc();
+        return Err(refused());
+    }
     let snapshot = c.snapshot();
     let (user, ok) = if mechanism == EXTERNAL {
         // The certificate vouches for the user: it must exist, no password is checked.
@@ -160,10 +177,9 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         metrics.auth_attempts_failed.inc();
     }
     if !ok {
-        tracing::warn!(conn = c.id, user = %user, "authentication failed");
-        return Err(access_refused(format!(
-            "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
-        )));
+        tracing::warn!(conn = c.id, user = %user, source = %source, "authentication failed");
+        c.broker.login_throttle().handle_failure(&source, now);
+        return Err(refused());
     }
     if c.cfg.loopback_users.iter().any(|u| u == &user) && !c.peer().is_loopback {
         return Err(access_refused(format!(

@@ -855,7 +855,7 @@ fn plan_inner(
             apply(
                 Command::PutUser(User {
                     name: name.clone(),
-                    password: User::hash_password(password),
+                    password: User::hash_password(password, broker.new_salt()),
                     tags: Vec::new(),
                 }),
                 format!("Adding user \"{name}\" ..."),
@@ -871,7 +871,7 @@ fn plan_inner(
             };
             apply(
                 Command::PutUser(User {
-                    password: User::hash_password(password),
+                    password: User::hash_password(password, broker.new_salt()),
                     ..u.clone()
                 }),
                 format!("Changing password for user \"{name}\" ..."),

@@ -323,6 +323,12 @@ impl Broker {
         self.memory_used() > self.memory_high_watermark
     }
 
+    /// A fresh salt for a password hash ([`User::hash_password`]), from the broker's
+    /// generator (seeded from the OS by the runtime).
+    pub fn new_salt(&self) -> [u8; 4] {
+        self.rng.lock().unwrap_or_else(|e| e.into_inner()).gen()
+    }
+
     /// A server-generated queue name, `amq.gen-` and 22 URL-safe base64 characters.
     pub fn generate_queue_name(&self) -> String {
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -796,6 +802,17 @@ impl Broker {
     }
 }
 
+/// The salt of a configured user's password hash: derived from its name and password.
+fn config_salt(name: &str, password: &str) -> [u8; 4] {
+    use sha2::Digest;
+    let d = sha2::Sha256::new()
+        .chain_update(name.as_bytes())
+        .chain_update([0])
+        .chain_update(password.as_bytes())
+        .finalize();
+    [d[0], d[1], d[2], d[3]]
+}
+
 /// The config's vhosts, users and permissions as metadata commands: applied by a single
 /// node at start, proposed once by the node that creates a cluster.
 pub fn config_commands(config: &Config) -> Vec<Command> {
@@ -809,7 +826,9 @@ pub fn config_commands(config: &Config) -> Vec<Command> {
     c.extend(config.users.iter().map(|u| {
         Command::PutUser(User {
             name: u.name.clone(),
-            password: User::hash_password(&u.password),
+            // Salted from the user itself, so every start stores the same hash (the file
+            // holds the password anyway).
+            password: User::hash_password(&u.password, config_salt(&u.name, &u.password)),
             tags: u.tags.clone(),
         })
     }));

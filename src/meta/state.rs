@@ -275,14 +275,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl User {
-    /// The stored form of `password`: salted SHA-256 with a fresh random salt, as
-    /// RabbitMQ stores it (`rabbit_password_hashing_sha256`).
-    pub fn hash_password(password: &str) -> String {
-        Self::hash_with_salt(password, rand::random::<[u8; 4]>())
-    }
-
-    /// [`User::hash_password`] with a given salt.
-    pub fn hash_with_salt(password: &str, salt: [u8; 4]) -> String {
+    /// The stored form of `password`: salt, then SHA-256(salt ‖ password), as RabbitMQ
+    /// stores it (`rabbit_password_hashing_sha256`). The salt should be fresh and random
+    /// (`Broker::new_salt`).
+    pub fn hash_password(password: &str, salt: [u8; 4]) -> String {
         use base64::Engine;
         let mut raw = salt.to_vec();
         raw.extend(Hashing::Sha256.digest(&salt, password));
@@ -341,7 +337,7 @@ impl User {
         }
         let derived = Hashing::Sha256.digest(self.name.as_bytes(), &self.password);
         let salt = [derived[0], derived[1], derived[2], derived[3]];
-        let stored = Self::hash_with_salt(&self.password, salt);
+        let stored = Self::hash_password(&self.password, salt);
         let b64 = stored
             .strip_prefix(&Hashing::Sha256.prefix())
             .unwrap_or_default();
@@ -1775,13 +1771,9 @@ mod tests {
     /// in base64 (checked against a digest computed here, not by the code under test).
     #[test]
     fn passwords_are_stored_salted_and_hashed_never_plain() {
-        let stored = User::hash_password("guest");
+        let stored = User::hash_password("guest", [7, 7, 7, 7]);
         assert!(!stored.contains("guest"));
-        assert_ne!(
-            stored,
-            User::hash_password("guest"),
-            "a fresh salt each time"
-        );
+        assert_ne!(stored, User::hash_password("guest", [7, 7, 7, 8]), "salted");
         let user = User {
             name: "guest".into(),
             password: stored,
@@ -1789,7 +1781,7 @@ mod tests {
         };
         assert!(user.password_matches("guest") && !user.password_matches("Guest"));
         use base64::Engine;
-        let fixed = User::hash_with_salt("guest", [1, 2, 3, 4]);
+        let fixed = User::hash_password("guest", [1, 2, 3, 4]);
         let b64 = fixed.rsplit(':').next().expect("a hash");
         let raw = base64::engine::general_purpose::STANDARD
             .decode(b64)

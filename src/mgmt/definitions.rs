@@ -171,10 +171,10 @@ fn flag(o: &Map<String, Value>, key: &str, default: bool) -> Result<bool, String
     }
 }
 
-fn user(o: &Map<String, Value>) -> Result<User, String> {
+fn user(o: &Map<String, Value>, salt: [u8; 4]) -> Result<User, String> {
     let name = text(o, "name")?;
     let password = match (o.get("password"), o.get("password_hash")) {
-        (Some(Value::String(p)), _) => User::hash_password(p),
+        (Some(Value::String(p)), _) => User::hash_password(p, salt),
         (_, Some(Value::String(h))) if h.is_empty() => User::no_password(),
         (_, Some(Value::String(h))) => stored_hash(o, h).map_err(|r| r.body_text())?,
         _ => return Err(format!("user `{name}` needs password or password_hash")),
@@ -276,7 +276,7 @@ fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, Str
         });
     }
     for u in &f.users {
-        c.push(Command::PutUser(user(u)?));
+        c.push(Command::PutUser(user(u, ctx.0.new_salt())?));
     }
     for p in &f.permissions {
         c.push(via_admin(

@@ -99,7 +99,7 @@ pub fn route(
         ["vhosts"] => only_get(m, || vhosts(meta, caller, None)),
         ["vhosts", vhost] => return vhost_one(ctx, meta, caller, m, vhost),
         ["users"] => only_get(m, || users(meta, caller, None)),
-        ["users", name] => return user_one(meta, caller, req, name),
+        ["users", name] => return user_one(ctx.broker.new_salt(), meta, caller, req, name),
         ["permissions"] => only_get(m, || permissions(ctx, meta, caller, None)),
         ["permissions", vhost, user] => return permission_one(ctx, meta, caller, req, vhost, user),
         ["exchanges"] => only_get(m, || exchanges(ctx, meta, caller, None, None)),
@@ -600,7 +600,14 @@ fn parse_tags(body: &Map<String, Value>) -> Result<Option<Vec<String>>, Response
     }
 }
 
-fn user_one(meta: &MetaState, caller: &Caller, req: &Request, name: &str) -> Handled {
+/// `salt`: for a new password's hash.
+fn user_one(
+    salt: [u8; 4],
+    meta: &MetaState,
+    caller: &Caller,
+    req: &Request,
+    name: &str,
+) -> Handled {
     if !caller.tags.administrator {
         return reply(not_administrator());
     }
@@ -627,7 +634,7 @@ fn user_one(meta: &MetaState, caller: &Caller, req: &Request, name: &str) -> Han
             };
             let password = match (str_field(&body, "password"), body.get("password_hash")) {
                 (Err(r), _) => return reply(r),
-                (Ok(Some(p)), _) => User::hash_password(&p),
+                (Ok(Some(p)), _) => User::hash_password(&p, salt),
                 (Ok(None), Some(Value::String(h))) if h.is_empty() => {
                     // RabbitMQ: an empty hash means the user cannot log in with a password.
                     User::no_password()

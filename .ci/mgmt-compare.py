@@ -12,7 +12,7 @@ a usage or connection error.
     python3 .ci/mgmt-compare.py \
         --rabbitmq http://127.0.0.1:25898 --rabbitmq-amqp 127.0.0.1:25899 \
         --warren http://127.0.0.1:25998 --warren-amqp 127.0.0.1:25999 \
-        [--user guest --password guest] [--report report.md] \
+        [--user guest --password guest] [--report report.md] [--summary summary.md] \
         [--record rabbitmq.json | --replay rabbitmq.json]
 
 --record saves RabbitMQ's answers; --replay compares Warren with saved answers instead of
@@ -252,6 +252,13 @@ def q(s):
     return urllib.parse.quote(s, safe="")
 
 
+def sampled(queue):
+    """Whether RabbitMQ's statistics database has filled in a queue object (a new queue
+    shows its fields in several steps)."""
+    return all(k in queue for k in ("messages", "consumers", "state", "policy",
+                                    "effective_policy_definition"))
+
+
 def scenario(t):
     """The calls, in order. Setup calls are steps too: their status codes are compared."""
     v, vi = q(VHOST), q(VHOST_IMPORT)
@@ -383,6 +390,7 @@ def scenario(t):
            body={"count": 1, "ackmode": "nope", "encoding": "auto"})
     # RabbitMQ's queue statistics arrive every 5 s: wait for the messages to show.
     t.until("GET", f"/api/queues/{v}/cmp.q1", lambda b: b.get("messages") == 3)
+    t.until("GET", f"/api/queues/{v}", lambda b: len(b) == 4 and all(map(sampled, b)))
 
     # Listings and single objects.
     t.step("GET /api/overview", "GET", "/api/overview")
@@ -497,8 +505,7 @@ def scenario(t):
     t.step("PUT /api/vhosts/{v2}", "PUT", f"/api/vhosts/{vi}")
     t.step("POST /api/definitions/{v2}", "POST", f"/api/definitions/{vi}",
            body=defs if t.live and status == 200 else {})
-    t.until("GET", f"/api/queues/{vi}",
-            lambda b: len(b) == 4 and all("messages" in x for x in b))
+    t.until("GET", f"/api/queues/{vi}", lambda b: len(b) == 4 and all(map(sampled, b)))
     t.step("GET /api/queues/{v2}", "GET", f"/api/queues/{vi}")
     t.step("GET /api/bindings/{v2}", "GET", f"/api/bindings/{vi}")
     t.step("GET /api/exchanges/{v2}", "GET", f"/api/exchanges/{vi}")
@@ -754,6 +761,48 @@ def report(rows, allowed, used, rabbit_version, warren_version):
     return "\n".join(out) + "\n"
 
 
+def summary(rows, allowed, used, rabbit_version, warren_version):
+    """The report condensed for docs/compatibility.md: calls with the same differences
+    share a row (a listing's `[].` dropped), and the calls that agree are named once."""
+    def bare(items):
+        out = []
+        for x in items:
+            for prefix in ("items[].", "[]."):
+                x = x.replace(prefix, "") if x.startswith(prefix) else x
+            out.append(x)
+        return tuple(out)
+
+    groups, agree = {}, []
+    for sid, rs, ws, m in rows:
+        if not any(m.values()):
+            agree.append(f"`{sid}` ({rs})")
+            continue
+        key = (m["status"][0] if m["status"] else f"{rs} / {ws}",
+               bare(m["only_rabbitmq"]), bare(m["only_warren"]), tuple(m["value"]))
+        groups.setdefault(key, []).append(sid)
+    out = [f"RabbitMQ {rabbit_version} compared with Warren {warren_version}: "
+           f"{len(rows)} calls, {len(agree)} with the same status, fields and values, "
+           f"{len(rows) - len(agree)} with the differences below (`[n]`: the allowed "
+           "difference that explains it).", "",
+           "| calls | status RabbitMQ / Warren | fields only in RabbitMQ | "
+           "fields only in Warren | value differences (RabbitMQ / Warren) |",
+           "|---|---|---|---|---|"]
+    for (status, only_r, only_w, values), sids in groups.items():
+        calls = "<br>".join(f"`{x}`" for x in sids)
+        out.append(f"| {calls} | {status} | {cell(list(only_r))} | {cell(list(only_w))} | "
+                   f"{cell(list(values))} |")
+    out += ["", "The same in both (status code, field names and values): "
+            + ", ".join(agree) + ".", "",
+            "| n | calls | kind | what | class | reason |", "|---|---|---|---|---|---|"]
+    for i, e in enumerate(allowed):
+        endpoints = "<br>".join(f"`{p}`" for p in patterns(e["endpoint"]))
+        what = ", ".join(f"`{p}`" for p in patterns(e["what"])).replace("|", "\\|")
+        mark = "" if i in used else " (not seen in this run)"
+        out.append(f"| {i + 1} | {endpoints} | {e['kind']} | {what}{mark} | "
+                   f"{e['class']} | {e['reason'].replace('|', '/')} |")
+    return "\n".join(out) + "\n"
+
+
 def version_of(t):
     if not t.live:
         return t.recorded_version
@@ -776,6 +825,7 @@ def main():
     p.add_argument("--allowed", default=str(__file__).rsplit("/", 1)[0]
                    + "/mgmt-compare-allowed.json")
     p.add_argument("--report", help="also write the markdown report to this file")
+    p.add_argument("--summary", help="write the condensed report (for the docs) to this file")
     p.add_argument("--record", help="save RabbitMQ's answers to this file")
     p.add_argument("--replay", help="compare with saved answers instead of a RabbitMQ")
     a = p.parse_args()
@@ -813,6 +863,9 @@ def main():
     if a.report:
         with open(a.report, "w") as f:
             f.write(text)
+    if a.summary:
+        with open(a.summary, "w") as f:
+            f.write(summary(rows, allowed, used, rabbit_version, warren_version))
     new = sum(cell(m[k]).count("(NEW)") for _, _, _, m in rows for k in m)
     print(f"mgmt-compare: {len(rows)} calls compared, {new} undocumented difference(s), "
           f"{len(used)} of {len(allowed)} allowed differences seen", file=sys.stderr)

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod tls;
+pub use tls::{CertLoginFrom, TlsConfig, AMQPS_PORT, MANAGEMENT_HTTPS_PORT};
+
 /// The reference configuration, embedded so `warren` starts with no flags.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../config/warren.toml");
 
@@ -146,6 +149,8 @@ pub struct AmqpConfig {
     pub loopback_users: Vec<String>,
     /// Largest message body accepted (bytes); larger publishes close the channel with 406.
     pub max_message_size_bytes: u64,
+    /// `[amqp.tls]`: an AMQPS listener beside the plaintext one (none when absent).
+    pub tls: Option<TlsConfig>,
 }
 
 /// `[limits]`.
@@ -194,12 +199,15 @@ pub struct ManagementConfig {
     /// Address of the management HTTP API (RabbitMQ's `management.tcp.port`); `""` turns
     /// it off.
     pub listen: String,
+    /// `[management.tls]`: an HTTPS listener beside the HTTP one (none when absent).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ManagementConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:15672".into(),
+            tls: None,
         }
     }
 }
@@ -358,6 +366,7 @@ impl Default for AmqpConfig {
             handshake_timeout_ms: 10_000,
             loopback_users: vec!["guest".into()],
             max_message_size_bytes: 128 * 1024 * 1024,
+            tls: None,
         }
     }
 }
@@ -450,6 +459,12 @@ impl Config {
             });
         }
         check_optional_addr("management.listen", &self.management.listen)?;
+        if let Some(t) = &self.amqp.tls {
+            t.validate("amqp.tls", true)?;
+        }
+        if let Some(t) = &self.management.tls {
+            t.validate("management.tls", false)?;
+        }
         check_optional_addr("prometheus.listen", &self.prometheus.listen)?;
         if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
             return Err(ConfigError::Invalid {

@@ -20,6 +20,7 @@ const CAPABILITIES: &[&str] = &[
     "authentication_failure_close",
     "per_consumer_qos",
     "consumer_priorities",
+    "direct_reply_to",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

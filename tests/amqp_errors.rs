@@ -448,3 +448,24 @@ async fn configure_permission_regex_selects_resource_names() {
     assert_code(res, 403, "queue name outside the configure regex");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_refused_by_its_checks_names_basic_publish_in_channel_close() {
+    // RabbitMQ checks a publish while it handles basic.publish: its channel.close names
+    // class 60, method 40, though the error shows once the content is complete.
+    let node = TestNode::start().await;
+    let (mut raw, _s, _t) = RawClient::handshake(node.addr, &RawOpts::default()).await;
+    raw.open_channel(1).await;
+    raw.publish(1, "no-such-exchange", "k", b"x", 10).await;
+    match raw.next_method().await {
+        Some((1, AMQPClass::Channel(chan::AMQPMethod::Close(c)))) => {
+            assert_eq!(
+                (c.reply_code, c.class_id, c.method_id),
+                (404, 60, 40),
+                "{c:?}"
+            );
+        }
+        other => panic!("expected channel.close, got {other:?}"),
+    }
+    node.shutdown().await;
+}

@@ -1,6 +1,6 @@
 //! Real three-process clusters on loopback (`common::procs`): shared metadata, queues on
 //! the nodes the locator picks, failures of followers and leaders, restarts, joins, and
-//! queue operations and dead letters across nodes.
+//! queue operations and dead letters across nodes, and direct reply-to across nodes.
 
 mod common;
 
@@ -1067,4 +1067,263 @@ async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
     }
     let _ = c2.close(200, "bye".into()).await;
     let _ = c3.close(200, "bye".into()).await;
+}
+
+/// `warrenctl add_user` and `change_password` store RabbitMQ's salted hash, never the
+/// password: it is in no file of any node (Raft log, snapshot, vote), and logins on every
+/// node check against the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_reach_no_file_in_plain_text() {
+    let cluster = Cluster::start("pwhash").await;
+    let (first, second) = ("first-Secret-7781", "second-Secret-9923");
+    for args in [
+        vec!["add_user", "carol", first],
+        vec!["change_password", "carol", second],
+        vec!["set_permissions", "carol", ".*", ".*", ".*"],
+    ] {
+        let out = cluster.ctl(1, &args).await;
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    let uri = |id: u64, pw: &str| format!("amqp://carol:{pw}@{}:5672/%2f", cluster.node(id).ip);
+    // Every node applies the change; the new password logs in, the old one is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in 1..=3 {
+        loop {
+            match Connection::connect(&uri(id, second), ConnectionProperties::default()).await {
+                Ok(c) => {
+                    let _ = c.close(200, "bye".into()).await;
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "node {id}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let old = Connection::connect(&uri(id, first), ConnectionProperties::default()).await;
+        assert!(old.is_err(), "node {id} took the old password");
+    }
+    // Then no file of any node holds either password.
+    let mut files = vec![cluster.dir.clone()];
+    let mut scanned = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for e in std::fs::read_dir(&path).expect("read dir").flatten() {
+                files.push(e.path());
+            }
+            continue;
+        }
+        if path.extension().is_some_and(|x| x == "log") {
+            continue; // the nodes' own stderr logs
+        }
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        for pw in [first, second] {
+            assert!(
+                !bytes.windows(pw.len()).any(|w| w == pw.as_bytes()),
+                "{} holds a password in plain text",
+                path.display()
+            );
+        }
+        scanned += 1;
+    }
+    assert!(scanned >= 6, "only {scanned} files scanned");
+}
+
+/// A one-way cut (node 1's packets to node 2 dropped): node 2 gives node 1 up and cancels
+/// its consumer on node 1's queue, and its client acks the delivery it holds while node 2
+/// cannot tell node 1. Once the cut heals, node 1 keeps neither that consumer nor the
+/// message unacknowledged: the message is acked or back in the queue (at least once),
+/// never held for a channel that will not settle it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut() {
+    if !common::faults::available() {
+        return;
+    }
+    let cluster = Cluster::start("oneway").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "oneway.q", true, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "oneway.q", b"m0").await);
+
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    let mut consumer = common::consume_tagged(&ch2, "oneway.q", "c2", Default::default()).await;
+    let delivery = consumer.next().await;
+    assert_eq!(delivery.data, b"m0");
+
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::one_way(&ips[..1], &ips[1..2]);
+    // Node 2 records node 1 down and cancels the consumer (consumer cancel notify).
+    let ended = consumer.next_event().await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "node 2 did not cancel its consumer on node 1's queue: {ended:?}"
+    );
+    within("basic.ack", delivery.acker.ack(BasicAckOptions::default()))
+        .await
+        .expect("ack written");
+    drop(cut);
+
+    // After the heal: nothing unacknowledged, no consumer for node 2's channel.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = cluster
+            .ctl_rows(
+                1,
+                &[
+                    "list_queues",
+                    "name",
+                    "messages",
+                    "messages_unacknowledged",
+                    "consumers",
+                ],
+            )
+            .await;
+        let settled = |messages: &str| {
+            let row: Vec<String> = ["oneway.q", messages, "0", "0"].map(String::from).to_vec();
+            rows.contains(&row)
+        };
+        if settled("0") || settled("1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 still counts for oneway.q (name, messages, unacked, consumers): {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+}
+
+/// Direct reply-to across nodes: a reply name made on node 1 takes replies published on
+/// nodes 2 and 3 (confirmed with an ack, as RabbitMQ); a declare of the name on node 3 asks
+/// node 1, which answers 0 messages and 1 consumer while the consumer lives, 404 after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reply_to_replies_from_other_nodes_reach_the_reply_consumer() {
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions};
+    use lapin::BasicProperties;
+    const REPLY_QUEUE: &str = "amq.rabbitmq.reply-to";
+
+    let cluster = Cluster::start("reply").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let client = channel(&c1).await;
+    let consumer = within(
+        "basic.consume",
+        client.basic_consume(
+            REPLY_QUEUE.into(),
+            "replies".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume the pseudo-queue on node 1");
+    let mut replies = common::attach(consumer);
+    within(
+        "confirm.select",
+        client.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+
+    // The request queue lives on node 2 (client-local); the request is forwarded there.
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let server = channel(&c2).await;
+    declare(&server, "rpc.requests", false, FieldTable::default())
+        .await
+        .expect("declare on node 2");
+    let confirm = within(
+        "basic.publish",
+        client.basic_publish(
+            "".into(),
+            "rpc.requests".into(),
+            BasicPublishOptions::default(),
+            b"question",
+            BasicProperties::default().with_reply_to(REPLY_QUEUE.into()),
+        ),
+    )
+    .await
+    .expect("publish the request");
+    assert!(within("confirm", confirm).await.expect("confirm").is_ack());
+    let request = within(
+        "basic.get",
+        server.basic_get("rpc.requests".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the request is on node 2");
+    let name = request
+        .delivery
+        .properties
+        .reply_to()
+        .as_ref()
+        .map(|r| r.to_string())
+        .expect("reply_to");
+    assert!(name.starts_with("amq.rabbitmq.reply-to."), "{name}");
+
+    // The reply from node 2, with confirms: an ack, and node 1's consumer has it.
+    within(
+        "confirm.select",
+        server.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&server, "", &name, b"answer from 2").await);
+    let reply = replies.next().await;
+    assert_eq!(common::body(&reply), "answer from 2");
+    assert_eq!(reply.routing_key.as_str(), name);
+
+    // Node 3 sees the name as a queue with one consumer, and its replies get there too.
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let third = channel(&c3).await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = within(
+        "passive queue.declare",
+        third.queue_declare(name.as_str().into(), passive, FieldTable::default()),
+    )
+    .await
+    .expect("the reply name exists, asked on node 3");
+    assert_eq!((q.message_count(), q.consumer_count()), (0, 1));
+    within(
+        "basic.publish",
+        third.basic_publish(
+            "".into(),
+            name.as_str().into(),
+            BasicPublishOptions::default(),
+            b"answer from 3",
+            BasicProperties::default(),
+        ),
+    )
+    .await
+    .expect("publish from node 3");
+    assert_eq!(common::body(&replies.next().await), "answer from 3");
+
+    // Once the consumer is cancelled, node 3's declare is 404.
+    within(
+        "basic.cancel",
+        client.basic_cancel("replies".into(), BasicCancelOptions::default()),
+    )
+    .await
+    .expect("cancel the reply consumer");
+    replies.expect_cancelled().await;
+    let res = within(
+        "passive queue.declare",
+        third.queue_declare(name.as_str().into(), passive, FieldTable::default()),
+    )
+    .await;
+    let e = res.expect_err("the reply name is gone");
+    assert_eq!(reply_code(&e), Some(404), "{e}");
 }

@@ -158,6 +158,7 @@ fn session() -> (Connection, Arc<Broker>) {
             port: 40000,
             local_host: "127.0.0.1".into(),
             local_port: 5672,
+            tls: None,
         },
         outbox,
         Instant::from_millis(0),

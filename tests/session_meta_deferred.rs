@@ -261,6 +261,7 @@ impl Harness {
                 port: 40000,
                 local_host: "127.0.0.1".into(),
                 local_port: 5672,
+                tls: None,
             },
             outbox,
             now,

@@ -862,7 +862,7 @@ fn plan_inner(
             apply(
                 Command::PutUser(User {
                     name: name.clone(),
-                    password: password.clone(),
+                    password: User::hash_password(password),
                     tags: Vec::new(),
                 }),
                 format!("Adding user \"{name}\" ..."),
@@ -878,7 +878,7 @@ fn plan_inner(
             };
             apply(
                 Command::PutUser(User {
-                    password: password.clone(),
+                    password: User::hash_password(password),
                     ..u.clone()
                 }),
                 format!("Changing password for user \"{name}\" ..."),
@@ -1189,6 +1189,8 @@ mod tests {
             frame_max: 131_072,
             channel_max: 2047,
             client_properties: FieldTable::default(),
+            auth_mechanism: "PLAIN".into(),
+            ssl: None,
         }
     }
 

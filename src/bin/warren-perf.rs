@@ -19,6 +19,8 @@ mod consumer;
 mod producer;
 #[path = "warren_perf/stats.rs"]
 mod stats;
+#[path = "warren_perf/stream.rs"]
+mod stream;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use amq_protocol::types::FieldTable;
-use amq_protocol::uri::{AMQPScheme, AMQPUri};
+use amq_protocol::uri::AMQPUri;
 use anyhow::{anyhow, bail, Result};
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -104,6 +106,10 @@ struct Args {
     /// Print the final summary as one JSON object on stdout (per-second lines go to stderr)
     #[arg(long)]
     json: bool,
+    /// PEM file of the CA certificates to trust for amqps:// URIs (TLS 1.2 and 1.3; the
+    /// URI's host must match the broker's certificate)
+    #[arg(long, value_name = "FILE")]
+    cacert: Option<std::path::PathBuf>,
     /// Client runtime threads (1 keeps the client on one core, leaving the rest to the broker)
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -172,8 +178,8 @@ async fn run(args: Args) -> Result<bool> {
         .uri
         .parse()
         .map_err(|e| anyhow!("invalid --uri '{}': {e}", args.uri))?;
-    if uri.scheme == AMQPScheme::AMQPS {
-        bail!("amqps:// (TLS) is not supported; use amqp://");
+    if let Some(ca) = &args.cacert {
+        stream::trust(ca)?;
     }
     let consumer_uri: AMQPUri = match &args.consumer_uri {
         None => uri.clone(),

@@ -7,6 +7,7 @@
 //! published after the lock is released.
 
 pub mod dead_letter;
+pub mod direct_reply;
 pub mod durability;
 pub mod exchange;
 pub mod message;
@@ -87,6 +88,8 @@ pub struct Broker {
     remote_outcomes: RemoteOutcomes,
     /// Live connections, channels and consumers, for the admin listings.
     sessions: Arc<registry::Registry>,
+    /// The direct reply-to consumers of this node's channels.
+    direct_replies: Arc<direct_reply::DirectReplies>,
     /// What the node counts for its Prometheus endpoint.
     metrics: Arc<crate::metrics::Metrics>,
 }
@@ -144,6 +147,7 @@ impl Broker {
             remote: std::sync::OnceLock::new(),
             remote_outcomes: RemoteOutcomes::default(),
             sessions: Arc::default(),
+            direct_replies: Arc::default(),
             metrics: Arc::default(),
         }
     }
@@ -600,6 +604,10 @@ impl Broker {
         bcc: &[String],
         now: Instant,
     ) -> PublishOutcome {
+        if exchange.is_empty() {
+            // Never counted as routed, as in RabbitMQ (see `deliver_replies`).
+            self.deliver_replies(&message, bcc);
+        }
         let targets = exchange::route(
             vhost,
             exchange,
@@ -722,6 +730,10 @@ impl Broker {
                     &[],
                 );
                 let message = Arc::new(message);
+                if dlx.is_empty() {
+                    // RabbitMQ dead-letters through the same routing as a publish.
+                    self.deliver_replies(&message, &[]);
+                }
                 for name in targets {
                     if dead_letter::is_cycle(&message, &name) {
                         continue;
@@ -784,7 +796,7 @@ pub fn config_commands(config: &Config) -> Vec<Command> {
     c.extend(config.users.iter().map(|u| {
         Command::PutUser(User {
             name: u.name.clone(),
-            password: u.password.clone(),
+            password: User::hash_password(&u.password),
             tags: u.tags.clone(),
         })
     }));

@@ -37,6 +37,17 @@ pub struct Delivery {
 pub enum OutItem {
     /// A message for a consumer.
     Deliver(Delivery),
+    /// A reply for the channel's direct reply-to consumer ([`super::direct_reply`]): no
+    /// queue, no acknowledgement. The channel delivers it only while `key` is still its
+    /// reply consumer's.
+    Reply {
+        /// Channel.
+        channel: u16,
+        /// The key of the reply name it was published to.
+        key: super::direct_reply::ReplyKey,
+        /// The message.
+        message: Arc<Message>,
+    },
     /// The broker cancelled a consumer (its queue was deleted).
     Cancel {
         /// Channel.
@@ -125,8 +136,12 @@ impl Outbox {
             if g.closed {
                 return Err(item);
             }
-            if let OutItem::Deliver(d) = &item {
-                g.bytes += d.message.size() as usize;
+            // Replies count against the credit too, so queues wait behind a flood of them;
+            // they are never refused for it (RabbitMQ drops no reply for a slow consumer).
+            match &item {
+                OutItem::Deliver(d) => g.bytes += d.message.size() as usize,
+                OutItem::Reply { message, .. } => g.bytes += message.size() as usize,
+                _ => {}
             }
             was_empty = g.items.is_empty();
             g.items.push_back(item);

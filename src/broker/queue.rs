@@ -1046,7 +1046,10 @@ mod tests {
                     d.redelivered,
                     d.seq,
                 )),
-                OutItem::Cancel { .. } | OutItem::Rehome { .. } | OutItem::Close { .. } => None,
+                OutItem::Cancel { .. }
+                | OutItem::Rehome { .. }
+                | OutItem::Close { .. }
+                | OutItem::Reply { .. } => None,
             })
             .collect()
     }

@@ -52,6 +52,21 @@ pub struct ConnectionInfo {
     pub channel_max: u16,
     /// What the client sent in connection.start-ok.
     pub client_properties: FieldTable,
+    /// The SASL mechanism it logged in with (`PLAIN`, `AMQPLAIN`, `EXTERNAL`).
+    pub auth_mechanism: String,
+    /// The TLS session, for a client on the TLS listener.
+    pub ssl: Option<SslInfo>,
+}
+
+/// A connection's TLS session, as the listings show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SslInfo {
+    /// `tlsv1.3` or `tlsv1.2`.
+    pub protocol: String,
+    /// The cipher suite.
+    pub cipher: String,
+    /// The verified client certificate's subject, if the client gave one.
+    pub peer_cert_subject: Option<String>,
 }
 
 impl ConnectionInfo {
@@ -419,6 +434,8 @@ mod tests {
             frame_max: 131_072,
             channel_max: 2047,
             client_properties: FieldTable::default(),
+            auth_mechanism: "PLAIN".into(),
+            ssl: None,
         }
     }
 

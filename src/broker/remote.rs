@@ -81,6 +81,10 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
         message: Arc<Message>,
         outcome: u64,
     );
+    /// Hands `message`, published to the default exchange with the reply name `name` among
+    /// its routing keys, to `node`, which runs that name's reply consumer (direct reply-to:
+    /// nobody waits for an answer, as RabbitMQ's `delegate:invoke_no_result`).
+    fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>);
     /// Attaches `consumer` of channel `key` (whose deliveries go to `outbox`) to `queue`.
     fn consume(
         &self,

@@ -43,6 +43,9 @@ pub struct Verdict {
     /// Nodes down now that were not at the last tick (the relay fails what it queued for
     /// them, their consumers are cancelled or wait for a new master).
     pub newly_down: Vec<NodeId>,
+    /// Nodes up now that were down at the last tick (the relay tells them what it gave
+    /// up there meanwhile).
+    pub newly_up: Vec<NodeId>,
     /// On the leader: nodes to record down, in order; the driver reports each that
     /// committed with [`Detector::handle_declared`].
     pub to_declare: Vec<NodeId>,
@@ -84,6 +87,12 @@ impl Detector {
             .filter(|&n| n != self.me && ((settled && !alive(n)) || refused(n)))
             .collect();
         let newly_down = down.difference(&self.down).copied().collect();
+        let newly_up = self
+            .down
+            .difference(&down)
+            .copied()
+            .filter(|&n| alive(n))
+            .collect();
         self.declared.retain(|n| down.contains(n));
         let to_declare = if leader {
             down.difference(&self.declared).copied().collect()
@@ -94,6 +103,7 @@ impl Detector {
         Verdict {
             down,
             newly_down,
+            newly_up,
             to_declare,
         }
     }
@@ -128,6 +138,19 @@ mod tests {
     }
 
     #[test]
+    fn a_node_heard_again_is_newly_up_once() {
+        let mut d = Detector::new(1, T, 0);
+        let v = tick(&mut d, 1000, false, &[(2, 900)], &[]);
+        assert_eq!(v.newly_down, [3]);
+        assert!(v.newly_up.is_empty());
+        let v = tick(&mut d, 1500, false, &[(2, 1400), (3, 1450)], &[]);
+        assert!(v.down.is_empty());
+        assert_eq!(v.newly_up, [3]);
+        let v = tick(&mut d, 1700, false, &[(2, 1600), (3, 1650)], &[]);
+        assert!(v.newly_up.is_empty(), "up already");
+    }
+
+    #[test]
     fn silence_counts_only_after_a_full_timeout_of_watching() {
         let mut d = Detector::new(1, T, 0);
         // Never heard from node 3, but nobody has watched for a timeout yet.
@@ -136,6 +159,7 @@ mod tests {
         let v = tick(&mut d, 1000, false, &[(2, 900)], &[]);
         assert_eq!(v.down, BTreeSet::from([3]));
         assert_eq!(v.newly_down, [3]);
+        assert!(v.newly_up.is_empty());
         assert!(v.to_declare.is_empty(), "only the leader records");
         let v = tick(&mut d, 1200, false, &[(2, 900)], &[]);
         assert!(v.newly_down.is_empty(), "down already");

@@ -203,43 +203,112 @@ impl Binding {
 pub struct User {
     /// Name.
     pub name: String,
-    /// Password.
+    /// The stored password: a RabbitMQ salted hash ([`User::hash_password`],
+    /// [`User::stored_hash`]). A plain password is still read from metadata written before
+    /// passwords were hashed, and never written now.
     pub password: String,
     /// Tags.
     pub tags: Vec<String>,
 }
 
-/// How a stored password that is a RabbitMQ `rabbit_password_hashing_sha256` hash begins
-/// (a NUL no configured or typed password contains, then the algorithm's name); after it
-/// comes the hash in base64: a 4-byte salt, then SHA-256(salt ‖ password).
-const HASH_PREFIX: &str = "\u{0}rabbit_password_hashing_sha256:";
+/// RabbitMQ's password hashing algorithms (`rabbit_password_hashing_*`): a 4-byte salt,
+/// then the digest of salt ‖ password, in base64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hashing {
+    /// `rabbit_password_hashing_sha256`, RabbitMQ's default and what Warren writes.
+    Sha256,
+    /// `rabbit_password_hashing_sha512`, accepted from imports.
+    Sha512,
+}
 
-/// The name RabbitMQ gives the hashing algorithm Warren understands.
-pub const HASHING_ALGORITHM: &str = "rabbit_password_hashing_sha256";
+impl Hashing {
+    /// RabbitMQ's name for the algorithm (`hashing_algorithm` in definitions).
+    pub fn name(self) -> &'static str {
+        match self {
+            Hashing::Sha256 => "rabbit_password_hashing_sha256",
+            Hashing::Sha512 => "rabbit_password_hashing_sha512",
+        }
+    }
+
+    /// The algorithm RabbitMQ calls `name`.
+    pub fn named(name: &str) -> Option<Hashing> {
+        [Hashing::Sha256, Hashing::Sha512]
+            .into_iter()
+            .find(|h| h.name() == name)
+    }
+
+    fn digest(self, salt: &[u8], password: &str) -> Vec<u8> {
+        use sha2::Digest;
+        match self {
+            Hashing::Sha256 => {
+                let mut h = sha2::Sha256::new();
+                h.update(salt);
+                h.update(password.as_bytes());
+                h.finalize().to_vec()
+            }
+            Hashing::Sha512 => {
+                let mut h = sha2::Sha512::new();
+                h.update(salt);
+                h.update(password.as_bytes());
+                h.finalize().to_vec()
+            }
+        }
+    }
+
+    /// Salt and digest bytes.
+    fn hash_len(self) -> usize {
+        4 + match self {
+            Hashing::Sha256 => 32,
+            Hashing::Sha512 => 64,
+        }
+    }
+
+    /// How a stored password hashed this way begins: a NUL, which no configured or typed
+    /// password contains, then the algorithm's name and a colon.
+    fn prefix(self) -> String {
+        format!("\u{0}{}:", self.name())
+    }
+}
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn salted_sha256(salt: &[u8], password: &str) -> Vec<u8> {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    h.update(salt);
-    h.update(password.as_bytes());
-    h.finalize().to_vec()
-}
-
 impl User {
+    /// The stored form of `password`: salted SHA-256 with a fresh random salt, as
+    /// RabbitMQ stores it (`rabbit_password_hashing_sha256`).
+    pub fn hash_password(password: &str) -> String {
+        Self::hash_with_salt(password, rand::random::<[u8; 4]>())
+    }
+
+    /// [`User::hash_password`] with a given salt.
+    pub fn hash_with_salt(password: &str, salt: [u8; 4]) -> String {
+        use base64::Engine;
+        let mut raw = salt.to_vec();
+        raw.extend(Hashing::Sha256.digest(&salt, password));
+        format!(
+            "{}{}",
+            Hashing::Sha256.prefix(),
+            base64::engine::general_purpose::STANDARD.encode(raw)
+        )
+    }
+
+    /// The algorithm and base64 hash of a hashed stored password.
+    fn stored(&self) -> Option<(Hashing, &str)> {
+        [Hashing::Sha256, Hashing::Sha512]
+            .into_iter()
+            .find_map(|h| self.password.strip_prefix(&h.prefix()).map(|b64| (h, b64)))
+    }
+
     /// Whether `password` is this user's password, compared in constant time: the one check
-    /// the AMQP login, the admin endpoint and the management API all make. The stored
-    /// password is the password itself, or a RabbitMQ SHA-256 hash ([`User::stored_hash`]).
+    /// the AMQP login, the admin endpoint and the management API all make.
     pub fn password_matches(&self, password: &str) -> bool {
         use base64::Engine;
-        match self.password.strip_prefix(HASH_PREFIX) {
+        match self.stored() {
             None => constant_time_eq(self.password.as_bytes(), password.as_bytes()),
-            Some(b64) => match base64::engine::general_purpose::STANDARD.decode(b64) {
-                Ok(raw) if raw.len() == 36 => {
-                    constant_time_eq(&raw[4..], &salted_sha256(&raw[..4], password))
+            Some((h, b64)) => match base64::engine::general_purpose::STANDARD.decode(b64) {
+                Ok(raw) if raw.len() == h.hash_len() => {
+                    constant_time_eq(&raw[4..], &h.digest(&raw[..4], password))
                 }
                 _ => false,
             },
@@ -247,34 +316,36 @@ impl User {
     }
 
     /// What to store as the password of a user given by its RabbitMQ `password_hash`
-    /// (`rabbit_password_hashing_sha256`: base64 of a 4-byte salt and a SHA-256 digest);
-    /// none when it is not such a hash.
-    pub fn stored_hash(password_hash: &str) -> Option<String> {
+    /// (base64 of a 4-byte salt and the digest) made with `hashing`; none when it is not
+    /// such a hash.
+    pub fn stored_hash(password_hash: &str, hashing: Hashing) -> Option<String> {
         use base64::Engine;
         let raw = base64::engine::general_purpose::STANDARD
             .decode(password_hash)
             .ok()?;
-        (raw.len() == 36).then(|| format!("{HASH_PREFIX}{password_hash}"))
+        (raw.len() == hashing.hash_len()).then(|| format!("{}{password_hash}", hashing.prefix()))
     }
 
     /// What to store for a user that cannot log in with a password (RabbitMQ's empty
     /// `password_hash`): a hash of no bytes, which no password matches.
     pub fn no_password() -> String {
-        HASH_PREFIX.to_string()
+        Hashing::Sha256.prefix()
     }
 
-    /// The user's password as a RabbitMQ `password_hash` (for exports). A password kept as
-    /// given is hashed with a salt derived from the user's name and password, so the same
-    /// user exports the same hash every time.
-    pub fn password_hash(&self) -> String {
-        use base64::Engine;
-        if let Some(b64) = self.password.strip_prefix(HASH_PREFIX) {
-            return b64.to_string();
+    /// The user's password as a RabbitMQ `password_hash` and its `hashing_algorithm` (for
+    /// exports). A plain password from older metadata is hashed with a salt derived from
+    /// the user's name and password, so the same user exports the same hash every time.
+    pub fn password_hash(&self) -> (String, Hashing) {
+        if let Some((h, b64)) = self.stored() {
+            return (b64.to_string(), h);
         }
-        let salt = salted_sha256(self.name.as_bytes(), &self.password)[..4].to_vec();
-        let mut raw = salt.clone();
-        raw.extend(salted_sha256(&salt, &self.password));
-        base64::engine::general_purpose::STANDARD.encode(raw)
+        let derived = Hashing::Sha256.digest(self.name.as_bytes(), &self.password);
+        let salt = [derived[0], derived[1], derived[2], derived[3]];
+        let stored = Self::hash_with_salt(&self.password, salt);
+        let b64 = stored
+            .strip_prefix(&Hashing::Sha256.prefix())
+            .unwrap_or_default();
+        (b64.to_string(), Hashing::Sha256)
     }
 }
 
@@ -1713,23 +1784,81 @@ mod tests {
             password: "s3cret".into(),
             tags: vec![],
         };
-        let hash = plain.password_hash();
-        assert_eq!(hash, plain.password_hash(), "the export is stable");
+        let (hash, algorithm) = plain.password_hash();
+        assert_eq!(algorithm, Hashing::Sha256);
+        assert_eq!(hash, plain.password_hash().0, "the export is stable");
         let hashed = User {
-            password: User::stored_hash(&hash).expect("a valid hash"),
+            password: User::stored_hash(&hash, Hashing::Sha256).expect("a valid hash"),
             ..plain.clone()
         };
         assert!(hashed.password_matches("s3cret"));
         assert!(!hashed.password_matches("s3cres"));
         assert!(!hashed.password_matches(&hashed.password));
-        assert_eq!(hashed.password_hash(), hash);
-        assert_eq!(User::stored_hash("not base64!"), None);
-        assert_eq!(User::stored_hash("c2hvcnQ="), None);
+        assert_eq!(hashed.password_hash(), (hash.clone(), Hashing::Sha256));
+        assert_eq!(User::stored_hash("not base64!", Hashing::Sha256), None);
+        assert_eq!(User::stored_hash("c2hvcnQ=", Hashing::Sha256), None);
+        assert_eq!(User::stored_hash(&hash, Hashing::Sha512), None, "too short");
         let none = User {
             password: User::no_password(),
             ..plain
         };
         assert!(!none.password_matches("") && !none.password_matches(&User::no_password()));
-        assert_eq!(none.password_hash(), "");
+        assert_eq!(none.password_hash().0, "");
+    }
+
+    /// The stored form is RabbitMQ's: a fresh 4-byte salt, then SHA-256(salt ‖ password),
+    /// in base64 (checked against a digest computed here, not by the code under test).
+    #[test]
+    fn passwords_are_stored_salted_and_hashed_never_plain() {
+        let stored = User::hash_password("guest");
+        assert!(!stored.contains("guest"));
+        assert_ne!(
+            stored,
+            User::hash_password("guest"),
+            "a fresh salt each time"
+        );
+        let user = User {
+            name: "guest".into(),
+            password: stored,
+            tags: vec![],
+        };
+        assert!(user.password_matches("guest") && !user.password_matches("Guest"));
+        use base64::Engine;
+        let fixed = User::hash_with_salt("guest", [1, 2, 3, 4]);
+        let b64 = fixed.rsplit(':').next().expect("a hash");
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        assert_eq!(&raw[..4], &[1, 2, 3, 4]);
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update([1u8, 2, 3, 4]);
+        h.update(b"guest");
+        assert_eq!(&raw[4..], h.finalize().as_slice());
+    }
+
+    #[test]
+    fn a_sha512_hash_from_rabbitmq_is_accepted() {
+        use base64::Engine;
+        use sha2::Digest;
+        let salt = [9u8, 8, 7, 6];
+        let mut h = sha2::Sha512::new();
+        h.update(salt);
+        h.update(b"s3cret");
+        let mut raw = salt.to_vec();
+        raw.extend(h.finalize());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(raw);
+        let user = User {
+            name: "bob".into(),
+            password: User::stored_hash(&b64, Hashing::Sha512).expect("a sha512 hash"),
+            tags: vec![],
+        };
+        assert!(user.password_matches("s3cret") && !user.password_matches("s3cre"));
+        assert_eq!(user.password_hash(), (b64, Hashing::Sha512));
+        assert_eq!(
+            Hashing::named("rabbit_password_hashing_sha512"),
+            Some(Hashing::Sha512)
+        );
+        assert_eq!(Hashing::named("rabbit_password_hashing_md5"), None);
     }
 }

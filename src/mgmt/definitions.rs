@@ -136,9 +136,10 @@ pub fn export(meta: &MetaState) -> Value {
         .users
         .values()
         .map(|u| {
-            json!({"name": u.name, "password_hash": u.password_hash(),
-                   "hashing_algorithm": crate::meta::state::HASHING_ALGORITHM,
-                   "tags": u.tags, "limits": {}})
+            let (hash, algorithm) = u.password_hash();
+            json!({"name": u.name, "password_hash": hash,
+                       "hashing_algorithm": algorithm.name(),
+                       "tags": u.tags, "limits": {}})
         })
         .collect();
     // RabbitMQ 3.10 exports a vhost's name only.
@@ -268,7 +269,7 @@ fn flag(o: &Map<String, Value>, key: &str, default: bool) -> Result<bool, String
 fn user(o: &Map<String, Value>) -> Result<User, String> {
     let name = text(o, "name")?;
     let password = match (o.get("password"), o.get("password_hash")) {
-        (Some(Value::String(p)), _) => p.clone(),
+        (Some(Value::String(p)), _) => User::hash_password(p),
         (_, Some(Value::String(h))) if h.is_empty() => User::no_password(),
         (_, Some(Value::String(h))) => stored_hash(o, h).map_err(|r| r.body_text())?,
         _ => return Err(format!("user `{name}` needs password or password_hash")),

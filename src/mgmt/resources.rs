@@ -10,9 +10,7 @@ use super::convert::{self, Kind};
 use super::live;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
-use crate::meta::state::{
-    ExchangeDef, ExchangeKind, Permission, QueueDef, User, HASHING_ALGORITHM,
-};
+use crate::meta::state::{ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::{Access, Permissions};
 
@@ -690,10 +688,11 @@ fn vhost_one(
 }
 
 fn user_json(u: &User) -> Value {
+    let (hash, algorithm) = u.password_hash();
     json!({
         "name": u.name,
-        "password_hash": u.password_hash(),
-        "hashing_algorithm": HASHING_ALGORITHM,
+        "password_hash": hash,
+        "hashing_algorithm": algorithm.name(),
         "tags": u.tags,
         "limits": {},
     })
@@ -702,13 +701,21 @@ fn user_json(u: &User) -> Value {
 /// A `password_hash` (with an optional `hashing_algorithm`) as the password to store.
 pub fn stored_hash(body: &Map<String, Value>, hash: &str) -> Result<String, Response> {
     let algorithm = str_field(body, "hashing_algorithm")?;
-    if algorithm.as_deref().is_some_and(|a| a != HASHING_ALGORITHM) {
-        return Err(Response::bad_request(format!(
-            "hashing_algorithm: only {HASHING_ALGORITHM} is supported"
-        )));
-    }
-    User::stored_hash(hash)
-        .ok_or_else(|| Response::bad_request("password_hash is not a base64 salted SHA-256 hash"))
+    let hashing = match algorithm.as_deref() {
+        None => Hashing::Sha256,
+        Some(name) => Hashing::named(name).ok_or_else(|| {
+            Response::bad_request(format!(
+                "hashing_algorithm: {name} is not supported (rabbit_password_hashing_sha256 \
+                 or rabbit_password_hashing_sha512)"
+            ))
+        })?,
+    };
+    User::stored_hash(hash, hashing).ok_or_else(|| {
+        Response::bad_request(format!(
+            "password_hash is not a base64 salted hash of {}",
+            hashing.name()
+        ))
+    })
 }
 
 fn users(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
@@ -775,7 +782,7 @@ fn user_one(meta: &MetaState, caller: &Caller, req: &Request, name: &str) -> Han
             };
             let password = match (str_field(&body, "password"), body.get("password_hash")) {
                 (Err(r), _) => return reply(r),
-                (Ok(Some(p)), _) => p,
+                (Ok(Some(p)), _) => User::hash_password(&p),
                 (Ok(None), Some(Value::String(h))) if h.is_empty() => User::no_password(),
                 (Ok(None), Some(Value::String(h))) => match stored_hash(&body, h) {
                     Ok(p) => p,

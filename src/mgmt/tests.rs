@@ -303,6 +303,12 @@ fn users_put_get_delete() {
         204
     );
     assert_eq!(get(&b, "alice", "/api/whoami").status, 200);
+    // Kept as a salted hash, never as given.
+    let stored = b.snapshot().users["alice"].password.clone();
+    assert!(
+        stored.starts_with("\u{0}rabbit_password_hashing_sha256:"),
+        "{stored:?}"
+    );
     // As RabbitMQ 3.10: `tags` is required; no password means none (alice loses hers).
     assert_eq!(
         call(&b, "admin", Method::Put, "/api/users/bob", "{}").body,

@@ -444,6 +444,9 @@ async fn watch_nodes(
             for id in verdict.newly_down {
                 r.node_down(id);
             }
+            for id in verdict.newly_up {
+                r.node_up(id);
+            }
             // A promoted mirror serves once it adopted its copy, after the metadata moved.
             r.rehome();
         }

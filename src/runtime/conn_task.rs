@@ -1,5 +1,7 @@
 //! Drives one client connection: socket reads and writes, timers, outbox wake-ups, the memory
-//! alarm, shutdown and metadata commits, all fed to the sans-IO [`Connection`].
+//! alarm, shutdown and metadata commits, all fed to the sans-IO [`Connection`]. The driver
+//! is generic over the stream: plaintext TCP and TLS sessions ([`super::tls`]) run the same
+//! code.
 //!
 //! # Metadata commands
 //! The session does not apply declares, deletes and bindings: it emits them
@@ -28,7 +30,7 @@ use super::clock::Clock;
 use crate::broker::remote::{CallFuture, QueueReply};
 use crate::broker::{Broker, Outbox};
 use crate::meta::Command;
-use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig};
+use crate::session::{Connection, MetaResult, MetaToken, PeerInfo, SessionConfig, TlsPeer};
 use crate::time::Instant;
 
 /// What every connection task shares.
@@ -53,6 +55,8 @@ pub struct ConnContext {
 }
 
 const READ_CHUNK: usize = 64 * 1024;
+/// How long the end of a connection waits for its last write (TLS: close_notify).
+const SHUTDOWN_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A metadata command being committed; resolves to what [`Broker::apply`] returns.
 pub type MetaFuture = Pin<Box<dyn Future<Output = MetaResult> + Send>>;
@@ -207,12 +211,19 @@ async fn drain_meta(
 }
 
 /// Runs a connection to completion, committing metadata through the node's `MetaCommit`.
-pub async fn run<S>(stream: S, peer: SocketAddr, local: SocketAddr, ctx: ConnContext)
-where
+/// `stream` is a TCP socket or a TLS session over one (`tls` then describes it to the
+/// session); the same driver serves both.
+pub async fn run<S>(
+    stream: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<TlsPeer>,
+    ctx: ConnContext,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let meta = ctx.meta.clone();
-    run_with_meta(stream, peer, local, ctx, meta).await
+    run_with_meta(stream, peer, local, tls, ctx, meta).await
 }
 
 /// Runs a connection to completion, committing metadata through `meta`.
@@ -220,6 +231,7 @@ pub async fn run_with_meta<S>(
     stream: S,
     peer: SocketAddr,
     local: SocketAddr,
+    tls: Option<TlsPeer>,
     mut ctx: ConnContext,
     meta: Arc<dyn MetaCommit>,
 ) where
@@ -239,6 +251,7 @@ pub async fn run_with_meta<S>(
         port: peer.port(),
         local_host: local.ip().to_string(),
         local_port: local.port(),
+        tls,
     };
     let mut session = Connection::new(
         ctx.broker.clone(),
@@ -253,6 +266,9 @@ pub async fn run_with_meta<S>(
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut wbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut wpos = 0usize;
+        // A TLS stream may keep encrypted bytes after `write` returned (the socket was
+        // full): they leave with a flush. TCP flushes at once.
+        let mut unflushed = false;
         let mut eof = false;
         let mut in_flight = InFlight::default();
         // A watch whose sender is gone answers `changed()` at once forever: stop polling it.
@@ -284,7 +300,7 @@ pub async fn run_with_meta<S>(
             }
             session.poll_transmit_into(&mut wbuf, now);
             let finished = session.is_finished() || eof;
-            if finished && wpos == wbuf.len() {
+            if finished && wpos == wbuf.len() && !unflushed {
                 break;
             }
             let deadline = session.poll_timeout().map(|t| clock.to_tokio(t));
@@ -313,10 +329,27 @@ pub async fn run_with_meta<S>(
                 {
                     feed(&mut session, done, &clock);
                 }
-                r = wr.write(&wbuf[wpos..]), if wpos < wbuf.len() => {
+                r = write_or_flush(&mut wr, &wbuf[wpos..]), if wpos < wbuf.len() || unflushed => {
                     match r {
-                        Ok(0) | Err(_) => { eof = true; wbuf.clear(); wpos = 0; }
-                        Ok(n) => wpos += n,
+                        Written::Bytes(Ok(0) | Err(_)) => { eof = true; wbuf.clear(); wpos = 0; }
+                        Written::Bytes(Ok(n)) => {
+                            wpos += n;
+                            if wpos == wbuf.len() {
+                                // One try without waiting; what is left waits for the
+                                // next turn's flush.
+                                match try_flush(&mut wr).await {
+                                    Poll::Ready(Ok(())) => unflushed = false,
+                                    Poll::Ready(Err(_)) => eof = true,
+                                    Poll::Pending => unflushed = true,
+                                }
+                            }
+                        }
+                        Written::Flushed(r) => {
+                            unflushed = false;
+                            if r.is_err() {
+                                eof = true;
+                            }
+                        }
                     }
                 }
                 r = rd.read_buf(&mut rbuf), if can_read => {
@@ -344,11 +377,34 @@ pub async fn run_with_meta<S>(
         // The teardown's deletions (exclusive and auto-delete queues) are committed although
         // the client is gone; their results reach a finished session, which drops them.
         drain_meta(&mut session, &mut in_flight, meta.as_ref(), &clock).await;
-        let _ = wr.shutdown().await;
+        // TLS sends close_notify here, which a client that stopped reading never takes.
+        let _ = tokio::time::timeout(SHUTDOWN_WRITE, wr.shutdown()).await;
         tracing::debug!("connection task done");
     }
     .instrument(span)
     .await
+}
+
+/// What [`write_or_flush`] did.
+enum Written {
+    /// Wrote some of the bytes.
+    Bytes(std::io::Result<usize>),
+    /// Had nothing to write and flushed.
+    Flushed(std::io::Result<()>),
+}
+
+/// Writes `buf`, or flushes when it is empty (bytes a TLS stream kept back).
+async fn write_or_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> Written {
+    if buf.is_empty() {
+        Written::Flushed(wr.flush().await)
+    } else {
+        Written::Bytes(wr.write(buf).await)
+    }
+}
+
+/// Polls `wr`'s flush once: `Pending` leaves the task's waker registered.
+async fn try_flush<W: AsyncWrite + Unpin>(wr: &mut W) -> Poll<std::io::Result<()>> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *wr).poll_flush(cx))).await
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -485,7 +541,14 @@ mod tests {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let peer: SocketAddr = "127.0.0.1:5000".parse().expect("address");
         let local: SocketAddr = "127.0.0.1:5672".parse().expect("address");
-        let task = tokio::spawn(run_with_meta(server, peer, local, node.ctx.clone(), meta));
+        let task = tokio::spawn(run_with_meta(
+            server,
+            peer,
+            local,
+            None,
+            node.ctx.clone(),
+            meta,
+        ));
         (client, task)
     }
 

@@ -1,4 +1,5 @@
-//! The management HTTP listener: axum serves HTTP/1.1 and hands every request to the
+//! The management HTTP listener: axum serves HTTP/1.1 (and HTTPS with `[management.tls]`)
+//! and hands every request to the
 //! sans-IO [`crate::mgmt`] core (the web console's files, [`crate::mgmt::console`], or the
 //! API); changes it plans are committed through the node's
 //! `MetaCommit`, and queue counts of other nodes are fetched the way `warrenctl
@@ -44,8 +45,20 @@ pub struct MgmtContext {
 
 /// Serves `listener` until `shutdown` flips.
 pub async fn serve(listener: TcpListener, ctx: MgmtContext, shutdown: watch::Receiver<bool>) {
-    let app = axum::Router::new().fallback(handler).with_state(ctx);
-    super::http::serve(listener, app, shutdown, "management").await;
+    super::http::serve(listener, router(ctx), shutdown, "management").await;
+}
+
+/// Serves the same API over HTTPS (`[management.tls]`) until `shutdown` flips.
+pub async fn serve_tls(
+    listener: super::tls::https::TlsListener,
+    ctx: MgmtContext,
+    shutdown: watch::Receiver<bool>,
+) {
+    super::http::serve_tls(listener, router(ctx), shutdown, "management HTTPS").await;
+}
+
+fn router(ctx: MgmtContext) -> axum::Router {
+    axum::Router::new().fallback(handler).with_state(ctx)
 }
 
 async fn handler(

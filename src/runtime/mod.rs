@@ -2,7 +2,8 @@
 //!
 //! - [`transport`]: the `Transport` trait (bind / accept) and its tokio implementation; the
 //!   simulation supplies a turmoil one.
-//! - [`conn_task`]: drives one [`crate::session::Connection`] over a socket.
+//! - [`conn_task`]: drives one [`crate::session::Connection`] over a socket or a TLS session.
+//! - [`tls`]: the AMQPS and HTTPS listeners (rustls).
 //! - [`node`]: starts the listener and the periodic tasks, and shuts them down.
 //! - [`node_link`]: the TCP link between nodes (handshake, RPC with deadlines, heartbeats as
 //!   the failure detector); carries Raft today.
@@ -33,6 +34,7 @@ pub mod node_link;
 pub mod prometheus;
 pub mod relay;
 pub mod storage;
+pub mod tls;
 pub mod transport;
 
 pub use node::{Node, NodeError};

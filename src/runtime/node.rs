@@ -1,4 +1,5 @@
-//! A running node: the AMQP listener, the memory monitor, the broker ticker, and shutdown.
+//! A running node: the AMQP listeners (plaintext, and AMQPS with `[amqp.tls]`), the memory
+//! monitor, the broker ticker, and shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +46,9 @@ pub enum NodeError {
         /// Why.
         reason: String,
     },
+    /// A TLS listener's certificate, key or CA file is unusable.
+    #[error("TLS: {0}")]
+    Tls(#[from] super::tls::TlsError),
     /// The listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -58,8 +62,10 @@ pub enum NodeError {
 /// A running node.
 pub struct Node {
     addr: SocketAddr,
+    amqps_addr: Option<SocketAddr>,
     admin_addr: SocketAddr,
     mgmt_addr: Option<SocketAddr>,
+    mgmt_tls_addr: Option<SocketAddr>,
     prometheus_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
@@ -148,6 +154,19 @@ impl Node {
             path: config.node.data_dir.clone(),
             source,
         })?;
+        // TLS material first: an unusable file stops the start before anything listens.
+        let amqps_config = match &config.amqp.tls {
+            Some(t) => Some(super::tls::server_config(t, "amqp.tls", &[])?),
+            None => None,
+        };
+        let mgmt_tls_config = match &config.management.tls {
+            Some(t) => Some(super::tls::server_config(
+                t,
+                "management.tls",
+                &[b"http/1.1"],
+            )?),
+            None => None,
+        };
         let watermark = if config.limits.memory_high_watermark_bytes > 0 {
             config.limits.memory_high_watermark_bytes
         } else {
@@ -209,6 +228,22 @@ impl Node {
         };
         let (prometheus_listener, prometheus_addr) =
             bind_optional(config.prometheus.listen_addr()).await?;
+        let (amqps_listener, amqps_addr) = bind_optional(
+            config
+                .amqp
+                .tls
+                .as_ref()
+                .map(|t| t.listen_addr(crate::config::AMQPS_PORT)),
+        )
+        .await?;
+        let (mgmt_tls_listener, mgmt_tls_addr) = bind_optional(
+            config
+                .management
+                .tls
+                .as_ref()
+                .map(|t| t.listen_addr(crate::config::MANAGEMENT_HTTPS_PORT)),
+        )
+        .await?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let tracker = TaskTracker::new();
         let mut tasks = Vec::new();
@@ -256,35 +291,49 @@ impl Node {
             tracker.clone(),
             shutdown_rx.clone(),
         )));
+        let mgmt_ctx = super::mgmt::MgmtContext {
+            broker: broker.clone(),
+            node: crate::admin::NodeInfo {
+                name: config.node.name.clone(),
+            },
+            clock,
+            meta: meta.clone(),
+            loopback_users: Arc::new(config.amqp.loopback_users.clone()),
+            listeners: Arc::new(
+                [
+                    Some(("amqp", addr.port())),
+                    amqps_addr.map(|a| ("amqp/ssl", a.port())),
+                    mgmt_addr.map(|a| ("http", a.port())),
+                    mgmt_tls_addr.map(|a| ("https", a.port())),
+                    prometheus_addr.map(|a| ("http/prometheus", a.port())),
+                    cluster
+                        .as_ref()
+                        .map(|c| ("clustering", c.transport().local_addr().port())),
+                    Some(("warren/admin", admin_addr.port())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            ),
+            amqp: addr,
+        };
         if let (Some(listener), Some(mgmt)) = (mgmt_listener, mgmt_addr) {
-            let addr_mgmt_port = mgmt.port();
             tracing::info!(addr = %mgmt, "management API listening");
             tasks.push(tokio::spawn(super::mgmt::serve(
                 listener,
-                super::mgmt::MgmtContext {
-                    broker: broker.clone(),
-                    node: crate::admin::NodeInfo {
-                        name: config.node.name.clone(),
-                    },
-                    clock,
-                    meta: meta.clone(),
-                    loopback_users: Arc::new(config.amqp.loopback_users.clone()),
-                    listeners: Arc::new(
-                        [
-                            Some(("amqp", addr.port())),
-                            Some(("http", addr_mgmt_port)),
-                            prometheus_addr.map(|a| ("http/prometheus", a.port())),
-                            cluster
-                                .as_ref()
-                                .map(|c| ("clustering", c.transport().local_addr().port())),
-                            Some(("warren/admin", admin_addr.port())),
-                        ]
-                        .into_iter()
-                        .flatten()
-                        .collect(),
-                    ),
-                    amqp: addr,
-                },
+                mgmt_ctx.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
+        if let (Some(listener), Some(https), Some(tls)) =
+            (mgmt_tls_listener, mgmt_tls_addr, mgmt_tls_config)
+        {
+            tracing::info!(addr = %https, "management API listening (HTTPS)");
+            let listener =
+                super::tls::https::TlsListener::start(listener, https, tls, shutdown_rx.clone());
+            tasks.push(tokio::spawn(super::mgmt::serve_tls(
+                listener,
+                mgmt_ctx,
                 shutdown_rx.clone(),
             )));
         }
@@ -417,6 +466,24 @@ impl Node {
             meta: meta.clone(),
         };
         tracing::info!(%addr, node = %config.node.name, memory_high_watermark = watermark, "node listening");
+        if let (Some(listener), Some(amqps), Some(tls)) = (amqps_listener, amqps_addr, amqps_config)
+        {
+            let login_from = config
+                .amqp
+                .tls
+                .as_ref()
+                .map(|t| t.cert_login_from())
+                .unwrap_or_default();
+            tracing::info!(addr = %amqps, "AMQPS listening");
+            let amqps = super::tls::amqps::Amqps {
+                listener,
+                addr: amqps,
+                config: tls,
+                login_from,
+                handshake_timeout: Duration::from_millis(config.amqp.handshake_timeout_ms),
+            };
+            tasks.push(amqps.spawn(ctx.clone(), tracker.clone(), shutdown_rx.clone()));
+        }
 
         let accept_tracker = tracker.clone();
         let mut accept_shutdown = shutdown_rx.clone();
@@ -429,7 +496,7 @@ impl Node {
                         Ok((stream, peer)) => {
                             let ctx = ctx.clone();
                             let local = listener.stream_local_addr(&stream).unwrap_or(addr);
-                            accept_tracker.spawn(conn_task::run(stream, peer, local, ctx));
+                            accept_tracker.spawn(conn_task::run(stream, peer, local, None, ctx));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "accept failed");
@@ -512,8 +579,10 @@ impl Node {
 
         Ok(Node {
             addr,
+            amqps_addr,
             admin_addr,
             mgmt_addr,
+            mgmt_tls_addr,
             prometheus_addr,
             broker,
             shutdown: shutdown_tx,
@@ -529,6 +598,16 @@ impl Node {
     /// The AMQP listener's address.
     pub fn amqp_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The AMQPS listener's address, when `[amqp.tls]` is configured.
+    pub fn amqps_addr(&self) -> Option<SocketAddr> {
+        self.amqps_addr
+    }
+
+    /// The management API's HTTPS address, when `[management.tls]` is configured.
+    pub fn mgmt_tls_addr(&self) -> Option<SocketAddr> {
+        self.mgmt_tls_addr
     }
 
     /// The admin listener's address (`warrenctl --node`).

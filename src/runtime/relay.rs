@@ -14,6 +14,10 @@
 //!   ordinary flow control (prefetch, outbox bytes) paces a remote consumer as a local one.
 //! - `Settle` / `Cancel`: acks, nacks, requeues and cancels of a proxy channel; a cancel
 //!   that leaves an auto-delete queue without consumers deletes it (through Raft).
+//! - `DeliverReply`: a message published (on C) to a reply name of a channel of H (direct
+//!   reply-to) goes to that channel's reply consumer, or nowhere; nothing is answered but
+//!   `Done`, as RabbitMQ's cast to the channel. A declare of such a name on C asks H with
+//!   `Counts`, which H answers for its reply consumers.
 //!
 //! On C, deliveries land in the consumer connection's outbox as [`QueueRef::Remote`]
 //! deliveries, so its acks travel back. When H goes down, C cancels its consumers on H's
@@ -35,6 +39,7 @@ use super::conn_task::MetaCommit;
 use super::node_link::transport::{BrokerReply, BrokerService};
 use super::node_link::TcpTransport;
 use super::storage::decode_message;
+use crate::broker::direct_reply::{is_reply_name, ReplyAddress};
 use crate::broker::remote::{
     CallFuture, NodeCall, NodeCallFuture, NodeReply, QueueCall, QueueReply, RemoteGot,
 };
@@ -180,13 +185,18 @@ enum RelayMsg {
     Sessions,
     /// To a connection's node: close it with 320 (`DELETE /api/connections/{name}`).
     CloseConnection { id: u64, reason: String },
+    /// To a reply consumer's node: a message published to its reply name (direct
+    /// reply-to). Nothing waits for the answer. Last, so earlier variants keep their tags.
+    DeliverReply { name: String, message: WireMessage },
 }
 
 impl RelayMsg {
     /// Roughly the bytes it takes on the wire (message bodies and properties).
     fn size(&self) -> usize {
         match self {
-            RelayMsg::Publish { message, .. } => message.bytes.len(),
+            RelayMsg::Publish { message, .. } | RelayMsg::DeliverReply { message, .. } => {
+                message.bytes.len()
+            }
             RelayMsg::Deliver { deliveries, .. } => {
                 deliveries.iter().map(|d| d.message.bytes.len()).sum()
             }
@@ -265,8 +275,8 @@ struct ProxyChannel {
 const PROXY_GETS: usize = 8;
 /// Abandonments of gets not arrived yet that a node remembers.
 const ABANDONED_GETS: usize = 1024;
-/// How long a settle, cancel or abandonment that could not be sent is tried again: what
-/// it releases would otherwise stay unacknowledged on the queue's node for good.
+/// How long a settle or the abandonment of a get is tried again: what it releases would
+/// otherwise stay unacknowledged on the queue's node for good.
 const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// On the consumer's node: where deliveries for a channel go.
@@ -325,6 +335,18 @@ struct Inner {
     next_get: std::sync::atomic::AtomicU64,
     /// Gets other nodes abandoned before they arrived here: (node, request).
     abandoned_gets: Mutex<VecDeque<(NodeId, u64)>>,
+    /// Consumers this node cancelled on a node it gave up, to cancel there once it is heard
+    /// again (it may never have given this node up, and would keep them).
+    cancel_when_up: Mutex<Vec<GivenUp>>,
+}
+
+/// A consumer of channel `key` on `queue` of `node`, cancelled here when `node` was given up.
+struct GivenUp {
+    node: NodeId,
+    key: ChannelKey,
+    vhost: String,
+    queue: String,
+    tag: Arc<str>,
 }
 
 /// A channel's retired consumers (see `Inner::retired`); pruned once the channel is gone.
@@ -376,6 +398,7 @@ impl Relay {
                 // Not from 1: a restarted node must not reuse the numbers of its last life.
                 next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),
                 abandoned_gets: Mutex::new(VecDeque::new()),
+                cancel_when_up: Mutex::new(Vec::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -474,6 +497,17 @@ impl Relay {
             sink.tags = kept;
             for t in &gone {
                 self.inner.retire(*key, &sink.outbox, &t.tag, node);
+                let (vhost, queue) = &*t.queue;
+                let mut given_up = lock(&self.inner.cancel_when_up);
+                // Those of channels gone since need nothing more.
+                given_up.retain(|g| self.inner.is_retired(&g.key, &g.tag, g.node));
+                given_up.push(GivenUp {
+                    node,
+                    key: *key,
+                    vhost: vhost.clone(),
+                    queue: queue.clone(),
+                    tag: t.tag.clone(),
+                });
             }
             if let Some(outbox) = sink.outbox.upgrade() {
                 for t in gone {
@@ -504,6 +538,42 @@ impl Relay {
         sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
         if let Some((_, down)) = lock(&self.inner.senders).remove(&node) {
             let _ = down.send(true);
+        }
+    }
+}
+
+impl Relay {
+    /// `node` is heard again after it was given up: the consumers cancelled on it then are
+    /// cancelled there too, in order before anything else sent to it (a consumer that
+    /// followed its queue back there since is not: it is no longer retired).
+    pub fn node_up(&self, node: NodeId) {
+        let gone: Vec<_> = {
+            let mut all = lock(&self.inner.cancel_when_up);
+            let (here, rest) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|c| c.node == node);
+            *all = rest;
+            here
+        };
+        for GivenUp {
+            node,
+            key,
+            vhost,
+            queue,
+            tag,
+        } in gone
+        {
+            if !self.inner.is_retired(&key, &tag, node) {
+                continue;
+            }
+            let msg = RelayMsg::Cancel {
+                vhost,
+                queue,
+                conn: key.conn,
+                channel: key.channel,
+                tag: tag.to_string(),
+            };
+            self.inner.send(node, msg, 0);
         }
     }
 }
@@ -729,14 +799,12 @@ impl Inner {
 
     /// `out` could not be sent to `node`, or its answer did not come (the node was given
     /// up): whoever waits hears so. What would leave a message unacknowledged there for
-    /// good is sent again, outside the ordered sender: settles, and the abandonment of a get
-    /// with acks (the get may have reached the node anyway). Not cancels: sent again, one
-    /// could overtake the consumer's re-consume with the same tag once the queue is back.
+    /// good is sent again, outside the ordered sender, until the node has it: a settle (the
+    /// node may not have given this one up, and keeps the delivery), and the abandonment of
+    /// a get with acks (the get may have reached the node anyway).
     fn failed(&self, node: NodeId, out: Outgoing) {
         match &out.msg {
-            RelayMsg::Settle { .. } => {
-                self.send_until_taken(node, out.msg.clone());
-            }
+            RelayMsg::Settle { .. } => self.send_until_taken(node, out.msg.clone()),
             RelayMsg::Get {
                 conn,
                 channel,
@@ -815,7 +883,7 @@ impl Inner {
                     return;
                 }
                 if tokio::time::Instant::now() >= until {
-                    tracing::warn!(node, "relay: a settle for the node could not be sent");
+                    tracing::warn!(node, "relay: a settle could not be sent to the node");
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -1260,6 +1328,23 @@ impl Inner {
             }
             // Handled with its batch in `handle` (it waits for the follower, not the disk).
             RelayMsg::Barrier { .. } => (RelayReply::Counts(0, 0, 0), 0),
+            // A reply name of this node, declared on another (direct reply-to): it "exists"
+            // while its consumer does, with RabbitMQ's 0 messages and 1 consumer.
+            RelayMsg::Counts { vhost, queue } if is_reply_name(&queue) => {
+                let live = ReplyAddress::parse(&queue)
+                    .is_ok_and(|a| a.node == self.me && self.broker.direct_replies().contains(&a));
+                match live {
+                    true => (RelayReply::Counts(0, 1, 0), 0),
+                    false => (RelayReply::Missing(missing(&vhost, &queue)), 0),
+                }
+            }
+            RelayMsg::DeliverReply { name, message } => {
+                if let Some(message) = message.message() {
+                    self.broker
+                        .deliver_forwarded_reply(&name, Arc::new(message));
+                }
+                (RelayReply::Done, 0)
+            }
             RelayMsg::Counts { vhost, queue } => match self.broker.queue(&vhost, &queue) {
                 Some(h) => {
                     let mut q = h.lock();
@@ -1409,7 +1494,8 @@ impl Inner {
             | RelayMsg::Deliver { .. }
             | RelayMsg::Barrier { .. }
             | RelayMsg::Sessions
-            | RelayMsg::CloseConnection { .. } => None,
+            | RelayMsg::CloseConnection { .. }
+            | RelayMsg::DeliverReply { .. } => None,
         }
     }
 
@@ -1566,8 +1652,9 @@ async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify: Arc<Notify
                         c.retain(|(_, _, t)| *t != consumer_tag);
                         cancels.push(consumer_tag.to_string());
                     }
-                    // Only a connection's own outbox is closed by an operator.
-                    OutItem::Close { .. } => {}
+                    // Only a connection's own outbox is closed by an operator, and only a
+                    // channel's reply consumer gets replies.
+                    OutItem::Close { .. } | OutItem::Reply { .. } => {}
                 }
             }
             let msg = RelayMsg::Deliver {
@@ -1613,6 +1700,14 @@ impl RemoteLink for Relay {
             message: WireMessage::of(&message),
         };
         self.inner.send(node, msg, outcome);
+    }
+
+    fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>) {
+        let msg = RelayMsg::DeliverReply {
+            name: name.to_string(),
+            message: WireMessage::of(&message),
+        };
+        self.inner.send(node, msg, 0);
     }
 
     fn consume(

@@ -2,7 +2,9 @@
 //!
 //! The metadata methods (exchange.*, queue.*) live in `channel/metadata.rs`: they emit
 //! commands and park the channel until the result comes back (see [`crate::session::meta`]).
+//! Direct reply-to (the `amq.rabbitmq.reply-to` pseudo-queue) is `channel/direct_reply.rs`.
 
+mod direct_reply;
 mod metadata;
 
 use std::collections::BTreeMap;
@@ -31,6 +33,10 @@ use crate::broker::{
 use crate::meta::Command;
 use crate::metrics::Metrics;
 use crate::time::Instant;
+
+/// basic.publish's class and method ids, named by the errors of a publish's checks.
+const BASIC_CLASS: u16 = 60;
+const BASIC_PUBLISH: u16 = 40;
 
 #[derive(Debug)]
 struct PendingPublish {
@@ -167,6 +173,8 @@ pub struct Channel {
     next_delivery_tag: u64,
     unacked: BTreeMap<u64, UnackedRef>,
     consumers: BTreeMap<String, ConsumerRef>,
+    /// The direct reply-to consumer, if any (not among `consumers`: it has no queue).
+    reply_consumer: Option<direct_reply::ReplyConsumer>,
     prefetch: u16,
     confirm: bool,
     next_publish_seq: u64,
@@ -222,6 +230,7 @@ impl Channel {
             next_delivery_tag: 1,
             unacked: BTreeMap::new(),
             consumers: BTreeMap::new(),
+            reply_consumer: None,
             prefetch: 0,
             confirm: false,
             next_publish_seq: 1,
@@ -358,6 +367,9 @@ impl Channel {
             basic::AMQPMethod::Consume(m) => self.consume(c, m, now),
             basic::AMQPMethod::Cancel(m) => {
                 let tag = m.consumer_tag.as_str().to_string();
+                if self.cancel_reply(c, &tag, m.nowait) {
+                    return Ok(());
+                }
                 let auto_delete = match self.consumers.remove(&tag) {
                     Some(cons) => {
                         self.listed.remove_consumer(&tag);
@@ -468,6 +480,9 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let name = self.resolve_queue_name(m.queue.as_str())?;
+        if name == crate::broker::direct_reply::REPLY_QUEUE {
+            return self.consume_reply(c, m);
+        }
         perms(c)?.check(Access::Read, "queue", &name)?;
         let remote = match c.broker.queue(&c.vhost, &name) {
             Some(_) => None,
@@ -865,7 +880,8 @@ impl Channel {
                     return Err(precondition_failed(format!(
                         "message size {} is larger than configured max size {}",
                         h.body_size, c.cfg.max_message_size
-                    )));
+                    ))
+                    .at(BASIC_CLASS, BASIC_PUBLISH));
                 }
                 // Reserve what is announced only up to 1 MiB: the announcement is not the data.
                 pending.body.reserve((h.body_size as usize).min(1 << 20));
@@ -888,7 +904,10 @@ impl Channel {
             .is_some_and(|h| pending.body.len() as u64 == h.body_size);
         if complete {
             let p = self.content.take().expect("checked above");
-            self.publish(c, p, now)?;
+            // The checks of a complete publish fail basic.publish, which the close names
+            // (RabbitMQ checks them while it handles the method).
+            self.publish(c, p, now)
+                .map_err(|e| e.at(BASIC_CLASS, BASIC_PUBLISH))?;
         }
         Ok(())
     }
@@ -926,6 +945,8 @@ impl Channel {
             )));
         }
         perms(c)?.check(Access::Write, "exchange", &p.exchange)?;
+        // Direct reply-to: at this point of the checks, as in RabbitMQ.
+        let reply_to = self.rewritten_reply_to(&header.properties)?;
         if let Some(uid) = header.properties.user_id() {
             if uid.as_str() != c.user {
                 return Err(precondition_failed(format!(
@@ -943,17 +964,25 @@ impl Channel {
             )));
         }
         let bcc = crate::broker::exchange::header_keys(headers, "BCC").unwrap_or_default();
-        let (properties_raw, properties) = match headers {
-            Some(h) if h.inner().contains_key("BCC") => {
+        let strip_bcc = headers.is_some_and(|h| h.inner().contains_key("BCC"));
+        // The properties are encoded again only when they change (as RabbitMQ clears the
+        // encoded content then).
+        let (properties_raw, properties) = if strip_bcc || reply_to.is_some() {
+            let mut properties = header.properties.clone();
+            if let Some(h) = headers.filter(|_| strip_bcc) {
                 let mut kept = amq_protocol::types::FieldTable::default();
                 for (k, v) in h.inner().iter().filter(|(k, _)| k.as_str() != "BCC") {
                     kept.insert(k.clone(), v.clone());
                 }
-                let properties = header.properties.clone().with_headers(kept);
-                let raw = crate::amqp::frame::encode_properties(&properties);
-                (bytes::Bytes::from(raw), properties)
+                properties = properties.with_headers(kept);
             }
-            _ => (header.raw_properties, header.properties),
+            if let Some(name) = reply_to {
+                properties = properties.with_reply_to(name.into());
+            }
+            let raw = crate::amqp::frame::encode_properties(&properties);
+            (bytes::Bytes::from(raw), properties)
+        } else {
+            (header.raw_properties, header.properties)
         };
         c.note_publish();
         self.metrics.received.inc();
@@ -1346,6 +1375,8 @@ impl Channel {
 
     /// Releases what the channel holds: consumers detached, unacked messages requeued.
     pub fn teardown(&mut self, c: &mut Connection, now: Instant) {
+        // Its reply name reaches nothing from here on.
+        self.reply_consumer = None;
         let consumers = std::mem::take(&mut self.consumers);
         for (tag, cons) in consumers {
             // Nobody waits for these deletions: the channel is going away.

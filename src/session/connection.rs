@@ -51,7 +51,9 @@ use super::permissions::Permissions;
 use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
 use crate::amqp::{short, AmqpError, ReplyCode};
-use crate::broker::registry::{ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionState};
+use crate::broker::registry::{
+    ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionState, SslInfo,
+};
 use crate::broker::{Broker, OutItem, Outbox};
 use crate::meta::{Command, MetaState};
 use crate::time::Instant;
@@ -105,6 +107,8 @@ pub struct PeerInfo {
     pub local_host: String,
     /// The node's end of the socket: port.
     pub local_port: u16,
+    /// The TLS session, when the client came in on the TLS listener.
+    pub tls: Option<super::external::TlsPeer>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +147,8 @@ pub struct Connection {
     last_sent: Instant,
     deadline: Option<Instant>,
     pub(crate) user: String,
+    /// The SASL mechanism the user logged in with.
+    pub(crate) auth_mechanism: String,
     pub(crate) vhost: String,
     pub(crate) caps: ClientCapabilities,
     /// From start-ok; kept until open, when the connection is listed with it.
@@ -206,6 +212,7 @@ impl Connection {
             last_recv: now,
             last_sent: now,
             user: String::new(),
+            auth_mechanism: String::new(),
             vhost: String::new(),
             caps: ClientCapabilities::default(),
             client_properties: Default::default(),
@@ -694,6 +701,18 @@ impl Connection {
                         }
                     }
                 }
+                OutItem::Reply {
+                    channel,
+                    key,
+                    message,
+                } => {
+                    released += message.size() as usize;
+                    if let Some(c) = self.channels.get_mut(&channel) {
+                        if !c.is_closing() {
+                            c.encode_reply(&mut self.out, self.frame_max, key, &message);
+                        }
+                    }
+                }
                 OutItem::Cancel {
                     channel,
                     consumer_tag,
@@ -879,6 +898,12 @@ impl Connection {
             frame_max: self.frame_max,
             channel_max: self.channel_max,
             client_properties: std::mem::take(&mut self.client_properties),
+            auth_mechanism: self.auth_mechanism.clone(),
+            ssl: self.peer.tls.as_ref().map(|t| SslInfo {
+                protocol: t.protocol.clone(),
+                cipher: t.cipher.clone(),
+                peer_cert_subject: t.cert.as_ref().map(|c| c.subject.clone()),
+            }),
         };
         self.listed = Some(self.broker.sessions().register(
             info,

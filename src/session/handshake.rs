@@ -1,10 +1,12 @@
-//! The connection handshake: protocol header, start / start-ok (PLAIN, AMQPLAIN), tune /
-//! tune-ok negotiation as RabbitMQ does it, and open.
+//! The connection handshake: protocol header, start / start-ok (PLAIN, AMQPLAIN, and
+//! EXTERNAL on TLS connections: [`super::external`]), tune / tune-ok negotiation as RabbitMQ
+//! does it, and open.
 
 use amq_protocol::protocol::{connection as conn, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 
 use super::connection::{Connection, SessionConfig};
+use super::external::{self, Refusal, EXTERNAL};
 use super::permissions::Permissions;
 use crate::amqp::frame::{FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use crate::amqp::reply_code::{access_refused, command_invalid, not_allowed, syntax_error};
@@ -56,6 +58,7 @@ pub fn send_start(c: &mut Connection) {
             "authentication_failure_close",
             "per_consumer_qos",
             "consumer_priorities",
+            "direct_reply_to",
         ]
         .into_iter()
         .map(|k| (k, AMQPValue::Boolean(true)))
@@ -79,7 +82,7 @@ pub fn send_start(c: &mut Connection) {
             version_major: 0,
             version_minor: 9,
             server_properties: props,
-            mechanisms: "PLAIN AMQPLAIN".into(),
+            mechanisms: external::mechanisms(c.peer().tls.as_ref()).into(),
             locales: "en_US".into(),
         })),
     );
@@ -126,12 +129,29 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         c.caps.connection_blocked = flag("connection.blocked");
     }
     let mechanism = s.mechanism.as_str().to_string();
-    let (user, password) = credentials(&mechanism, s.response.as_bytes())?;
     let snapshot = c.snapshot();
-    let ok = snapshot
-        .users
-        .get(&user)
-        .is_some_and(|u| u.password_matches(&password));
+    let (user, ok) = if mechanism == EXTERNAL {
+        // The certificate vouches for the user: it must exist, no password is checked.
+        match external::login(c.peer().tls.as_ref()) {
+            Ok(name) => (name.to_string(), snapshot.users.contains_key(name)),
+            Err(Refusal::NotTls) => {
+                return Err(command_invalid(format!(
+                    "invalid authentication mechanism '{EXTERNAL}'"
+                )))
+            }
+            Err(why) => {
+                tracing::warn!(conn = c.id, reason = %why, "EXTERNAL login refused");
+                (String::new(), false)
+            }
+        }
+    } else {
+        let (user, password) = credentials(&mechanism, s.response.as_bytes())?;
+        let ok = snapshot
+            .users
+            .get(&user)
+            .is_some_and(|u| u.password_matches(&password));
+        (user, ok)
+    };
     let metrics = c.broker.metrics();
     metrics.auth_attempts.inc();
     if ok {
@@ -151,6 +171,7 @@ pub fn handle_start_ok(c: &mut Connection, s: conn::StartOk) -> Result<(), AmqpE
         )));
     }
     c.user = user;
+    c.auth_mechanism = mechanism;
     c.client_properties = s.client_properties;
     c.send_method(
         0,

@@ -10,9 +10,11 @@
 
 pub mod channel;
 pub mod connection;
+pub mod external;
 pub mod handshake;
 pub mod meta;
 pub mod permissions;
 
 pub use connection::{Connection, PeerInfo, SessionConfig};
+pub use external::{PeerCert, TlsPeer};
 pub use meta::{MetaResult, MetaToken};

@@ -187,6 +187,24 @@ impl TestNode {
             .expect("management listener on")
     }
 
+    /// The node's AMQPS listener (`[amqp.tls]`).
+    pub fn amqps_addr(&self) -> SocketAddr {
+        self.node
+            .as_ref()
+            .expect("node running")
+            .amqps_addr()
+            .expect("AMQPS listener on")
+    }
+
+    /// The node's management API over HTTPS (`[management.tls]`).
+    pub fn mgmt_tls_addr(&self) -> SocketAddr {
+        self.node
+            .as_ref()
+            .expect("node running")
+            .mgmt_tls_addr()
+            .expect("management HTTPS listener on")
+    }
+
     /// The node's data folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir

@@ -14,8 +14,8 @@ use amq_protocol::uri::AMQPUri;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+
+use super::stream::{self, Rd, Wr};
 
 pub const FRAME_METHOD: u8 = 1;
 pub const FRAME_HEADER: u8 = 2;
@@ -303,8 +303,8 @@ fn client_properties(label: &str) -> FieldTable {
 
 /// An open AMQP connection (socket halves plus buffers).
 pub struct Conn {
-    pub rd: OwnedReadHalf,
-    pub wr: OwnedWriteHalf,
+    pub rd: Rd,
+    pub wr: Wr,
     pub rbuf: BytesMut,
     pub wbuf: Vec<u8>,
     pub frame_max: u32,
@@ -312,15 +312,10 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// TCP connect and run the connection handshake (start/tune/open).
+    /// TCP (and TLS for amqps://) connect and run the connection handshake
+    /// (start/tune/open).
     pub async fn open(uri: &AMQPUri, label: &str) -> Result<Conn> {
-        let host = uri.authority.host.as_str();
-        let port = uri.authority.port;
-        let stream = TcpStream::connect((host, port))
-            .await
-            .with_context(|| format!("{label}: cannot connect to {host}:{port}"))?;
-        stream.set_nodelay(true)?;
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = stream::connect(uri, label).await?;
         let mut c = Conn {
             rd,
             wr,
@@ -418,8 +413,7 @@ impl Conn {
 
     pub async fn flush(&mut self) -> Result<()> {
         if !self.wbuf.is_empty() {
-            self.wr
-                .write_all(&self.wbuf)
+            write_all(&mut self.wr, &self.wbuf)
                 .await
                 .with_context(|| format!("{}: write to the broker failed", self.label))?;
             self.wbuf.clear();
@@ -609,12 +603,19 @@ pub async fn close_quietly(c: Conn) {
 }
 
 /// Make room in `rbuf` (reusing consumed space) and read once; Ok(false) on EOF.
-pub async fn fill(rd: &mut OwnedReadHalf, rbuf: &mut BytesMut) -> Result<bool> {
+pub async fn fill(rd: &mut Rd, rbuf: &mut BytesMut) -> Result<bool> {
     if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
         rbuf.reserve(READ_CHUNK);
     }
     let n = rd.read_buf(rbuf).await?;
     Ok(n > 0)
+}
+
+/// Writes `buf` and flushes: a TLS stream may hold encrypted bytes back until flushed
+/// (for TCP the flush is free).
+pub async fn write_all(wr: &mut Wr, buf: &[u8]) -> std::io::Result<()> {
+    wr.write_all(buf).await?;
+    wr.flush().await
 }
 
 /// Parse `x-queue-mode=lazy,x-max-length=1000` style queue arguments.

@@ -83,8 +83,10 @@ async fn consume_loop(mut c: Conn, cfg: &ConsumerCfg, stats: &Stats) -> Result<(
     loop {
         if stats.stopping() && !closing {
             // channel.close: the broker requeues unacked messages; deliveries
-            // still in flight are ignored until close-ok.
+            // still in flight are ignored until close-ok, the one being received
+            // included (an ack after channel.close is a connection error).
             closing = true;
+            cur.active = false;
             deadline = Instant::now() + Duration::from_secs(5);
             c.send(amqp::channel_close_frame(CH)).await?;
         }
@@ -129,6 +131,7 @@ async fn consume_loop(mut c: Conn, cfg: &ConsumerCfg, stats: &Stats) -> Result<(
                                 channel_error =
                                     Some(anyhow::Error::new(amqp::server_close_of(&m).unwrap()));
                                 closing = true;
+                                cur.active = false;
                                 deadline = Instant::now() + Duration::from_secs(5);
                                 amqp::encode(&mut c.wbuf, &amqp::channel_close_ok_frame(CH))?;
                                 amqp::encode(&mut c.wbuf, &amqp::connection_close_frame())?;
@@ -142,6 +145,7 @@ async fn consume_loop(mut c: Conn, cfg: &ConsumerCfg, stats: &Stats) -> Result<(
                                     cfg.queue
                                 ));
                                 closing = true;
+                                cur.active = false;
                                 deadline = Instant::now() + Duration::from_secs(5);
                                 amqp::encode(&mut c.wbuf, &amqp::channel_close_frame(CH))?;
                             }

@@ -15,11 +15,11 @@ use amq_protocol::uri::AMQPUri;
 use anyhow::{anyhow, Context, Result};
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Mutex as AsyncMutex, Semaphore};
 
 use super::amqp::{self, Conn, FRAME_BODY, FRAME_END, FRAME_METHOD};
 use super::stats::Stats;
+use super::stream::{Rd, Wr};
 
 const CH: u16 = 1;
 /// Upper bounds for one write batch.
@@ -166,7 +166,7 @@ pub async fn run(conn: Conn, cfg: ProducerCfg, stats: Arc<Stats>) {
         if !sh.dead.load(Relaxed) {
             let mut buf = Vec::new();
             if amqp::encode(&mut buf, &amqp::channel_close_frame(CH)).is_ok() {
-                let _ = w.write_all(&buf).await;
+                let _ = amqp::write_all(&mut w, &buf).await;
             }
         }
     }
@@ -183,7 +183,7 @@ pub async fn run(conn: Conn, cfg: ProducerCfg, stats: Arc<Stats>) {
 async fn publish_loop(
     cfg: &ProducerCfg,
     frame_max: usize,
-    wr: &AsyncMutex<OwnedWriteHalf>,
+    wr: &AsyncMutex<Wr>,
     sh: &Shared,
     stats: &Stats,
 ) -> Result<()> {
@@ -291,7 +291,7 @@ async fn publish_loop(
             if sh.dead.load(Relaxed) {
                 break;
             }
-            w.write_all(&wbuf)
+            amqp::write_all(&mut w, &wbuf)
                 .await
                 .context("write to the broker failed")?;
         }
@@ -316,18 +316,18 @@ async fn publish_loop(
     Ok(())
 }
 
-async fn write_frame(wr: &AsyncMutex<OwnedWriteHalf>, f: AMQPFrame) -> Result<()> {
+async fn write_frame(wr: &AsyncMutex<Wr>, f: AMQPFrame) -> Result<()> {
     let mut buf = Vec::new();
     amqp::encode(&mut buf, &f)?;
-    wr.lock().await.write_all(&buf).await?;
+    amqp::write_all(&mut *wr.lock().await, &buf).await?;
     Ok(())
 }
 
 /// Handle everything the broker sends on a producer connection.
 async fn read_loop(
-    mut rd: OwnedReadHalf,
+    mut rd: Rd,
     mut rbuf: BytesMut,
-    wr: &AsyncMutex<OwnedWriteHalf>,
+    wr: &AsyncMutex<Wr>,
     sh: &Shared,
     stats: &Stats,
     label: &str,

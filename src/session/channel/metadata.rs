@@ -155,6 +155,17 @@ impl Channel {
         match m {
             qm::AMQPMethod::Declare(d) => {
                 let mut name = d.queue.as_str().to_string();
+                // Every declare of these names is passive, before any other check (RabbitMQ
+                // matches them first); `""` is the last declared queue only when passive.
+                let named = match (d.passive, name.is_empty()) {
+                    (true, true) => self.last_queue.clone(),
+                    _ => Some(name.clone()),
+                };
+                if let Some(reply) =
+                    named.filter(|n| n.starts_with(crate::broker::direct_reply::REPLY_QUEUE))
+                {
+                    return self.declare_reply_queue(c, &reply, d.nowait);
+                }
                 if d.passive {
                     let name = self.resolve_queue_name(&name)?;
                     // A queue another live node runs: that node tells its counts.

@@ -102,7 +102,7 @@ async fn auth_is_basic_against_warren_users_with_rabbitmq_401s() {
     assert_eq!(s, 401);
     assert_eq!(
         body,
-        json!({"error": "not_authorised", "reason": "Login failed"})
+        json!({"error": "not_authorized", "reason": "Login failed"})
     );
     let (s, body) = api
         .call_as(("amqp_only", "pw"), "GET", "/api/whoami", None)
@@ -420,6 +420,109 @@ async fn definitions_export_and_import_over_http() {
         api.call("POST", "/api/definitions", Some("{]")).await.0,
         400
     );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_vhosts_definitions_export_and_import_over_http() {
+    let (node, api) = start().await;
+    for (path, body) in [
+        ("/api/vhosts/src", "{}"),
+        ("/api/vhosts/dst", "{}"),
+        ("/api/exchanges/src/events", r#"{"type":"topic"}"#),
+        ("/api/exchanges/src/audit", r#"{"type":"fanout"}"#),
+        (
+            "/api/queues/src/orders",
+            r#"{"arguments":{"x-max-length":10}}"#,
+        ),
+        (
+            "/api/policies/src/cap",
+            r#"{"pattern":"^orders$","definition":{"max-length":5}}"#,
+        ),
+    ] {
+        assert_eq!(api.call("PUT", path, Some(body)).await.0, 201, "{path}");
+    }
+    for (path, key) in [
+        ("/api/bindings/src/e/events/q/orders", "order.*"),
+        ("/api/bindings/src/e/events/e/audit", "#"),
+    ] {
+        let body = format!(r#"{{"routing_key":"{key}"}}"#);
+        assert_eq!(api.call("POST", path, Some(&body)).await.0, 201, "{path}");
+    }
+    let (s, defs) = api.call("GET", "/api/definitions/src", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        defs["queues"],
+        json!([{"name": "orders", "durable": true,
+        "auto_delete": false, "arguments": {"x-max-length": 10}}])
+    );
+    assert_eq!(defs["bindings"].as_array().unwrap().len(), 2);
+    assert!(defs["bindings"][0].get("vhost").is_none());
+    // Into another vhost: the same objects there, and they route.
+    let text = defs.to_string();
+    assert_eq!(
+        api.call("POST", "/api/definitions/dst", Some(&text))
+            .await
+            .0,
+        204
+    );
+    let (_, q) = api.call("GET", "/api/queues/dst/orders", None).await;
+    assert_eq!(
+        (q["policy"].clone(), q["arguments"].clone()),
+        (json!("cap"), json!({"x-max-length": 10}))
+    );
+    let (_, b) = api
+        .call("GET", "/api/bindings/dst/e/events/e/audit", None)
+        .await;
+    assert_eq!(b[0]["routing_key"], "#");
+    let publish =
+        r#"{"properties":{},"routing_key":"order.1","payload":"x","payload_encoding":"string"}"#;
+    let (s, routed) = api
+        .call("POST", "/api/exchanges/dst/events/publish", Some(publish))
+        .await;
+    assert_eq!((s, routed), (200, json!({"routed": true})));
+    let (s, _) = api.call("GET", "/api/definitions/nowhere", None).await;
+    assert_eq!(s, 400);
+    let (s, _) = api
+        .call("POST", "/api/definitions/nowhere", Some("{}"))
+        .await;
+    assert_eq!(s, 404);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_permissions_takes_a_users_access_to_a_vhost() {
+    let (node, api) = start().await;
+    assert_eq!(api.call("PUT", "/api/vhosts/pv", Some("{}")).await.0, 201);
+    let all = r#"{"configure":".*","write":".*","read":".*"}"#;
+    assert_eq!(
+        api.call("PUT", "/api/permissions/pv/mon", Some(all))
+            .await
+            .0,
+        201
+    );
+    let (s, list) = api.call("GET", "/api/vhosts/pv/permissions", None).await;
+    // The creator (guest) and mon.
+    assert_eq!((s, list.as_array().unwrap().len()), (200, 2));
+    let (_, mine) = api.call("GET", "/api/users/mon/permissions", None).await;
+    assert_eq!(mine.as_array().unwrap().len(), 2);
+    let mon_uri = node.uri_for("mon", "pw", "pv");
+    let conn = node.connect_uri(&mon_uri).await;
+    drop(conn);
+    assert_eq!(
+        api.call("DELETE", "/api/permissions/pv/mon", None).await.0,
+        204
+    );
+    assert_eq!(
+        api.call("GET", "/api/permissions/pv/mon", None).await.0,
+        404
+    );
+    assert_eq!(
+        api.call("DELETE", "/api/permissions/pv/mon", None).await.0,
+        404
+    );
+    // Without permissions, mon cannot open the vhost over AMQP any more.
+    assert!(node.try_connect_uri(&mon_uri).await.is_err());
     node.shutdown().await;
 }
 

@@ -119,6 +119,32 @@ async fn scenario(node: &Node, addr: SocketAddr) {
     assert!(out.contains("alice\t.*\t.*\t^amq"), "{out}");
     let perm = node.broker().snapshot();
     assert!(perm.permission("alice", "staging").is_some());
+    // clear_permissions takes them away again (and set_permissions gives them back).
+    let out = ok(&ctl(addr, &["clear_permissions", "-p", "staging", "alice"]).await);
+    assert!(
+        out.contains("Clearing permissions for user \"alice\" in vhost \"staging\""),
+        "{out}"
+    );
+    assert!(node
+        .broker()
+        .snapshot()
+        .permission("alice", "staging")
+        .is_none());
+    let bad = ctl(addr, &["clear_permissions", "-p", "staging", "nobody"]).await;
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    ok(&ctl(
+        addr,
+        &[
+            "set_permissions",
+            "-p",
+            "staging",
+            "alice",
+            ".*",
+            ".*",
+            "^amq",
+        ],
+    )
+    .await);
 
     // Policies: set, list, and see them apply to a queue declared through the broker.
     ok(&ctl(

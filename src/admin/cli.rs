@@ -29,6 +29,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "set_permissions",
         "set_permissions [-p VHOST] USER CONF WRITE READ",
     ),
+    ("clear_permissions", "clear_permissions [-p VHOST] USER"),
     ("add_vhost", "add_vhost VHOST"),
     ("delete_vhost", "delete_vhost VHOST"),
     (
@@ -200,6 +201,13 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
                 configure: pos[1].clone(),
                 write: pos[2].clone(),
                 read: pos[3].clone(),
+            }
+        }
+        "clear_permissions" => {
+            exact(1)?;
+            Request::ClearPermissions {
+                vhost,
+                user: pos[0].clone(),
             }
         }
         "add_vhost" | "delete_vhost" => {
@@ -404,6 +412,19 @@ mod tests {
                 .iter()
                 .any(|(c, syn)| *c == cmd && syn.starts_with(cmd)));
         }
+    }
+
+    #[test]
+    fn parses_clear_permissions() {
+        assert_eq!(
+            parse("clear_permissions", &s(&["-p", "v", "alice"])).unwrap(),
+            Request::ClearPermissions {
+                vhost: "v".into(),
+                user: "alice".into()
+            }
+        );
+        assert!(parse("clear_permissions", &[]).is_err());
+        assert!(parse("clear_permissions", &s(&["a", "b"])).is_err());
     }
 
     #[test]

@@ -228,6 +228,13 @@ pub enum Request {
         /// The file's text.
         json: String,
     },
+    /// `clear_permissions [-p VHOST] USER`.
+    ClearPermissions {
+        /// Vhost.
+        vhost: String,
+        /// User.
+        user: String,
+    },
 }
 
 /// The answer to a request (and to [`Auth`]).
@@ -915,6 +922,21 @@ fn plan_inner(
                 format!("Setting permissions for user \"{user}\" in vhost \"{vhost}\" ..."),
             )
         }
+        Request::ClearPermissions { vhost, user } => {
+            if !meta.users.contains_key(user) {
+                return Response::refused(format!("User \"{user}\" does not exist"));
+            }
+            if meta.vhost(vhost).is_none() {
+                return Response::refused(format!("Virtual host \"{vhost}\" does not exist"));
+            }
+            apply(
+                Command::ClearPermissions {
+                    user: user.clone(),
+                    vhost: vhost.clone(),
+                },
+                format!("Clearing permissions for user \"{user}\" in vhost \"{vhost}\" ..."),
+            )
+        }
         Request::AddVhost { name } => {
             if name.is_empty() {
                 return Response::refused("the vhost name must not be empty");
@@ -1185,6 +1207,51 @@ mod tests {
 
     fn reply(broker: &Broker, r: Request) -> Response {
         handle(broker, &node(), &r, Instant::from_millis(0))
+    }
+
+    #[test]
+    fn clear_permissions_removes_them_and_refuses_unknown_names() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        let (add, set) = (
+            Request::AddUser {
+                name: "alice".into(),
+                password: "pw".into(),
+            },
+            Request::SetPermissions {
+                vhost: "/".into(),
+                user: "alice".into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            },
+        );
+        assert!(reply(&broker, add).ok);
+        assert!(reply(&broker, set).ok);
+        assert!(broker.snapshot().permission("alice", "/").is_some());
+        let r = reply(
+            &broker,
+            Request::ClearPermissions {
+                vhost: "/".into(),
+                user: "alice".into(),
+            },
+        );
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(
+            r.message,
+            "Clearing permissions for user \"alice\" in vhost \"/\" ..."
+        );
+        assert!(broker.snapshot().permission("alice", "/").is_none());
+        for (vhost, user) in [("/", "nobody"), ("nowhere", "alice")] {
+            let r = reply(
+                &broker,
+                Request::ClearPermissions {
+                    vhost: vhost.into(),
+                    user: user.into(),
+                },
+            );
+            assert!(!r.ok, "{vhost} {user}");
+            assert!(r.message.contains("does not exist"), "{}", r.message);
+        }
     }
 
     #[test]

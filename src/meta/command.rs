@@ -153,6 +153,14 @@ pub enum Command {
         /// The mirror's node.
         node: NodeId,
     },
+    /// `clear_permissions`: removes a user's permissions on a vhost (idempotent). Last, so
+    /// logs written before it still decode.
+    ClearPermissions {
+        /// The user.
+        user: String,
+        /// The vhost.
+        vhost: String,
+    },
 }
 
 impl Command {

@@ -633,6 +633,9 @@ impl MetaState {
                 self.permissions
                     .insert((p.user.clone(), p.vhost.clone()), p.clone());
             }
+            Command::ClearPermissions { user, vhost } => {
+                self.permissions.remove(&(user.clone(), vhost.clone()));
+            }
             Command::DeclareExchange(def) => {
                 applied.created = self.declare_exchange(def)?;
             }
@@ -1243,6 +1246,38 @@ mod tests {
         ] {
             assert!(v.exchanges.contains_key(n), "{n}");
         }
+    }
+
+    #[test]
+    fn clear_permissions_removes_one_users_permissions_on_one_vhost() {
+        let mut s = state();
+        s.apply(&Command::AddVhost { name: "v2".into() }).unwrap();
+        s.apply(&Command::PutUser(User {
+            name: "u".into(),
+            password: "pw".into(),
+            tags: Vec::new(),
+        }))
+        .unwrap();
+        for vhost in ["/", "v2"] {
+            s.apply(&Command::SetPermissions(Permission {
+                user: "u".into(),
+                vhost: vhost.into(),
+                configure: ".*".into(),
+                write: ".*".into(),
+                read: ".*".into(),
+            }))
+            .unwrap();
+        }
+        let clear = Command::ClearPermissions {
+            user: "u".into(),
+            vhost: "v2".into(),
+        };
+        s.apply(&clear).unwrap();
+        assert!(s.permission("u", "v2").is_none());
+        assert!(s.permission("u", "/").is_some());
+        // None left there: nothing to do, as `rabbitmqctl clear_permissions`.
+        s.apply(&clear).unwrap();
+        assert_eq!(s.permissions.len(), 1);
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! `GET /api/definitions` and `POST /api/definitions`: RabbitMQ's definitions JSON (users
-//! with `password_hash`, vhosts, permissions, policies, and the durable queues, exchanges
-//! and bindings), exported from the metadata and imported as metadata commands.
+//! RabbitMQ's definitions JSON: `GET` and `POST /api/definitions` (the whole broker: users
+//! with `password_hash`, vhosts, permissions, policies, operator policies as `parameters` of
+//! component `operator_policy`, queues, exchanges and bindings), and `GET` and `POST
+//! /api/definitions/{vhost}` (one vhost's policies, operator policies, queues, exchanges and
+//! bindings, without `vhost` fields on the last three), exported from the metadata and
+//! imported as metadata commands, as RabbitMQ 3.10 does them.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -9,9 +12,8 @@ use super::resources::stored_hash;
 use super::{convert, Handled, Request, Response};
 use crate::admin::{self, json as admin_json, NodeInfo, Request as AdminRequest};
 use crate::broker::Broker;
-use crate::meta::definitions::Definitions;
-use crate::meta::policy::ApplyTo;
-use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User};
+use crate::meta::policy::{ApplyTo, Policy};
+use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, Vhost};
 use crate::meta::{Command, MetaState};
 
 /// The RabbitMQ version whose format this is.
@@ -29,9 +31,107 @@ fn apply_to_name(a: ApplyTo) -> &'static str {
     }
 }
 
-/// The export.
+/// A policy as the policy endpoints and the definitions show it.
+pub fn policy_json(p: &Policy) -> Value {
+    let definition: Value =
+        serde_json::from_str(&admin_json::write_definition(&p.definition)).unwrap_or(json!({}));
+    json!({"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
+           "apply-to": apply_to_name(p.apply_to), "definition": definition,
+           "priority": p.priority})
+}
+
+/// An operator policy as RabbitMQ keeps it: a runtime parameter of component
+/// `operator_policy` (`/api/parameters`, the definitions' `parameters`).
+pub fn operator_policy_parameter(p: &Policy) -> Value {
+    let mut value = policy_json(p);
+    if let Some(o) = value.as_object_mut() {
+        o.remove("vhost");
+        o.remove("name");
+    }
+    json!({"vhost": p.vhost, "component": "operator_policy", "name": p.name, "value": value})
+}
+
+fn builtin_exchange(name: &str) -> bool {
+    name.is_empty() || name.starts_with("amq.")
+}
+
+/// One vhost's exported objects. As RabbitMQ 3.10 exports them: every queue but exclusive
+/// ones (durable or not), every exchange but the built-in ones, and the bindings between
+/// exported objects (and from built-in exchanges); `vhost` fields only when `with_vhost`.
+struct VhostObjects {
+    policies: Vec<Value>,
+    parameters: Vec<Value>,
+    queues: Vec<Value>,
+    exchanges: Vec<Value>,
+    bindings: Vec<Value>,
+}
+
+impl VhostObjects {
+    fn of(v: &Vhost, with_vhost: bool) -> VhostObjects {
+        let tag = |mut o: Value| {
+            if with_vhost {
+                o["vhost"] = json!(v.name);
+            }
+            o
+        };
+        let exported_queue = |name: &str| {
+            v.queues
+                .get(name)
+                .is_some_and(|q| q.exclusive_owner.is_none())
+        };
+        VhostObjects {
+            policies: v.policies.values().map(policy_json).collect(),
+            parameters: v
+                .operator_policies
+                .values()
+                .map(operator_policy_parameter)
+                .collect(),
+            queues: v
+                .queues
+                .values()
+                .filter(|q| q.exclusive_owner.is_none())
+                .map(|q| {
+                    tag(json!({"name": q.name, "durable": q.durable,
+                               "auto_delete": q.auto_delete,
+                               "arguments": table_json(&q.arguments)}))
+                })
+                .collect(),
+            exchanges: v
+                .exchanges
+                .values()
+                .filter(|x| !builtin_exchange(&x.name))
+                .map(|x| {
+                    tag(
+                        json!({"name": x.name, "type": x.kind.name(), "durable": x.durable,
+                               "auto_delete": x.auto_delete, "internal": x.internal,
+                               "arguments": table_json(&x.arguments)}),
+                    )
+                })
+                .collect(),
+            bindings: v
+                .bindings
+                .values()
+                .flatten()
+                .filter(|b| !b.source.is_empty())
+                .filter(|b| match &b.destination {
+                    Destination::Queue(q) => exported_queue(q),
+                    Destination::Exchange(_) => true,
+                })
+                .map(|b| {
+                    tag(
+                        json!({"source": b.source, "destination": b.destination.name(),
+                               "destination_type": b.destination.kind(),
+                               "routing_key": b.routing_key,
+                               "arguments": table_json(&b.arguments)}),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The whole broker's export (`GET /api/definitions`, `warrenctl export_definitions`).
 pub fn export(meta: &MetaState) -> Value {
-    let d = Definitions::from_state(meta);
     let users: Vec<Value> = meta
         .users
         .values()
@@ -42,11 +142,8 @@ pub fn export(meta: &MetaState) -> Value {
                        "tags": u.tags, "limits": {}})
         })
         .collect();
-    let vhosts: Vec<Value> = meta
-        .vhosts
-        .keys()
-        .map(|n| json!({"name": n, "limits": [], "metadata": {"description": "", "tags": []}}))
-        .collect();
+    // RabbitMQ 3.10 exports a vhost's name only.
+    let vhosts: Vec<Value> = meta.vhosts.keys().map(|n| json!({"name": n})).collect();
     let permissions: Vec<Value> = meta
         .permissions
         .values()
@@ -55,46 +152,16 @@ pub fn export(meta: &MetaState) -> Value {
                    "write": p.write, "read": p.read})
         })
         .collect();
-    let policies: Vec<Value> = d
-        .policies
-        .iter()
-        .filter(|(_, operator)| !operator)
-        .map(|(p, _)| {
-            let definition: Value =
-                serde_json::from_str(&admin_json::write_definition(&p.definition))
-                    .unwrap_or(json!({}));
-            json!({"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
-                   "apply-to": apply_to_name(p.apply_to), "definition": definition,
-                   "priority": p.priority})
-        })
-        .collect();
-    let queues: Vec<Value> = d
-        .queues
-        .iter()
-        .map(|q| {
-            json!({"name": q.name, "vhost": q.vhost, "durable": q.durable,
-                   "auto_delete": q.auto_delete, "arguments": table_json(&q.arguments)})
-        })
-        .collect();
-    let exchanges: Vec<Value> = d
-        .exchanges
-        .iter()
-        .map(|x| {
-            json!({"name": x.name, "vhost": x.vhost, "type": x.kind.name(),
-                   "durable": x.durable, "auto_delete": x.auto_delete,
-                   "internal": x.internal, "arguments": table_json(&x.arguments)})
-        })
-        .collect();
-    let bindings: Vec<Value> = d
-        .bindings
-        .iter()
-        .map(|b| {
-            json!({"source": b.source, "vhost": b.vhost,
-                   "destination": b.destination.name(),
-                   "destination_type": b.destination.kind(),
-                   "routing_key": b.routing_key, "arguments": table_json(&b.arguments)})
-        })
-        .collect();
+    let (mut parameters, mut policies, mut queues, mut exchanges, mut bindings) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for v in meta.vhosts.values() {
+        let o = VhostObjects::of(v, true);
+        parameters.extend(o.parameters);
+        policies.extend(o.policies);
+        queues.extend(o.queues);
+        exchanges.extend(o.exchanges);
+        bindings.extend(o.bindings);
+    }
     json!({
         "rabbit_version": RABBIT_VERSION,
         "rabbitmq_version": RABBIT_VERSION,
@@ -104,7 +171,7 @@ pub fn export(meta: &MetaState) -> Value {
         "vhosts": vhosts,
         "permissions": permissions,
         "topic_permissions": [],
-        "parameters": [],
+        "parameters": parameters,
         "global_parameters": [],
         "policies": policies,
         "queues": queues,
@@ -113,13 +180,28 @@ pub fn export(meta: &MetaState) -> Value {
     })
 }
 
-/// The parts of a definitions file Warren imports; other members are ignored.
+/// One vhost's export (`GET /api/definitions/{vhost}`); `None` when it does not exist.
+pub fn export_vhost(meta: &MetaState, vhost: &str) -> Option<Value> {
+    let o = VhostObjects::of(meta.vhost(vhost)?, false);
+    Some(json!({
+        "rabbit_version": RABBIT_VERSION,
+        "parameters": o.parameters,
+        "policies": o.policies,
+        "queues": o.queues,
+        "exchanges": o.exchanges,
+        "bindings": o.bindings,
+    }))
+}
+
+/// The parts of a definitions file Warren imports; other members (`topic_permissions`,
+/// `global_parameters`, parameters of components other than `operator_policy`) are ignored.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct File {
     users: Vec<Map<String, Value>>,
     vhosts: Vec<NameOnly>,
     permissions: Vec<PermissionDef>,
+    parameters: Vec<ParameterDef>,
     policies: Vec<PolicyDef>,
     queues: Vec<Map<String, Value>>,
     exchanges: Vec<Map<String, Value>>,
@@ -142,7 +224,10 @@ struct PermissionDef {
 
 #[derive(Deserialize)]
 struct PolicyDef {
+    /// Absent from a vhost's definitions (the vhost is the path's).
+    #[serde(default)]
     vhost: String,
+    #[serde(default)]
     name: String,
     pattern: String,
     #[serde(rename = "apply-to", default = "all")]
@@ -150,6 +235,16 @@ struct PolicyDef {
     definition: Value,
     #[serde(default)]
     priority: i64,
+}
+
+/// A runtime parameter; Warren knows one component, `operator_policy`.
+#[derive(Deserialize)]
+struct ParameterDef {
+    component: String,
+    name: String,
+    #[serde(default)]
+    vhost: String,
+    value: Value,
 }
 
 fn all() -> String {
@@ -239,12 +334,40 @@ fn binding(o: &Map<String, Value>) -> Result<Binding, String> {
     })
 }
 
-/// Plans an import: every definition checked first, then the commands in dependency order
-/// (vhosts, users, permissions, policies, exchanges, queues, bindings). A definition that
-/// already exists and is equivalent is applied again harmlessly (declarations are
-/// idempotent), as in RabbitMQ.
+/// `POST /api/definitions`: plans the import of a whole broker's definitions.
 pub fn import(ctx: &super::Context<'_>, req: &Request) -> Handled {
-    match plan_json(ctx.broker, ctx.node, &req.body) {
+    answer(plan_json(ctx.broker, ctx.node, &req.body))
+}
+
+/// `POST /api/definitions/{vhost}`: imports a vhost's definitions (its policies, operator
+/// policies, queues, exchanges and bindings) into `vhost`, whatever vhost the file names;
+/// users, vhosts and permissions in the file are ignored, as in RabbitMQ. A missing vhost is
+/// RabbitMQ's 404 `vhost_not_found`.
+pub fn import_vhost(ctx: &super::Context<'_>, req: &Request, vhost: &str) -> Handled {
+    if ctx.broker.snapshot().vhost(vhost).is_none() {
+        return Handled::Reply(Response::error(404, "not_found", "vhost_not_found"));
+    }
+    let file = match parse(&req.body) {
+        Ok(f) => f,
+        Err(e) => return Handled::Reply(Response::bad_request(e)),
+    };
+    answer(plan_import(
+        &(ctx.broker, ctx.node),
+        &into_vhost(file, vhost),
+    ))
+}
+
+/// `GET /api/definitions/{vhost}`: RabbitMQ answers 400 `vhost_not_found` for a missing
+/// vhost (and 404 to a POST).
+pub fn get_vhost(meta: &MetaState, vhost: &str) -> Response {
+    match export_vhost(meta, vhost) {
+        Some(d) => Response::ok(d),
+        None => Response::bad_request("vhost_not_found"),
+    }
+}
+
+fn answer(planned: Result<Vec<Command>, String>) -> Handled {
+    match planned {
         Ok(commands) => Handled::Commit {
             commands,
             ok: Response::empty(204),
@@ -253,12 +376,39 @@ pub fn import(ctx: &super::Context<'_>, req: &Request) -> Handled {
     }
 }
 
+fn parse(json: &[u8]) -> Result<File, String> {
+    serde_json::from_slice(json).map_err(|e| format!("invalid definitions: {e}"))
+}
+
+/// A file's vhost objects moved into `vhost`; its users, vhosts and permissions dropped.
+fn into_vhost(mut f: File, vhost: &str) -> File {
+    let here = json!(vhost);
+    for o in f
+        .queues
+        .iter_mut()
+        .chain(&mut f.exchanges)
+        .chain(&mut f.bindings)
+    {
+        o.insert("vhost".into(), here.clone());
+    }
+    for p in &mut f.policies {
+        p.vhost = vhost.to_string();
+    }
+    for p in &mut f.parameters {
+        p.vhost = vhost.to_string();
+    }
+    File {
+        users: Vec::new(),
+        vhosts: Vec::new(),
+        permissions: Vec::new(),
+        ..f
+    }
+}
+
 /// Plans the import of a definitions file's text (the API's `POST /api/definitions`,
 /// `warrenctl import_definitions`, `[definitions] load_file`).
 pub fn plan_json(broker: &Broker, node: &NodeInfo, json: &[u8]) -> Result<Vec<Command>, String> {
-    let file: File =
-        serde_json::from_slice(json).map_err(|e| format!("invalid definitions: {e}"))?;
-    plan_import(&(broker, node), &file)
+    plan_import(&(broker, node), &parse(json)?)
 }
 
 fn via_admin(ctx: &(&Broker, &NodeInfo), request: &AdminRequest) -> Result<Command, String> {
@@ -268,7 +418,13 @@ fn via_admin(ctx: &(&Broker, &NodeInfo), request: &AdminRequest) -> Result<Comma
     }
 }
 
+/// Every definition checked first, then the commands in dependency order (vhosts, users,
+/// permissions, policies and operator policies, exchanges, queues, bindings). As in
+/// RabbitMQ, a queue or exchange that already exists is kept as it is, even when the file
+/// declares it differently; other definitions are applied again harmlessly (bindings are
+/// idempotent) or replace what exists (users, permissions, policies).
 fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, String> {
+    let meta = ctx.0.snapshot();
     let mut c = Vec::new();
     for v in &f.vhosts {
         c.push(Command::AddVhost {
@@ -290,7 +446,20 @@ fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, Str
             },
         )?);
     }
-    for p in &f.policies {
+    let operator_policies = f
+        .parameters
+        .iter()
+        .filter(|p| p.component == "operator_policy")
+        .map(|p| {
+            let mut def: PolicyDef = serde_json::from_value(p.value.clone())
+                .map_err(|e| format!("operator policy `{}`: {e}", p.name))?;
+            def.vhost.clone_from(&p.vhost);
+            def.name.clone_from(&p.name);
+            Ok((def, true))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let policies = f.policies.iter().map(|p| (p, false));
+    for (p, operator) in policies.chain(operator_policies.iter().map(|(p, o)| (p, *o))) {
         c.push(via_admin(
             ctx,
             &AdminRequest::SetPolicy {
@@ -300,15 +469,22 @@ fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, Str
                 definition: p.definition.to_string(),
                 priority: p.priority,
                 apply_to: p.apply_to.clone(),
-                operator: false,
+                operator,
             },
         )?);
     }
+    let exists = |vhost: &str, f: &dyn Fn(&Vhost) -> bool| meta.vhost(vhost).is_some_and(|v| f(v));
     for x in &f.exchanges {
-        c.push(Command::DeclareExchange(exchange(x)?));
+        let x = exchange(x)?;
+        if !exists(&x.vhost, &|v| v.exchanges.contains_key(&x.name)) {
+            c.push(Command::DeclareExchange(x));
+        }
     }
     for q in &f.queues {
-        c.push(Command::DeclareQueue(queue(q)?));
+        let q = queue(q)?;
+        if !exists(&q.vhost, &|v| v.queues.contains_key(&q.name)) {
+            c.push(Command::DeclareQueue(q));
+        }
     }
     for b in &f.bindings {
         c.push(Command::Bind(binding(b)?));

@@ -13,6 +13,9 @@
 //!   master that holds its messages.
 //! - `port-listener/{port}`, `protocol-listener/{protocol}`: this node's listeners.
 //! - `virtual-hosts`: every vhost runs on every node in Warren: always ok.
+//! - `certificate-expiration/{within}/{unit}`: whether a TLS listener's certificate expires
+//!   within that time; this node has no TLS listener, so ok once the arguments are valid
+//!   (RabbitMQ's 400s for a bad value or unit otherwise).
 
 use serde_json::{json, Value};
 
@@ -52,8 +55,23 @@ pub fn check(ctx: &Context<'_>, meta: &MetaState, check: &[&str]) -> Option<Resp
         ["node-is-mirror-sync-critical"] => mirror_sync_critical(ctx, meta),
         ["port-listener", port] => port_listener(ctx, port),
         ["protocol-listener", protocol] => protocol_listener(ctx, protocol),
+        ["certificate-expiration", within, unit] => certificate_expiration(within, unit),
         _ => return None,
     })
+}
+
+/// The arguments checked as RabbitMQ checks them; no listener of this node has a
+/// certificate to expire.
+fn certificate_expiration(within: &str, unit: &str) -> Response {
+    if within.parse::<u64>().is_err() {
+        return Response::bad_request("Invalid expiration value.");
+    }
+    if !matches!(unit, "days" | "weeks" | "months" | "years") {
+        return Response::bad_request(
+            "Time unit not recognised. Supported units: days, weeks, months, years.",
+        );
+    }
+    ok(json!({}))
 }
 
 fn alarms(ctx: &Context<'_>, reason: &str) -> Response {
@@ -264,6 +282,26 @@ mod tests {
                 }))
             );
         }
+    }
+
+    #[test]
+    fn certificate_expiration_checks_its_arguments_as_rabbitmq() {
+        let (b, m) = (node1(&[]), meta(1, &[]));
+        let path = |within, unit| ["certificate-expiration", within, unit];
+        assert_eq!(
+            run(&b, &m, &path("1", "months")),
+            Response::ok(json!({"status": "ok"}))
+        );
+        assert_eq!(
+            run(&b, &m, &path("x", "months")),
+            Response::bad_request("Invalid expiration value.")
+        );
+        let r = run(&b, &m, &path("2", "fortnights"));
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            r.body.unwrap()["reason"],
+            "Time unit not recognised. Supported units: days, weeks, months, years."
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::definitions::table_json;
 use super::{Caller, Context, Handled, Request, Response};
-use crate::admin::{channel_pid, consumer_activity};
+use crate::admin::consumer_activity;
 use crate::broker::registry::{ChannelView, ConnectionView};
 use crate::meta::{MetaState, NodeId};
 
@@ -56,7 +56,7 @@ fn visible<'a>(ctx: &Context<'a>, caller: &Caller, vhost: Option<&str>) -> Vec<L
 
 fn connection_json(node: &str, c: &ConnectionView) -> Value {
     let i = &c.info;
-    json!({
+    let mut out = json!({
         "name": i.name(),
         "node": node,
         "user": i.user,
@@ -79,7 +79,14 @@ fn connection_json(node: &str, c: &ConnectionView) -> Value {
         "frame_max": i.frame_max,
         "channel_max": i.channel_max,
         "client_properties": table_json(&i.client_properties),
-    })
+    });
+    // The name the client gave itself, as RabbitMQ shows it.
+    if let Some(name) = i.client_properties.inner().get("connection_name") {
+        if let Some(name) = crate::meta::args::string(name) {
+            out["user_provided_name"] = json!(name);
+        }
+    }
+    out
 }
 
 fn channel_name(c: &ConnectionView, ch: &ChannelView) -> String {
@@ -225,7 +232,6 @@ pub fn consumers(
                         "peer_host": i.peer_host,
                         "peer_port": i.peer_port,
                         "user": i.user,
-                        "pid": channel_pid(live.node, i.id, ch.number),
                     },
                     "ack_required": k.ack_required,
                     "prefetch_count": k.prefetch,

@@ -14,21 +14,25 @@
 //! grants in RabbitMQ (see [`Tags`]).
 //!
 //! - [`resources`]: one function per endpoint.
+//! - [`bindings`]: the binding endpoints.
 //! - [`convert`]: JSON to AMQP argument tables, admin rows to JSON.
-//! - [`definitions`]: RabbitMQ's definitions export and import.
+//! - [`definitions`]: RabbitMQ's definitions export and import, whole or per vhost.
 //! - [`direct`]: publish, get, purge and the aliveness test, done over an AMQP channel.
 //! - [`health`]: the health checks.
 //! - [`live`]: this node's connections, channels and consumers.
+//! - [`parameters`]: runtime parameters (operator policies), global parameters, limits.
 //! - [`query`]: `columns`, `sort` and pagination of listings.
 //! - [`ring`]: Warren's `gm_ring` of a single queue, for the console.
 //! - [`console`]: the web console's static files, served outside `/api/`.
 
+pub mod bindings;
 pub mod console;
 pub mod convert;
 pub mod definitions;
 pub mod direct;
 pub mod health;
 pub mod live;
+pub mod parameters;
 pub mod query;
 pub mod resources;
 pub mod ring;
@@ -324,7 +328,8 @@ pub fn authenticate(
         .get(&name)
         .filter(|u| u.password_matches(&password))
     else {
-        return Err(Response::not_authorised("Login failed")
+        // RabbitMQ spells this one error `not_authorized` (its other 401s `not_authorised`).
+        return Err(Response::error(401, "not_authorized", "Login failed")
             .with_header("www-authenticate", format!("Basic realm=\"{REALM}\"")));
     };
     if !req.peer_loopback && loopback_users.contains(&name) {
@@ -353,6 +358,17 @@ fn parse_basic(header: &str) -> Option<(String, String)> {
     let text = String::from_utf8(raw).ok()?;
     let (user, password) = text.split_once(':')?;
     Some((user.to_string(), password.to_string()))
+}
+
+/// Whether a GET of `path` shows queue counts (queues, the overview, vhosts), so the
+/// driver fetches other nodes' counts first ([`Context::remote_counts`]).
+pub fn counts_queues(path: &str) -> bool {
+    let p = path.trim_end_matches('/');
+    p.starts_with("/api/queues")
+        || p == "/api/overview"
+        || p == "/api/vhosts"
+        || p.strip_prefix("/api/vhosts/")
+            .is_some_and(|v| !v.contains('/'))
 }
 
 /// Percent-decodes one path segment or query value.

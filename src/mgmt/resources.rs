@@ -5,21 +5,20 @@
 
 use serde_json::{json, Map, Value};
 
+use super::bindings::{self, Filter};
 use super::convert::{self, Kind};
 use super::live;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
-use crate::meta::state::{
-    Binding, Destination, ExchangeDef, ExchangeKind, Hashing, QueueDef, User,
-};
+use crate::meta::state::{ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::{Access, Permissions};
 
-fn reply(r: Response) -> Handled {
+pub(super) fn reply(r: Response) -> Handled {
     Handled::Reply(r)
 }
 
-fn commit(commands: Vec<Command>, ok: Response) -> Handled {
+pub(super) fn commit(commands: Vec<Command>, ok: Response) -> Handled {
     Handled::Commit { commands, ok }
 }
 
@@ -33,7 +32,10 @@ fn method_not_allowed() -> Handled {
 }
 
 /// Asks the admin handler for a listing; a refusal (an unknown vhost) is a 404.
-fn admin_table(ctx: &Context<'_>, request: &AdminRequest) -> Result<AdminResponse, Response> {
+pub(super) fn admin_table(
+    ctx: &Context<'_>,
+    request: &AdminRequest,
+) -> Result<AdminResponse, Response> {
     let vhost = match request {
         AdminRequest::ListQueues { vhost, .. } => vhost.clone(),
         _ => String::new(),
@@ -48,13 +50,21 @@ fn admin_table(ctx: &Context<'_>, request: &AdminRequest) -> Result<AdminRespons
 
 /// An admin change: committed as the admin handler plans it; its refusal is a 400.
 fn admin_change(ctx: &Context<'_>, request: &AdminRequest, ok: Response) -> Handled {
-    match admin::plan(ctx.broker, ctx.node, request) {
-        admin::Handled::Commit { command, .. } => commit(vec![command], ok),
-        admin::Handled::Reply(r) => reply(Response::bad_request(r.message)),
+    match admin_command(ctx, request) {
+        Ok(command) => commit(vec![command], ok),
+        Err(r) => reply(r),
     }
 }
 
-fn body_object(req: &Request) -> Result<Map<String, Value>, Response> {
+/// The command the admin handler plans for `request`; its refusal as a 400.
+fn admin_command(ctx: &Context<'_>, request: &AdminRequest) -> Result<Command, Response> {
+    match admin::plan(ctx.broker, ctx.node, request) {
+        admin::Handled::Commit { command, .. } => Ok(command),
+        admin::Handled::Reply(r) => Err(Response::bad_request(r.message)),
+    }
+}
+
+pub(super) fn body_object(req: &Request) -> Result<Map<String, Value>, Response> {
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -74,7 +84,7 @@ fn bool_field(body: &Map<String, Value>, key: &str, default: bool) -> Result<boo
     }
 }
 
-fn str_field(body: &Map<String, Value>, key: &str) -> Result<Option<String>, Response> {
+pub(super) fn str_field(body: &Map<String, Value>, key: &str) -> Result<Option<String>, Response> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -96,11 +106,20 @@ pub fn route(
         ["whoami"] => only_get(m, || whoami(caller)),
         ["nodes"] => only_get(m, || nodes(ctx, meta, caller, None)),
         ["nodes", name] => only_get(m, || nodes(ctx, meta, caller, Some(name))),
-        ["vhosts"] => only_get(m, || vhosts(meta, caller, None)),
+        ["vhosts"] => only_get(m, || vhosts(ctx, meta, caller, None)),
         ["vhosts", vhost] => return vhost_one(ctx, meta, caller, m, vhost),
         ["users"] => only_get(m, || users(meta, caller, None)),
+        ["users", "without-permissions"] => only_get(m, || users_without_permissions(meta, caller)),
         ["users", name] => return user_one(ctx.broker.new_salt(), meta, caller, req, name),
-        ["permissions"] => only_get(m, || permissions(ctx, meta, caller, None)),
+        ["users", name, "permissions"] => only_get(m, || {
+            permissions(ctx, meta, caller, None, Some(name), false)
+        }),
+        ["vhosts", vhost, "permissions"] => only_get(m, || {
+            permissions(ctx, meta, caller, Some(vhost), None, false)
+        }),
+        // Warren has no topic permissions: none to list.
+        ["topic-permissions"] => only_get(m, || admin_only(caller, || json!([]))),
+        ["permissions"] => only_get(m, || permissions(ctx, meta, caller, None, None, false)),
         ["permissions", vhost, user] => return permission_one(ctx, meta, caller, req, vhost, user),
         ["exchanges"] => only_get(m, || exchanges(ctx, meta, caller, None, None)),
         ["exchanges", vhost] => only_get(m, || exchanges(ctx, meta, caller, Some(vhost), None)),
@@ -167,20 +186,42 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
-        ["bindings"] => only_get(m, || bindings(ctx, meta, caller, None, None)),
-        ["bindings", vhost] => only_get(m, || bindings(ctx, meta, caller, Some(vhost), None)),
-        ["bindings", vhost, "e", src, "q", dst] => {
+        ["bindings"] => only_get(m, || bindings::list(ctx, meta, caller, None, Filter::All)),
+        ["bindings", vhost] => only_get(m, || {
+            bindings::list(ctx, meta, caller, Some(vhost), Filter::All)
+        }),
+        ["bindings", vhost, "e", src, kind @ ("q" | "e"), dst] => {
             let src = if *src == "amq.default" { "" } else { src };
+            let dst = bindings::destination(kind, dst);
             return match m {
-                Method::Get => reply(bindings(ctx, meta, caller, Some(vhost), Some((src, dst)))),
-                Method::Post => binding_add(meta, caller, req, vhost, src, dst),
+                Method::Get => reply(bindings::list(
+                    ctx,
+                    meta,
+                    caller,
+                    Some(vhost),
+                    Filter::Between(src, &dst),
+                )),
+                Method::Post => bindings::add(meta, caller, req, vhost, src, &dst),
                 _ => method_not_allowed(),
             };
         }
-        ["bindings", vhost, "e", src, "q", dst, props] => {
+        ["bindings", vhost, "e", src, kind @ ("q" | "e"), dst, props] => {
             let src = if *src == "amq.default" { "" } else { src };
-            return binding_one(meta, caller, m, vhost, src, dst, props);
+            let dst = bindings::destination(kind, dst);
+            return bindings::one(meta, caller, m, vhost, src, &dst, props);
         }
+        ["exchanges", vhost, name, "bindings", side @ ("source" | "destination")] => {
+            let name = if *name == "amq.default" { "" } else { name };
+            let filter = if *side == "source" {
+                Filter::Source(name)
+            } else {
+                Filter::ToExchange(name)
+            };
+            only_get(m, || bindings::list(ctx, meta, caller, Some(vhost), filter))
+        }
+        ["queues", vhost, name, "bindings"] => only_get(m, || {
+            bindings::list(ctx, meta, caller, Some(vhost), Filter::ToQueue(name))
+        }),
         [kind @ ("policies" | "operator-policies"), rest @ ..] => {
             let operator = *kind == "operator-policies";
             return match rest {
@@ -247,6 +288,23 @@ pub fn route(
                 _ => method_not_allowed(),
             }
         }
+        ["definitions", vhost] => {
+            return match m {
+                _ if !caller.tags.administrator => reply(not_administrator()),
+                Method::Get => reply(super::definitions::get_vhost(meta, vhost)),
+                Method::Post => super::definitions::import_vhost(ctx, req, vhost),
+                _ => method_not_allowed(),
+            }
+        }
+        ["cluster-name"] => only_get(m, || Response::ok(json!({"name": ctx.node.name}))),
+        // The console needs no plugin extensions.
+        ["extensions"] => only_get(m, || Response::ok(json!([]))),
+        ["parameters", rest @ ..] => only_get(m, || super::parameters::list(meta, caller, rest)),
+        ["global-parameters"] => only_get(m, || super::parameters::global(caller)),
+        ["vhost-limits"] => only_get(m, || super::parameters::vhost_limits(meta, caller, None)),
+        ["vhost-limits", vhost] => only_get(m, || {
+            super::parameters::vhost_limits(meta, caller, Some(vhost))
+        }),
         _ => Response::not_found(),
     };
     reply(r)
@@ -322,17 +380,26 @@ fn only_get(m: Method, f: impl FnOnce() -> Response) -> Response {
     }
 }
 
+/// `f`'s answer for administrators, 401 "Not administrator user" for others.
+fn admin_only(caller: &Caller, f: impl FnOnce() -> Value) -> Response {
+    if caller.tags.administrator {
+        Response::ok(f())
+    } else {
+        not_administrator()
+    }
+}
+
 fn not_administrator() -> Response {
     Response::not_authorised("Not administrator user")
 }
 
-fn vhost_refused() -> Response {
+pub(super) fn vhost_refused() -> Response {
     Response::not_authorised("User not authorised to access virtual host")
 }
 
 /// The vhosts a listing covers: `one` (404 when missing, 401 when not visible), or every
 /// vhost the caller sees.
-fn listed_vhosts(
+pub(super) fn listed_vhosts(
     meta: &MetaState,
     caller: &Caller,
     one: Option<&str>,
@@ -351,7 +418,11 @@ fn listed_vhosts(
 }
 
 /// A change in `vhost` needs the vhost (404) and access to it (401).
-fn writable_vhost(meta: &MetaState, caller: &Caller, vhost: &str) -> Result<(), Response> {
+pub(super) fn writable_vhost(
+    meta: &MetaState,
+    caller: &Caller,
+    vhost: &str,
+) -> Result<(), Response> {
     if meta.vhost(vhost).is_none() {
         return Err(Response::not_found());
     }
@@ -361,7 +432,7 @@ fn writable_vhost(meta: &MetaState, caller: &Caller, vhost: &str) -> Result<(), 
     Ok(())
 }
 
-fn check_permission(
+pub(super) fn check_permission(
     meta: &MetaState,
     caller: &Caller,
     vhost: &str,
@@ -395,26 +466,11 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
     };
     let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
     for v in &vhosts {
-        let Ok(t) = admin_table(
-            ctx,
-            &AdminRequest::ListQueues {
-                vhost: v.clone(),
-                columns: convert::columns(&[
-                    ("messages_ready", "", Kind::Int),
-                    ("messages_unacknowledged", "", Kind::Int),
-                    ("consumers", "", Kind::Int),
-                ]),
-            },
-        ) else {
-            continue;
-        };
-        for row in &t.rows {
-            queues += 1;
-            let n = |i: usize| row[i].parse::<u64>().unwrap_or(0);
-            ready += n(0);
-            unacked += n(1);
-            consumers += n(2);
-        }
+        let t = vhost_totals(ctx, v);
+        queues += t.queues;
+        ready += t.ready;
+        unacked += t.unacked;
+        consumers += t.consumers;
         exchanges += meta.vhost(v).map_or(0, |x| x.exchanges.len() as u64);
     }
     let conns = ctx.broker.sessions().connections();
@@ -439,7 +495,55 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
             "messages_unacknowledged": unacked,
         },
         "message_stats": message_stats(ctx.broker.metrics()),
+        "exchange_types": exchange_types(),
+        "listeners": ctx.listeners.iter().map(|(protocol, port)| {
+            json!({"node": ctx.node.name, "protocol": protocol, "port": port})
+        }).collect::<Vec<_>>(),
+        // No statistics database: no rates.
+        "rates_mode": "none",
     }))
+}
+
+/// A vhost's queue counts (other nodes' queues as they answered).
+#[derive(Default)]
+struct Totals {
+    queues: u64,
+    ready: u64,
+    unacked: u64,
+    consumers: u64,
+}
+
+fn vhost_totals(ctx: &Context<'_>, vhost: &str) -> Totals {
+    let mut totals = Totals::default();
+    let request = AdminRequest::ListQueues {
+        vhost: vhost.to_string(),
+        columns: convert::columns(&[
+            ("messages_ready", "", Kind::Int),
+            ("messages_unacknowledged", "", Kind::Int),
+            ("consumers", "", Kind::Int),
+        ]),
+    };
+    if let Ok(t) = admin_table(ctx, &request) {
+        for row in &t.rows {
+            let n = |i: usize| row[i].parse::<u64>().unwrap_or(0);
+            totals.queues += 1;
+            totals.ready += n(0);
+            totals.unacked += n(1);
+            totals.consumers += n(2);
+        }
+    }
+    totals
+}
+
+/// The exchange types Warren has, as RabbitMQ describes them (`/api/overview`).
+fn exchange_types() -> Value {
+    let kind = |name: &str, what: &str| json!({"name": name, "description": format!("AMQP {what} exchange, as per the AMQP specification"), "enabled": true});
+    json!([
+        kind("direct", "direct"),
+        kind("fanout", "fanout"),
+        kind("headers", "headers"),
+        kind("topic", "topic"),
+    ])
 }
 
 /// RabbitMQ's overview `message_stats` counts, from this node's counters (the Prometheus
@@ -494,16 +598,50 @@ fn nodes(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str>
     }
 }
 
-fn vhost_json(name: &str) -> Value {
-    json!({"name": name, "description": "", "tags": [], "tracing": false})
+/// Each node's state, by name (a vhost runs on every node): `cluster_state`.
+fn cluster_state(ctx: &Context<'_>, meta: &MetaState) -> Value {
+    let mut states = Map::new();
+    for n in meta.nodes.values() {
+        let running = n.id == ctx.broker.node_id() || !ctx.broker.node_is_down(n.id);
+        states.insert(
+            n.name.clone(),
+            json!(if running { "running" } else { "stopped" }),
+        );
+    }
+    if states.is_empty() {
+        states.insert(ctx.node.name.clone(), json!("running"));
+    }
+    Value::Object(states)
 }
 
-fn vhosts(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
+/// A vhost as RabbitMQ 3.10 shows it. Warren keeps no description or tags for a vhost
+/// (empty), nor a default queue type (RabbitMQ's `undefined`: classic).
+fn vhost_json(ctx: &Context<'_>, name: &str, cluster_state: &Value) -> Value {
+    let t = vhost_totals(ctx, name);
+    json!({
+        "name": name,
+        "description": "",
+        "tags": [],
+        "metadata": {"description": "", "tags": []},
+        "default_queue_type": "undefined",
+        "tracing": false,
+        "cluster_state": cluster_state,
+        "messages": t.ready + t.unacked,
+        "messages_ready": t.ready,
+        "messages_unacknowledged": t.unacked,
+    })
+}
+
+fn vhosts(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
     let names = match listed_vhosts(meta, caller, one) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    one_or_list(names.iter().map(|n| vhost_json(n)).collect(), one.is_some())
+    let states = cluster_state(ctx, meta);
+    one_or_list(
+        names.iter().map(|n| vhost_json(ctx, n, &states)).collect(),
+        one.is_some(),
+    )
 }
 
 fn vhost_one(
@@ -514,14 +652,28 @@ fn vhost_one(
     vhost: &str,
 ) -> Handled {
     match m {
-        Method::Get => reply(vhosts(meta, caller, Some(vhost))),
+        Method::Get => reply(vhosts(ctx, meta, caller, Some(vhost))),
         Method::Put | Method::Delete if !caller.tags.administrator => reply(not_administrator()),
         Method::Put => {
             let existed = meta.vhost(vhost).is_some();
             let request = AdminRequest::AddVhost {
                 name: vhost.to_string(),
             };
-            admin_change(ctx, &request, put_status(existed))
+            let mut commands = match admin_command(ctx, &request) {
+                Ok(c) => vec![c],
+                Err(r) => return reply(r),
+            };
+            // RabbitMQ grants the user who creates a vhost full permissions in it.
+            if !existed {
+                commands.push(Command::SetPermissions(Permission {
+                    user: caller.user.name.clone(),
+                    vhost: vhost.to_string(),
+                    configure: ".*".into(),
+                    write: ".*".into(),
+                    read: ".*".into(),
+                }));
+            }
+            commit(commands, put_status(existed))
         }
         Method::Delete if meta.vhost(vhost).is_none() => reply(Response::not_found()),
         Method::Delete => admin_change(
@@ -628,17 +780,17 @@ fn user_one(
                 Ok(b) => b,
                 Err(r) => return reply(r),
             };
+            // As RabbitMQ 3.10: `tags` is required; without `password` or `password_hash`
+            // the user has no password (an existing one loses it) and cannot log in with one.
             let tags = match parse_tags(&body) {
-                Ok(t) => t,
+                Ok(Some(t)) => t,
+                Ok(None) => return reply(Response::bad_request("tags_not_present")),
                 Err(r) => return reply(r),
             };
             let password = match (str_field(&body, "password"), body.get("password_hash")) {
                 (Err(r), _) => return reply(r),
                 (Ok(Some(p)), _) => User::hash_password(&p, salt),
-                (Ok(None), Some(Value::String(h))) if h.is_empty() => {
-                    // RabbitMQ: an empty hash means the user cannot log in with a password.
-                    User::no_password()
-                }
+                (Ok(None), Some(Value::String(h))) if h.is_empty() => User::no_password(),
                 (Ok(None), Some(Value::String(h))) => match stored_hash(&body, h) {
                     Ok(p) => p,
                     Err(r) => return reply(r),
@@ -646,21 +798,12 @@ fn user_one(
                 (Ok(None), Some(_)) => {
                     return reply(Response::bad_request("password_hash must be a string"))
                 }
-                (Ok(None), None) => match existing {
-                    Some(u) => u.password.clone(),
-                    None => {
-                        return reply(Response::bad_request(
-                            "Must provide password or password_hash",
-                        ))
-                    }
-                },
+                (Ok(None), None) => User::no_password(),
             };
             let user = User {
                 name: name.to_string(),
                 password,
-                tags: tags
-                    .or_else(|| existing.map(|u| u.tags.clone()))
-                    .unwrap_or_default(),
+                tags,
             };
             commit(vec![Command::PutUser(user)], put_status(existing.is_some()))
         }
@@ -668,14 +811,24 @@ fn user_one(
     }
 }
 
+/// Permissions, of one vhost and/or one user (administrators only): `/api/permissions`,
+/// `/api/vhosts/{vhost}/permissions` and `/api/users/{user}/permissions` (404 for a missing
+/// vhost or user), and the single `/api/permissions/{vhost}/{user}` (`single`).
 fn permissions(
     ctx: &Context<'_>,
     meta: &MetaState,
     caller: &Caller,
-    one: Option<(&str, &str)>,
+    vhost: Option<&str>,
+    user: Option<&str>,
+    single: bool,
 ) -> Response {
     if !caller.tags.administrator {
         return not_administrator();
+    }
+    if vhost.is_some_and(|v| meta.vhost(v).is_none())
+        || user.is_some_and(|u| !meta.users.contains_key(u))
+    {
+        return Response::not_found();
     }
     let fields = [
         ("user", "user", Kind::Str),
@@ -685,7 +838,7 @@ fn permissions(
     ];
     let mut list = Vec::new();
     for v in meta.vhosts.keys() {
-        if one.is_some_and(|(vh, _)| vh != v) {
+        if vhost.is_some_and(|vh| vh != v) {
             continue;
         }
         let Ok(t) = admin_table(ctx, &AdminRequest::ListPermissions { vhost: v.clone() }) else {
@@ -694,10 +847,24 @@ fn permissions(
         list.extend(
             convert::objects(&t, &fields, &[("vhost", json!(v))])
                 .into_iter()
-                .filter(|p| one.is_none_or(|(_, u)| p["user"] == *u)),
+                .filter(|p| user.is_none_or(|u| p["user"] == *u)),
         );
     }
-    one_or_list(list, one.is_some())
+    one_or_list(list, single)
+}
+
+/// `/api/users/without-permissions`: the users with no permissions in any vhost.
+fn users_without_permissions(meta: &MetaState, caller: &Caller) -> Response {
+    if !caller.tags.administrator {
+        return not_administrator();
+    }
+    let list = meta
+        .users
+        .values()
+        .filter(|u| !meta.permissions.keys().any(|(name, _)| *name == u.name))
+        .map(user_json)
+        .collect();
+    Response::ok(Value::Array(list))
 }
 
 fn permission_one(
@@ -711,12 +878,20 @@ fn permission_one(
     if !caller.tags.administrator {
         return reply(not_administrator());
     }
-    if meta.vhost(vhost).is_none() || !meta.users.contains_key(user) {
-        return reply(Response::not_found());
-    }
+    let known = meta.vhost(vhost).is_some() && meta.users.contains_key(user);
     let key = (user.to_string(), vhost.to_string());
     match req.method {
-        Method::Get => reply(permissions(ctx, meta, caller, Some((vhost, user)))),
+        Method::Get if !known => reply(Response::not_found()),
+        Method::Get => reply(permissions(
+            ctx,
+            meta,
+            caller,
+            Some(vhost),
+            Some(user),
+            true,
+        )),
+        // RabbitMQ's answer to a PUT for a missing vhost or user.
+        Method::Put if !known => reply(Response::bad_request("vhost_or_user_not_found")),
         Method::Put => {
             let body = match body_object(req) {
                 Ok(b) => b,
@@ -744,11 +919,15 @@ fn permission_one(
                 put_status(meta.permissions.contains_key(&key)),
             )
         }
-        Method::Delete => reply(Response::error(
-            405,
-            "not_supported",
-            "Warren cannot clear permissions yet; set them to \"\" instead",
-        )),
+        Method::Delete if !meta.permissions.contains_key(&key) => reply(Response::not_found()),
+        Method::Delete => admin_change(
+            ctx,
+            &AdminRequest::ClearPermissions {
+                vhost: vhost.to_string(),
+                user: user.to_string(),
+            },
+            Response::empty(204),
+        ),
         _ => method_not_allowed(),
     }
 }
@@ -788,7 +967,16 @@ fn exchanges(
             list.extend(
                 convert::objects(&t, EXCHANGE_FIELDS, &extra)
                     .into_iter()
-                    .filter(|x| one.is_none_or(|n| x["name"] == *n)),
+                    .filter(|x| one.is_none_or(|n| x["name"] == *n))
+                    .map(|mut x| {
+                        // RabbitMQ names a policy only when one applies.
+                        if let Some(o) = x.as_object_mut() {
+                            if o.get("policy").is_some_and(Value::is_null) {
+                                o.remove("policy");
+                            }
+                        }
+                        x
+                    }),
             );
         }
     }
@@ -833,8 +1021,8 @@ fn exchange_change(
 
 fn exchange_def(req: &Request, vhost: &str, name: &str) -> Result<ExchangeDef, Response> {
     let body = body_object(req)?;
-    let kind =
-        str_field(&body, "type")?.ok_or_else(|| Response::bad_request("type is required"))?;
+    // RabbitMQ declares a direct exchange when the body names no type.
+    let kind = str_field(&body, "type")?.unwrap_or_else(|| "direct".into());
     let kind = ExchangeKind::parse(&kind)
         .ok_or_else(|| Response::bad_request(format!("unknown exchange type '{kind}'")))?;
     Ok(ExchangeDef {
@@ -896,11 +1084,26 @@ fn queues(
             columns: convert::columns(QUEUE_FIELDS),
         };
         if let Ok(t) = admin_table(ctx, &request) {
-            let extra = [("vhost", json!(v)), ("state", json!("running"))];
+            let extra = [
+                ("vhost", json!(v)),
+                ("state", json!("running")),
+                ("type", json!("classic")),
+            ];
             list.extend(
                 convert::objects(&t, QUEUE_FIELDS, &extra)
                     .into_iter()
-                    .filter(|q| one.is_none_or(|n| q["name"] == *n)),
+                    .filter(|q| one.is_none_or(|n| q["name"] == *n))
+                    .map(|mut q| {
+                        // As RabbitMQ: the mirrors only of a mirrored queue.
+                        let name = q["name"].as_str().unwrap_or_default().to_string();
+                        if !meta.mirror_sets.contains_key(&(v.clone(), name)) {
+                            if let Some(o) = q.as_object_mut() {
+                                o.remove("slave_nodes");
+                                o.remove("synchronised_slave_nodes");
+                            }
+                        }
+                        q
+                    }),
             );
         }
     }
@@ -1015,187 +1218,6 @@ fn queue_def(req: &Request, vhost: &str, name: &str) -> Result<QueueDef, Respons
     })
 }
 
-const BINDING_FIELDS: &[(&str, &str, Kind)] = &[
-    ("source_name", "source", Kind::Str),
-    ("destination_name", "destination", Kind::Str),
-    ("destination_kind", "destination_type", Kind::Str),
-    ("routing_key", "routing_key", Kind::Str),
-    ("arguments", "arguments", Kind::Json),
-];
-
-/// Characters a `properties_key` keeps as they are (RabbitMQ quotes the routing key like
-/// `quote_plus`: letters, digits and `-_.~`).
-const PROPERTIES_KEY_SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// RabbitMQ's `properties_key`: `~` for an empty key without arguments, the quoted key
-/// otherwise (bindings with arguments add `~` and a hash in RabbitMQ; Warren adds `~` and
-/// the arguments' JSON length, enough to tell them apart in a listing).
-fn properties_key(routing_key: &str, arguments: &Value) -> String {
-    let empty_args = arguments.as_object().is_none_or(Map::is_empty);
-    let key = percent_encoding::utf8_percent_encode(routing_key, PROPERTIES_KEY_SET).to_string();
-    match (routing_key.is_empty(), empty_args) {
-        (true, true) => "~".into(),
-        (false, true) => key,
-        (_, false) => format!("{key}~{}", arguments.to_string().len()),
-    }
-}
-
-fn bindings(
-    ctx: &Context<'_>,
-    meta: &MetaState,
-    caller: &Caller,
-    vhost: Option<&str>,
-    pair: Option<(&str, &str)>,
-) -> Response {
-    let vhosts = match listed_vhosts(meta, caller, vhost) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    if let (Some((src, dst)), Some(v)) = (pair, vhost.and_then(|v| meta.vhost(v))) {
-        if !v.exchanges.contains_key(src) || !v.queues.contains_key(dst) {
-            return Response::not_found();
-        }
-    }
-    let mut list = Vec::new();
-    for v in vhosts {
-        let request = AdminRequest::ListBindings {
-            vhost: v.clone(),
-            columns: convert::columns(BINDING_FIELDS),
-        };
-        // RabbitMQ lists every queue's implicit binding to the default exchange first.
-        let implicit = meta
-            .vhost(&v)
-            .into_iter()
-            .flat_map(|x| x.queues.keys())
-            .map(|q| {
-                json!({"source": "", "destination": q, "destination_type": "queue",
-                   "routing_key": q, "arguments": {}, "vhost": v})
-            });
-        if let Ok(t) = admin_table(ctx, &request) {
-            let rows = convert::objects(&t, BINDING_FIELDS, &[("vhost", json!(v))]);
-            for mut b in implicit.chain(rows) {
-                if let Some((src, dst)) = pair {
-                    if b["source"] != src
-                        || b["destination"] != dst
-                        || b["destination_type"] != "queue"
-                    {
-                        continue;
-                    }
-                }
-                let pk = properties_key(b["routing_key"].as_str().unwrap_or(""), &b["arguments"]);
-                b["properties_key"] = json!(pk);
-                list.push(b);
-            }
-        }
-    }
-    Response::ok(Value::Array(list))
-}
-
-fn binding_add(
-    meta: &MetaState,
-    caller: &Caller,
-    req: &Request,
-    vhost: &str,
-    src: &str,
-    dst: &str,
-) -> Handled {
-    if let Err(r) = writable_vhost(meta, caller, vhost) {
-        return reply(r);
-    }
-    let v = meta.vhost(vhost).expect("checked");
-    if !v.exchanges.contains_key(src) || !v.queues.contains_key(dst) {
-        return reply(Response::not_found());
-    }
-    let checks = check_permission(meta, caller, vhost, Access::Write, "queue", dst)
-        .and_then(|()| check_permission(meta, caller, vhost, Access::Read, "exchange", src));
-    if let Err(r) = checks {
-        return reply(r);
-    }
-    let body = match body_object(req) {
-        Ok(b) => b,
-        Err(r) => return reply(r),
-    };
-    let routing_key = match str_field(&body, "routing_key") {
-        Ok(k) => k.unwrap_or_default(),
-        Err(r) => return reply(r),
-    };
-    let arguments = match convert::arguments(&body) {
-        Ok(a) => a,
-        Err(e) => return reply(Response::bad_request(e)),
-    };
-    let args_json = body.get("arguments").cloned().unwrap_or(json!({}));
-    let location = format!(
-        "/api/bindings/{}/e/{}/q/{}/{}",
-        encode(vhost),
-        encode(src),
-        encode(dst),
-        encode(&properties_key(&routing_key, &args_json))
-    );
-    let mut ok = Response::empty(201);
-    ok.headers.push(("location", location));
-    commit(
-        vec![Command::Bind(Binding {
-            vhost: vhost.to_string(),
-            source: src.to_string(),
-            destination: Destination::Queue(dst.to_string()),
-            routing_key,
-            arguments,
-        })],
-        ok,
-    )
-}
-
-fn encode(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
-
-fn binding_one(
-    meta: &MetaState,
-    caller: &Caller,
-    m: Method,
-    vhost: &str,
-    src: &str,
-    dst: &str,
-    props: &str,
-) -> Handled {
-    if let Err(r) = writable_vhost(meta, caller, vhost) {
-        return reply(r);
-    }
-    let v = meta.vhost(vhost).expect("checked");
-    let found = v.bindings.values().flatten().find(|b| {
-        b.source == src
-            && b.destination == Destination::Queue(dst.to_string())
-            && (properties_key(&b.routing_key, &table_json(&b.arguments)) == props
-                // The key decoded once more (a client that encoded it only once).
-                || (b.arguments.inner().is_empty() && b.routing_key == props))
-    });
-    let Some(b) = found else {
-        return reply(Response::not_found());
-    };
-    match m {
-        Method::Get => reply(Response::ok(json!({
-            "source": b.source, "vhost": vhost, "destination": dst,
-            "destination_type": "queue", "routing_key": b.routing_key,
-            "arguments": table_json(&b.arguments), "properties_key": props,
-        }))),
-        Method::Delete => {
-            if let Err(r) = check_permission(meta, caller, vhost, Access::Write, "queue", dst) {
-                return reply(r);
-            }
-            commit(vec![Command::Unbind(b.clone())], Response::empty(204))
-        }
-        _ => method_not_allowed(),
-    }
-}
-
-fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
-    serde_json::from_str(&admin::format_table(t)).unwrap_or(json!({}))
-}
-
 const POLICY_FIELDS: &[(&str, &str, Kind)] = &[
     ("vhost", "vhost", Kind::Str),
     ("name", "name", Kind::Str),
@@ -1205,16 +1227,22 @@ const POLICY_FIELDS: &[(&str, &str, Kind)] = &[
     ("priority", "priority", Kind::Int),
 ];
 
-/// Who may read and change policies: policymakers, and only administrators for operator
-/// policies (RabbitMQ's `is_authorized_policies` / `is_authorized_admin`).
+/// Who may read one policy and change policies: policymakers, and only administrators for
+/// operator policies (RabbitMQ's `is_authorized_policies` / `is_authorized_admin`). The
+/// listings need only access to the vhost, as in RabbitMQ 3.10.
 fn policy_refused(caller: &Caller, operator: bool) -> Option<Response> {
     if operator && !caller.tags.administrator {
         Some(not_administrator())
     } else if !caller.tags.policymaker {
-        Some(Response::not_authorised("Not policymaker user"))
+        Some(not_authorised_object())
     } else {
         None
     }
+}
+
+/// RabbitMQ's 401 for an object the user's tags do not reach.
+pub(super) fn not_authorised_object() -> Response {
+    Response::not_authorised("User not authorised to access object")
 }
 
 fn policies(
@@ -1225,7 +1253,7 @@ fn policies(
     one: Option<&str>,
     operator: bool,
 ) -> Response {
-    if let Some(r) = policy_refused(caller, operator) {
+    if let Some(r) = one.and_then(|_| policy_refused(caller, operator)) {
         return r;
     }
     let vhosts: Vec<String> = match vhost {

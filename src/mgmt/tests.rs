@@ -131,7 +131,7 @@ fn bad_password_is_401_login_failed() {
     assert_eq!(r.status, 401);
     assert_eq!(
         r.body,
-        Some(json!({"error": "not_authorised", "reason": "Login failed"}))
+        Some(json!({"error": "not_authorized", "reason": "Login failed"}))
     );
 }
 
@@ -185,9 +185,30 @@ fn tags_grant_what_they_grant_in_rabbitmq() {
     // nodes: monitoring and administrator.
     assert_eq!(get(&b, "mon", "/api/nodes").status, 200);
     assert_eq!(get(&b, "mgr", "/api/nodes").status, 401);
-    // policies: policymaker and administrator.
+    // policies: listed for any management user in its vhosts, as in RabbitMQ 3.10; one
+    // policy for policymakers and administrators.
+    let pol = r#"{"pattern":"^q","definition":{"max-length":5}}"#;
+    assert_eq!(
+        call(&b, "pm", Method::Put, "/api/policies/%2F/p", pol).status,
+        201
+    );
     assert_eq!(get(&b, "pm", "/api/policies").status, 200);
-    assert_eq!(get(&b, "mgr", "/api/policies").status, 401);
+    assert_eq!(
+        get(&b, "mgr", "/api/policies/%2F").body.unwrap()[0]["name"],
+        "p"
+    );
+    assert_eq!(get(&b, "mgr", "/api/policies/other").status, 401);
+    let refused = json!({"error": "not_authorised",
+                         "reason": "User not authorised to access object"});
+    assert_eq!(
+        get(&b, "mgr", "/api/policies/%2F/p").body,
+        Some(refused.clone())
+    );
+    assert_eq!(
+        call(&b, "mgr", Method::Put, "/api/policies/%2F/p", pol).body,
+        Some(refused)
+    );
+    assert_eq!(get(&b, "pm", "/api/policies/%2F/p").status, 200);
     // vhosts: monitoring sees all, management only where it has permissions.
     assert_eq!(
         get(&b, "mon", "/api/vhosts")
@@ -198,10 +219,9 @@ fn tags_grant_what_they_grant_in_rabbitmq() {
             .len(),
         2
     );
-    assert_eq!(
-        get(&b, "mgr", "/api/vhosts").body,
-        Some(json!([{"name": "/", "description": "", "tags": [], "tracing": false}]))
-    );
+    let mine = get(&b, "mgr", "/api/vhosts").body.unwrap();
+    assert_eq!(mine.as_array().unwrap().len(), 1);
+    assert_eq!(mine[0]["name"], "/");
     assert_eq!(get(&b, "mgr", "/api/queues/other").status, 401);
     // vhost changes: administrators only.
     assert_eq!(
@@ -223,7 +243,16 @@ fn vhosts_put_creates_201_then_204_and_delete_204_then_404() {
     );
     assert_eq!(
         get(&b, "admin", "/api/vhosts/v1").body,
-        Some(json!({"name": "v1", "description": "", "tags": [], "tracing": false}))
+        Some(json!({"name": "v1", "description": "", "tags": [],
+                    "metadata": {"description": "", "tags": []},
+                    "default_queue_type": "undefined", "tracing": false,
+                    "cluster_state": {"warren@test": "running"},
+                    "messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}))
+    );
+    // As in RabbitMQ, the vhost's creator was given every permission in it.
+    assert_eq!(
+        get(&b, "admin", "/api/permissions/v1/admin").body.unwrap()["configure"],
+        ".*"
     );
     assert_eq!(
         call(&b, "admin", Method::Delete, "/api/vhosts/v1", "").status,
@@ -268,7 +297,7 @@ fn users_put_get_delete() {
             "admin",
             Method::Put,
             "/api/users/alice",
-            r#"{"password":"pw"}"#
+            r#"{"password":"pw","tags":"management"}"#
         )
         .status,
         204
@@ -280,9 +309,40 @@ fn users_put_get_delete() {
         stored.starts_with("\u{0}rabbit_password_hashing_sha256:"),
         "{stored:?}"
     );
+    // As RabbitMQ 3.10: `tags` is required; no password means none (alice loses hers).
     assert_eq!(
-        call(&b, "admin", Method::Put, "/api/users/bob", "{}").status,
-        400
+        call(&b, "admin", Method::Put, "/api/users/bob", "{}").body,
+        Some(json!({"error": "bad_request", "reason": "tags_not_present"}))
+    );
+    assert_eq!(
+        call(
+            &b,
+            "admin",
+            Method::Put,
+            "/api/users/alice",
+            r#"{"tags":"management"}"#
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        get(&b, "alice", "/api/whoami").body.unwrap()["reason"],
+        "Login failed"
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/users/alice").body.unwrap()["password_hash"],
+        ""
+    );
+    assert_eq!(
+        call(
+            &b,
+            "admin",
+            Method::Put,
+            "/api/users/carol",
+            r#"{"tags":[]}"#
+        )
+        .status,
+        201
     );
     assert_eq!(
         call(&b, "admin", Method::Put, "/api/users/bob", "{not json").status,
@@ -294,7 +354,7 @@ fn users_put_get_delete() {
             "admin",
             Method::Put,
             "/api/users/bob",
-            r#"{"password_hash":"x"}"#
+            r#"{"password_hash":"x","tags":""}"#
         )
         .status,
         400
@@ -394,8 +454,8 @@ fn queues_put_lists_with_rabbitmq_fields_and_delete() {
             "name": "q1", "vhost": "/", "durable": true, "auto_delete": false, "exclusive": false,
             "arguments": {"x-max-length": 5}, "node": "warren@test", "messages": 0,
             "messages_ready": 0, "messages_unacknowledged": 0, "consumers": 0, "policy": null,
-            "operator_policy": null, "effective_policy_definition": {}, "slave_nodes": [],
-            "synchronised_slave_nodes": [], "state": "running",
+            "operator_policy": null, "effective_policy_definition": {}, "state": "running",
+            "type": "classic",
             // Warren's extension (`ring`): an unmirrored queue has no ring.
             "gm_ring": [], "epoch": 0, "sync_running": false
         }))
@@ -463,7 +523,7 @@ fn exchanges_put_get_delete() {
         get(&b, "mgr", "/api/exchanges/%2F/x1").body,
         Some(
             json!({"name": "x1", "vhost": "/", "type": "topic", "durable": true,
-                    "auto_delete": false, "internal": false, "arguments": {}, "policy": null,
+                    "auto_delete": false, "internal": false, "arguments": {},
                     "user_who_performed_action": ""})
         )
     );
@@ -473,16 +533,21 @@ fn exchanges_put_get_delete() {
             .unwrap()["type"],
         "direct"
     );
+    // No type: a direct exchange, as RabbitMQ declares it.
     assert_eq!(
         call(&b, "mgr", Method::Put, "/api/exchanges/%2F/x2", "{}").status,
-        400
+        201
+    );
+    assert_eq!(
+        get(&b, "mgr", "/api/exchanges/%2F/x2").body.unwrap()["type"],
+        "direct"
     );
     assert_eq!(
         call(
             &b,
             "mgr",
             Method::Put,
-            "/api/exchanges/%2F/x2",
+            "/api/exchanges/%2F/x3",
             r#"{"type":"nope"}"#
         )
         .status,
@@ -641,10 +706,11 @@ fn overview_and_nodes() {
 fn definitions_export_and_import_round_trip() {
     let b = broker();
     call(&b, "admin", Method::Put, "/api/vhosts/v", "");
+    // The vhost's creator has every permission in it already.
     let all = r#"{"configure":".*","write":".*","read":".*"}"#;
     assert_eq!(
         call(&b, "admin", Method::Put, "/api/permissions/v/admin", all).status,
-        201
+        204
     );
     call(
         &b,
@@ -1002,5 +1068,406 @@ fn an_unmirrored_queue_has_an_empty_ring() {
     assert_eq!(
         (&q["gm_ring"], &q["epoch"], &q["sync_running"]),
         (&json!([]), &json!(0), &json!(false))
+    );
+}
+
+#[test]
+fn permissions_are_deleted_and_listed_per_vhost_and_per_user() {
+    let b = broker();
+    let all = r#"{"configure":".*","write":".*","read":".*"}"#;
+    assert_eq!(
+        call(&b, "admin", Method::Put, "/api/permissions/other/mgr", all).status,
+        201
+    );
+    // RabbitMQ's 400 for a PUT naming a missing vhost or user (GET and DELETE: 404).
+    for path in [
+        "/api/permissions/other/nobody",
+        "/api/permissions/nowhere/mgr",
+    ] {
+        assert_eq!(
+            call(&b, "admin", Method::Put, path, all).body,
+            Some(json!({"error": "bad_request", "reason": "vhost_or_user_not_found"})),
+            "{path}"
+        );
+        assert_eq!(call(&b, "admin", Method::Delete, path, "").status, 404);
+    }
+    let users = |r: Response| -> Vec<String> {
+        r.body
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}@{}",
+                    p["user"].as_str().unwrap(),
+                    p["vhost"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        users(get(&b, "admin", "/api/users/mgr/permissions")),
+        ["mgr@/", "mgr@other"]
+    );
+    assert_eq!(
+        users(get(&b, "admin", "/api/vhosts/other/permissions")),
+        ["mgr@other"]
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/users/nobody/permissions").status,
+        404
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/vhosts/nowhere/permissions").status,
+        404
+    );
+    assert_eq!(get(&b, "mon", "/api/vhosts/other/permissions").status, 401);
+    // DELETE: 204, then the permissions are gone (404), and only those.
+    assert_eq!(
+        call(
+            &b,
+            "admin",
+            Method::Delete,
+            "/api/permissions/other/mgr",
+            ""
+        )
+        .status,
+        204
+    );
+    assert_eq!(get(&b, "admin", "/api/permissions/other/mgr").status, 404);
+    assert_eq!(
+        call(
+            &b,
+            "admin",
+            Method::Delete,
+            "/api/permissions/other/mgr",
+            ""
+        )
+        .status,
+        404
+    );
+    assert_eq!(get(&b, "admin", "/api/permissions/%2F/mgr").status, 200);
+    assert_eq!(
+        call(&b, "mon", Method::Delete, "/api/permissions/%2F/mgr", "").status,
+        401
+    );
+    // Users without any permission: mon and plain (and no one else).
+    let names: Vec<Value> = get(&b, "admin", "/api/users/without-permissions")
+        .body
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("mon"), json!("plain")]);
+    assert_eq!(
+        get(&b, "admin", "/api/topic-permissions").body,
+        Some(json!([]))
+    );
+    assert_eq!(get(&b, "mgr", "/api/topic-permissions").status, 401);
+}
+
+#[test]
+fn exchange_to_exchange_bindings_and_the_bindings_of_one_object() {
+    let b = broker();
+    for (x, kind) in [("src", "topic"), ("dst", "fanout")] {
+        let body = format!(r#"{{"type":"{kind}"}}"#);
+        assert_eq!(
+            call(
+                &b,
+                "mgr",
+                Method::Put,
+                &format!("/api/exchanges/%2F/{x}"),
+                &body
+            )
+            .status,
+            201
+        );
+    }
+    call(&b, "mgr", Method::Put, "/api/queues/%2F/q", "{}");
+    call(
+        &b,
+        "mgr",
+        Method::Post,
+        "/api/bindings/%2F/e/dst/q/q",
+        r#"{"routing_key":""}"#,
+    );
+    let r = call(
+        &b,
+        "mgr",
+        Method::Post,
+        "/api/bindings/%2F/e/src/e/dst",
+        r#"{"routing_key":"b.*"}"#,
+    );
+    assert_eq!(r.status, 201);
+    assert_eq!(
+        r.headers,
+        vec![(
+            "location",
+            "/api/bindings/%2F/e/src/e/dst/b%2E%252A".to_string()
+        )]
+    );
+    let e2e = json!({"source": "src", "vhost": "/", "destination": "dst",
+                     "destination_type": "exchange", "routing_key": "b.*",
+                     "arguments": {}, "properties_key": "b.%2A"});
+    assert_eq!(
+        get(&b, "mgr", "/api/bindings/%2F/e/src/e/dst").body,
+        Some(json!([e2e]))
+    );
+    // One binding, found by its properties_key (as sent, or decoded once more).
+    assert_eq!(
+        get(&b, "mgr", "/api/bindings/%2F/e/src/e/dst/b.%252A").body,
+        Some(e2e.clone())
+    );
+    assert_eq!(
+        get(&b, "mgr", "/api/exchanges/%2F/src/bindings/source").body,
+        Some(json!([e2e]))
+    );
+    let to_dst = get(&b, "mgr", "/api/exchanges/%2F/dst/bindings/destination")
+        .body
+        .unwrap();
+    assert_eq!(to_dst, json!([e2e]));
+    let from_dst = get(&b, "mgr", "/api/exchanges/%2F/dst/bindings/source")
+        .body
+        .unwrap();
+    assert_eq!(from_dst[0]["destination"], "q");
+    // A queue's bindings: the default exchange's first, then dst's.
+    let q = get(&b, "mgr", "/api/queues/%2F/q/bindings").body.unwrap();
+    let sources: Vec<&str> = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, ["", "dst"]);
+    for path in [
+        "/api/exchanges/%2F/none/bindings/source",
+        "/api/queues/%2F/none/bindings",
+        "/api/bindings/%2F/e/src/e/none",
+    ] {
+        assert_eq!(get(&b, "mgr", path).status, 404, "{path}");
+    }
+    // A missing end: RabbitMQ's 404 naming it.
+    assert_eq!(
+        call(
+            &b,
+            "mgr",
+            Method::Post,
+            "/api/bindings/%2F/e/src/e/none",
+            "{}"
+        )
+        .body,
+        Some(json!({"error": "not_found", "reason": "no exchange 'none' in vhost '/'"}))
+    );
+    assert_eq!(
+        call(
+            &b,
+            "mgr",
+            Method::Post,
+            "/api/bindings/%2F/e/none/q/q",
+            "{}"
+        )
+        .body,
+        Some(json!({"error": "not_found", "reason": "no exchange 'none' in vhost '/'"}))
+    );
+    assert_eq!(
+        call(
+            &b,
+            "mgr",
+            Method::Post,
+            "/api/bindings/%2F/e/src/q/none",
+            "{}"
+        )
+        .body,
+        Some(json!({"error": "not_found", "reason": "no queue 'none' in vhost '/'"}))
+    );
+    assert_eq!(
+        call(
+            &b,
+            "mgr",
+            Method::Delete,
+            "/api/bindings/%2F/e/src/e/dst/b.%2A",
+            ""
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        get(&b, "mgr", "/api/bindings/%2F/e/src/e/dst").body,
+        Some(json!([]))
+    );
+}
+
+#[test]
+fn one_vhosts_definitions_export_and_import_into_another_vhost() {
+    let b = broker();
+    for (path, body) in [
+        ("/api/vhosts/v", ""),
+        ("/api/exchanges/v/x", r#"{"type":"topic","durable":false}"#),
+        (
+            "/api/queues/v/q",
+            r#"{"durable":true,"arguments":{"x-max-length":3}}"#,
+        ),
+        ("/api/queues/v/t", r#"{"durable":false,"auto_delete":true}"#),
+        (
+            "/api/policies/v/cap",
+            r#"{"pattern":"^q","definition":{"max-length":10}}"#,
+        ),
+        (
+            "/api/operator-policies/v/op",
+            r#"{"pattern":"^","definition":{"max-length":99},"apply-to":"queues"}"#,
+        ),
+        ("/api/vhosts/w", ""),
+    ] {
+        assert_eq!(
+            call(&b, "admin", Method::Put, path, body).status,
+            201,
+            "{path}"
+        );
+    }
+    call(
+        &b,
+        "admin",
+        Method::Post,
+        "/api/bindings/v/e/x/q/q",
+        r#"{"routing_key":"a.#"}"#,
+    );
+    let r = get(&b, "admin", "/api/definitions/v");
+    assert_eq!(r.status, 200);
+    let d = r.body.unwrap();
+    // RabbitMQ 3.10's shape: no `vhost` on queues, exchanges and bindings; non-durable
+    // objects too; operator policies as parameters.
+    assert_eq!(
+        d,
+        json!({
+            "rabbit_version": "3.10.8",
+            "parameters": [{"vhost": "v", "component": "operator_policy", "name": "op",
+                            "value": {"pattern": "^", "apply-to": "queues",
+                                      "definition": {"max-length": 99}, "priority": 0}}],
+            "policies": [{"vhost": "v", "name": "cap", "pattern": "^q", "apply-to": "all",
+                          "definition": {"max-length": 10}, "priority": 0}],
+            "queues": [
+                {"name": "q", "durable": true, "auto_delete": false,
+                 "arguments": {"x-max-length": 3}},
+                {"name": "t", "durable": false, "auto_delete": true, "arguments": {}}
+            ],
+            "exchanges": [{"name": "x", "type": "topic", "durable": false,
+                           "auto_delete": false, "internal": false, "arguments": {}}],
+            "bindings": [{"source": "x", "destination": "q", "destination_type": "queue",
+                          "routing_key": "a.#", "arguments": {}}],
+        })
+    );
+    // The whole export carries the operator policy too, as a parameter.
+    let all = get(&b, "admin", "/api/definitions").body.unwrap();
+    assert_eq!(all["parameters"], d["parameters"]);
+    assert_eq!(
+        all["vhosts"],
+        json!([{"name": "/"}, {"name": "other"}, {"name": "v"}, {"name": "w"}])
+    );
+    // Imported into w: the same objects, in w.
+    let r = call(
+        &b,
+        "admin",
+        Method::Post,
+        "/api/definitions/w",
+        &d.to_string(),
+    );
+    assert_eq!(r.status, 204, "{}", r.body_text());
+    let mut again = get(&b, "admin", "/api/definitions/w").body.unwrap();
+    for list in ["parameters", "policies"] {
+        for item in again[list].as_array_mut().unwrap() {
+            assert_eq!(item["vhost"], "w");
+            item["vhost"] = json!("v");
+        }
+    }
+    assert_eq!(again, d);
+    // An existing queue is kept as it is, as RabbitMQ does; users and vhosts are ignored.
+    let other = r#"{"queues":[{"name":"q","durable":false}],
+                    "users":[{"name":"eve","password":"x","tags":""}],
+                    "vhosts":[{"name":"elsewhere"}]}"#;
+    assert_eq!(
+        call(&b, "admin", Method::Post, "/api/definitions/w", other).status,
+        204
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/queues/w/q").body.unwrap()["durable"],
+        true
+    );
+    assert_eq!(get(&b, "admin", "/api/users/eve").status, 404);
+    assert_eq!(get(&b, "admin", "/api/vhosts/elsewhere").status, 404);
+    // A missing vhost: RabbitMQ's 400 to a GET, 404 to a POST; administrators only.
+    assert_eq!(
+        get(&b, "admin", "/api/definitions/nowhere").body,
+        Some(json!({"error": "bad_request", "reason": "vhost_not_found"}))
+    );
+    let r = call(&b, "admin", Method::Post, "/api/definitions/nowhere", "{}");
+    assert_eq!(
+        (r.status, r.body),
+        (
+            404,
+            Some(json!({"error": "not_found", "reason": "vhost_not_found"}))
+        )
+    );
+    assert_eq!(get(&b, "mon", "/api/definitions/v").status, 401);
+    assert_eq!(
+        call(&b, "admin", Method::Post, "/api/definitions/w", "[").status,
+        400
+    );
+}
+
+#[test]
+fn parameters_list_operator_policies_and_the_rest_is_empty() {
+    let b = broker();
+    let op = r#"{"pattern":"^","definition":{"max-length":9}}"#;
+    assert_eq!(
+        call(
+            &b,
+            "admin",
+            Method::Put,
+            "/api/operator-policies/%2F/op",
+            op
+        )
+        .status,
+        201
+    );
+    let param = json!({"vhost": "/", "component": "operator_policy", "name": "op",
+                       "value": {"pattern": "^", "apply-to": "all",
+                                 "definition": {"max-length": 9}, "priority": 0}});
+    for path in [
+        "/api/parameters",
+        "/api/parameters/operator_policy",
+        "/api/parameters/operator_policy/%2F",
+    ] {
+        assert_eq!(get(&b, "admin", path).body, Some(json!([param])), "{path}");
+    }
+    assert_eq!(
+        get(&b, "admin", "/api/parameters/operator_policy/%2F/op").body,
+        Some(param)
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/parameters/federation-upstream").body,
+        Some(json!([]))
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/parameters/operator_policy/%2F/none").status,
+        404
+    );
+    assert_eq!(get(&b, "mgr", "/api/parameters").status, 401);
+    assert_eq!(
+        get(&b, "pm", "/api/parameters/operator_policy/other").status,
+        401
+    );
+    assert_eq!(
+        get(&b, "pm", "/api/global-parameters").body,
+        Some(json!([]))
+    );
+    assert_eq!(get(&b, "mgr", "/api/vhost-limits").body, Some(json!([])));
+    assert_eq!(get(&b, "mgr", "/api/vhost-limits/other").status, 401);
+    assert_eq!(get(&b, "mgr", "/api/extensions").body, Some(json!([])));
+    assert_eq!(
+        get(&b, "mgr", "/api/cluster-name").body,
+        Some(json!({"name": "warren@test"}))
     );
 }

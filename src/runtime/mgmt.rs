@@ -102,9 +102,7 @@ async fn handler(
 
 async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
     let mut counts = RemoteCountsByVhost::new();
-    if req.method == Method::Get
-        && (req.path.starts_with("/api/queues") || req.path == "/api/overview")
-    {
+    if req.method == Method::Get && mgmt::counts_queues(&req.path) {
         for vhost in ctx.broker.snapshot().vhosts.keys() {
             counts.insert(
                 vhost.clone(),

@@ -14,6 +14,9 @@
 //!   ordinary flow control (prefetch, outbox bytes) paces a remote consumer as a local one.
 //! - `Settle` / `Cancel`: acks, nacks, requeues and cancels of a proxy channel; a cancel
 //!   that leaves an auto-delete queue without consumers deletes it (through Raft).
+//! - `Get`, `Counts`, `Purge`: basic.get (a message taken with acks is held by the proxy
+//!   channel), declare-ok's counts, queue.purge. A get C gave up while it was under way
+//!   is taken back with `GetAbandoned`.
 //! - `DeliverReply`: a message published (on C) to a reply name of a channel of H (direct
 //!   reply-to) goes to that channel's reply consumer, or nowhere; nothing is answered but
 //!   `Done`, as RabbitMQ's cast to the channel. A declare of such a name on C asks H with
@@ -23,9 +26,8 @@
 //! deliveries, so its acks travel back. When H goes down, C cancels its consumers on H's
 //! queues (consumer cancel notify, as RabbitMQ does); when C goes down, H requeues what C's
 //! channels held and drops their consumers. Forwarded publishes whose link fails are nacked.
-//!
-//! Not forwarded yet (answered as documented in `docs/clustering.md`): basic.get, purge and
-//! the counts of a queue of another node, and dead letters routed to another node's queues.
+//! Either may give the other up alone (a one-way cut): settles C could not send are sent
+//! again until taken, and once C hears H again it cancels there the consumers it cancelled.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};

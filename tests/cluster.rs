@@ -1003,16 +1003,11 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
     let _ = c3.close(200, "bye".into()).await;
 }
 
-/// A basic.get whose asker gave the queue's node up while the get was under way (frozen
-/// with SIGSTOP: the request waits in its socket) is still answered by that node once it
-/// resumes. The message it took never reached a channel; it must come back to the queue,
-/// not stay unacknowledged there for good (chaos seed 192, bug 12).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
-    let cluster = Cluster::start("lostget").await;
+/// Declares durable queue `name` on node 1 and publishes `m0` to it, confirmed.
+async fn queue_on_node1_holding_m0(cluster: &Cluster, name: &str) {
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     let ch1 = channel(&c1).await;
-    declare(&ch1, "lostget.q", true, locator("client-local"))
+    declare(&ch1, name, true, locator("client-local"))
         .await
         .expect("declare on node 1");
     within(
@@ -1021,8 +1016,18 @@ async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
     )
     .await
     .expect("confirm.select");
-    assert!(publish_acked(&ch1, "", "lostget.q", b"m0").await);
+    assert!(publish_acked(&ch1, "", name, b"m0").await);
     let _ = c1.close(200, "bye".into()).await;
+}
+
+/// A basic.get whose asker gave the queue's node up while the get was under way (frozen
+/// with SIGSTOP: the request waits in its socket) is still answered by that node once it
+/// resumes. The message it took never reached a channel; it must come back to the queue,
+/// not stay unacknowledged there for good (chaos seed 192, bug 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
+    let cluster = Cluster::start("lostget").await;
+    queue_on_node1_holding_m0(&cluster, "lostget.q").await;
 
     let c2 = connect(&cluster.node(2).amqp_uri()).await;
     let ch2 = channel(&c2).await;
@@ -1138,18 +1143,7 @@ async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut(
         return;
     }
     let cluster = Cluster::start("oneway").await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    let ch1 = channel(&c1).await;
-    declare(&ch1, "oneway.q", true, locator("client-local"))
-        .await
-        .expect("declare on node 1");
-    within(
-        "confirm.select",
-        ch1.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .expect("confirm.select");
-    assert!(publish_acked(&ch1, "", "oneway.q", b"m0").await);
+    queue_on_node1_holding_m0(&cluster, "oneway.q").await;
 
     let c2 = connect(&cluster.node(2).amqp_uri()).await;
     let ch2 = channel(&c2).await;
@@ -1198,7 +1192,6 @@ async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _ = c1.close(200, "bye".into()).await;
     let _ = c2.close(200, "bye".into()).await;
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use warren::config::Config;
-use warren::runtime::Node;
+use warren::runtime::{Node, EXIT_STORAGE_FAILED};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -95,7 +95,15 @@ fn main() -> anyhow::Result<()> {
                 return anyhow::Ok(());
             }
         };
-        wait_for_signal().await?;
+        tokio::select! {
+            r = wait_for_signal() => r?,
+            why = node.failed() => {
+                // No graceful stop: that would run the failed storage again. What was
+                // confirmed is in the files; the rest is unconfirmed, as after a crash.
+                tracing::error!(reason = %why, code = EXIT_STORAGE_FAILED, "stopping: this node can no longer keep what it confirms; a restart recovers from its files");
+                std::process::exit(EXIT_STORAGE_FAILED);
+            }
+        }
         tracing::info!("shutting down");
         node.shutdown().await;
         anyhow::Ok(())

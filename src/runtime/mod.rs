@@ -38,3 +38,8 @@ pub mod tls;
 pub mod transport;
 
 pub use node::{Node, NodeError};
+
+/// `warren`'s exit status when the node stops itself because it can no longer keep what it
+/// confirms ([`Node::failed`]): EX_IOERR from sysexits.h. A supervisor restarts it
+/// (systemd's `Restart=on-failure`), and recovery starts from the files.
+pub const EXIT_STORAGE_FAILED: i32 = 74;

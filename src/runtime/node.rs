@@ -69,6 +69,8 @@ pub struct Node {
     prometheus_addr: Option<SocketAddr>,
     broker: Arc<Broker>,
     shutdown: watch::Sender<bool>,
+    /// Set once the node can no longer keep what it confirms ([`Node::failed`]).
+    failed: watch::Receiver<Option<String>>,
     tracker: TaskTracker,
     tasks: Vec<JoinHandle<()>>,
     syncer: Option<(Arc<Storage>, std::thread::JoinHandle<()>)>,
@@ -507,7 +509,10 @@ impl Node {
             }
         }));
 
-        // The memory monitor: flips the alarm that blocks publishers.
+        // The memory monitor: flips the alarm that blocks publishers, and says when the node
+        // can no longer keep what it confirms (its storage or its Raft log failed).
+        let (failed_tx, failed_rx) = watch::channel(None::<String>);
+        let monitor_raft = cluster.as_ref().map(|c| c.raft().clone());
         let monitor_broker = broker.clone();
         let mut monitor_shutdown = shutdown_rx.clone();
         let disk_free_limit = config.limits.disk_free_limit_bytes;
@@ -540,16 +545,26 @@ impl Node {
                         }
                         ticks += 1;
                         // A storage failure (full disk, failed fsync) blocks publishers too.
-                        let on = monitor_broker.memory_alarm()
-                            || disk_low
-                            || monitor_broker.durability().is_some_and(|d| d.has_failed());
+                        let memory = monitor_broker.memory_alarm();
+                        let storage_failed = monitor_broker.durability().is_some_and(|d| d.has_failed());
+                        let on = memory || disk_low || storage_failed;
                         if *alarm_tx.borrow() != on {
                             if on {
-                                tracing::warn!(used = monitor_broker.memory_used(), "memory alarm set: blocking publishers");
+                                tracing::warn!(memory, disk = disk_low, storage_failed, used = monitor_broker.memory_used(), "resource alarm set: blocking publishers");
                             } else {
-                                tracing::info!(used = monitor_broker.memory_used(), "memory alarm cleared");
+                                tracing::info!(used = monitor_broker.memory_used(), "resource alarm cleared");
                             }
                             let _ = alarm_tx.send(on);
+                        }
+                        if failed_tx.borrow().is_none() {
+                            let why = if storage_failed {
+                                Some("message storage failed".to_string())
+                            } else {
+                                monitor_raft.as_ref().and_then(|r| r.fatal()).map(|f| format!("the metadata Raft core stopped: {f}"))
+                            };
+                            if why.is_some() {
+                                let _ = failed_tx.send(why);
+                            }
                         }
                     }
                 }
@@ -586,6 +601,7 @@ impl Node {
             prometheus_addr,
             broker,
             shutdown: shutdown_tx,
+            failed: failed_rx,
             tracker,
             tasks,
             syncer,
@@ -628,6 +644,24 @@ impl Node {
     /// The broker (for inspection in tests and admin tools).
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
+    }
+
+    /// Waits until the node can no longer keep what it confirms: its message storage failed
+    /// (a write or fsync error: the files may not hold what memory says they do) or its
+    /// metadata Raft core stopped on a log write error. Either lasts until the process
+    /// restarts and recovers from its files, so `warren` exits then for its supervisor to
+    /// restart it ([`crate::runtime::EXIT_STORAGE_FAILED`]); why, in words.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failed.clone();
+        let why = match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            // The monitor is gone only when the node shuts down: nothing failed.
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
     }
 
     /// Closes every client connection with 320 CONNECTION_FORCED and stops the node.

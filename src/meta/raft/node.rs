@@ -484,6 +484,15 @@ impl MetaRaft {
             .map_err(|e| StopError(e.to_string()))
     }
 
+    /// Why this node's Raft core stopped for good (a log or state write failed), if it did.
+    /// The core then answers nothing, so the node is of no use to the group until restarted.
+    pub fn fatal(&self) -> Option<String> {
+        match &self.raft.metrics().borrow().running_state {
+            Ok(()) => None,
+            Err(fatal) => Some(fatal.to_string()),
+        }
+    }
+
     /// The handler a transport feeds this node's incoming Raft requests to.
     pub fn rpc_server(&self) -> RpcServer {
         RpcServer::new(self.raft.clone(), self.propose_timeout)

@@ -1,7 +1,8 @@
 //! `warren-chaos`: a fault campaign against real `warren` processes (issue 16). Each run
 //! starts a cluster on loopback, drives lapin clients (confirmed publishers, consumers,
 //! `basic.get`, admin changes) through a fault schedule drawn from its seed (kill -9,
-//! pauses, restarts, whole-cluster restarts, nftables partitions), drains the queues and
+//! pauses, restarts, whole-cluster restarts, nftables partitions, and with `--disk-faults`
+//! full and slow disks), drains the queues and
 //! checks the history: nothing confirmed lost, no unflagged duplicate, per-publisher order,
 //! liveness. One line per run; exit 0 only when every run passed.
 //!
@@ -12,6 +13,8 @@
 mod checker;
 #[path = "warren_chaos/cluster.rs"]
 mod cluster;
+#[path = "warren_chaos/disk.rs"]
+mod disk;
 #[path = "warren_chaos/faults.rs"]
 mod faults;
 #[path = "warren_chaos/history.rs"]
@@ -54,6 +57,11 @@ struct Args {
     /// Print each seed's schedule and exit.
     #[arg(long)]
     plan_only: bool,
+    /// Add disk faults (a node's file system full, its fsyncs slow) to the schedules; each
+    /// node's data folder becomes its own small ext4 image (needs mkfs.ext4, loop devices
+    /// and the cgroup v1 blkio controller). Changes every seed's schedule.
+    #[arg(long)]
+    disk_faults: bool,
 }
 
 fn seeds(args: &Args) -> Result<Vec<u64>> {
@@ -82,13 +90,16 @@ fn main() -> Result<()> {
     if args.plan_only {
         for s in seeds {
             println!("seed={s}:");
-            for step in schedule::plan(s, args.nodes, args.duration * 1000) {
+            for step in schedule::plan(s, args.nodes, args.duration * 1000, args.disk_faults) {
                 println!("  - {step}");
             }
         }
         return Ok(());
     }
     net::check_available()?;
+    if args.disk_faults {
+        disk::check_available()?;
+    }
     let bin = match &args.bin {
         Some(b) => b.clone(),
         None => std::env::current_exe()?
@@ -101,11 +112,13 @@ fn main() -> Result<()> {
         duration_ms: args.duration * 1000,
         bin,
         keep: args.keep,
+        disk_faults: args.disk_faults,
     };
     // A panic must not leave partitions behind.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         net::remove_all();
+        disk::remove_all();
         hook(info);
     }));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -125,6 +138,7 @@ fn main() -> Result<()> {
                 _ = tokio::signal::ctrl_c() => {
                     // Dropping the run killed its nodes and removed its cuts.
                     net::remove_all();
+                    disk::remove_all();
                     eprintln!("warren-chaos: interrupted during seed {seed}");
                     std::process::exit(130);
                 }

@@ -21,6 +21,8 @@ pub struct Node {
     pub index: usize,
     pub ip: String,
     pub name: String,
+    /// The data folder (its own file system with `--disk-faults`).
+    pub data: PathBuf,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -34,6 +36,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     warren: PathBuf,
     warrenctl: PathBuf,
+    /// Whether each data folder is a mounted image (`--disk-faults`).
+    mounted: bool,
 }
 
 fn config_text(id: usize, ip: &str, cluster: &str, ips: &[String], data: &Path) -> String {
@@ -88,6 +92,11 @@ impl Node {
 
     pub fn running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     fn spawn(&mut self, warren: &Path) -> Result<()> {
@@ -187,8 +196,9 @@ impl Node {
 }
 
 impl Cluster {
-    /// Writes configs for `n` nodes under `dir` (created fresh); nothing is started.
-    pub fn new(dir: PathBuf, n: usize, prefix: &str, bin: &Path) -> Result<Cluster> {
+    /// Writes configs for `n` nodes under `dir` (created fresh); nothing is started. With
+    /// `disks`, each node's data folder is its own small file system (for disk faults).
+    pub fn new(dir: PathBuf, n: usize, prefix: &str, bin: &Path, disks: bool) -> Result<Cluster> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).context("run folder")?;
         let ips: Vec<String> = (1..=n).map(|i| format!("{prefix}.{i}")).collect();
@@ -198,10 +208,14 @@ impl Cluster {
             let config = dir.join(format!("node{id}.toml"));
             let data = dir.join(format!("data{id}"));
             std::fs::write(&config, config_text(id, ip, &ips[0], &ips, &data))?;
+            if disks {
+                super::disk::mount_fresh(&data)?;
+            }
             nodes.push(Node {
                 index: i,
                 ip: ip.clone(),
                 name: format!("warren{id}@chaos"),
+                data,
                 config,
                 log: dir.join(format!("node{id}.log")),
                 child: None,
@@ -222,6 +236,7 @@ impl Cluster {
             nodes,
             warren,
             warrenctl,
+            mounted: disks,
         })
     }
 
@@ -382,5 +397,13 @@ pub struct QueueState {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_all();
+        if self.mounted {
+            // The images stay in the run's folder (kept when the run failed).
+            for n in &self.nodes {
+                if let Err(e) = super::disk::unmount(&n.data) {
+                    eprintln!("warren-chaos: {e:#}");
+                }
+            }
+        }
     }
 }

@@ -192,6 +192,69 @@ impl Runner<'_> {
                     .await?;
             }
             Step::Redeclare { queue } => self.redeclare(*queue).await?,
+            Step::DiskFull { target, ms: m } => {
+                let i = self.resolve(target).await;
+                let queues = self.mastered_on(&[i]).await;
+                let full = super::disk::Full::new(&self.cluster.nodes[i].data)?;
+                let stopped = self.hold(i, *m, &queues).await;
+                full.end()?;
+                self.restart_if_stopped(i, stopped, &queues).await?;
+            }
+            Step::SlowDisk { target, ms: m } => {
+                let i = self.resolve(target).await;
+                let queues = self.mastered_on(&[i]).await;
+                let pid = self.cluster.nodes[i]
+                    .pid()
+                    .ok_or_else(|| anyhow!("node{} is not running", i + 1))?;
+                // 256 KiB/s and 20 writes/s: a group commit's fsync takes a second or more.
+                let slow = super::disk::Slow::new(pid, &self.cluster.nodes[i].data, 256 << 10, 20)?;
+                let stopped = self.hold(i, *m, &queues).await;
+                slow.end()?;
+                self.restart_if_stopped(i, stopped, &queues).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits `ms` while node `i` suffers a disk fault; whether it stopped itself meanwhile
+    /// (a node whose storage fails exits for its supervisor to restart it), recording the
+    /// restart of `queues`' masters when it did.
+    async fn hold(&mut self, i: usize, ms: u64, queues: &[usize]) -> Option<String> {
+        let end = Instant::now() + Duration::from_millis(ms);
+        let mut stopped = None;
+        while Instant::now() < end {
+            if stopped.is_none() {
+                if let Some(status) = self.cluster.nodes[i].exited() {
+                    self.note_master_restarts(queues);
+                    stopped = Some(status.to_string());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stopped
+    }
+
+    /// Does what a supervisor (systemd's `Restart=on-failure`) does for a node that stopped
+    /// itself during a disk fault: starts it again, now that the fault is over.
+    async fn restart_if_stopped(
+        &mut self,
+        i: usize,
+        mut stopped: Option<String>,
+        queues: &[usize],
+    ) -> Result<()> {
+        if stopped.is_none() {
+            if let Some(status) = self.cluster.nodes[i].exited() {
+                self.note_master_restarts(queues);
+                stopped = Some(status.to_string());
+            }
+        }
+        if let Some(status) = stopped {
+            self.note(format!(
+                "node{} stopped itself during the disk fault ({status}): started again",
+                i + 1
+            ));
+            self.cluster.nodes[i].kill();
+            self.cluster.start(&[i]).await?;
         }
         Ok(())
     }

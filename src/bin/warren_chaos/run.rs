@@ -16,13 +16,15 @@ use super::cluster::Cluster;
 use super::faults::{self, Runner};
 use super::history::History;
 use super::schedule::{self, Step, QUEUES};
-use super::workload::{self, queue_name, Ctx};
+use super::workload::{self, queue_name, Ctx, Mode};
 
 pub struct Opts {
     pub nodes: usize,
     pub duration_ms: u64,
     pub bin: PathBuf,
     pub keep: bool,
+    /// Disk faults in the schedule, data folders on their own file systems.
+    pub disk_faults: bool,
 }
 
 /// After the faults: how long the workload goes on before it stops (liveness is judged here).
@@ -44,7 +46,7 @@ fn prefix(seed: u64) -> String {
 
 /// Runs seed `seed`; the result line and whether it passed.
 pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
-    let steps = schedule::plan(seed, opts.nodes, opts.duration_ms);
+    let steps = schedule::plan(seed, opts.nodes, opts.duration_ms, opts.disk_faults);
     println!("seed={seed} schedule:");
     for s in &steps {
         if !matches!(s, Step::Quiet { .. }) {
@@ -61,7 +63,13 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
     let history = Arc::new(History::default());
     let mut reasons = Vec::new();
     let mut verdict = Verdict::default();
-    match Cluster::new(dir.clone(), opts.nodes, &prefix(seed), &opts.bin) {
+    match Cluster::new(
+        dir.clone(),
+        opts.nodes,
+        &prefix(seed),
+        &opts.bin,
+        opts.disk_faults,
+    ) {
         Err(e) => reasons.push(format!("setup: {e:#}")),
         Ok(mut cluster) => {
             if let Err(e) = campaign(&mut cluster, &steps, &history, &mut reasons).await {
@@ -72,6 +80,8 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
                 reasons.push(format!("node{} exited on its own: {status}", i + 1));
             }
             cluster.kill_all();
+            drop(cluster);
+            super::disk::remove_all();
             verdict = checker::check(&history.lock());
             for n in &verdict.notes {
                 println!("  | {n}");
@@ -140,9 +150,27 @@ async fn campaign(
     for i in 0..n {
         tasks.push((
             format!("publisher p{i}"),
-            tokio::spawn(workload::publisher(ctx.clone(), i as u32, i, i % QUEUES)),
+            tokio::spawn(workload::publisher(
+                ctx.clone(),
+                i as u32,
+                i,
+                i % QUEUES,
+                Mode::Confirms,
+            )),
         ));
     }
+    // One transactional publisher, on the last node, to the other queue than that node's
+    // confirming publisher.
+    tasks.push((
+        format!("tx publisher p{n}"),
+        tokio::spawn(workload::publisher(
+            ctx.clone(),
+            n as u32,
+            n - 1,
+            n % QUEUES,
+            Mode::Tx,
+        )),
+    ));
     for q in 0..QUEUES {
         for k in 0..2 {
             let home = (q + k + 1) % n;

@@ -55,6 +55,11 @@ pub enum Step {
     Sync { queue: usize, cancel: bool },
     /// `ha.q<n>` deleted and declared again.
     Redeclare { queue: usize },
+    /// The node's file system filled up for `ms`, then freed (`--disk-faults`).
+    DiskFull { target: Target, ms: u64 },
+    /// The node's writes throttled to a trickle for `ms`, so every fsync is slow
+    /// (`--disk-faults`).
+    SlowDisk { target: Target, ms: u64 },
     /// Nothing happens for `ms` (the workload runs).
     Quiet { ms: u64 },
 }
@@ -82,6 +87,8 @@ impl Step {
             Step::Partition { .. } => "partition",
             Step::OneWay { .. } => "oneway",
             Step::Flapping { .. } => "flapping",
+            Step::DiskFull { .. } => "disk_full",
+            Step::SlowDisk { .. } => "slow_fsync",
             _ => return None,
         })
     }
@@ -144,6 +151,8 @@ impl fmt::Display for Step {
                 }
             ),
             Step::Redeclare { queue } => write!(f, "delete and re-declare ha.q{queue}"),
+            Step::DiskFull { target, ms } => write!(f, "disk of {target} full for {ms}ms"),
+            Step::SlowDisk { target, ms } => write!(f, "disk of {target} slow for {ms}ms"),
             Step::Quiet { ms } => write!(f, "quiet {ms}ms"),
         }
     }
@@ -154,7 +163,8 @@ pub const QUEUES: usize = 2;
 
 /// The schedule for `seed` on `nodes` nodes, about `duration_ms` long: quiet gaps between
 /// steps, one fault or admin operation at a time (so each fault's effect can be judged alone).
-pub fn plan(seed: u64, nodes: usize, duration_ms: u64) -> Vec<Step> {
+/// Disk faults are drawn only with `disk` (so seeds without it keep their schedules).
+pub fn plan(seed: u64, nodes: usize, duration_ms: u64, disk: bool) -> Vec<Step> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut steps = Vec::new();
     let mut planned = 0u64;
@@ -164,7 +174,7 @@ pub fn plan(seed: u64, nodes: usize, duration_ms: u64) -> Vec<Step> {
         steps.push(Step::Quiet { ms: gap });
         planned += gap;
         let step = if rng.gen_bool(0.65) {
-            fault(&mut rng, nodes)
+            fault(&mut rng, nodes, disk)
         } else {
             admin(&mut rng, &mut policy)
         };
@@ -187,6 +197,8 @@ fn length(step: &Step) -> u64 {
         Step::Pause { ms, .. }
         | Step::Partition { ms, .. }
         | Step::OneWay { ms, .. }
+        | Step::DiskFull { ms, .. }
+        | Step::SlowDisk { ms, .. }
         | Step::Quiet { ms } => *ms,
         Step::Flapping {
             cycles,
@@ -227,8 +239,8 @@ fn minority(rng: &mut StdRng, nodes: usize) -> Side {
     Side::Nodes(picked)
 }
 
-fn fault(rng: &mut StdRng, nodes: usize) -> Step {
-    match rng.gen_range(0..9) {
+fn fault(rng: &mut StdRng, nodes: usize, disk: bool) -> Step {
+    match rng.gen_range(0..if disk { 12 } else { 9 }) {
         0 | 1 => Step::Kill {
             target: target(rng, nodes),
             down_ms: rng.gen_range(500..4_000),
@@ -253,11 +265,19 @@ fn fault(rng: &mut StdRng, nodes: usize) -> Step {
             side: minority(rng, nodes),
             ms: rng.gen_range(3_000..8_000),
         },
-        _ => Step::Flapping {
+        8 => Step::Flapping {
             side: minority(rng, nodes),
             cycles: rng.gen_range(3..7),
             on_ms: rng.gen_range(300..2_500),
             off_ms: rng.gen_range(300..2_000),
+        },
+        9 | 10 => Step::DiskFull {
+            target: target(rng, nodes),
+            ms: rng.gen_range(2_000..8_000),
+        },
+        _ => Step::SlowDisk {
+            target: target(rng, nodes),
+            ms: rng.gen_range(2_000..8_000),
         },
     }
 }
@@ -291,23 +311,43 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
         for seed in 0..50 {
-            assert_eq!(plan(seed, 3, 30_000), plan(seed, 3, 30_000));
-            assert_eq!(plan(seed, 5, 30_000), plan(seed, 5, 30_000));
+            assert_eq!(plan(seed, 3, 30_000, false), plan(seed, 3, 30_000, false));
+            assert_eq!(plan(seed, 5, 30_000, false), plan(seed, 5, 30_000, false));
         }
     }
 
     #[test]
     fn different_seeds_give_different_schedules() {
         let plans: std::collections::BTreeSet<String> = (0..50)
-            .map(|seed| format!("{:?}", plan(seed, 3, 30_000)))
+            .map(|seed| format!("{:?}", plan(seed, 3, 30_000, false)))
             .collect();
         assert_eq!(plans.len(), 50);
     }
 
     #[test]
+    fn disk_faults_come_only_when_asked_for() {
+        let disk = |s: &Step| matches!(s, Step::DiskFull { .. } | Step::SlowDisk { .. });
+        for seed in 0..50 {
+            assert!(
+                !plan(seed, 3, 30_000, false).iter().any(disk),
+                "seed {seed}"
+            );
+        }
+        let with: usize = (0..50)
+            .map(|seed| {
+                plan(seed, 3, 30_000, true)
+                    .iter()
+                    .filter(|s| disk(s))
+                    .count()
+            })
+            .sum();
+        assert!(with > 10, "only {with} disk faults in 50 schedules");
+    }
+
+    #[test]
     fn a_schedule_has_faults_and_ends_under_the_first_policy() {
         for seed in 0..50 {
-            let steps = plan(seed, 3, 30_000);
+            let steps = plan(seed, 3, 30_000, false);
             let mut policy = Policy::All;
             for s in &steps {
                 if let Step::SetPolicy(p) = s {

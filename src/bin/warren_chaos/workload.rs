@@ -1,4 +1,5 @@
-//! The AMQP clients (lapin): confirmed publishers on every node, consumers with manual acks
+//! The AMQP clients (lapin): confirmed publishers on every node and a transactional one,
+//! consumers with manual acks
 //! (some rejects with requeue), a `basic.get` poller, and the final drain. Every client
 //! reconnects to any node that answers when its connection drops; a publish whose confirm
 //! never came is recorded as unknown, never as confirmed.
@@ -71,9 +72,19 @@ async fn close(conn: Connection) {
     let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "bye".into())).await;
 }
 
-/// A confirmed publisher to `ha.q<queue>`, preferring node `home`; messages whose sequence
-/// number is 3 mod 4 are transient, the rest persistent.
-pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize) {
+/// How a publisher learns that the broker took its messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Publisher confirms, [`WINDOW`] in flight.
+    Confirms,
+    /// Transactions of [`WINDOW`] publishes each: `tx.commit-ok` is the broker's word that
+    /// all of them are kept.
+    Tx,
+}
+
+/// A publisher to `ha.q<queue>`, preferring node `home`; messages whose sequence number is
+/// 3 mod 4 are transient, the rest persistent.
+pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize, mode: Mode) {
     let mut seq = 0u64;
     let mut session = 0u32;
     let mut first = home;
@@ -86,7 +97,10 @@ pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize) {
         first = home;
         let Ok(Ok(ch)) = tokio::time::timeout(Duration::from_secs(5), async {
             let ch = conn.create_channel().await?;
-            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            match mode {
+                Mode::Confirms => ch.confirm_select(ConfirmSelectOptions::default()).await?,
+                Mode::Tx => ch.tx_select().await?,
+            }
             Ok::<Channel, lapin::Error>(ch)
         })
         .await
@@ -98,7 +112,10 @@ pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize) {
         };
         session += 1;
         ctx.history.session_start(id, session, node);
-        publish_session(&ctx, &ch, id, session, queue, &mut seq).await;
+        match mode {
+            Mode::Confirms => publish_session(&ctx, &ch, id, session, queue, &mut seq).await,
+            Mode::Tx => tx_session(&ctx, &ch, id, session, queue, &mut seq).await,
+        }
         ctx.history.session_end(id, session);
         close(conn).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -194,6 +211,85 @@ async fn publish_session(
         if nacked {
             // The queue is between masters: nacks are right; no need to spin.
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Publishes transactions on one channel until it breaks or the run stops. A message is
+/// kept once its `tx.commit-ok` came and no `basic.return` said it went nowhere; a commit
+/// that failed or never answered leaves its messages unknown.
+async fn tx_session(ctx: &Ctx, ch: &Channel, id: u32, session: u32, queue: usize, seq: &mut u64) {
+    let key = queue_name(queue);
+    while !ctx.stopping() {
+        let mut batch = Vec::new();
+        for _ in 0..WINDOW {
+            let s = *seq;
+            *seq += 1;
+            let persistent = s % 4 != 3;
+            ctx.history.sent(
+                id,
+                s,
+                Published {
+                    session,
+                    queue,
+                    persistent,
+                    sent: Instant::now(),
+                    outcome: Outcome::Pending,
+                },
+            );
+            batch.push(s);
+            let props =
+                BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+            let published = tokio::time::timeout(
+                PUBLISH_TIMEOUT,
+                ch.basic_publish(
+                    "".into(),
+                    key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &history::body(id, session, s),
+                    props,
+                ),
+            )
+            .await;
+            if !matches!(published, Ok(Ok(_))) {
+                for s in batch {
+                    ctx.history.outcome(id, s, Outcome::Unknown);
+                }
+                return;
+            }
+        }
+        let committed = tokio::time::timeout(CONFIRM_TIMEOUT, ch.tx_commit()).await;
+        if !matches!(committed, Ok(Ok(()))) {
+            for s in batch {
+                ctx.history.outcome(id, s, Outcome::Unknown);
+            }
+            return;
+        }
+        let at = Instant::now();
+        // Returns come before the commit-ok; outside confirm mode lapin keeps them for
+        // `wait_for_confirms`, which then only drains them.
+        let returned: Vec<u64> = match ch.wait_for_confirms().await {
+            Ok(msgs) => msgs
+                .iter()
+                .filter_map(|m| history::parse(&m.delivery.data).map(|(_, _, s)| s))
+                .collect(),
+            Err(_) => {
+                for s in batch {
+                    ctx.history.outcome(id, s, Outcome::Unknown);
+                }
+                return;
+            }
+        };
+        for s in batch {
+            let outcome = if returned.contains(&s) {
+                Outcome::Returned
+            } else {
+                Outcome::Ack(at)
+            };
+            ctx.history.outcome(id, s, outcome);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `warren-chaos`: a fault campaign against real `warren` processes (issue 16). Each run
 //! starts a cluster on loopback, drives lapin clients (confirmed publishers, consumers,
 //! `basic.get`, admin changes) through a fault schedule drawn from its seed (kill -9,
-//! pauses, restarts, whole-cluster restarts, nftables partitions, and with `--disk-faults`
+//! pauses, restarts, whole-cluster restarts, nftables partitions, and with `--extended`
 //! full and slow disks), drains the queues and
 //! checks the history: nothing confirmed lost, no unflagged duplicate, per-publisher order,
 //! liveness. One line per run; exit 0 only when every run passed.
@@ -57,11 +57,12 @@ struct Args {
     /// Print each seed's schedule and exit.
     #[arg(long)]
     plan_only: bool,
-    /// Add disk faults (a node's file system full, its fsyncs slow) to the schedules; each
-    /// node's data folder becomes its own small ext4 image (needs mkfs.ext4, loop devices
-    /// and the cgroup v1 blkio controller). Changes every seed's schedule.
+    /// The extended mix: disk faults (a node's file system full, its fsyncs slow) and a node
+    /// joining and being forgotten join the schedules; each node's data folder becomes its
+    /// own small ext4 image (needs mkfs.ext4, loop devices and the cgroup v1 blkio
+    /// controller). Changes every seed's schedule.
     #[arg(long)]
-    disk_faults: bool,
+    extended: bool,
 }
 
 fn seeds(args: &Args) -> Result<Vec<u64>> {
@@ -90,14 +91,14 @@ fn main() -> Result<()> {
     if args.plan_only {
         for s in seeds {
             println!("seed={s}:");
-            for step in schedule::plan(s, args.nodes, args.duration * 1000, args.disk_faults) {
+            for step in schedule::plan(s, args.nodes, args.duration * 1000, args.extended) {
                 println!("  - {step}");
             }
         }
         return Ok(());
     }
     net::check_available()?;
-    if args.disk_faults {
+    if args.extended {
         disk::check_available()?;
     }
     let bin = match &args.bin {
@@ -112,7 +113,7 @@ fn main() -> Result<()> {
         duration_ms: args.duration * 1000,
         bin,
         keep: args.keep,
-        disk_faults: args.disk_faults,
+        extended: args.extended,
     };
     // A panic must not leave partitions behind.
     let hook = std::panic::take_hook();

@@ -21,7 +21,7 @@ pub struct Node {
     pub index: usize,
     pub ip: String,
     pub name: String,
-    /// The data folder (its own file system with `--disk-faults`).
+    /// The data folder (its own file system with `--extended`).
     pub data: PathBuf,
     config: PathBuf,
     log: PathBuf,
@@ -36,7 +36,7 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     warren: PathBuf,
     warrenctl: PathBuf,
-    /// Whether each data folder is a mounted image (`--disk-faults`).
+    /// Whether each data folder is a mounted image (`--extended`).
     mounted: bool,
 }
 
@@ -196,6 +196,15 @@ impl Node {
 }
 
 impl Cluster {
+    /// The run's folder (where the configs and logs are).
+    pub fn dir(&self) -> PathBuf {
+        self.nodes[0]
+            .config
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+    }
+
     /// Writes configs for `n` nodes under `dir` (created fresh); nothing is started. With
     /// `disks`, each node's data folder is its own small file system (for disk faults).
     pub fn new(dir: PathBuf, n: usize, prefix: &str, bin: &Path, disks: bool) -> Result<Cluster> {
@@ -244,12 +253,47 @@ impl Cluster {
         self.nodes.iter().map(|n| n.ip.clone()).collect()
     }
 
+    /// Adds a node outside the cluster (no initial members: it waits for `join_cluster`)
+    /// and starts it; its index. Its data folder is on the run's disk, not an image.
+    pub fn spawn_spare(&mut self, dir: &Path) -> Result<usize> {
+        let i = self.nodes.len();
+        let id = i + 1;
+        let prefix = self.nodes[0]
+            .ip
+            .rsplit_once('.')
+            .map(|(p, _)| p.to_string())
+            .context("an address")?;
+        let ip = format!("{prefix}.{id}");
+        let config = dir.join(format!("node{id}.toml"));
+        let data = dir.join(format!("data{id}"));
+        std::fs::write(&config, config_text(id, &ip, &self.nodes[0].ip, &[], &data))?;
+        let mut node = Node {
+            index: i,
+            ip,
+            name: format!("warren{id}@chaos"),
+            data,
+            config,
+            log: dir.join(format!("node{id}.log")),
+            child: None,
+            log_start: 0,
+            paused: false,
+        };
+        node.spawn(&self.warren)?;
+        self.nodes.push(node);
+        Ok(i)
+    }
+
     /// Starts the nodes `which` and waits until each serves clients.
     pub async fn start(&mut self, which: &[usize]) -> Result<()> {
         for &i in which {
             let warren = self.warren.clone();
             self.nodes[i].spawn(&warren)?;
         }
+        self.wait_serving(which).await
+    }
+
+    /// Waits until each of the started nodes `which` serves clients.
+    pub async fn wait_serving(&mut self, which: &[usize]) -> Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
         for &i in which {
             while !self.nodes[i].serving() {
@@ -398,8 +442,13 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_all();
         if self.mounted {
-            // The images stay in the run's folder (kept when the run failed).
-            for n in &self.nodes {
+            // The images stay in the run's folder (kept when the run failed). Spares added
+            // by joins have no image.
+            for n in self
+                .nodes
+                .iter()
+                .filter(|n| n.data.with_extension("img").exists())
+            {
                 if let Err(e) = super::disk::unmount(&n.data) {
                     eprintln!("warren-chaos: {e:#}");
                 }

@@ -1,4 +1,4 @@
-//! Disk faults (`--disk-faults`): each node's data folder is its own small ext4 file system,
+//! Disk faults (`--extended`): each node's data folder is its own small ext4 file system,
 //! a loop-mounted image in the run's folder, so one node's disk can be filled up or slowed
 //! down without touching the others or the machine.
 //!
@@ -36,11 +36,11 @@ pub fn check_available() -> Result<()> {
             .status()
             .is_ok();
         if !ok {
-            bail!("--disk-faults needs `{tool}` (e2fsprogs, mount)");
+            bail!("--extended needs `{tool}` (e2fsprogs, mount)");
         }
     }
     if !Path::new(BLKIO).join("cgroup.procs").is_file() {
-        bail!("--disk-faults needs the cgroup v1 blkio controller at {BLKIO}");
+        bail!("--extended needs the cgroup v1 blkio controller at {BLKIO}");
     }
     Ok(())
 }
@@ -79,8 +79,16 @@ pub struct Full {
 }
 
 impl Full {
-    /// Fills `data`'s file system, to within a block or so.
+    /// Fills `data`'s file system, to within a block or so. `data` must be a mount point
+    /// (one of [`mount_fresh`]'s), never the machine's own disk.
     pub fn new(data: &Path) -> Result<Full> {
+        let parent = data.parent().context("a data folder's parent")?;
+        if std::fs::metadata(data)?.dev() == std::fs::metadata(parent)?.dev() {
+            bail!(
+                "{} is not a file system of its own: not filling it",
+                data.display()
+            );
+        }
         let filler = data.join("chaos-filler");
         let f = std::fs::File::create(&filler).context("create the filler")?;
         // SAFETY: an all-zero statvfs is a valid out-parameter; the path is NUL-terminated.

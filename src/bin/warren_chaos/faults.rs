@@ -192,6 +192,7 @@ impl Runner<'_> {
                     .await?;
             }
             Step::Redeclare { queue } => self.redeclare(*queue).await?,
+            Step::JoinForget { ms: m } => self.join_forget(*m).await?,
             Step::DiskFull { target, ms: m } => {
                 let i = self.resolve(target).await;
                 let queues = self.mastered_on(&[i]).await;
@@ -214,6 +215,42 @@ impl Runner<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A new node joins through a running one, serves for `ms` (the `ha-mode: all` mirrors
+    /// sync to it), is killed and forgotten; it leaves the node list, so later steps see the
+    /// cluster as before.
+    async fn join_forget(&mut self, ms: u64) -> Result<()> {
+        let dir = self.cluster.dir();
+        let i = self.cluster.spawn_spare(&dir)?;
+        let name = self.cluster.nodes[i].name.clone();
+        let joined: Result<()> = async {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut k = 0;
+            loop {
+                let seed = self.cluster.nodes[k % i].admin();
+                k += 1;
+                match self.cluster.ctl(i, &["join_cluster", &seed]).await {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() > deadline => return Err(e.context("join_cluster")),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
+            }
+            self.cluster.wait_serving(&[i]).await?;
+            self.note(format!("{name} joined"));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(())
+        }
+        .await;
+        let queues = self.mastered_on(&[i]).await;
+        self.cluster.nodes[i].kill();
+        self.note_master_restarts(&queues);
+        let forgot = self
+            .admin(&["forget_cluster_node".into(), name.clone()], &[])
+            .await;
+        self.cluster.nodes.pop();
+        joined?;
+        forgot.with_context(|| format!("forget {name}"))
     }
 
     /// Waits `ms` while node `i` suffers a disk fault; whether it stopped itself meanwhile

@@ -24,7 +24,7 @@ pub struct Opts {
     pub bin: PathBuf,
     pub keep: bool,
     /// Disk faults in the schedule, data folders on their own file systems.
-    pub disk_faults: bool,
+    pub extended: bool,
 }
 
 /// After the faults: how long the workload goes on before it stops (liveness is judged here).
@@ -46,7 +46,7 @@ fn prefix(seed: u64) -> String {
 
 /// Runs seed `seed`; the result line and whether it passed.
 pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
-    let steps = schedule::plan(seed, opts.nodes, opts.duration_ms, opts.disk_faults);
+    let steps = schedule::plan(seed, opts.nodes, opts.duration_ms, opts.extended);
     println!("seed={seed} schedule:");
     for s in &steps {
         if !matches!(s, Step::Quiet { .. }) {
@@ -68,7 +68,7 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
         opts.nodes,
         &prefix(seed),
         &opts.bin,
-        opts.disk_faults,
+        opts.extended,
     ) {
         Err(e) => reasons.push(format!("setup: {e:#}")),
         Ok(mut cluster) => {

@@ -55,10 +55,13 @@ pub enum Step {
     Sync { queue: usize, cancel: bool },
     /// `ha.q<n>` deleted and declared again.
     Redeclare { queue: usize },
-    /// The node's file system filled up for `ms`, then freed (`--disk-faults`).
+    /// A new node joins (`join_cluster`), stays `ms` (mirrors sync to it), is killed
+    /// (`kill -9`) and forgotten (`forget_cluster_node`).
+    JoinForget { ms: u64 },
+    /// The node's file system filled up for `ms`, then freed (`--extended`).
     DiskFull { target: Target, ms: u64 },
     /// The node's writes throttled to a trickle for `ms`, so every fsync is slow
-    /// (`--disk-faults`).
+    /// (`--extended`).
     SlowDisk { target: Target, ms: u64 },
     /// Nothing happens for `ms` (the workload runs).
     Quiet { ms: u64 },
@@ -151,6 +154,9 @@ impl fmt::Display for Step {
                 }
             ),
             Step::Redeclare { queue } => write!(f, "delete and re-declare ha.q{queue}"),
+            Step::JoinForget { ms } => {
+                write!(f, "a new node joins, stays {ms}ms, is killed and forgotten")
+            }
             Step::DiskFull { target, ms } => write!(f, "disk of {target} full for {ms}ms"),
             Step::SlowDisk { target, ms } => write!(f, "disk of {target} slow for {ms}ms"),
             Step::Quiet { ms } => write!(f, "quiet {ms}ms"),
@@ -163,7 +169,8 @@ pub const QUEUES: usize = 2;
 
 /// The schedule for `seed` on `nodes` nodes, about `duration_ms` long: quiet gaps between
 /// steps, one fault or admin operation at a time (so each fault's effect can be judged alone).
-/// Disk faults are drawn only with `disk` (so seeds without it keep their schedules).
+/// Disk faults and joins are drawn only with `disk` (so seeds without it keep their
+/// schedules: the extended mix).
 pub fn plan(seed: u64, nodes: usize, duration_ms: u64, disk: bool) -> Vec<Step> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut steps = Vec::new();
@@ -176,7 +183,7 @@ pub fn plan(seed: u64, nodes: usize, duration_ms: u64, disk: bool) -> Vec<Step> 
         let step = if rng.gen_bool(0.65) {
             fault(&mut rng, nodes, disk)
         } else {
-            admin(&mut rng, &mut policy)
+            admin(&mut rng, &mut policy, disk)
         };
         planned += length(&step);
         steps.push(step);
@@ -200,6 +207,7 @@ fn length(step: &Step) -> u64 {
         | Step::DiskFull { ms, .. }
         | Step::SlowDisk { ms, .. }
         | Step::Quiet { ms } => *ms,
+        Step::JoinForget { ms } => ms + 3_000,
         Step::Flapping {
             cycles,
             on_ms,
@@ -282,8 +290,8 @@ fn fault(rng: &mut StdRng, nodes: usize, disk: bool) -> Step {
     }
 }
 
-fn admin(rng: &mut StdRng, policy: &mut Policy) -> Step {
-    match rng.gen_range(0..4) {
+fn admin(rng: &mut StdRng, policy: &mut Policy, joins: bool) -> Step {
+    match rng.gen_range(0..if joins { 5 } else { 4 }) {
         // all -> exactly 2 -> nodes -> cleared -> all, one move at a time.
         0 | 1 => {
             *policy = match policy {
@@ -298,8 +306,11 @@ fn admin(rng: &mut StdRng, policy: &mut Policy) -> Step {
             queue: rng.gen_range(0..QUEUES),
             cancel: rng.gen_bool(0.4),
         },
-        _ => Step::Redeclare {
+        3 => Step::Redeclare {
             queue: rng.gen_range(0..QUEUES),
+        },
+        _ => Step::JoinForget {
+            ms: rng.gen_range(2_000..8_000),
         },
     }
 }
@@ -325,8 +336,13 @@ mod tests {
     }
 
     #[test]
-    fn disk_faults_come_only_when_asked_for() {
-        let disk = |s: &Step| matches!(s, Step::DiskFull { .. } | Step::SlowDisk { .. });
+    fn disk_faults_and_joins_come_only_with_the_extended_mix() {
+        let disk = |s: &Step| {
+            matches!(
+                s,
+                Step::DiskFull { .. } | Step::SlowDisk { .. } | Step::JoinForget { .. }
+            )
+        };
         for seed in 0..50 {
             assert!(
                 !plan(seed, 3, 30_000, false).iter().any(disk),

@@ -1094,3 +1094,86 @@ async fn a_crashed_or_frozen_mirror_stalls_confirms_only_until_it_is_recorded_do
     let acked = publisher.finish().await;
     check(&acked, &drain(&cluster, 1, "ha.stall").await);
 }
+
+/// A node that joined, was killed and then forgotten (`forget_cluster_node`): the queues it
+/// mirrored keep confirming (its GM members are recorded dead; no NodeDown comes for a node
+/// that is no longer a member), and the mirrored queue it mastered moves to a synchronised
+/// mirror with every confirmed message instead of being deleted with the node. Found by
+/// warren-chaos's join-and-forget step (its first run stalled every confirm for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forgotten_node_leaves_its_mirrored_queues_working_and_hands_over_those_it_mastered() {
+    let mut cluster = mirrored_cluster("forget", "ha.stays").await;
+    let four = cluster.spawn_joiner(4);
+    let seed = cluster.node(1).admin();
+    // Its admin endpoint opens a moment after the process starts.
+    let start = Instant::now();
+    loop {
+        let out = cluster.ctl(4, &["join_cluster", &seed]).await;
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "join_cluster: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.wait_serving(four, 1).await;
+    let c4 = connect(&cluster.node(4).amqp_uri()).await;
+    let ch4 = channel(&c4).await;
+    declare(&ch4, "ha.moves", true, locator("client-local"))
+        .await
+        .expect("declare on node 4");
+    let all = ["warren1@test", "warren2@test", "warren3@test"];
+    wait_state(&cluster, 2, "ha.moves", |m| m == "warren4@test", &all).await;
+    wait_state(
+        &cluster,
+        2,
+        "ha.stays",
+        |m| m == "warren1@test",
+        &["warren4@test"],
+    )
+    .await;
+    within(
+        "confirm.select",
+        ch4.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let mut acked = Vec::new();
+    for n in 0u32..200 {
+        if publish_acked(&ch4, "", "ha.moves", &n.to_be_bytes()).await {
+            acked.push(n);
+        }
+    }
+    assert_eq!(
+        acked.len(),
+        200,
+        "every publish to node 4's queue confirmed"
+    );
+
+    cluster.nodes[four].kill();
+    let out = cluster
+        .ctl(2, &["forget_cluster_node", "warren4@test"])
+        .await;
+    assert!(
+        out.status.success(),
+        "forget: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The queue it mirrored confirms again (within `within`'s bound, far less than forever).
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    within(
+        "confirm.select",
+        ch2.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch2, "", "ha.stays", b"after the forget").await);
+    // The queue it mastered lives on a synchronised mirror, with everything confirmed.
+    wait_state(&cluster, 2, "ha.moves", |m| all.contains(&m), &[]).await;
+    check(&acked, &drain(&cluster, 2, "ha.moves").await);
+    let _ = c2.close(200, "bye".into()).await;
+}

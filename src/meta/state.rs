@@ -690,10 +690,17 @@ impl MetaState {
                     return Err(MetaError::Admin(format!("no cluster node {id}")));
                 }
                 self.forgotten.insert(*id);
-                // Its queues go with it, durable or not: their messages were on its disk.
+                // Its mirrored queues move to a mirror the policy may promote, as RabbitMQ's
+                // forget_cluster_node does; the rest of its queues go with it, durable or
+                // not: their messages were on its disk.
+                self.promote_mirrored_of(*id, true)?;
                 self.delete_queues_where(&mut applied, |q| {
                     q.home == *id || q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
                 })?;
+                // Its GM members are dead, as after NodeDown: no NodeDown will come for a
+                // node that is no longer a member, and a ring that still counted them would
+                // carry nothing round again.
+                self.gm_node_died(*id);
             }
             Command::NodeDown { id } => {
                 // As RabbitMQ when a node goes down (or restarts): its connections are gone,
@@ -702,7 +709,7 @@ impl MetaState {
                 // its RAM, so they cannot wait for it as durable queues do). Its durable
                 // queues stay, unavailable until it is back or the reconciler promotes a
                 // mirror (it knows which nodes run; this command does not).
-                self.promote_non_durable_of(*id)?;
+                self.promote_mirrored_of(*id, false)?;
                 self.delete_queues_where(&mut applied, |q| {
                     q.exclusive_owner.is_some_and(|o| owner_node(o) == *id)
                         || (q.home == *id && !q.durable)
@@ -979,19 +986,24 @@ impl MetaState {
         Ok(())
     }
 
-    /// The non-durable mirrored queues mastered on `node`, which is down (or restarting):
-    /// each moves at once to the mirror `ha-promote-on-failure` allows (the oldest
-    /// synchronised one by default), since waiting for the node is no use (it comes back
-    /// without them); those that cannot move are deleted after this. The chosen mirror's
-    /// node may be down too without a record of it yet (a whole cluster restarting): its
-    /// copy is then empty, which loses nothing the deletion would not. Durable queues are
-    /// not moved here for that reason: their master's disk may hold more than such a
-    /// mirror, and the reconciler, which knows which nodes run, promotes them.
-    fn promote_non_durable_of(&mut self, node: NodeId) -> Result<(), MetaError> {
+    /// The non-durable mirrored queues mastered on `node`, which is down (or restarting),
+    /// and with `durable_too` the durable ones as well (`node` is forgotten: its disk will
+    /// never serve again): each moves at once to the mirror `ha-promote-on-failure` allows
+    /// (the oldest synchronised one by default), since waiting for the node is no use (it
+    /// comes back without them, or not at all); those that cannot move are deleted after
+    /// this. The chosen mirror's node may be down too without a record of it yet (a whole
+    /// cluster restarting): a non-durable copy is then empty, which loses nothing the
+    /// deletion would not. Durable queues of a node that is only down are not moved here
+    /// for that reason: their master's disk may hold more than such a mirror, and the
+    /// reconciler, which knows which nodes run, promotes them.
+    fn promote_mirrored_of(&mut self, node: NodeId, durable_too: bool) -> Result<(), MetaError> {
         let mut moves = Vec::new();
         for (vname, v) in &self.vhosts {
             for (name, def) in &v.queues {
-                if def.home != node || def.durable || def.exclusive_owner.is_some() {
+                if def.home != node
+                    || (def.durable && !durable_too)
+                    || def.exclusive_owner.is_some()
+                {
                     continue;
                 }
                 let Some(set) = self.mirror_sets.get(&(vname.clone(), name.clone())) else {
@@ -1681,6 +1693,66 @@ mod tests {
             (again.epoch, again.version),
             (0, 1),
             "its epochs start over: only the incarnation tells them apart"
+        );
+    }
+
+    #[test]
+    fn forgetting_a_node_kills_its_gm_members_and_moves_its_mirrored_queues() {
+        use crate::gm::{MemberId, Slot};
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        s.apply(&Command::SetPolicy {
+            policy: crate::meta::policy::Policy {
+                vhost: "/".into(),
+                name: "ha".into(),
+                pattern: "^m".into(),
+                apply_to: crate::meta::policy::ApplyTo::Queues,
+                priority: 0,
+                definition: [(
+                    "ha-mode".to_string(),
+                    crate::meta::policy::PolicyValue::Str("all".into()),
+                )]
+                .into_iter()
+                .collect(),
+            },
+            operator: false,
+        })
+        .unwrap();
+        let mut q = queue("m");
+        q.durable = true;
+        q.home = 3;
+        s.apply(&Command::DeclareQueue(q)).unwrap();
+        let mirror = |node, synchronised| MirrorRecord {
+            node,
+            since: 0,
+            synchronised,
+        };
+        s.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 0,
+            mirrors: vec![mirror(1, false), mirror(2, true)],
+        })
+        .unwrap();
+        let m = |node| MemberId { node, since: 1 };
+        s.apply(&Command::GmGroup {
+            name: "g".into(),
+            expected_version: 0,
+            members: vec![Slot::Alive(m(1)), Slot::Alive(m(3))],
+        })
+        .unwrap();
+        s.apply(&Command::ForgetNode { id: 3 }).unwrap();
+        assert_eq!(
+            s.vhost("/").unwrap().queues["m"].home,
+            2,
+            "the durable queue moved to its synchronised mirror instead of going"
+        );
+        assert_eq!(
+            s.gm_groups["g"].members,
+            [Slot::Alive(m(1)), Slot::Dead(m(3))],
+            "the forgotten node's member is dead: no NodeDown will come for it"
         );
     }
 

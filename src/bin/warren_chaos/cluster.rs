@@ -38,6 +38,8 @@ pub struct Cluster {
     warrenctl: PathBuf,
     /// Whether each data folder is a mounted image (`--extended`).
     mounted: bool,
+    /// Spares added so far: each gets a new id (a forgotten id is never reused).
+    spares: usize,
 }
 
 fn config_text(id: usize, ip: &str, cluster: &str, ips: &[String], data: &Path) -> String {
@@ -246,6 +248,7 @@ impl Cluster {
             warren,
             warrenctl,
             mounted: disks,
+            spares: 0,
         })
     }
 
@@ -257,7 +260,8 @@ impl Cluster {
     /// and starts it; its index. Its data folder is on the run's disk, not an image.
     pub fn spawn_spare(&mut self, dir: &Path) -> Result<usize> {
         let i = self.nodes.len();
-        let id = i + 1;
+        self.spares += 1;
+        let id = i + self.spares;
         let prefix = self.nodes[0]
             .ip
             .rsplit_once('.')

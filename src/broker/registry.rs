@@ -12,7 +12,15 @@
 //! Entries are removed by dropping their handle ([`ConnectionHandle`], [`ChannelHandle`]),
 //! so a session that ends any way at all leaves nothing behind.
 //!
-//! Locks here are leaves: nothing else is locked while one is held.
+//! The registry also enforces RabbitMQ's connection and channel limits of vhosts and users
+//! ([`Registry::register_within`], [`ConnectionHandle::open_channel_within`]): it counts and
+//! adds under one lock, so two sessions opening at once cannot both take the last place.
+//! The counts are this node's sessions only (see `docs/security.md`).
+//!
+//! Locks here are leaves: nothing else is locked while one is held, except that a channel
+//! open under a user limit holds the connections lock while it reads each connection's
+//! channels (always in that order; nothing locks a connection's channels and then the
+//! connections).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -195,6 +203,25 @@ pub struct ConnectionView {
     pub channels: Vec<ChannelView>,
 }
 
+/// The connection limits in force when a connection opens ([`Registry::register_within`]):
+/// its vhost's and its user's `max-connections`, when they limit anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// The vhost's `max-connections`.
+    pub vhost_max: Option<u64>,
+    /// The user's `max-connections`.
+    pub user_max: Option<u64>,
+}
+
+/// Which limit refused a connection, with its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitReached {
+    /// The vhost's `max-connections` (checked first, as RabbitMQ does).
+    Vhost(u64),
+    /// The user's `max-connections`.
+    User(u64),
+}
+
 /// The node's live connections, by id.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -226,6 +253,42 @@ impl Registry {
             registry: self.clone(),
             entry,
         }
+    }
+
+    /// [`Registry::register`], unless the node already has `limits.vhost_max` connections
+    /// to the connection's vhost or `limits.user_max` of its user (other than `info.id`);
+    /// counted and added under one lock.
+    pub fn register_within(
+        self: &Arc<Self>,
+        info: ConnectionInfo,
+        state: ConnectionState,
+        outbox: Weak<Outbox>,
+        limits: ConnectionLimits,
+    ) -> Result<ConnectionHandle, LimitReached> {
+        let mut conns = lock(&self.connections);
+        let others = || conns.values().filter(|e| e.info.id != info.id);
+        if let Some(max) = limits.vhost_max {
+            if others().filter(|e| e.info.vhost == info.vhost).count() as u64 >= max {
+                return Err(LimitReached::Vhost(max));
+            }
+        }
+        if let Some(max) = limits.user_max {
+            if others().filter(|e| e.info.user == info.user).count() as u64 >= max {
+                return Err(LimitReached::User(max));
+            }
+        }
+        let entry = Arc::new(ConnectionEntry {
+            info,
+            state: AtomicU8::new(state.to_u8()),
+            channels: Mutex::new(BTreeMap::new()),
+            outbox,
+        });
+        conns.insert(entry.info.id, entry.clone());
+        drop(conns);
+        Ok(ConnectionHandle {
+            registry: self.clone(),
+            entry,
+        })
     }
 
     /// Every live connection with its channels and consumers, in id order.
@@ -311,6 +374,31 @@ impl ConnectionHandle {
     /// Sets the flow state.
     pub fn set_state(&self, state: ConnectionState) {
         self.entry.state.store(state.to_u8(), Ordering::Relaxed);
+    }
+
+    /// [`ConnectionHandle::open_channel`], unless the connection's user already has
+    /// `user_max` channels open on this node (`Err` with the limit); counted and added
+    /// under the registry's lock, so concurrent opens of one user cannot pass it together.
+    pub fn open_channel_within(
+        &self,
+        number: u16,
+        user_max: Option<u64>,
+    ) -> Result<ChannelHandle, u64> {
+        let Some(max) = user_max else {
+            return Ok(self.open_channel(number));
+        };
+        let conns = lock(&self.registry.connections);
+        let open: usize = conns
+            .values()
+            .filter(|e| e.info.user == self.entry.info.user)
+            .map(|e| lock(&e.channels).len())
+            .sum();
+        if open as u64 >= max {
+            return Err(max);
+        }
+        let handle = self.open_channel(number);
+        drop(conns);
+        Ok(handle)
     }
 
     /// Lists channel `number` until the returned handle is dropped or deregistered.
@@ -465,6 +553,73 @@ mod tests {
         ));
         drop(outbox);
         assert!(!reg.close(7, "gone"), "a connection whose outbox is gone");
+    }
+
+    #[test]
+    fn connection_limits_count_the_vhosts_and_the_users_connections() {
+        let reg = Arc::new(Registry::new());
+        let open = |id: u64, user: &str, vhost: &str, limits: ConnectionLimits| {
+            let mut i = info(id);
+            i.user = user.into();
+            i.vhost = vhost.into();
+            reg.register_within(i, ConnectionState::Running, Weak::new(), limits)
+        };
+        let vhost_max = |n| ConnectionLimits {
+            vhost_max: Some(n),
+            user_max: None,
+        };
+        assert!(matches!(
+            open(1, "a", "/", vhost_max(0)),
+            Err(LimitReached::Vhost(0))
+        ));
+        let first = open(1, "a", "/", vhost_max(2)).unwrap();
+        let _other_vhost = open(2, "a", "v", vhost_max(1)).unwrap();
+        let _second = open(3, "b", "/", vhost_max(2)).unwrap();
+        assert!(matches!(
+            open(4, "c", "/", vhost_max(2)),
+            Err(LimitReached::Vhost(2))
+        ));
+        // The vhost limit is checked before the user's, as RabbitMQ does.
+        let both = ConnectionLimits {
+            vhost_max: Some(2),
+            user_max: Some(1),
+        };
+        assert!(matches!(
+            open(4, "a", "/", both),
+            Err(LimitReached::Vhost(2))
+        ));
+        let user_max = ConnectionLimits {
+            vhost_max: None,
+            user_max: Some(2),
+        };
+        assert!(matches!(
+            open(4, "a", "w", user_max),
+            Err(LimitReached::User(2))
+        ));
+        drop(first);
+        assert!(
+            open(4, "a", "w", user_max).is_ok(),
+            "a closed connection frees its place"
+        );
+    }
+
+    #[test]
+    fn channel_limits_count_the_users_channels_on_every_connection() {
+        let reg = Arc::new(Registry::new());
+        let conn = |id: u64, user: &str| {
+            let mut i = info(id);
+            i.user = user.into();
+            reg.register(i, ConnectionState::Running, Weak::new())
+        };
+        let (a1, a2, b) = (conn(1, "a"), conn(2, "a"), conn(3, "b"));
+        let _c1 = a1.open_channel_within(1, Some(2)).unwrap();
+        let _b1 = b.open_channel(1);
+        let mut c2 = a2.open_channel_within(1, Some(2)).unwrap();
+        assert_eq!(a2.open_channel_within(2, Some(2)).err(), Some(2));
+        assert!(a2.open_channel_within(2, None).is_ok(), "no limit");
+        c2.deregister();
+        let _c3 = a1.open_channel_within(2, Some(3)).unwrap();
+        assert_eq!(b.open_channel_within(2, Some(0)).err(), Some(0));
     }
 
     #[test]

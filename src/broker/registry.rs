@@ -15,7 +15,10 @@
 //! The registry also enforces RabbitMQ's connection and channel limits of vhosts and users
 //! ([`Registry::register_within`], [`ConnectionHandle::open_channel_within`]): it counts and
 //! adds under one lock, so two sessions opening at once cannot both take the last place.
-//! The counts are this node's sessions only (see `docs/security.md`).
+//! The counts are this node's sessions plus what the other nodes of a cluster last reported
+//! ([`Registry::set_elsewhere`], refreshed by the runtime about every second while a
+//! connection or channel limit exists), so across a cluster a limit can be passed by the
+//! connections opened during one refresh (see `docs/security.md`).
 //!
 //! Locks here are leaves: nothing else is locked while one is held, except that a channel
 //! open under a user limit holds the connections lock while it reads each connection's
@@ -222,10 +225,45 @@ pub enum LimitReached {
     User(u64),
 }
 
+/// Connections and channels on the other nodes of a cluster, as they last reported them:
+/// what the limits count besides this node's own sessions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElsewhereCounts {
+    /// Connections by vhost.
+    pub connections_by_vhost: BTreeMap<String, u64>,
+    /// Connections by user.
+    pub connections_by_user: BTreeMap<String, u64>,
+    /// Open channels by user.
+    pub channels_by_user: BTreeMap<String, u64>,
+}
+
+impl ElsewhereCounts {
+    /// The counts of `views` (other nodes' connections).
+    pub fn of<'a>(views: impl IntoIterator<Item = &'a ConnectionView>) -> ElsewhereCounts {
+        let mut c = ElsewhereCounts::default();
+        for v in views {
+            *c.connections_by_vhost
+                .entry(v.info.vhost.clone())
+                .or_default() += 1;
+            *c.connections_by_user
+                .entry(v.info.user.clone())
+                .or_default() += 1;
+            *c.channels_by_user.entry(v.info.user.clone()).or_default() += v.channels.len() as u64;
+        }
+        c
+    }
+}
+
+fn count(map: &BTreeMap<String, u64>, key: &str) -> u64 {
+    map.get(key).copied().unwrap_or(0)
+}
+
 /// The node's live connections, by id.
 #[derive(Debug, Default)]
 pub struct Registry {
     connections: Mutex<BTreeMap<u64, Arc<ConnectionEntry>>>,
+    /// The other nodes' sessions, for the limits.
+    elsewhere: Mutex<ElsewhereCounts>,
 }
 
 impl Registry {
@@ -266,14 +304,17 @@ impl Registry {
         limits: ConnectionLimits,
     ) -> Result<ConnectionHandle, LimitReached> {
         let mut conns = lock(&self.connections);
+        let elsewhere = lock(&self.elsewhere).clone();
         let others = || conns.values().filter(|e| e.info.id != info.id);
         if let Some(max) = limits.vhost_max {
-            if others().filter(|e| e.info.vhost == info.vhost).count() as u64 >= max {
+            let here = others().filter(|e| e.info.vhost == info.vhost).count() as u64;
+            if here + count(&elsewhere.connections_by_vhost, &info.vhost) >= max {
                 return Err(LimitReached::Vhost(max));
             }
         }
         if let Some(max) = limits.user_max {
-            if others().filter(|e| e.info.user == info.user).count() as u64 >= max {
+            let here = others().filter(|e| e.info.user == info.user).count() as u64;
+            if here + count(&elsewhere.connections_by_user, &info.user) >= max {
                 return Err(LimitReached::User(max));
             }
         }
@@ -322,6 +363,12 @@ impl Registry {
             })
             .is_ok()
         })
+    }
+
+    /// Records what the other nodes of the cluster last reported (replacing the previous
+    /// report; an empty one when not clustered or when no limit needs it).
+    pub fn set_elsewhere(&self, counts: ElsewhereCounts) {
+        *lock(&self.elsewhere) = counts;
     }
 
     /// How many connections are listed.
@@ -388,12 +435,14 @@ impl ConnectionHandle {
             return Ok(self.open_channel(number));
         };
         let conns = lock(&self.registry.connections);
+        let user = &self.entry.info.user;
         let open: usize = conns
             .values()
-            .filter(|e| e.info.user == self.entry.info.user)
+            .filter(|e| &e.info.user == user)
             .map(|e| lock(&e.channels).len())
             .sum();
-        if open as u64 >= max {
+        let elsewhere = count(&lock(&self.registry.elsewhere).channels_by_user, user);
+        if open as u64 + elsewhere >= max {
             return Err(max);
         }
         let handle = self.open_channel(number);
@@ -620,6 +669,60 @@ mod tests {
         c2.deregister();
         let _c3 = a1.open_channel_within(2, Some(3)).unwrap();
         assert_eq!(b.open_channel_within(2, Some(0)).err(), Some(0));
+    }
+
+    #[test]
+    fn limits_count_what_the_other_nodes_reported_too() {
+        let reg = Arc::new(Registry::new());
+        let mut remote = info(1 << 40);
+        remote.user = "a".into();
+        let view = ConnectionView {
+            info: remote,
+            state: ConnectionState::Running,
+            channels: vec![],
+        };
+        let mut counts = ElsewhereCounts::of([&view]);
+        counts.channels_by_user.insert("a".into(), 1);
+        reg.set_elsewhere(counts);
+        let mut mine = info(2);
+        mine.user = "a".into();
+        let one = |vhost_max, user_max| ConnectionLimits {
+            vhost_max,
+            user_max,
+        };
+        assert!(matches!(
+            reg.register_within(
+                mine.clone(),
+                ConnectionState::Running,
+                Weak::new(),
+                one(Some(1), None)
+            ),
+            Err(LimitReached::Vhost(1))
+        ));
+        assert!(matches!(
+            reg.register_within(
+                mine.clone(),
+                ConnectionState::Running,
+                Weak::new(),
+                one(None, Some(1))
+            ),
+            Err(LimitReached::User(1))
+        ));
+        let conn = reg
+            .register_within(
+                mine,
+                ConnectionState::Running,
+                Weak::new(),
+                one(Some(2), Some(2)),
+            )
+            .unwrap();
+        assert_eq!(conn.open_channel_within(1, Some(1)).err(), Some(1));
+        assert!(conn.open_channel_within(1, Some(2)).is_ok());
+        reg.set_elsewhere(ElsewhereCounts::default());
+        assert!(
+            conn.open_channel_within(2, Some(1)).is_ok(),
+            "the report is gone"
+        );
     }
 
     #[test]

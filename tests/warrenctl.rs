@@ -867,7 +867,10 @@ async fn warrenctl_sets_lists_and_clears_vhost_and_user_limits() {
         ],
     )
     .await);
-    assert!(set.contains("vhost \"/\""), "{set}");
+    assert_eq!(
+        set.trim(),
+        r#"Setting vhost limits to "{"max-connections": 1, "max-queues": -1}" for vhost "/" ..."#
+    );
     let listed = ok(&ctl(addr, &["list_vhost_limits", "-p", "/"]).await);
     assert_eq!(
         rows(&listed),
@@ -905,6 +908,7 @@ async fn warrenctl_sets_lists_and_clears_vhost_and_user_limits() {
     );
     ok(&ctl(addr, &["clear_user_limits", "guest", "all"]).await);
     assert!(rows(&ok(&ctl(addr, &["list_user_limits"]).await)).is_empty());
+    assert!(rows(&ok(&ctl(addr, &["list_user_limits", "--global"]).await)).is_empty());
 
     // Refusals: a limit the object does not have, a value that is not an integer, a user
     // that does not exist; and a usage error.

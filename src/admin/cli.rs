@@ -259,8 +259,10 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
         }
         "list_user_limits" => {
             exact(0)?;
+            // As rabbitmqctl: `guest` unless a user or --global is given.
+            let user = limits_user.unwrap_or_else(|| "guest".to_string());
             Request::ListLimits {
-                scope: limits_user.filter(|_| !global).map(LimitScope::User),
+                scope: (!global).then_some(LimitScope::User(user)),
                 users: true,
             }
         }

@@ -251,7 +251,8 @@ pub enum Request {
         /// One limit; `None`: all.
         name: Option<String>,
     },
-    /// `list_vhost_limits [-p VHOST] [--global]`, `list_user_limits [--user USER] [--global]`.
+    /// `list_vhost_limits [-p VHOST] [--global]`, `list_user_limits [--user USER] [--global]`
+    /// (as rabbitmqctl: without `--global`, the vhost `/` or the user `guest` by default).
     ListLimits {
         /// One vhost's or user's; `None`: every vhost's (`users` false) or user's.
         scope: Option<LimitScope>,
@@ -990,7 +991,7 @@ fn plan_inner(
             let (replace, ok) = match scope {
                 LimitScope::Vhost(v) => (
                     true,
-                    format!("Applying limits to vhost \"{v}\": {json} ..."),
+                    format!("Setting vhost limits to \"{json}\" for vhost \"{v}\" ..."),
                 ),
                 LimitScope::User(u) => (
                     false,

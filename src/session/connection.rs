@@ -922,11 +922,6 @@ impl Connection {
         Ok(())
     }
 
-    /// Takes the connection off the registry again (an open refused after listing).
-    pub(crate) fn unlist(&mut self) {
-        self.listed = None;
-    }
-
     fn flow_state(&self) -> ConnectionState {
         match (self.alarm, self.blocked) {
             (_, true) => ConnectionState::Blocked,

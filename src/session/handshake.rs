@@ -260,8 +260,8 @@ pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Res
             ),
         }));
     }
+    // A refusal from here on closes the connection, and its teardown takes the listing off.
     let Some(p) = snapshot.permission(&c.user, vhost) else {
-        c.unlist();
         return Err(not_allowed(format!(
             "access to vhost '{vhost}' refused for user '{}'",
             c.user

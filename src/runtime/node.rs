@@ -578,6 +578,9 @@ impl Node {
         let mut limits_shutdown = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(ELSEWHERE_REFRESH);
+            // A slow answer (up to the node call's deadline) delays the next ask rather than
+            // bunching the missed ones.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut reported = false;
             loop {
                 tokio::select! {

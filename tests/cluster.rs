@@ -1320,3 +1320,40 @@ async fn direct_reply_to_replies_from_other_nodes_reach_the_reply_consumer() {
     let e = res.expect_err("the reply name is gone");
     assert_eq!(reply_code(&e), Some(404), "{e}");
 }
+
+/// A vhost's `max-connections` counts the connections of every node: node 2 refuses a
+/// connection once it has heard of node 1's (the nodes report their sessions to each other
+/// about every second while a limit exists), with RabbitMQ's 530 and text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vhost_connection_limit_counts_the_connections_of_every_node() {
+    let cluster = Cluster::start("limits").await;
+    let out = cluster
+        .ctl(1, &["set_vhost_limits", r#"{"max-connections": 1}"#])
+        .await;
+    assert!(out.status.success(), "{out:?}");
+    let _held = connect(&cluster.node(1).amqp_uri()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Connection::connect(&cluster.node(2).amqp_uri(), ConnectionProperties::default())
+            .await
+        {
+            Ok(c) => {
+                // Node 2 has not heard of node 1's connection yet.
+                let _ = c.close(200, "bye".into()).await;
+                assert!(
+                    Instant::now() < deadline,
+                    "node 2 never counted node 1's connection"
+                );
+            }
+            Err(e) => {
+                assert_eq!(reply_code(&e), Some(530), "{e}");
+                assert_eq!(
+                    common::reply_text(&e).as_deref(),
+                    Some("NOT_ALLOWED - access to vhost '/' refused for user 'guest': connection limit (1) is reached")
+                );
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1157,3 +1157,96 @@ async fn operator_policies_are_for_administrators_and_cap_queues() {
     assert_eq!(api.call("DELETE", path, None).await.0, 404);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhost_and_user_limits_over_http_are_enforced_on_amqp() {
+    let (node, api) = start().await;
+    let one = Some(r#"{"value": 1}"#);
+    // Administrators only, for changes; RabbitMQ's 401 first.
+    let (s, body) = api
+        .call_as(
+            ("mon", "pw"),
+            "PUT",
+            "/api/vhost-limits/%2F/max-queues",
+            one,
+        )
+        .await;
+    assert_eq!(
+        (s, body),
+        (
+            401,
+            json!({"error": "not_authorised", "reason": "Not administrator user"})
+        )
+    );
+    assert_eq!(
+        api.call("PUT", "/api/vhost-limits/%2F/max-queues", one)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        api.call("PUT", "/api/user-limits/guest/max-channels", one)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        api.call("GET", "/api/vhost-limits/%2F", None).await,
+        (200, json!([{"vhost": "/", "value": {"max-queues": 1}}]))
+    );
+    assert_eq!(
+        api.call_as(("mon", "pw"), "GET", "/api/user-limits", None)
+            .await,
+        (
+            200,
+            json!([{"user": "guest", "value": {"max-channels": 1}}])
+        )
+    );
+    assert_eq!(
+        api.call("PUT", "/api/vhost-limits/nowhere/max-queues", one)
+            .await,
+        (
+            404,
+            json!({"error": "not_found", "reason": "vhost_not_found"})
+        )
+    );
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/user-limits/guest/max-channels",
+            Some(r#"{"value": "x"}"#)
+        )
+        .await
+        .0,
+        400
+    );
+    // In force on AMQP: one channel, then a connection error; one queue, then a channel
+    // error.
+    let conn = node.connect().await;
+    let _ch = open_channel(&conn).await;
+    assert_code(conn.create_channel().await, 530, "max-channels 1");
+    let (_conn, ch) = node.channel().await;
+    declare_queue(&ch, "limited").await;
+    let res = ch
+        .queue_declare(
+            "over".into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    assert_code(res, 406, "max-queues 1");
+    // Deleting the limits lifts them.
+    for path in [
+        "/api/vhost-limits/%2F/max-queues",
+        "/api/user-limits/guest/max-channels",
+    ] {
+        assert_eq!(api.call("DELETE", path, None).await.0, 204, "{path}");
+    }
+    assert_eq!(
+        api.call("GET", "/api/vhost-limits", None).await,
+        (200, json!([]))
+    );
+    let (_conn, ch) = node.channel().await;
+    declare_queue(&ch, "over").await;
+    node.shutdown().await;
+}

@@ -852,3 +852,90 @@ async fn a_load_file_is_imported_before_clients_and_a_bad_one_stops_the_start() 
     assert!(err.to_string().contains("invalid definitions"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warrenctl_sets_lists_and_clears_vhost_and_user_limits() {
+    let node = common::TestNode::start().await;
+    let addr = node.admin_addr();
+    let set = ok(&ctl(
+        addr,
+        &[
+            "set_vhost_limits",
+            "-p",
+            "/",
+            r#"{"max-connections": 1, "max-queues": -1}"#,
+        ],
+    )
+    .await);
+    assert_eq!(
+        set.trim(),
+        r#"Setting vhost limits to "{"max-connections": 1, "max-queues": -1}" for vhost "/" ..."#
+    );
+    let listed = ok(&ctl(addr, &["list_vhost_limits", "-p", "/"]).await);
+    assert_eq!(
+        rows(&listed),
+        [["/", r#"{"max-connections":1,"max-queues":-1}"#]]
+    );
+    // In force for the next connection.
+    let _first = node.connect().await;
+    let err = common::assert_code(node.try_connect_uri(&node.uri()).await, 530, "limit 1");
+    assert!(
+        common::reply_text(&err).is_some_and(|t| t.ends_with("connection limit (1) is reached")),
+        "{err}"
+    );
+    ok(&ctl(addr, &["clear_vhost_limits", "-p", "/"]).await);
+    assert!(rows(&ok(&ctl(addr, &["list_vhost_limits", "--global"]).await)).is_empty());
+
+    ok(&ctl(
+        addr,
+        &["set_user_limits", "guest", r#"{"max-channels": 3}"#],
+    )
+    .await);
+    ok(&ctl(
+        addr,
+        &["set_user_limits", "guest", r#"{"max-connections": 4}"#],
+    )
+    .await);
+    let listed = ok(&ctl(addr, &["list_user_limits", "--user", "guest"]).await);
+    assert_eq!(
+        rows(&listed),
+        [["guest", r#"{"max-channels":3,"max-connections":4}"#]]
+    );
+    let cleared = ok(&ctl(addr, &["clear_user_limits", "guest", "max-channels"]).await);
+    assert_eq!(
+        cleared.trim(),
+        "Clearing \"max-channels\" limit for user \"guest\" ..."
+    );
+    ok(&ctl(addr, &["clear_user_limits", "guest", "all"]).await);
+    assert!(rows(&ok(&ctl(addr, &["list_user_limits"]).await)).is_empty());
+    assert!(rows(&ok(&ctl(addr, &["list_user_limits", "--global"]).await)).is_empty());
+
+    // Refusals: a limit the object does not have, a value that is not an integer, a user
+    // that does not exist; and a usage error.
+    for (args, why) in [
+        (
+            vec!["set_vhost_limits", r#"{"max-channels": 1}"#],
+            "Unrecognised terms",
+        ),
+        (
+            vec!["set_user_limits", "guest", r#"{"max-channels": "x"}"#],
+            "should be a number",
+        ),
+        (
+            vec!["set_user_limits", "nobody", r#"{"max-channels": 1}"#],
+            "User \"nobody\" does not exist",
+        ),
+    ] {
+        let o = ctl(addr, &args).await;
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    }
+    assert_eq!(
+        ctl(addr, &["clear_user_limits", "guest"])
+            .await
+            .status
+            .code(),
+        Some(64)
+    );
+    node.shutdown().await;
+}

@@ -2,6 +2,7 @@
 //! [`Request`]. Pure, so `warrenctl` and tests share it.
 
 use super::Request;
+use crate::meta::limits::LimitScope;
 
 /// A usage error: the text to print, naming the command's synopsis.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +57,18 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("cancel_sync_queue", "cancel_sync_queue [-p VHOST] QUEUE"),
     (
+        "set_vhost_limits",
+        "set_vhost_limits [-p VHOST] DEFINITION  (JSON: {\"max-connections\": N, \"max-queues\": N}; negative: no limit)",
+    ),
+    ("clear_vhost_limits", "clear_vhost_limits [-p VHOST]"),
+    ("list_vhost_limits", "list_vhost_limits [-p VHOST] [--global]"),
+    (
+        "set_user_limits",
+        "set_user_limits USER DEFINITION  (JSON: {\"max-connections\": N, \"max-channels\": N}; negative: no limit)",
+    ),
+    ("clear_user_limits", "clear_user_limits USER LIMIT|all"),
+    ("list_user_limits", "list_user_limits [--user USER] [--global]"),
+    (
         "force_promote_mirror",
         "force_promote_mirror [-p VHOST] QUEUE [NODE]  (Warren only: promote a mirror of a queue whose master is gone, synchronised or not)",
     ),
@@ -93,7 +106,11 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
         || command.contains("bindings")
         || command.contains("consumers")
         || command.contains("permissions")
-        || command.contains("polic");
+        || command.contains("polic")
+        || command.contains("vhost_limits");
+    let list_limits = command.starts_with("list_") && command.ends_with("_limits");
+    let mut global = false;
+    let mut limits_user: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -110,6 +127,8 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
                     .map_err(|_| usage(format!("--priority '{v}' is not an integer")))?;
             }
             "--apply-to" if policy_cmd => apply_to = value(a)?,
+            "--global" if list_limits => global = true,
+            "--user" | "-u" if command == "list_user_limits" => limits_user = Some(value(a)?),
             "--" => {
                 pos.extend(it.by_ref().cloned());
                 break;
@@ -201,6 +220,50 @@ pub fn parse(command: &str, args: &[String]) -> Result<Request, UsageError> {
                 configure: pos[1].clone(),
                 write: pos[2].clone(),
                 read: pos[3].clone(),
+            }
+        }
+        "set_vhost_limits" => {
+            exact(1)?;
+            Request::SetLimits {
+                scope: LimitScope::Vhost(vhost),
+                json: pos[0].clone(),
+            }
+        }
+        "clear_vhost_limits" => {
+            exact(0)?;
+            Request::ClearLimits {
+                scope: LimitScope::Vhost(vhost),
+                name: None,
+            }
+        }
+        "list_vhost_limits" => {
+            exact(0)?;
+            Request::ListLimits {
+                scope: (!global).then_some(LimitScope::Vhost(vhost)),
+                users: false,
+            }
+        }
+        "set_user_limits" => {
+            exact(2)?;
+            Request::SetLimits {
+                scope: LimitScope::User(pos[0].clone()),
+                json: pos[1].clone(),
+            }
+        }
+        "clear_user_limits" => {
+            exact(2)?;
+            Request::ClearLimits {
+                scope: LimitScope::User(pos[0].clone()),
+                name: (pos[1] != "all").then(|| pos[1].clone()),
+            }
+        }
+        "list_user_limits" => {
+            exact(0)?;
+            // As rabbitmqctl: `guest` unless a user or --global is given.
+            let user = limits_user.unwrap_or_else(|| "guest".to_string());
+            Request::ListLimits {
+                scope: (!global).then_some(LimitScope::User(user)),
+                users: true,
             }
         }
         "clear_permissions" => {
@@ -412,6 +475,51 @@ mod tests {
                 .iter()
                 .any(|(c, syn)| *c == cmd && syn.starts_with(cmd)));
         }
+    }
+
+    #[test]
+    fn parses_the_limits_commands_as_rabbitmqctl_takes_them() {
+        assert_eq!(
+            parse(
+                "set_vhost_limits",
+                &s(&["-p", "v", r#"{"max-connections": 10}"#])
+            )
+            .unwrap(),
+            Request::SetLimits {
+                scope: LimitScope::Vhost("v".into()),
+                json: r#"{"max-connections": 10}"#.into(),
+            }
+        );
+        assert_eq!(
+            parse("clear_user_limits", &s(&["alice", "all"])).unwrap(),
+            Request::ClearLimits {
+                scope: LimitScope::User("alice".into()),
+                name: None,
+            }
+        );
+        assert_eq!(
+            parse("clear_user_limits", &s(&["alice", "max-channels"])).unwrap(),
+            Request::ClearLimits {
+                scope: LimitScope::User("alice".into()),
+                name: Some("max-channels".into()),
+            }
+        );
+        assert_eq!(
+            parse("list_vhost_limits", &s(&["--global"])).unwrap(),
+            Request::ListLimits {
+                scope: None,
+                users: false,
+            }
+        );
+        assert_eq!(
+            parse("list_user_limits", &s(&["--user", "bob"])).unwrap(),
+            Request::ListLimits {
+                scope: Some(LimitScope::User("bob".into())),
+                users: true,
+            }
+        );
+        assert!(parse("set_user_limits", &s(&["alice"])).is_err());
+        assert!(parse("list_user_limits", &s(&["-p", "v"])).is_err());
     }
 
     #[test]

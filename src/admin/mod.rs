@@ -26,6 +26,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};
 use crate::broker::Broker;
+use crate::meta::limits::{self, LimitScope};
 use crate::meta::policy::{ApplyTo, Policy};
 use crate::meta::state::{Permission, User};
 use crate::meta::Command;
@@ -234,6 +235,29 @@ pub enum Request {
         vhost: String,
         /// User.
         user: String,
+    },
+    /// `set_vhost_limits [-p VHOST] JSON` (replaces the vhost's limits) or
+    /// `set_user_limits USER JSON` (updates the named ones, keeps the others), as rabbitmqctl.
+    SetLimits {
+        /// Whose limits.
+        scope: LimitScope,
+        /// The JSON object of limits, as typed.
+        json: String,
+    },
+    /// `clear_vhost_limits [-p VHOST]` (all of them) or `clear_user_limits USER NAME|all`.
+    ClearLimits {
+        /// Whose limits.
+        scope: LimitScope,
+        /// One limit; `None`: all.
+        name: Option<String>,
+    },
+    /// `list_vhost_limits [-p VHOST] [--global]`, `list_user_limits [--user USER] [--global]`
+    /// (as rabbitmqctl: without `--global`, the vhost `/` or the user `guest` by default).
+    ListLimits {
+        /// One vhost's or user's; `None`: every vhost's (`users` false) or user's.
+        scope: Option<LimitScope>,
+        /// User limits rather than vhost limits.
+        users: bool,
     },
 }
 
@@ -597,6 +621,19 @@ pub fn consumer_activity(
     }
 }
 
+/// The refusal when the vhost or user whose limits a request names does not exist.
+fn missing_owner(meta: &crate::meta::MetaState, scope: &LimitScope) -> Option<Response> {
+    match scope {
+        LimitScope::Vhost(v) if meta.vhost(v).is_none() => Some(Response::refused(format!(
+            "Virtual host \"{v}\" does not exist"
+        ))),
+        LimitScope::User(u) if !meta.users.contains_key(u) => {
+            Some(Response::refused(format!("User \"{u}\" does not exist")))
+        }
+        _ => None,
+    }
+}
+
 fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -937,6 +974,81 @@ fn plan_inner(
                 format!("Clearing permissions for user \"{user}\" in vhost \"{vhost}\" ..."),
             )
         }
+        Request::SetLimits { scope, json } => {
+            if let Some(refusal) = missing_owner(&meta, scope) {
+                return refusal;
+            }
+            let limits = match serde_json::from_str(json)
+                .map_err(|e| format!("JSON decoding error. Reason: {e}"))
+                .and_then(|v| limits::parse_json(&v))
+            {
+                Ok(l) => l,
+                Err(e) => return Response::refused(e),
+            };
+            if let Err(e) = scope.validate(&limits) {
+                return Response::refused(e.to_string());
+            }
+            let (replace, ok) = match scope {
+                LimitScope::Vhost(v) => (
+                    true,
+                    format!("Setting vhost limits to \"{json}\" for vhost \"{v}\" ..."),
+                ),
+                LimitScope::User(u) => (
+                    false,
+                    format!("Setting user limits to \"{json}\" for user \"{u}\" ..."),
+                ),
+            };
+            apply(
+                Command::SetLimits {
+                    scope: scope.clone(),
+                    limits,
+                    replace,
+                },
+                ok,
+            )
+        }
+        Request::ClearLimits { scope, name } => {
+            if let Some(refusal) = missing_owner(&meta, scope) {
+                return refusal;
+            }
+            let ok = match (scope, name) {
+                (LimitScope::Vhost(v), _) => format!("Clearing vhost \"{v}\" limits ..."),
+                (LimitScope::User(u), None) => {
+                    format!("Clearing all limits for user \"{u}\" ...")
+                }
+                (LimitScope::User(u), Some(n)) => {
+                    format!("Clearing \"{n}\" limit for user \"{u}\" ...")
+                }
+            };
+            apply(
+                Command::ClearLimits {
+                    scope: scope.clone(),
+                    name: name.clone(),
+                },
+                ok,
+            )
+        }
+        Request::ListLimits { scope, users } => {
+            if let Some(refusal) = scope.as_ref().and_then(|s| missing_owner(&meta, s)) {
+                return refusal;
+            }
+            let (all, column) = if *users {
+                (&meta.user_limits, "user")
+            } else {
+                (&meta.vhost_limits, "vhost")
+            };
+            let wanted = |name: &str| match scope {
+                Some(LimitScope::Vhost(k) | LimitScope::User(k)) => k == name,
+                None => true,
+            };
+            Response::table(
+                cols(&[column, "limits"]),
+                all.iter()
+                    .filter(|(name, _)| wanted(name))
+                    .map(|(name, l)| vec![name.clone(), limits::to_json(l).to_string()])
+                    .collect(),
+            )
+        }
         Request::AddVhost { name } => {
             if name.is_empty() {
                 return Response::refused("the vhost name must not be empty");
@@ -1252,6 +1364,99 @@ mod tests {
             assert!(!r.ok, "{vhost} {user}");
             assert!(r.message.contains("does not exist"), "{}", r.message);
         }
+    }
+
+    #[test]
+    fn limits_are_set_listed_and_cleared_like_rabbitmqctl() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        let r = reply(
+            &broker,
+            Request::SetLimits {
+                scope: LimitScope::Vhost("/".into()),
+                json: r#"{"max-connections": 10, "max-queues": -1}"#.into(),
+            },
+        );
+        assert!(r.ok, "{}", r.message);
+        assert_eq!(
+            broker.snapshot().vhost_limit("/", "max-connections"),
+            Some(10)
+        );
+        assert_eq!(
+            broker.snapshot().vhost_limit("/", "max-queues"),
+            None,
+            "negative"
+        );
+        let listed = reply(
+            &broker,
+            Request::ListLimits {
+                scope: None,
+                users: false,
+            },
+        );
+        assert_eq!(listed.columns, ["vhost", "limits"]);
+        assert_eq!(
+            listed.rows,
+            [["/", r#"{"max-connections":10,"max-queues":-1}"#]]
+        );
+        for (json, why) in [
+            (r#"{"max-channels": 1}"#, "Unrecognised terms"),
+            (r#"{"max-queues": "x"}"#, "should be a number"),
+            ("{", "JSON decoding error"),
+        ] {
+            let r = reply(
+                &broker,
+                Request::SetLimits {
+                    scope: LimitScope::Vhost("/".into()),
+                    json: json.into(),
+                },
+            );
+            assert!(!r.ok && r.message.contains(why), "{json}: {}", r.message);
+        }
+        let user = || LimitScope::User("guest".into());
+        for json in [r#"{"max-channels": 5}"#, r#"{"max-connections": 2}"#] {
+            let r = reply(
+                &broker,
+                Request::SetLimits {
+                    scope: user(),
+                    json: json.into(),
+                },
+            );
+            assert!(r.ok, "{}", r.message);
+        }
+        assert_eq!(
+            broker.snapshot().user_limits["guest"].len(),
+            2,
+            "user limits merge"
+        );
+        let r = reply(
+            &broker,
+            Request::ClearLimits {
+                scope: user(),
+                name: Some("max-channels".into()),
+            },
+        );
+        assert_eq!(
+            r.message,
+            "Clearing \"max-channels\" limit for user \"guest\" ..."
+        );
+        assert_eq!(broker.snapshot().user_limit("guest", "max-channels"), None);
+        let r = reply(
+            &broker,
+            Request::ClearLimits {
+                scope: LimitScope::Vhost("/".into()),
+                name: None,
+            },
+        );
+        assert!(r.ok);
+        assert!(broker.snapshot().vhost_limits.is_empty());
+        let r = reply(
+            &broker,
+            Request::SetLimits {
+                scope: LimitScope::User("nobody".into()),
+                json: "{}".into(),
+            },
+        );
+        assert_eq!(r.message, "User \"nobody\" does not exist");
     }
 
     #[test]

@@ -12,7 +12,18 @@
 //! Entries are removed by dropping their handle ([`ConnectionHandle`], [`ChannelHandle`]),
 //! so a session that ends any way at all leaves nothing behind.
 //!
-//! Locks here are leaves: nothing else is locked while one is held.
+//! The registry also enforces RabbitMQ's connection and channel limits of vhosts and users
+//! ([`Registry::register_within`], [`ConnectionHandle::open_channel_within`]): it counts and
+//! adds under one lock, so two sessions opening at once cannot both take the last place.
+//! The counts are this node's sessions plus what the other nodes of a cluster last reported
+//! ([`Registry::set_elsewhere`], refreshed by the runtime about every second while a
+//! connection or channel limit exists), so across a cluster a limit can be passed by the
+//! connections opened during one refresh (see `docs/security.md`).
+//!
+//! Locks here are leaves: nothing else is locked while one is held, except that a channel
+//! open under a user limit holds the connections lock while it reads each connection's
+//! channels (always in that order; nothing locks a connection's channels and then the
+//! connections).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -195,10 +206,64 @@ pub struct ConnectionView {
     pub channels: Vec<ChannelView>,
 }
 
+/// The connection limits in force when a connection opens ([`Registry::register_within`]):
+/// its vhost's and its user's `max-connections`, when they limit anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// The vhost's `max-connections`.
+    pub vhost_max: Option<u64>,
+    /// The user's `max-connections`.
+    pub user_max: Option<u64>,
+}
+
+/// Which limit refused a connection, with its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitReached {
+    /// The vhost's `max-connections` (checked first, as RabbitMQ does).
+    Vhost(u64),
+    /// The user's `max-connections`.
+    User(u64),
+}
+
+/// Connections and channels on the other nodes of a cluster, as they last reported them:
+/// what the limits count besides this node's own sessions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElsewhereCounts {
+    /// Connections by vhost.
+    pub connections_by_vhost: BTreeMap<String, u64>,
+    /// Connections by user.
+    pub connections_by_user: BTreeMap<String, u64>,
+    /// Open channels by user.
+    pub channels_by_user: BTreeMap<String, u64>,
+}
+
+impl ElsewhereCounts {
+    /// The counts of `views` (other nodes' connections).
+    pub fn of<'a>(views: impl IntoIterator<Item = &'a ConnectionView>) -> ElsewhereCounts {
+        let mut c = ElsewhereCounts::default();
+        for v in views {
+            *c.connections_by_vhost
+                .entry(v.info.vhost.clone())
+                .or_default() += 1;
+            *c.connections_by_user
+                .entry(v.info.user.clone())
+                .or_default() += 1;
+            *c.channels_by_user.entry(v.info.user.clone()).or_default() += v.channels.len() as u64;
+        }
+        c
+    }
+}
+
+fn count(map: &BTreeMap<String, u64>, key: &str) -> u64 {
+    map.get(key).copied().unwrap_or(0)
+}
+
 /// The node's live connections, by id.
 #[derive(Debug, Default)]
 pub struct Registry {
     connections: Mutex<BTreeMap<u64, Arc<ConnectionEntry>>>,
+    /// The other nodes' sessions, for the limits.
+    elsewhere: Mutex<ElsewhereCounts>,
 }
 
 impl Registry {
@@ -226,6 +291,45 @@ impl Registry {
             registry: self.clone(),
             entry,
         }
+    }
+
+    /// [`Registry::register`], unless the node already has `limits.vhost_max` connections
+    /// to the connection's vhost or `limits.user_max` of its user (other than `info.id`);
+    /// counted and added under one lock.
+    pub fn register_within(
+        self: &Arc<Self>,
+        info: ConnectionInfo,
+        state: ConnectionState,
+        outbox: Weak<Outbox>,
+        limits: ConnectionLimits,
+    ) -> Result<ConnectionHandle, LimitReached> {
+        let mut conns = lock(&self.connections);
+        let elsewhere = lock(&self.elsewhere).clone();
+        let others = || conns.values().filter(|e| e.info.id != info.id);
+        if let Some(max) = limits.vhost_max {
+            let here = others().filter(|e| e.info.vhost == info.vhost).count() as u64;
+            if here + count(&elsewhere.connections_by_vhost, &info.vhost) >= max {
+                return Err(LimitReached::Vhost(max));
+            }
+        }
+        if let Some(max) = limits.user_max {
+            let here = others().filter(|e| e.info.user == info.user).count() as u64;
+            if here + count(&elsewhere.connections_by_user, &info.user) >= max {
+                return Err(LimitReached::User(max));
+            }
+        }
+        let entry = Arc::new(ConnectionEntry {
+            info,
+            state: AtomicU8::new(state.to_u8()),
+            channels: Mutex::new(BTreeMap::new()),
+            outbox,
+        });
+        conns.insert(entry.info.id, entry.clone());
+        drop(conns);
+        Ok(ConnectionHandle {
+            registry: self.clone(),
+            entry,
+        })
     }
 
     /// Every live connection with its channels and consumers, in id order.
@@ -259,6 +363,12 @@ impl Registry {
             })
             .is_ok()
         })
+    }
+
+    /// Records what the other nodes of the cluster last reported (replacing the previous
+    /// report; an empty one when not clustered or when no limit needs it).
+    pub fn set_elsewhere(&self, counts: ElsewhereCounts) {
+        *lock(&self.elsewhere) = counts;
     }
 
     /// How many connections are listed.
@@ -311,6 +421,33 @@ impl ConnectionHandle {
     /// Sets the flow state.
     pub fn set_state(&self, state: ConnectionState) {
         self.entry.state.store(state.to_u8(), Ordering::Relaxed);
+    }
+
+    /// [`ConnectionHandle::open_channel`], unless the connection's user already has
+    /// `user_max` channels open on this node (`Err` with the limit); counted and added
+    /// under the registry's lock, so concurrent opens of one user cannot pass it together.
+    pub fn open_channel_within(
+        &self,
+        number: u16,
+        user_max: Option<u64>,
+    ) -> Result<ChannelHandle, u64> {
+        let Some(max) = user_max else {
+            return Ok(self.open_channel(number));
+        };
+        let conns = lock(&self.registry.connections);
+        let user = &self.entry.info.user;
+        let open: usize = conns
+            .values()
+            .filter(|e| &e.info.user == user)
+            .map(|e| lock(&e.channels).len())
+            .sum();
+        let elsewhere = count(&lock(&self.registry.elsewhere).channels_by_user, user);
+        if open as u64 + elsewhere >= max {
+            return Err(max);
+        }
+        let handle = self.open_channel(number);
+        drop(conns);
+        Ok(handle)
     }
 
     /// Lists channel `number` until the returned handle is dropped or deregistered.
@@ -465,6 +602,127 @@ mod tests {
         ));
         drop(outbox);
         assert!(!reg.close(7, "gone"), "a connection whose outbox is gone");
+    }
+
+    #[test]
+    fn connection_limits_count_the_vhosts_and_the_users_connections() {
+        let reg = Arc::new(Registry::new());
+        let open = |id: u64, user: &str, vhost: &str, limits: ConnectionLimits| {
+            let mut i = info(id);
+            i.user = user.into();
+            i.vhost = vhost.into();
+            reg.register_within(i, ConnectionState::Running, Weak::new(), limits)
+        };
+        let vhost_max = |n| ConnectionLimits {
+            vhost_max: Some(n),
+            user_max: None,
+        };
+        assert!(matches!(
+            open(1, "a", "/", vhost_max(0)),
+            Err(LimitReached::Vhost(0))
+        ));
+        let first = open(1, "a", "/", vhost_max(2)).unwrap();
+        let _other_vhost = open(2, "a", "v", vhost_max(1)).unwrap();
+        let _second = open(3, "b", "/", vhost_max(2)).unwrap();
+        assert!(matches!(
+            open(4, "c", "/", vhost_max(2)),
+            Err(LimitReached::Vhost(2))
+        ));
+        // The vhost limit is checked before the user's, as RabbitMQ does.
+        let both = ConnectionLimits {
+            vhost_max: Some(2),
+            user_max: Some(1),
+        };
+        assert!(matches!(
+            open(4, "a", "/", both),
+            Err(LimitReached::Vhost(2))
+        ));
+        let user_max = ConnectionLimits {
+            vhost_max: None,
+            user_max: Some(2),
+        };
+        assert!(matches!(
+            open(4, "a", "w", user_max),
+            Err(LimitReached::User(2))
+        ));
+        drop(first);
+        assert!(
+            open(4, "a", "w", user_max).is_ok(),
+            "a closed connection frees its place"
+        );
+    }
+
+    #[test]
+    fn channel_limits_count_the_users_channels_on_every_connection() {
+        let reg = Arc::new(Registry::new());
+        let conn = |id: u64, user: &str| {
+            let mut i = info(id);
+            i.user = user.into();
+            reg.register(i, ConnectionState::Running, Weak::new())
+        };
+        let (a1, a2, b) = (conn(1, "a"), conn(2, "a"), conn(3, "b"));
+        let _c1 = a1.open_channel_within(1, Some(2)).unwrap();
+        let _b1 = b.open_channel(1);
+        let mut c2 = a2.open_channel_within(1, Some(2)).unwrap();
+        assert_eq!(a2.open_channel_within(2, Some(2)).err(), Some(2));
+        assert!(a2.open_channel_within(2, None).is_ok(), "no limit");
+        c2.deregister();
+        let _c3 = a1.open_channel_within(2, Some(3)).unwrap();
+        assert_eq!(b.open_channel_within(2, Some(0)).err(), Some(0));
+    }
+
+    #[test]
+    fn limits_count_what_the_other_nodes_reported_too() {
+        let reg = Arc::new(Registry::new());
+        let mut remote = info(1 << 40);
+        remote.user = "a".into();
+        let view = ConnectionView {
+            info: remote,
+            state: ConnectionState::Running,
+            channels: vec![],
+        };
+        let mut counts = ElsewhereCounts::of([&view]);
+        counts.channels_by_user.insert("a".into(), 1);
+        reg.set_elsewhere(counts);
+        let mut mine = info(2);
+        mine.user = "a".into();
+        let one = |vhost_max, user_max| ConnectionLimits {
+            vhost_max,
+            user_max,
+        };
+        assert!(matches!(
+            reg.register_within(
+                mine.clone(),
+                ConnectionState::Running,
+                Weak::new(),
+                one(Some(1), None)
+            ),
+            Err(LimitReached::Vhost(1))
+        ));
+        assert!(matches!(
+            reg.register_within(
+                mine.clone(),
+                ConnectionState::Running,
+                Weak::new(),
+                one(None, Some(1))
+            ),
+            Err(LimitReached::User(1))
+        ));
+        let conn = reg
+            .register_within(
+                mine,
+                ConnectionState::Running,
+                Weak::new(),
+                one(Some(2), Some(2)),
+            )
+            .unwrap();
+        assert_eq!(conn.open_channel_within(1, Some(1)).err(), Some(1));
+        assert!(conn.open_channel_within(1, Some(2)).is_ok());
+        reg.set_elsewhere(ElsewhereCounts::default());
+        assert!(
+            conn.open_channel_within(2, Some(1)).is_ok(),
+            "the report is gone"
+        );
     }
 
     #[test]

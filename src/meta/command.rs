@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::limits::{LimitScope, Limits};
 use super::policy::Policy;
 use super::state::{
     Binding, ExchangeDef, MirrorRecord, MirrorSet, NodeId, NodeRecord, Permission, QueueDef, User,
@@ -160,6 +161,25 @@ pub enum Command {
         user: String,
         /// The vhost.
         vhost: String,
+    },
+    /// Sets a vhost's or a user's limits ([`super::limits`]): with `replace` the given set
+    /// replaces the old one (`set_vhost_limits`), otherwise the given names are updated and
+    /// the others kept (`set_user_limits`, the API's PUT of one limit). Last, so logs
+    /// written before it still decode.
+    SetLimits {
+        /// Whose limits.
+        scope: LimitScope,
+        /// Limits by name.
+        limits: Limits,
+        /// Replace the whole set rather than update it.
+        replace: bool,
+    },
+    /// Clears one limit (`name`) or all of a vhost's or user's limits (idempotent).
+    ClearLimits {
+        /// Whose limits.
+        scope: LimitScope,
+        /// The limit; `None`: all of them.
+        name: Option<String>,
     },
 }
 

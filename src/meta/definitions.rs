@@ -1,7 +1,7 @@
 //! Durable definitions: the part of the metadata that survives a restart.
 //!
-//! Vhosts, users, permissions, policies, durable exchanges, durable non-exclusive queues, and
-//! bindings between durable ends, as RabbitMQ keeps them. Encoded with bincode inside a
+//! Vhosts, users, permissions, vhost and user limits, policies, durable exchanges, durable
+//! non-exclusive queues, and bindings between durable ends, as RabbitMQ keeps them. Encoded with bincode inside a
 //! checksummed record, so a torn write is detected instead of half-applied. A single node
 //! applies its config file's vhosts, users and permissions at every start, then these: a
 //! change made at run time (through AMQP, the management API or `warrenctl`) wins.
@@ -9,13 +9,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::command::Command;
+use super::limits::{LimitScope, Limits};
 use super::policy::Policy;
 use super::state::{Binding, Destination, ExchangeDef, MetaState, Permission, QueueDef, User};
 use crate::store::record;
 
-/// Format version written in front of the payload (4 added vhosts, users and permissions, 3
-/// the queue's home node, 2 policies; 1 to 3 are still read).
-const VERSION: u32 = 4;
+/// Format version written in front of the payload (5 added limits, 4 vhosts, users and
+/// permissions, 3 the queue's home node, 2 policies; 1 to 4 are still read).
+const VERSION: u32 = 5;
 
 /// Why a definitions file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,22 @@ pub struct Definitions {
     pub users: Vec<User>,
     /// Every permission.
     pub permissions: Vec<Permission>,
+    /// Vhost limits by vhost (version 5 on).
+    pub vhost_limits: Vec<(String, Limits)>,
+    /// User limits by user (version 5 on).
+    pub user_limits: Vec<(String, Limits)>,
+}
+
+/// Version 4: before limits.
+#[derive(Deserialize)]
+struct DefinitionsV4 {
+    exchanges: Vec<ExchangeDef>,
+    queues: Vec<QueueDef>,
+    bindings: Vec<Binding>,
+    policies: Vec<(Policy, bool)>,
+    vhosts: Vec<String>,
+    users: Vec<User>,
+    permissions: Vec<Permission>,
 }
 
 /// Version 3: before vhosts, users and permissions.
@@ -112,6 +129,8 @@ impl Definitions {
             vhosts: state.vhosts.keys().cloned().collect(),
             users: state.users.values().cloned().collect(),
             permissions: state.permissions.values().cloned().collect(),
+            vhost_limits: state.vhost_limits.clone().into_iter().collect(),
+            user_limits: state.user_limits.clone().into_iter().collect(),
             ..Definitions::default()
         };
         for v in state.vhosts.values() {
@@ -172,6 +191,19 @@ impl Definitions {
         c.extend(self.exchanges.iter().cloned().map(Command::DeclareExchange));
         c.extend(self.queues.iter().cloned().map(Command::DeclareQueue));
         c.extend(self.bindings.iter().cloned().map(Command::Bind));
+        // Limits last: a vhost may hold more queues than a max-queues set later allows, and
+        // its queues must still come back.
+        let limits = |scope: fn(String) -> LimitScope, list: &[(String, Limits)]| {
+            list.iter()
+                .map(move |(name, limits)| Command::SetLimits {
+                    scope: scope(name.clone()),
+                    limits: limits.clone(),
+                    replace: true,
+                })
+                .collect::<Vec<_>>()
+        };
+        c.extend(limits(LimitScope::Vhost, &self.vhost_limits));
+        c.extend(limits(LimitScope::User, &self.user_limits));
         c
     }
 
@@ -221,6 +253,19 @@ impl Definitions {
                     queues: v3.queues,
                     bindings: v3.bindings,
                     policies: v3.policies,
+                    ..Definitions::default()
+                })
+            }
+            4 => {
+                let v4: DefinitionsV4 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
+                Ok(Definitions {
+                    exchanges: v4.exchanges,
+                    queues: v4.queues,
+                    bindings: v4.bindings,
+                    policies: v4.policies,
+                    vhosts: v4.vhosts,
+                    users: v4.users,
+                    permissions: v4.permissions,
                     ..Definitions::default()
                 })
             }
@@ -361,6 +406,62 @@ mod tests {
         assert_eq!(fresh.permissions, s.permissions);
         assert!(fresh.vhosts.contains_key("v2"));
         assert_eq!(Definitions::from_state(&fresh), d);
+    }
+
+    #[test]
+    fn a_version_4_file_is_still_read() {
+        let d = Definitions::from_state(&state());
+        let mut payload = 4u32.to_le_bytes().to_vec();
+        payload.extend(
+            bincode::serialize(&(
+                &d.exchanges,
+                &d.queues,
+                &d.bindings,
+                &d.policies,
+                &d.vhosts,
+                &d.users,
+                &d.permissions,
+            ))
+            .unwrap(),
+        );
+        let mut file = Vec::new();
+        record::encode(&mut file, &payload);
+        assert_eq!(Definitions::decode(&file).unwrap(), d);
+    }
+
+    #[test]
+    fn limits_are_kept_and_replayed_after_the_queues_they_would_refuse() {
+        let mut s = state();
+        s.apply(&Command::PutUser(User {
+            name: "alice".into(),
+            password: "pw".into(),
+            tags: vec![],
+        }))
+        .unwrap();
+        for scope in [
+            LimitScope::Vhost("/".into()),
+            LimitScope::User("alice".into()),
+        ] {
+            let name = if matches!(scope, LimitScope::Vhost(_)) {
+                "max-queues"
+            } else {
+                "max-channels"
+            };
+            s.apply(&Command::SetLimits {
+                scope,
+                limits: [(name.to_string(), 0)].into(),
+                replace: true,
+            })
+            .unwrap();
+        }
+        let d = Definitions::decode(&Definitions::from_state(&s).encode()).unwrap();
+        let mut fresh = MetaState::default();
+        for c in d.commands() {
+            fresh.apply(&c).unwrap();
+        }
+        assert_eq!(fresh.vhost_limits, s.vhost_limits);
+        assert_eq!(fresh.user_limits, s.user_limits);
+        assert!(fresh.vhost("/").unwrap().queues.contains_key("dq"));
     }
 
     #[test]

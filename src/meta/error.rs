@@ -62,6 +62,16 @@ pub enum MetaError {
     /// Binding to or from, declaring or deleting the default exchange.
     #[error("operation not permitted on the default exchange")]
     DefaultExchange,
+    /// A new queue would exceed its vhost's `max-queues` (RabbitMQ's channel error).
+    #[error("cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached")]
+    QueueLimit {
+        /// The queue.
+        queue: String,
+        /// Its vhost.
+        vhost: String,
+        /// The vhost's `max-queues`.
+        limit: u64,
+    },
     /// The change could not be made durable.
     #[error("cannot store definitions: {0}")]
     Storage(String),
@@ -93,9 +103,10 @@ impl From<MetaError> for AmqpError {
         let code = match &e {
             MetaError::NoVhost(_) => ReplyCode::NotAllowed,
             MetaError::NotFound { .. } => ReplyCode::NotFound,
-            MetaError::Inequivalent { .. } | MetaError::InUse(_) | MetaError::Invalid(_) => {
-                ReplyCode::PreconditionFailed
-            }
+            MetaError::Inequivalent { .. }
+            | MetaError::InUse(_)
+            | MetaError::Invalid(_)
+            | MetaError::QueueLimit { .. } => ReplyCode::PreconditionFailed,
             MetaError::Reserved { .. } | MetaError::DefaultExchange => ReplyCode::AccessRefused,
             MetaError::Locked { .. } => ReplyCode::ResourceLocked,
             MetaError::UnknownExchangeType(_) => ReplyCode::CommandInvalid,

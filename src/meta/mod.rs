@@ -1,4 +1,5 @@
-//! The metadata state machine: vhosts, users, permissions, exchanges, bindings and queues.
+//! The metadata state machine: vhosts, users, permissions, limits, exchanges, bindings and
+//! queues.
 //!
 //! Every change is a [`Command`] that [`MetaState::apply`] validates and applies; a rejected
 //! command changes nothing. The broker reads immutable `Arc<MetaState>` snapshots, swapped
@@ -9,6 +10,7 @@ pub mod args;
 pub mod command;
 pub mod definitions;
 pub mod error;
+pub mod limits;
 pub mod policy;
 pub mod raft;
 pub mod state;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::args::QueueArgs;
 use super::command::Command;
 use super::error::MetaError;
+use super::limits::{self, LimitScope, Limits};
 use super::policy::{effective, Effective, Policy};
 
 /// The four exchange types (plus RabbitMQ's names for them).
@@ -558,6 +559,10 @@ pub struct MetaState {
     pub gm_groups: BTreeMap<String, crate::gm::GroupRecord>,
     /// Mirror sets of mirrored queues by (vhost, queue); gone with their queue.
     pub mirror_sets: BTreeMap<(String, String), MirrorSet>,
+    /// Vhost limits by vhost name ([`super::limits`]); gone with their vhost, never empty.
+    pub vhost_limits: BTreeMap<String, Limits>,
+    /// User limits by user name; gone with their user, never empty.
+    pub user_limits: BTreeMap<String, Limits>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -571,6 +576,71 @@ impl MetaState {
     /// The permissions of `user` in `vhost`.
     pub fn permission(&self, user: &str, vhost: &str) -> Option<&Permission> {
         self.permissions.get(&(user.to_string(), vhost.to_string()))
+    }
+
+    /// The limit `name` of vhost `vhost` when it limits anything (0 or more).
+    pub fn vhost_limit(&self, vhost: &str, name: &str) -> Option<u64> {
+        limits::effective(self.vhost_limits.get(vhost), name)
+    }
+
+    /// The limit `name` of user `user` when it limits anything (0 or more).
+    pub fn user_limit(&self, user: &str, name: &str) -> Option<u64> {
+        limits::effective(self.user_limits.get(user), name)
+    }
+
+    fn limits_mut(
+        &mut self,
+        scope: &LimitScope,
+    ) -> Result<&mut BTreeMap<String, Limits>, MetaError> {
+        match scope {
+            LimitScope::Vhost(v) if self.vhosts.contains_key(v) => Ok(&mut self.vhost_limits),
+            LimitScope::Vhost(v) => Err(MetaError::NoVhost(v.clone())),
+            LimitScope::User(u) if self.users.contains_key(u) => Ok(&mut self.user_limits),
+            LimitScope::User(u) => Err(MetaError::Admin(format!("no user '{u}'"))),
+        }
+    }
+
+    fn set_limits(
+        &mut self,
+        scope: &LimitScope,
+        given: &Limits,
+        replace: bool,
+    ) -> Result<bool, MetaError> {
+        scope.validate(given)?;
+        let (LimitScope::Vhost(key) | LimitScope::User(key)) = scope;
+        let map = self.limits_mut(scope)?;
+        let created = !map.contains_key(key);
+        let mut next = if replace {
+            Limits::new()
+        } else {
+            map.get(key).cloned().unwrap_or_default()
+        };
+        next.extend(given.iter().map(|(k, v)| (k.clone(), *v)));
+        if next.is_empty() {
+            map.remove(key);
+        } else {
+            map.insert(key.clone(), next);
+        }
+        Ok(created)
+    }
+
+    fn clear_limits(&mut self, scope: &LimitScope, name: Option<&str>) -> Result<(), MetaError> {
+        let (LimitScope::Vhost(key) | LimitScope::User(key)) = scope;
+        let map = self.limits_mut(scope)?;
+        match name {
+            None => {
+                map.remove(key);
+            }
+            Some(n) => {
+                if let Some(l) = map.get_mut(key) {
+                    l.remove(n);
+                    if l.is_empty() {
+                        map.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn vhost_mut(&mut self, name: &str) -> Result<&mut Vhost, MetaError> {
@@ -609,6 +679,7 @@ impl MetaState {
                     applied.removed.queues.push((name.clone(), q.clone()));
                 }
                 self.permissions.retain(|(_, vh), _| vh != name);
+                self.vhost_limits.remove(name);
             }
             Command::PutUser(user) => {
                 applied.created = self.users.insert(user.name.clone(), user.clone()).is_none();
@@ -618,6 +689,7 @@ impl MetaState {
                     return Err(MetaError::Admin(format!("no user '{name}'")));
                 }
                 self.permissions.retain(|(u, _), _| u != name);
+                self.user_limits.remove(name);
             }
             Command::SetPermissions(p) => {
                 if !self.users.contains_key(&p.user) {
@@ -635,6 +707,16 @@ impl MetaState {
             }
             Command::ClearPermissions { user, vhost } => {
                 self.permissions.remove(&(user.clone(), vhost.clone()));
+            }
+            Command::SetLimits {
+                scope,
+                limits,
+                replace,
+            } => {
+                applied.created = self.set_limits(scope, limits, *replace)?;
+            }
+            Command::ClearLimits { scope, name } => {
+                self.clear_limits(scope, name.as_deref())?;
             }
             Command::DeclareExchange(def) => {
                 applied.created = self.declare_exchange(def)?;
@@ -1130,6 +1212,7 @@ impl MetaState {
 
     fn declare_queue(&mut self, def: &QueueDef) -> Result<bool, MetaError> {
         let args = def.args()?;
+        let limit = self.vhost_limit(&def.vhost, limits::MAX_QUEUES);
         let v = self.vhost_mut(&def.vhost)?;
         if let Some(cur) = v.queues.get(&def.name) {
             if cur.exclusive_owner.is_some() && cur.exclusive_owner != def.exclusive_owner {
@@ -1168,6 +1251,15 @@ impl MetaState {
                 return Err(ineq(arg, received, current));
             }
             return Ok(false);
+        }
+        // Checked here, where queues are counted, so the limit holds across the cluster:
+        // every node applies declares in the same order.
+        if let Some(limit) = limits::reached(limit, v.queues.len()) {
+            return Err(MetaError::QueueLimit {
+                queue: def.name.clone(),
+                vhost: def.vhost.clone(),
+                limit,
+            });
         }
         v.queues.insert(def.name.clone(), def.clone());
         Ok(true)
@@ -1258,6 +1350,101 @@ mod tests {
         ] {
             assert!(v.exchanges.contains_key(n), "{n}");
         }
+    }
+
+    fn set_limits(scope: LimitScope, name: &str, value: i64, replace: bool) -> Command {
+        Command::SetLimits {
+            scope,
+            limits: [(name.to_string(), value)].into(),
+            replace,
+        }
+    }
+
+    #[test]
+    fn max_queues_refuses_new_queues_only_with_rabbitmqs_text() {
+        let mut s = state();
+        s.apply(&Command::DeclareQueue(queue("a"))).unwrap();
+        let vhost = || LimitScope::Vhost("/".into());
+        s.apply(&set_limits(vhost(), limits::MAX_QUEUES, 1, true))
+            .unwrap();
+        let err = s.apply(&Command::DeclareQueue(queue("b"))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot declare queue 'b': queue limit in vhost '/' (1) is reached"
+        );
+        assert_eq!(
+            crate::amqp::AmqpError::from(err).code,
+            crate::amqp::ReplyCode::PreconditionFailed
+        );
+        // Redeclaring an existing queue is no new queue.
+        assert!(!s.apply(&Command::DeclareQueue(queue("a"))).unwrap().created);
+        // Negative: no limit. Zero: none at all.
+        s.apply(&set_limits(vhost(), limits::MAX_QUEUES, -1, false))
+            .unwrap();
+        s.apply(&Command::DeclareQueue(queue("b"))).unwrap();
+        s.apply(&set_limits(vhost(), limits::MAX_QUEUES, 0, false))
+            .unwrap();
+        let err = s.apply(&Command::DeclareQueue(queue("c"))).unwrap_err();
+        assert!(err.to_string().ends_with("(0) is reached"), "{err}");
+    }
+
+    #[test]
+    fn limits_merge_replace_clear_and_go_with_their_owner() {
+        let mut s = state();
+        s.apply(&Command::PutUser(User {
+            name: "u".into(),
+            password: "pw".into(),
+            tags: Vec::new(),
+        }))
+        .unwrap();
+        let user = || LimitScope::User("u".into());
+        s.apply(&set_limits(user(), limits::MAX_CHANNELS, 5, false))
+            .unwrap();
+        s.apply(&set_limits(user(), limits::MAX_CONNECTIONS, 2, false))
+            .unwrap();
+        assert_eq!(s.user_limits["u"].len(), 2, "updates merge");
+        s.apply(&Command::ClearLimits {
+            scope: user(),
+            name: Some(limits::MAX_CHANNELS.into()),
+        })
+        .unwrap();
+        assert_eq!(s.user_limit("u", limits::MAX_CHANNELS), None);
+        assert_eq!(s.user_limit("u", limits::MAX_CONNECTIONS), Some(2));
+        s.apply(&set_limits(user(), limits::MAX_CHANNELS, 1, true))
+            .unwrap();
+        assert_eq!(s.user_limits["u"].len(), 1, "replace drops the others");
+        assert!(s
+            .apply(&set_limits(user(), limits::MAX_QUEUES, 1, false))
+            .is_err());
+        assert!(s
+            .apply(&set_limits(
+                LimitScope::User("nobody".into()),
+                limits::MAX_CHANNELS,
+                1,
+                false
+            ))
+            .is_err());
+        assert!(matches!(
+            s.apply(&set_limits(
+                LimitScope::Vhost("nope".into()),
+                limits::MAX_QUEUES,
+                1,
+                false
+            )),
+            Err(MetaError::NoVhost(_))
+        ));
+        s.apply(&Command::DeleteUser { name: "u".into() }).unwrap();
+        assert!(s.user_limits.is_empty());
+        s.apply(&Command::AddVhost { name: "v".into() }).unwrap();
+        s.apply(&set_limits(
+            LimitScope::Vhost("v".into()),
+            limits::MAX_CONNECTIONS,
+            3,
+            true,
+        ))
+        .unwrap();
+        s.apply(&Command::DeleteVhost { name: "v".into() }).unwrap();
+        assert!(s.vhost_limits.is_empty());
     }
 
     #[test]

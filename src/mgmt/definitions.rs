@@ -3,7 +3,9 @@
 //! component `operator_policy`, queues, exchanges and bindings), and `GET` and `POST
 //! /api/definitions/{vhost}` (one vhost's policies, operator policies, queues, exchanges and
 //! bindings, without `vhost` fields on the last three), exported from the metadata and
-//! imported as metadata commands, as RabbitMQ 3.10 does them.
+//! imported as metadata commands, as RabbitMQ 3.10 does them. Vhost limits travel as
+//! `parameters` of component `vhost-limits` (name `limits`), user limits as each user's
+//! `limits` object, as in RabbitMQ 3.10.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -12,9 +14,13 @@ use super::resources::stored_hash;
 use super::{convert, Handled, Request, Response};
 use crate::admin::{self, json as admin_json, NodeInfo, Request as AdminRequest};
 use crate::broker::Broker;
+use crate::meta::limits::{self, LimitScope};
 use crate::meta::policy::{ApplyTo, Policy};
 use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, Vhost};
 use crate::meta::{Command, MetaState};
+
+/// RabbitMQ's runtime-parameter component holding a vhost's limits.
+const VHOST_LIMITS: &str = "vhost-limits";
 
 /// The RabbitMQ version whose format this is.
 pub const RABBIT_VERSION: &str = "3.10.8";
@@ -67,7 +73,7 @@ struct VhostObjects {
 }
 
 impl VhostObjects {
-    fn of(v: &Vhost, with_vhost: bool) -> VhostObjects {
+    fn of(meta: &MetaState, v: &Vhost, with_vhost: bool) -> VhostObjects {
         let tag = |mut o: Value| {
             if with_vhost {
                 o["vhost"] = json!(v.name);
@@ -85,6 +91,12 @@ impl VhostObjects {
                 .operator_policies
                 .values()
                 .map(operator_policy_parameter)
+                .chain(meta.vhost_limits.get(&v.name).map(|l| {
+                    // RabbitMQ keeps a vhost's limits as its parameter `limits` of
+                    // component `vhost-limits`.
+                    tag(json!({"component": VHOST_LIMITS, "name": "limits",
+                               "value": limits::to_json(l)}))
+                }))
                 .collect(),
             queues: v
                 .queues
@@ -139,7 +151,8 @@ pub fn export(meta: &MetaState) -> Value {
             let (hash, algorithm) = u.password_hash();
             json!({"name": u.name, "password_hash": hash,
                        "hashing_algorithm": algorithm.name(),
-                       "tags": u.tags, "limits": {}})
+                       "tags": u.tags,
+                       "limits": super::resources::user_limits_json(meta, &u.name)})
         })
         .collect();
     // RabbitMQ 3.10 exports a vhost's name only.
@@ -155,7 +168,7 @@ pub fn export(meta: &MetaState) -> Value {
     let (mut parameters, mut policies, mut queues, mut exchanges, mut bindings) =
         (vec![], vec![], vec![], vec![], vec![]);
     for v in meta.vhosts.values() {
-        let o = VhostObjects::of(v, true);
+        let o = VhostObjects::of(meta, v, true);
         parameters.extend(o.parameters);
         policies.extend(o.policies);
         queues.extend(o.queues);
@@ -182,7 +195,7 @@ pub fn export(meta: &MetaState) -> Value {
 
 /// One vhost's export (`GET /api/definitions/{vhost}`); `None` when it does not exist.
 pub fn export_vhost(meta: &MetaState, vhost: &str) -> Option<Value> {
-    let o = VhostObjects::of(meta.vhost(vhost)?, false);
+    let o = VhostObjects::of(meta, meta.vhost(vhost)?, false);
     Some(json!({
         "rabbit_version": RABBIT_VERSION,
         "parameters": o.parameters,
@@ -194,7 +207,8 @@ pub fn export_vhost(meta: &MetaState, vhost: &str) -> Option<Value> {
 }
 
 /// The parts of a definitions file Warren imports; other members (`topic_permissions`,
-/// `global_parameters`, parameters of components other than `operator_policy`) are ignored.
+/// `global_parameters`, parameters of components other than `operator_policy` and
+/// `vhost-limits`) are ignored.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct File {
@@ -488,6 +502,36 @@ fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, Str
     }
     for b in &f.bindings {
         c.push(Command::Bind(binding(b)?));
+    }
+    // Limits after the queues (RabbitMQ imports parameters first, but does not hold an
+    // import's queues to max-queues; Warren checks every new queue, so the order keeps
+    // an import that fits in RabbitMQ from failing here).
+    for p in f.parameters.iter().filter(|p| p.component == VHOST_LIMITS) {
+        let given = limits::parse_json(&p.value).map_err(|e| format!("vhost-limits: {e}"))?;
+        let scope = LimitScope::Vhost(p.vhost.clone());
+        scope.validate(&given).map_err(|e| e.to_string())?;
+        c.push(Command::SetLimits {
+            scope,
+            limits: given,
+            replace: true,
+        });
+    }
+    for u in &f.users {
+        let Some(value) = u.get("limits") else {
+            continue;
+        };
+        let given = limits::parse_json(value).map_err(|e| format!("user limits: {e}"))?;
+        if given.is_empty() {
+            continue;
+        }
+        let scope = LimitScope::User(text(u, "name")?);
+        scope.validate(&given).map_err(|e| e.to_string())?;
+        // As RabbitMQ's put_user: the file's limits update the user's.
+        c.push(Command::SetLimits {
+            scope,
+            limits: given,
+            replace: false,
+        });
     }
     Ok(c)
 }

@@ -10,6 +10,7 @@ use super::convert::{self, Kind};
 use super::live;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
+use crate::meta::limits::LimitScope;
 use crate::meta::state::{ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::{Access, Permissions};
@@ -305,6 +306,16 @@ pub fn route(
         ["vhost-limits", vhost] => only_get(m, || {
             super::parameters::vhost_limits(meta, caller, Some(vhost))
         }),
+        ["vhost-limits", vhost, name] => {
+            let scope = LimitScope::Vhost(vhost.to_string());
+            return super::parameters::change(meta, caller, req, scope, name);
+        }
+        ["user-limits"] => only_get(m, || super::parameters::user_limits(meta, None)),
+        ["user-limits", user] => only_get(m, || super::parameters::user_limits(meta, Some(user))),
+        ["user-limits", user, name] => {
+            let scope = LimitScope::User(user.to_string());
+            return super::parameters::change(meta, caller, req, scope, name);
+        }
         _ => Response::not_found(),
     };
     reply(r)
@@ -687,15 +698,22 @@ fn vhost_one(
     }
 }
 
-fn user_json(u: &User) -> Value {
+fn user_json(meta: &MetaState, u: &User) -> Value {
     let (hash, algorithm) = u.password_hash();
     json!({
         "name": u.name,
         "password_hash": hash,
         "hashing_algorithm": algorithm.name(),
         "tags": u.tags,
-        "limits": {},
+        "limits": user_limits_json(meta, &u.name),
     })
+}
+
+/// A user's `limits` as RabbitMQ shows it on the user: an object, `{}` when none.
+pub(super) fn user_limits_json(meta: &MetaState, user: &str) -> Value {
+    meta.user_limits
+        .get(user)
+        .map_or_else(|| json!({}), crate::meta::limits::to_json)
 }
 
 /// A `password_hash` (with an optional `hashing_algorithm`) as the password to store.
@@ -726,7 +744,7 @@ fn users(meta: &MetaState, caller: &Caller, one: Option<&str>) -> Response {
         .users
         .values()
         .filter(|u| one.is_none_or(|n| u.name == n))
-        .map(user_json)
+        .map(|u| user_json(meta, u))
         .collect();
     one_or_list(list, one.is_some())
 }
@@ -862,7 +880,7 @@ fn users_without_permissions(meta: &MetaState, caller: &Caller) -> Response {
         .users
         .values()
         .filter(|u| !meta.permissions.keys().any(|(name, _)| *name == u.name))
-        .map(user_json)
+        .map(|u| user_json(meta, u))
         .collect();
     Response::ok(Value::Array(list))
 }

@@ -1471,3 +1471,215 @@ fn parameters_list_operator_policies_and_the_rest_is_empty() {
         Some(json!({"name": "warren@test"}))
     );
 }
+
+#[test]
+fn vhost_limits_are_put_listed_and_deleted_by_administrators() {
+    let b = broker();
+    let put = |user: &str, path: &str, body: &str| call(&b, user, Method::Put, path, body);
+    assert_eq!(
+        put(
+            "mgr",
+            "/api/vhost-limits/%2F/max-connections",
+            r#"{"value":1}"#
+        )
+        .body,
+        Some(json!({"error": "not_authorised", "reason": "Not administrator user"}))
+    );
+    assert_eq!(
+        put(
+            "admin",
+            "/api/vhost-limits/nowhere/max-queues",
+            r#"{"value":1}"#
+        )
+        .body,
+        Some(json!({"error": "not_found", "reason": "vhost_not_found"}))
+    );
+    for (name, value) in [("max-connections", 10), ("max-queues", 3)] {
+        let body = format!(r#"{{"value":{value}}}"#);
+        let r = put("admin", &format!("/api/vhost-limits/%2F/{name}"), &body);
+        assert_eq!(r.status, 204, "{:?}", r.body);
+    }
+    let listed = json!([{"vhost": "/", "value": {"max-connections": 10, "max-queues": 3}}]);
+    assert_eq!(
+        get(&b, "mgr", "/api/vhost-limits").body,
+        Some(listed.clone())
+    );
+    assert_eq!(get(&b, "mgr", "/api/vhost-limits/%2F").body, Some(listed));
+    // A vhost the caller does not see is left out of the listing.
+    put(
+        "admin",
+        "/api/vhost-limits/other/max-queues",
+        r#"{"value":0}"#,
+    );
+    assert_eq!(
+        get(&b, "mgr", "/api/vhost-limits")
+            .body
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/vhost-limits")
+            .body
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    for (body, status) in [
+        (r#"{"value":"x"}"#, 400),
+        (r#"{}"#, 400),
+        (r#"{"value":-1}"#, 204),
+    ] {
+        assert_eq!(
+            put("admin", "/api/vhost-limits/%2F/max-queues", body).status,
+            status,
+            "{body}"
+        );
+    }
+    assert_eq!(
+        put(
+            "admin",
+            "/api/vhost-limits/%2F/max-channels",
+            r#"{"value":1}"#
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/vhost-limits/%2F/max-queues").status,
+        405
+    );
+    let r = call(
+        &b,
+        "admin",
+        Method::Delete,
+        "/api/vhost-limits/%2F/max-connections",
+        "",
+    );
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        get(&b, "mgr", "/api/vhost-limits/%2F").body,
+        Some(json!([{"vhost": "/", "value": {"max-queues": -1}}]))
+    );
+    // And the definitions carry them as RabbitMQ's `vhost-limits` parameters.
+    let defs = get(&b, "admin", "/api/definitions").body.unwrap();
+    let params: Vec<&serde_json::Value> = defs["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["component"] == "vhost-limits")
+        .collect();
+    assert_eq!(
+        params,
+        [
+            &json!({"vhost": "/", "component": "vhost-limits", "name": "limits", "value": {"max-queues": -1}}),
+            &json!({"vhost": "other", "component": "vhost-limits", "name": "limits", "value": {"max-queues": 0}}),
+        ]
+    );
+}
+
+#[test]
+fn user_limits_are_put_listed_deleted_and_shown_on_the_user() {
+    let b = broker();
+    let put = |user: &str, path: &str, body: &str| call(&b, user, Method::Put, path, body);
+    assert_eq!(
+        put("mon", "/api/user-limits/mgr/max-channels", r#"{"value":2}"#).status,
+        401
+    );
+    assert_eq!(
+        put(
+            "admin",
+            "/api/user-limits/nobody/max-channels",
+            r#"{"value":2}"#
+        )
+        .body,
+        Some(json!({"error": "not_found", "reason": "user_not_found"}))
+    );
+    assert_eq!(
+        put(
+            "admin",
+            "/api/user-limits/mgr/max-channels",
+            r#"{"value":2}"#
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        put(
+            "admin",
+            "/api/user-limits/mgr/max-connections",
+            r#"{"value":5}"#
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        put("admin", "/api/user-limits/mgr/max-queues", r#"{"value":5}"#).status,
+        400
+    );
+    let value = json!({"max-channels": 2, "max-connections": 5});
+    assert_eq!(
+        get(&b, "mgr", "/api/user-limits").body,
+        Some(json!([{"user": "mgr", "value": value}]))
+    );
+    assert_eq!(
+        get(&b, "mgr", "/api/user-limits/admin").body,
+        Some(json!([]))
+    );
+    assert_eq!(get(&b, "mgr", "/api/user-limits/nobody").status, 404);
+    assert_eq!(
+        get(&b, "admin", "/api/users/mgr").body.unwrap()["limits"],
+        value
+    );
+    let defs = get(&b, "admin", "/api/definitions").body.unwrap();
+    let mgr = defs["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "mgr")
+        .unwrap();
+    assert_eq!(mgr["limits"], value);
+    let r = call(
+        &b,
+        "admin",
+        Method::Delete,
+        "/api/user-limits/mgr/max-channels",
+        "",
+    );
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        get(&b, "admin", "/api/user-limits/mgr").body,
+        Some(json!([{"user": "mgr", "value": {"max-connections": 5}}]))
+    );
+}
+
+#[test]
+fn definitions_import_limits_after_the_queues_they_cover() {
+    let b = broker();
+    let file = json!({
+        "users": [{"name": "lim", "password": "pw", "tags": "", "limits": {"max-channels": 1}}],
+        "vhosts": [{"name": "lv"}],
+        "parameters": [{"vhost": "lv", "component": "vhost-limits", "name": "limits",
+                        "value": {"max-queues": 1}}],
+        "queues": [
+            {"name": "q1", "vhost": "lv", "durable": true, "auto_delete": false, "arguments": {}},
+            {"name": "q2", "vhost": "lv", "durable": true, "auto_delete": false, "arguments": {}}
+        ]
+    });
+    let r = call(
+        &b,
+        "admin",
+        Method::Post,
+        "/api/definitions",
+        &file.to_string(),
+    );
+    assert_eq!(r.status, 204, "{:?}", r.body);
+    let meta = b.snapshot();
+    assert_eq!(meta.vhost("lv").unwrap().queues.len(), 2);
+    assert_eq!(meta.vhost_limit("lv", "max-queues"), Some(1));
+    assert_eq!(meta.user_limit("lim", "max-channels"), Some(1));
+}

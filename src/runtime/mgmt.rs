@@ -180,7 +180,7 @@ fn live_path(path: &str) -> bool {
 
 /// The sessions of every other node not recorded down, asked at once; a node that does not
 /// answer within [`NODE_CALL_DEADLINE`] is left out.
-async fn remote_sessions(broker: &Broker) -> Vec<NodeSessions> {
+pub(crate) async fn remote_sessions(broker: &Broker) -> Vec<NodeSessions> {
     let Some(link) = broker.remote_link() else {
         return Vec::new();
     };

@@ -15,6 +15,7 @@ use super::conn_task::{self, ConnContext, LocalMeta, MetaCommit};
 use super::file_disk::FileDisk;
 use super::storage::{Storage, StorageError};
 use super::transport::{Listener, TokioTransport, Transport};
+use crate::broker::registry::ElsewhereCounts;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::meta::definitions::Definitions;
@@ -100,6 +101,20 @@ fn physical_memory_bytes() -> Option<u64> {
 }
 
 const DEFINITIONS_FILE: &str = "definitions";
+
+/// How often a clustered node asks the others for their sessions while a connection or
+/// channel limit exists.
+const ELSEWHERE_REFRESH: Duration = Duration::from_secs(1);
+
+/// Whether any limit counts connections or channels (vhost `max-connections`, any user
+/// limit): only then are the other nodes' sessions worth asking for.
+fn counts_sessions(meta: &crate::meta::MetaState) -> bool {
+    !meta.user_limits.is_empty()
+        || meta
+            .vhost_limits
+            .values()
+            .any(|l| l.contains_key(crate::meta::limits::MAX_CONNECTIONS))
+}
 
 /// Replays the durable definitions saved in `data_dir`, then installs the sink that keeps
 /// that file current (write to a temporary file, fsync, rename, fsync the folder).
@@ -565,6 +580,38 @@ impl Node {
                             if why.is_some() {
                                 let _ = failed_tx.send(why);
                             }
+                        }
+                    }
+                }
+            }
+        }));
+
+        // What the other nodes' sessions count against the connection and channel limits:
+        // asked about every second, only while the node is clustered and such a limit
+        // exists (a limit is then cluster-wide, give or take the last second's opens).
+        let limits_broker = broker.clone();
+        let mut limits_shutdown = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ELSEWHERE_REFRESH);
+            // A slow answer (up to the node call's deadline) delays the next ask rather than
+            // bunching the missed ones.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut reported = false;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = limits_shutdown.changed() => break,
+                    _ = tick.tick() => {
+                        let wanted = limits_broker.remote_link().is_some()
+                            && counts_sessions(&limits_broker.snapshot());
+                        if wanted {
+                            let nodes = super::mgmt::remote_sessions(&limits_broker).await;
+                            let views = nodes.iter().flat_map(|n| n.connections.iter());
+                            limits_broker.sessions().set_elsewhere(ElsewhereCounts::of(views));
+                            reported = true;
+                        } else if reported {
+                            limits_broker.sessions().set_elsewhere(ElsewhereCounts::default());
+                            reported = false;
                         }
                     }
                 }

@@ -52,10 +52,11 @@ use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER
 use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
 use crate::amqp::{short, AmqpError, ReplyCode};
 use crate::broker::registry::{
-    ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionState, SslInfo,
+    ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionLimits, ConnectionState,
+    LimitReached, SslInfo,
 };
 use crate::broker::{Broker, OutItem, Outbox};
-use crate::meta::{Command, MetaState};
+use crate::meta::{limits, Command, MetaState};
 use crate::time::Instant;
 
 /// Negotiation limits and policies for sessions, from the node config.
@@ -433,7 +434,6 @@ impl Connection {
                 handshake::handle_open(self, &snapshot, o.virtual_host.as_str())?;
                 self.state = State::Open;
                 self.deadline = None;
-                self.list();
                 tracing::info!(conn = self.id, peer = %self.peer.addr, user = %self.user, vhost = %self.vhost, "connection opened");
                 Ok(())
             }
@@ -495,8 +495,15 @@ impl Connection {
                             self.channel_max
                         )));
                     }
+                    let user_max = self.snapshot().user_limit(&self.user, limits::MAX_CHANNELS);
                     let listed = match &self.listed {
-                        Some(l) => l.open_channel(ch),
+                        Some(l) => l.open_channel_within(ch, user_max).map_err(|n| {
+                            // A connection error, as in RabbitMQ's reader.
+                            crate::amqp::reply_code::not_allowed(format!(
+                                "number of channels opened for user '{}' has reached the maximum allowed user limit of ({n})",
+                                self.user
+                            ))
+                        })?,
                         None => ChannelHandle::detached(ch),
                     };
                     self.channels.insert(
@@ -885,7 +892,8 @@ impl Connection {
     }
 
     /// Lists the connection in the broker's session registry (at connection.open).
-    fn list(&mut self) {
+    /// Lists the connection in the broker's registry, within `limits` (connection.open).
+    pub(crate) fn list(&mut self, limits: ConnectionLimits) -> Result<(), LimitReached> {
         let info = ConnectionInfo {
             id: self.id,
             user: self.user.clone(),
@@ -905,11 +913,13 @@ impl Connection {
                 peer_cert_subject: t.cert.as_ref().map(|c| c.subject.clone()),
             }),
         };
-        self.listed = Some(self.broker.sessions().register(
+        self.listed = Some(self.broker.sessions().register_within(
             info,
             self.flow_state(),
             Arc::downgrade(&self.outbox),
-        ));
+            limits,
+        )?);
+        Ok(())
     }
 
     fn flow_state(&self) -> ConnectionState {

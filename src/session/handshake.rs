@@ -11,7 +11,8 @@ use super::permissions::Permissions;
 use crate::amqp::frame::{FRAME_MIN_SIZE, PROTOCOL_HEADER};
 use crate::amqp::reply_code::{access_refused, command_invalid, not_allowed, syntax_error};
 use crate::amqp::AmqpError;
-use crate::meta::MetaState;
+use crate::broker::registry::{ConnectionLimits, LimitReached};
+use crate::meta::{limits, MetaState};
 
 /// Capabilities the client announced in `client_properties.capabilities`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -233,11 +234,33 @@ pub fn negotiate_tune(cfg: &SessionConfig, t: &conn::TuneOk) -> Result<(u16, u32
     Ok((channel_max, frame_max, t.heartbeat))
 }
 
-/// connection.open: the vhost must exist and the user must have permissions there.
+/// connection.open: the vhost must exist, its and the user's `max-connections` must leave
+/// room, and the user must have permissions there (in RabbitMQ's order: the limits are
+/// checked before the permissions). On success the connection is listed.
 pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Result<(), AmqpError> {
     if snapshot.vhost(vhost).is_none() {
         return Err(not_allowed(format!("vhost {vhost} not found")));
     }
+    c.vhost = vhost.to_string();
+    // Listing and counting happen together in the registry, so the last place of a limit
+    // goes to one connection only.
+    let limits = ConnectionLimits {
+        vhost_max: snapshot.vhost_limit(vhost, limits::MAX_CONNECTIONS),
+        user_max: snapshot.user_limit(&c.user, limits::MAX_CONNECTIONS),
+    };
+    if let Err(reached) = c.list(limits) {
+        return Err(not_allowed(match reached {
+            LimitReached::Vhost(n) => format!(
+                "access to vhost '{vhost}' refused for user '{}': connection limit ({n}) is reached",
+                c.user
+            ),
+            LimitReached::User(n) => format!(
+                "Connection refused for user '{}': user connection limit ({n}) is reached",
+                c.user
+            ),
+        }));
+    }
+    // A refusal from here on closes the connection, and its teardown takes the listing off.
     let Some(p) = snapshot.permission(&c.user, vhost) else {
         return Err(not_allowed(format!(
             "access to vhost '{vhost}' refused for user '{}'",
@@ -245,7 +268,6 @@ pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Res
         )));
     };
     c.permissions = Some(Permissions::new(&c.user, vhost, Some(p)));
-    c.vhost = vhost.to_string();
     c.send_method(
         0,
         AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})),

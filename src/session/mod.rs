@@ -16,5 +16,8 @@ pub mod meta;
 pub mod permissions;
 
 pub use connection::{Connection, PeerInfo, SessionConfig};
+
+#[cfg(test)]
+mod limits_tests;
 pub use external::{PeerCert, TlsPeer};
 pub use meta::{MetaResult, MetaToken};

@@ -164,6 +164,11 @@ impl TestNode {
         (conn, ch)
     }
 
+    /// The node's broker, to apply metadata commands as `warrenctl` would.
+    pub fn broker(&self) -> &std::sync::Arc<warren::broker::Broker> {
+        self.node.as_ref().expect("node running").broker()
+    }
+
     /// The node's admin endpoint (`warrenctl --node`).
     pub fn admin_addr(&self) -> SocketAddr {
         self.node.as_ref().expect("node running").admin_addr()
@@ -299,6 +304,14 @@ pub async fn open_channel(conn: &Connection) -> Channel {
 pub fn reply_code(err: &lapin::Error) -> Option<u16> {
     match err.kind() {
         ErrorKind::ProtocolError(e) => Some(e.get_id()),
+        _ => None,
+    }
+}
+
+/// The reply text (`NAME - text`) carried by a lapin error, if it is a protocol error.
+pub fn reply_text(err: &lapin::Error) -> Option<String> {
+    match err.kind() {
+        ErrorKind::ProtocolError(e) => Some(e.get_message().to_string()),
         _ => None,
     }
 }

@@ -4,15 +4,27 @@
 //! the snapshot copies them into plain structs. `into_state` builds `MetaState` and `Vhost`
 //! with struct literals, so a field added to either stops this file compiling until the
 //! mirror learns it.
+//!
+//! bincode is not self-describing: a field added to [`StateImage`] would make every stored
+//! snapshot unreadable. So a layout change gets a new format byte in front of the payload
+//! ([`persist::encode_as`]) and the old layout stays readable: format 1 is the image without
+//! limits ([`ImageV1`]), format 2 adds them ([`LimitsImage`] after the state). A snapshot
+//! from before limits existed therefore loads with no limits (see the fixture test).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::persist::{self, PersistError};
+use crate::meta::limits::Limits;
 use crate::meta::policy::Policy;
 use crate::meta::state::{Binding, ExchangeDef, NodeRecord, Permission, QueueDef, User, Vhost};
 use crate::meta::MetaState;
+
+/// The format byte of images with limits (format 1, [`persist::FORMAT`], had none).
+const FORMAT_LIMITS: u8 = 2;
 
 /// The state machine's data in a snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -21,9 +33,67 @@ pub struct Image {
     pub digest: u32,
     /// The metadata.
     pub state: StateImage,
+    /// Vhost and user limits (format 2 on).
+    pub limits: LimitsImage,
 }
 
-/// Mirror of [`MetaState`].
+/// An image as format 1 wrote it, before limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageV1 {
+    /// As [`Image::digest`].
+    pub digest: u32,
+    /// As [`Image::state`].
+    pub state: StateImage,
+}
+
+/// The limits of [`MetaState`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitsImage {
+    vhosts: Vec<(String, Limits)>,
+    users: Vec<(String, Limits)>,
+}
+
+impl Image {
+    /// The image of `state` with `digest`.
+    pub fn of(state: &MetaState, digest: u32) -> Image {
+        Image {
+            digest,
+            state: StateImage::of(state),
+            limits: LimitsImage {
+                vhosts: state.vhost_limits.clone().into_iter().collect(),
+                users: state.user_limits.clone().into_iter().collect(),
+            },
+        }
+    }
+
+    /// Rebuilds the state.
+    pub fn into_state(self) -> MetaState {
+        let mut state = self.state.into_state();
+        state.vhost_limits = self.limits.vhosts.into_iter().collect();
+        state.user_limits = self.limits.users.into_iter().collect();
+        state
+    }
+
+    /// The snapshot payload (format 2).
+    pub fn encode(&self) -> Result<Vec<u8>, PersistError> {
+        persist::encode_as(FORMAT_LIMITS, "snapshot image", self)
+    }
+
+    /// Reads a snapshot payload of either format; `path` only names the source in errors.
+    pub fn decode(payload: &[u8], path: &Path) -> Result<Image, PersistError> {
+        if payload.first() == Some(&persist::FORMAT) {
+            let v1: ImageV1 = persist::decode("snapshot image", path, payload)?;
+            return Ok(Image {
+                digest: v1.digest,
+                state: v1.state,
+                limits: LimitsImage::default(),
+            });
+        }
+        persist::decode_as(FORMAT_LIMITS, "snapshot image", path, payload)
+    }
+}
+
+/// Mirror of [`MetaState`] (without the limits, which format 1 did not have).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateImage {
     vhosts: Vec<VhostImage>,
@@ -85,7 +155,8 @@ impl StateImage {
         }
     }
 
-    /// Rebuilds the state. Keys come from the values themselves, as the state builds them.
+    /// Rebuilds the state (without limits). Keys come from the values themselves, as the
+    /// state builds them.
     pub fn into_state(self) -> MetaState {
         let vhosts = self
             .vhosts
@@ -130,6 +201,8 @@ impl StateImage {
             forgotten: self.forgotten.into_iter().collect(),
             gm_groups: self.gm_groups.into_iter().collect(),
             mirror_sets: self.mirror_sets.into_iter().collect(),
+            vhost_limits: BTreeMap::new(),
+            user_limits: BTreeMap::new(),
             version: self.version,
         }
     }
@@ -242,14 +315,68 @@ mod tests {
 
     #[test]
     fn image_round_trips_through_bincode() {
-        let state = rich_state();
-        let image = Image {
-            digest: 42,
-            state: StateImage::of(&state),
-        };
-        let bytes = persist::encode("image", &image).expect("encodes");
-        let back: Image = persist::decode("image", Path::new("mem"), &bytes).expect("decodes");
+        let mut state = rich_state();
+        for c in limit_commands() {
+            state.apply(&c).expect("valid command");
+        }
+        let image = Image::of(&state, 42);
+        let bytes = image.encode().expect("encodes");
+        let back = Image::decode(&bytes, Path::new("mem")).expect("decodes");
         assert_eq!(back.digest, 42);
-        assert_eq!(back.state.into_state(), state);
+        let back = back.into_state();
+        assert_eq!(back.vhost_limit("v2", "max-queues"), Some(3));
+        assert_eq!(back.user_limit("guest", "max-channels"), Some(0));
+        assert_eq!(back, state);
+    }
+
+    fn limit_commands() -> Vec<Command> {
+        use crate::meta::limits::LimitScope;
+        vec![
+            Command::SetLimits {
+                scope: LimitScope::Vhost("v2".into()),
+                limits: [("max-queues".to_string(), 3)].into(),
+                replace: true,
+            },
+            Command::SetLimits {
+                scope: LimitScope::User("guest".into()),
+                limits: [("max-channels".to_string(), 0)].into(),
+                replace: false,
+            },
+        ]
+    }
+
+    /// The payload of `rich_state()`'s image (digest 42) as the code before limits wrote it,
+    /// committed: a node upgraded with a snapshot on disk must still load it.
+    const IMAGE_V1: &[u8] = include_bytes!("testdata/snapshot-image-v1.bin");
+
+    /// `Command::ClearPermissions { user: "guest", vhost: "/" }` as a log entry's command was
+    /// encoded before limits: the new variants come last, so old log entries still decode.
+    const COMMAND_V1: &[u8] = include_bytes!("testdata/command-clear-permissions-v1.bin");
+
+    #[test]
+    fn a_snapshot_written_before_limits_still_loads() {
+        let image = Image::decode(IMAGE_V1, Path::new("fixture")).expect("format 1 decodes");
+        assert_eq!(image.digest, 42);
+        let state = image.into_state();
+        assert!(state.vhost_limits.is_empty() && state.user_limits.is_empty());
+        assert_eq!(state, rich_state());
+        // And what is written now is format 2, which the format 1 reader refuses rather
+        // than misreads.
+        let now = Image::of(&state, 42).encode().expect("encodes");
+        assert_eq!(now[0], FORMAT_LIMITS);
+        assert!(persist::decode::<ImageV1>("image", Path::new("mem"), &now).is_err());
+    }
+
+    #[test]
+    fn a_log_entry_written_before_limits_still_decodes() {
+        let cmd: Command = persist::decode("command", Path::new("fixture"), COMMAND_V1)
+            .expect("old command decodes");
+        assert_eq!(
+            cmd,
+            Command::ClearPermissions {
+                user: "guest".into(),
+                vhost: "/".into()
+            }
+        );
     }
 }

@@ -10,8 +10,9 @@ use serde::Serialize;
 
 use crate::store::{record, Disk, DiskError};
 
-/// Format byte in front of every payload this module writes; bump it on an incompatible change.
-const FORMAT: u8 = 1;
+/// Format byte in front of every payload this module writes; bump it on an incompatible change
+/// (or give the changed payload its own, as the snapshot image does with [`encode_as`]).
+pub const FORMAT: u8 = 1;
 
 /// Why Raft state could not be stored or read back.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +58,17 @@ fn codec() -> impl bincode::Options {
 
 /// The versioned bincode payload of `value`.
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, PersistError> {
-    let mut out = vec![FORMAT];
+    encode_as(FORMAT, what, value)
+}
+
+/// The bincode payload of `value` behind format byte `format`: for a payload whose layout
+/// changed (the snapshot image), so readers tell the layouts apart by that byte.
+pub fn encode_as<T: Serialize>(
+    format: u8,
+    what: &'static str,
+    value: &T,
+) -> Result<Vec<u8>, PersistError> {
+    let mut out = vec![format];
     codec()
         .serialize_into(&mut out, value)
         .map_err(|e| PersistError::Encode {
@@ -73,13 +84,25 @@ pub fn decode<T: DeserializeOwned>(
     path: &Path,
     payload: &[u8],
 ) -> Result<T, PersistError> {
+    decode_as(FORMAT, what, path, payload)
+}
+
+/// Decodes a payload written by [`encode_as`] with `format`; another format byte is an error.
+pub fn decode_as<T: DeserializeOwned>(
+    format: u8,
+    what: &'static str,
+    path: &Path,
+    payload: &[u8],
+) -> Result<T, PersistError> {
     let err = |reason: String| PersistError::Decode {
         path: path.to_path_buf(),
         what,
         reason,
     };
     match payload.split_first() {
-        Some((&FORMAT, body)) => codec().deserialize(body).map_err(|e| err(e.to_string())),
+        Some((&f, body)) if f == format => {
+            codec().deserialize(body).map_err(|e| err(e.to_string()))
+        }
         Some((other, _)) => Err(err(format!("unknown format {other}"))),
         None => Err(err("empty payload".into())),
     }

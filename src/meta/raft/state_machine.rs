@@ -22,7 +22,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::image::{Image, StateImage};
+use super::image::Image;
 use super::persist::{self, PersistError};
 use super::types::{AppliedSummary, MetaResponse, NodeId, Rejected, TypeConfig};
 use crate::meta::MetaState;
@@ -100,7 +100,7 @@ fn chain(digest: u32, index: u64, body: &[u8]) -> u32 {
 }
 
 fn decode_image(data: &[u8], path: &Path) -> Result<Image, PersistError> {
-    persist::decode("snapshot image", path, data)
+    Image::decode(data, path)
 }
 
 impl MetaStateMachine {
@@ -135,8 +135,8 @@ impl MetaStateMachine {
     }
 
     fn restore(&mut self, meta: &SnapshotMeta<NodeId, BasicNode>, image: Image) {
-        self.state = Arc::new(image.state.into_state());
         self.digest = image.digest;
+        self.state = Arc::new(image.into_state());
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
     }
@@ -270,11 +270,8 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let image = Image {
-            digest: self.digest,
-            state: StateImage::of(&self.state),
-        };
-        let data = persist::encode("snapshot image", &image)
+        let data = Image::of(&self.state, self.digest)
+            .encode()
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         // term-index-digest: two builds at one position hold the same data, so share an id.
         let snapshot_id = match self.last_applied {

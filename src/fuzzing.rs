@@ -33,9 +33,12 @@ use crate::store::queue_index::{IndexConfig, QueueIndex};
 use crate::store::MemDisk;
 use crate::time::Instant;
 
+/// A target's entry point.
+pub type Target = fn(&[u8]);
+
 /// Every target by name (the `fuzz/fuzz_targets/<name>.rs` file and the corpus folder
 /// `fuzz/corpus/<name>/`), for the replay test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("amqp_frames", amqp_frames),
     ("content_header", content_header),
     ("node_link", node_link),

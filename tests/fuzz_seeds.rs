@@ -54,11 +54,14 @@ fn write_seed(target: &str, name: &str, bytes: &[u8]) {
     std::fs::write(corpus_dir(target).join(format!("seed-{name}")), bytes).expect("write seed");
 }
 
+/// What a tap recorded: each connection's client bytes, in order of arrival.
+type Recorded = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
 /// A TCP tap: forwards connections to `target` and records what each client wrote.
-async fn tap(target: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>) {
+async fn tap(target: SocketAddr) -> (SocketAddr, Recorded) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tap");
     let addr = listener.local_addr().expect("tap addr");
-    let streams: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+    let streams: Recorded = Arc::default();
     let all = streams.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {

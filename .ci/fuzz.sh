@@ -44,7 +44,8 @@ else
     mapfile -t TARGETS < <(cargo +nightly fuzz list)
 fi
 
-# No sanitizer: Warren has no unsafe code of its own, and without AddressSanitizer the
+# No sanitizer: the fuzzed code has no unsafe (Warren's few unsafe blocks are libc calls
+# in the runtime), and without AddressSanitizer the
 # targets build and run several times faster; panics, aborts, OOMs and hangs are still
 # caught. Debug assertions on: integer overflow panics.
 FLAGS=(-s none -a --target-dir "$TARGET_DIR")

@@ -15,6 +15,7 @@
 //!   tasks, the node handle, cluster mode, the relay, the GM host, shutdown.
 //! - [`store`]: storage (the `Disk` trait, record framing, the message store and the queue
 //!   index).
+//! - [`fuzzing`]: the fuzz targets' entry points (`fuzz/`), replayed by `tests/fuzz_corpus.rs`.
 //! - [`config`], [`time`]: configuration and the time type the cores take as input.
 //!
 //! The sans-IO modules never use tokio, `std::net`, `std::fs`, `Instant::now`,
@@ -29,6 +30,7 @@ pub mod amqp;
 pub mod broker;
 pub mod cluster;
 pub mod config;
+pub mod fuzzing;
 pub mod gm;
 pub mod meta;
 pub mod metrics;

@@ -282,6 +282,17 @@ pub fn decode_method(payload: &[u8]) -> Result<AMQPClass, AmqpError> {
             format!("unknown method class {class_id} method {method_id}"),
         ));
     }
+    // Before the recursive parser runs (`nesting`: a deep table overflows the stack).
+    if super::nesting::method_too_deep(payload) {
+        return Err(AmqpError::new(
+            ReplyCode::FrameError,
+            format!(
+                "field table nested deeper than {} levels",
+                super::nesting::NESTING_MAX
+            ),
+        )
+        .at(class_id, method_id));
+    }
     match amq_protocol::protocol::parse_class(payload) {
         Ok(([], method)) => Ok(method),
         Ok(_) => Err(
@@ -319,6 +330,15 @@ pub fn decode_content_header(payload: &[u8]) -> Result<ContentHeader, AmqpError>
     let class_id = u16::from_be_bytes([payload[0], payload[1]]);
     let body_size = u64::from_be_bytes(payload[4..12].try_into().unwrap_or([0; 8]));
     let raw = &payload[12..];
+    if super::nesting::properties_too_deep(raw) {
+        return Err(AmqpError::new(
+            ReplyCode::FrameError,
+            format!(
+                "headers nested deeper than {} levels",
+                super::nesting::NESTING_MAX
+            ),
+        ));
+    }
     match basic::parse_properties(raw) {
         Ok(([], properties)) => Ok(ContentHeader {
             class_id,

@@ -5,6 +5,7 @@
 //! `amq-protocol`'s generated code.
 
 pub mod frame;
+pub mod nesting;
 pub mod reply_code;
 
 pub use amq_protocol::protocol::{self as methods, AMQPClass};

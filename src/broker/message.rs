@@ -22,9 +22,14 @@ pub struct Message {
 
 impl Message {
     /// The message whose stored form (`store::message_codec::StoredMessage`) is `bytes`,
-    /// with id `id`; `None` if the bytes or its properties do not decode.
+    /// with id `id`; `None` if the bytes or its properties do not decode, or its headers nest
+    /// deeper than `amqp::nesting::NESTING_MAX`.
     pub fn from_stored(bytes: &[u8], id: u128) -> Option<Message> {
         let stored = crate::store::message_codec::StoredMessage::decode(bytes).ok()?;
+        // A damaged or forged file must not overflow the stack in the recursive parser.
+        if crate::amqp::nesting::properties_too_deep(&stored.properties_raw) {
+            return None;
+        }
         let (_, properties) =
             amq_protocol::protocol::basic::parse_properties(&stored.properties_raw[..]).ok()?;
         Some(Message {
@@ -78,5 +83,36 @@ pub fn validate_expiration(properties: &AMQPProperties) -> Result<(), String> {
         None => Ok(()),
         Some(e) if e.as_str().parse::<u64>().is_ok() => Ok(()),
         Some(e) => Err(format!("invalid expiration '{}'", e.as_str())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (issue 21): a stored message whose headers nest 10,000 deep (a damaged
+    /// or forged store file) overflowed the stack in amq-protocol's parser at recovery.
+    #[test]
+    fn stored_message_with_too_deep_headers_does_not_decode() {
+        let mut v = vec![b'V'];
+        for _ in 0..10_000 {
+            let mut n = vec![b'A'];
+            n.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            n.extend_from_slice(&v);
+            v = n;
+        }
+        let mut fields = vec![1u8, b'a'];
+        fields.extend_from_slice(&v);
+        let mut raw = vec![0x20, 0x00];
+        raw.extend_from_slice(&(fields.len() as u32).to_be_bytes());
+        raw.extend_from_slice(&fields);
+        let stored = crate::store::message_codec::StoredMessage {
+            exchange: "x".into(),
+            routing_key: "rk".into(),
+            properties_raw: Bytes::from(raw),
+            body: Bytes::from_static(b"body"),
+        }
+        .encode();
+        assert!(Message::from_stored(&stored, 1).is_none());
     }
 }

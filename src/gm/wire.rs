@@ -19,6 +19,12 @@ use serde::{Deserialize, Serialize};
 use super::member::GmMsg;
 use super::view::MemberId;
 
+/// Decodes a [`GmFrame`] from a node-link request's payload (what the GM host answers in
+/// `handle_frame`; the fuzz target `gm_wire` runs it on arbitrary bytes).
+pub fn decode_frame(payload: &[u8]) -> Result<GmFrame, bincode::Error> {
+    bincode::deserialize(payload)
+}
+
 /// A batch of one stream's messages, or a part of one message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GmFrame {

@@ -143,9 +143,14 @@ pub fn message_bytes(data_dir: &Path, id_hex: &str) -> Result<Vec<u8>, InspectEr
 /// first 1 KiB).
 pub fn format_message(id_hex: &str, bytes: &[u8]) -> Result<String, InspectError> {
     let m = StoredMessage::decode(bytes).map_err(|_| InspectError::Undecodable(id_hex.into()))?;
-    let props = parse_properties(&m.properties_raw[..])
-        .map(|(_, p)| format!("{p:?}"))
-        .unwrap_or_else(|_| "(undecodable)".into());
+    // The recursive parser must not overflow the stack on a damaged file.
+    let props = if crate::amqp::nesting::properties_too_deep(&m.properties_raw) {
+        "(headers nested too deep)".into()
+    } else {
+        parse_properties(&m.properties_raw[..])
+            .map(|(_, p)| format!("{p:?}"))
+            .unwrap_or_else(|_| "(undecodable)".into())
+    };
     let shown = &m.body[..m.body.len().min(1024)];
     Ok(format!(
         "id\t{id_hex}\nexchange\t{}\nrouting_key\t{}\nproperties\t{props}\nbody_bytes\t{}\nbody\t{}\n",

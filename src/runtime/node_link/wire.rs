@@ -141,6 +141,21 @@ pub fn encode_frame(env: &Envelope, max_frame: usize) -> Result<BytesMut, LinkEr
     Ok(out)
 }
 
+/// The next envelope of a stream's bytes in `buf` (consumed from it), `None` while a frame
+/// is incomplete. Pure: [`FrameReader`] runs it on what the socket gave, and the fuzz
+/// target `node_link` (`crate::fuzzing`) on arbitrary bytes.
+pub fn next_envelope(
+    codec: &mut LengthDelimitedCodec,
+    buf: &mut BytesMut,
+    max_frame: usize,
+) -> Result<Option<Envelope>, LinkError> {
+    match codec.decode(buf) {
+        Ok(Some(body)) => decode_body(&body, max_frame).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => Err(LinkError::Frame(e.to_string())),
+    }
+}
+
 /// Reads envelopes from one socket.
 pub(crate) struct FrameReader {
     rd: OwnedReadHalf,
@@ -163,10 +178,8 @@ impl FrameReader {
     /// unusable: the stream's framing can no longer be trusted.
     pub(crate) async fn next(&mut self) -> Result<Option<Envelope>, LinkError> {
         loop {
-            match self.codec.decode(&mut self.buf) {
-                Ok(Some(body)) => return decode_body(&body, self.max_frame).map(Some),
-                Ok(None) => {}
-                Err(e) => return Err(LinkError::Frame(e.to_string())),
+            if let Some(env) = next_envelope(&mut self.codec, &mut self.buf, self.max_frame)? {
+                return Ok(Some(env));
             }
             if self.rd.read_buf(&mut self.buf).await? == 0 {
                 return if self.buf.is_empty() {

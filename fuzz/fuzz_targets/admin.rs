@@ -1,0 +1,7 @@
+//! libFuzzer target `admin`: the body is [`warren::fuzzing::admin`], which
+//! `tests/fuzz_corpus.rs` also runs on every corpus file.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| warren::fuzzing::admin(data));

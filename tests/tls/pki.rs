@@ -87,8 +87,8 @@ impl Pki {
             certfile: self.dir.join("server.pem"),
             keyfile: self.dir.join("server.key"),
             cacertfile: Some(self.dir.join("ca.pem")),
-            verify_peer,
-            fail_if_no_peer_cert,
+            verify_peer: Some(verify_peer),
+            fail_if_no_peer_cert: Some(fail_if_no_peer_cert),
             ssl_cert_login_from: None,
         }
     }

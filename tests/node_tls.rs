@@ -76,7 +76,11 @@ where
     let _ = stream.flush().await;
     let mut got = Vec::new();
     // A reset or a TLS alert ends the read too; either way nothing more comes.
-    let _ = within("the refused connection closes", stream.read_to_end(&mut got)).await;
+    let _ = within(
+        "the refused connection closes",
+        stream.read_to_end(&mut got),
+    )
+    .await;
     got
 }
 
@@ -174,7 +178,9 @@ async fn a_tls_link_listener_refuses_and_logs_peers_without_the_cluster_ca() {
         .collect();
     assert!(refusals.len() >= 3, "three refusals logged:\n{text}");
     assert!(
-        refusals.iter().any(|l| l.contains("invalid peer certificate")),
+        refusals
+            .iter()
+            .any(|l| l.contains("invalid peer certificate")),
         "the other CA's certificate is named as the reason:\n{text}"
     );
     assert!(
@@ -369,7 +375,13 @@ async fn warrenctl_needs_the_ca_and_a_client_certificate_for_a_tls_admin_endpoin
     let anonymous = run(vec!["--cacert".into(), path(&pki.ca_file())]).await;
     assert!(!anonymous.status.success(), "{anonymous:?}");
     // Options without --cacert are a usage error.
-    let usage = run(vec!["--cert".into(), path(&cert), "--key".into(), path(&key)]).await;
+    let usage = run(vec![
+        "--cert".into(),
+        path(&cert),
+        "--key".into(),
+        path(&key),
+    ])
+    .await;
     assert_eq!(usage.status.code(), Some(64), "{usage:?}");
     node.shutdown().await;
 }

@@ -156,7 +156,11 @@ impl Node {
         })?;
         // TLS material first: an unusable file stops the start before anything listens.
         let amqps_config = match &config.amqp.tls {
-            Some(t) => Some(super::tls::server_config(t, crate::config::TlsUse::Amqp, &[])?),
+            Some(t) => Some(super::tls::server_config(
+                t,
+                crate::config::TlsUse::Amqp,
+                &[],
+            )?),
             None => None,
         };
         let mgmt_tls_config = match &config.management.tls {
@@ -173,9 +177,10 @@ impl Node {
             Some(t) => {
                 let server = super::tls::server_config(t, crate::config::TlsUse::Admin, &[])?;
                 let client = match &t.cacertfile {
-                    Some(_) => Some(tokio_rustls::TlsConnector::from(
-                        super::tls::client_config(t, crate::config::TlsUse::Admin)?,
-                    )),
+                    Some(_) => Some(tokio_rustls::TlsConnector::from(super::tls::client_config(
+                        t,
+                        crate::config::TlsUse::Admin,
+                    )?)),
                     None => None,
                 };
                 (Some(tokio_rustls::TlsAcceptor::from(server)), client)

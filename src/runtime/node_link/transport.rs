@@ -633,21 +633,21 @@ async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: SocketAddr) {
     }
     let (rd, wr) = match &shared.tls {
         None => tcp_halves(stream),
-        Some(tls) => match tokio::time::timeout(shared.cfg.connect_timeout, tls.accept(stream))
-            .await
-        {
-            Ok(Ok(s)) => tls_halves(s),
-            Ok(Err(e)) => {
-                // A peer without a certificate from the cluster's CA, or one that does not
-                // speak TLS: an operator should know someone tries to link.
-                tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: TLS handshake failed: {e}");
-                return;
+        Some(tls) => {
+            match tokio::time::timeout(shared.cfg.connect_timeout, tls.accept(stream)).await {
+                Ok(Ok(s)) => tls_halves(s),
+                Ok(Err(e)) => {
+                    // A peer without a certificate from the cluster's CA, or one that does not
+                    // speak TLS: an operator should know someone tries to link.
+                    tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: no TLS handshake in time");
+                    return;
+                }
             }
-            Err(_) => {
-                tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: no TLS handshake in time");
-                return;
-            }
-        },
+        }
     };
     let mut reader = FrameReader::new(rd, shared.cfg.max_frame);
     let mut writer = FrameWriter::new(wr, shared.cfg.max_frame);

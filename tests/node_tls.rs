@@ -176,6 +176,7 @@ async fn a_tls_link_listener_refuses_and_logs_peers_without_the_cluster_ca() {
         .lines()
         .filter(|l| l.contains("refusing link: TLS handshake failed"))
         .collect();
+    eprintln!("{}", refusals.join("\n"));
     assert!(refusals.len() >= 3, "three refusals logged:\n{text}");
     assert!(
         refusals

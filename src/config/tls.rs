@@ -185,7 +185,8 @@ impl TlsConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use super::TlsUse;
+    use crate::config::{Config, ConfigError};
 
     const BASE: &str = "certfile = \"c.pem\"\nkeyfile = \"k.pem\"\n";
 
@@ -245,5 +246,64 @@ mod tests {
             "t",
         );
         assert!(bad.is_err(), "only the two supported sources parse");
+    }
+
+    const CLUSTER: &str = "[cluster]\nnode_id = 1\ncluster_id = \"c\"\nlisten = \"127.0.0.1:0\"\n";
+
+    #[test]
+    fn node_links_always_verify_the_peer_against_the_cluster_ca() {
+        let ok = Config::parse(
+            &format!("{CLUSTER}[cluster.tls]\n{BASE}cacertfile = \"ca.pem\"\n"),
+            "t",
+        )
+        .expect("valid");
+        let tls = ok.cluster.expect("cluster").tls.expect("cluster.tls");
+        assert!(tls.verify_peer(TlsUse::NodeLink) && tls.fail_if_no_peer_cert(TlsUse::NodeLink));
+        let cases = [
+            ("", "cacertfile is required"),
+            (
+                "cacertfile = \"ca.pem\"\nverify_peer = false\n",
+                "always verify",
+            ),
+            (
+                "cacertfile = \"ca.pem\"\nfail_if_no_peer_cert = false\n",
+                "always verify",
+            ),
+            (
+                "cacertfile = \"ca.pem\"\nlisten = \"127.0.0.1:1\"\n",
+                "listen does not apply",
+            ),
+            (
+                "cacertfile = \"ca.pem\"\nssl_cert_login_from = \"common_name\"\n",
+                "[amqp.tls] only",
+            ),
+        ];
+        for (rest, why) in cases {
+            let text = format!("{CLUSTER}[cluster.tls]\n{BASE}{rest}");
+            let err = Config::parse(&text, "t").unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: "cluster.tls", reason } if reason.contains(why)),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_admin_endpoint_takes_tls_on_its_own_address() {
+        let ok = Config::parse(&format!("[admin.tls]\n{BASE}"), "t").expect("valid");
+        let tls = ok.admin.tls.expect("admin.tls");
+        assert!(!tls.verify_peer(TlsUse::Admin), "off unless asked for");
+        let err = Config::parse(
+            &format!("[admin.tls]\n{BASE}listen = \"127.0.0.1:1\"\n"),
+            "t",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key: "admin.tls", reason } if reason.contains("listen")),
+            "{err}"
+        );
+        let err =
+            Config::parse(&format!("[admin.tls]\n{BASE}verify_peer = true\n"), "t").unwrap_err();
+        assert!(err.to_string().contains("cacertfile"), "{err}");
     }
 }

@@ -96,22 +96,28 @@ EOF
         RUST_LOG=info "$WARREN" --config "$TMPD/nodes/node$i.toml" > "$OUT/$mode-node$i.log" 2>&1 &
         PIDS+=($!)
     done
+    # Serving: its AMQP port is open (it opens once the node has caught up) and the admin
+    # endpoint lists the vhost. (Not `grep -q`: with pipefail, warrenctl's SIGPIPE after an
+    # early match would count as a failure.)
     for i in 1 2 3; do
+        ip="${IPS[$((i - 1))]}" up=0
         for _ in $(seq 1 300); do
-            ctl "$i" list_vhosts 2>/dev/null | grep -qx '/' && break
+            if (exec 3<>"/dev/tcp/$ip/5672") 2>/dev/null && ctl "$i" list_vhosts 2>/dev/null | grep -x '/' >/dev/null; then
+                up=1; break
+            fi
             sleep 0.1
         done
-        ctl "$i" list_vhosts 2>/dev/null | grep -qx '/' || { tail -20 "$OUT/$mode-node$i.log" >&2; die "$mode node $i did not start"; }
+        [[ $up == 1 ]] || { tail -20 "$OUT/$mode-node$i.log" >&2; die "$mode node $i did not start"; }
     done
     # A metadata command can meet a leader change under load; setting it again is harmless.
     local ok=0
     for _ in $(seq 1 20); do
-        ctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null && { ok=1; break; }
+        ctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null 2>>"$OUT/ctl.err" && { ok=1; break; }
         sleep 0.5
     done
     [[ $ok == 1 ]] || die "set_policy failed on the $mode cluster"
     if [[ $mode == tls ]]; then
-        sed 's/\x1b\[[0-9;]*m//g' "$OUT/tls-node1.log" | grep -q 'link up.*tls=true' || die "the TLS cluster's node 1 logged no TLS link"
+        sed 's/\x1b\[[0-9;]*m//g' "$OUT/tls-node1.log" | grep 'link up.*tls=true' >/dev/null || die "the TLS cluster's node 1 logged no TLS link"
     fi
     log "$mode cluster up: pids ${PIDS[*]}"
 }

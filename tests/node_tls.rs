@@ -11,7 +11,6 @@
 //!   certificate, refused without the CA, with another CA, or without a certificate.
 
 mod common;
-#[allow(dead_code)]
 #[path = "tls/pki.rs"]
 mod pki;
 

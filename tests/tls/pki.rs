@@ -1,6 +1,8 @@
 //! Certificates made at test time with rcgen (nothing secret is committed): a CA, a server
 //! certificate for 127.0.0.1 and localhost, and client certificates, as PEM files in a
-//! temporary folder that goes with the [`Pki`].
+//! temporary folder that goes with the [`Pki`]. Shared by `tests/tls.rs` and
+//! `tests/node_tls.rs`, which each use part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 mod tls;
-pub use tls::{CertLoginFrom, TlsConfig, AMQPS_PORT, MANAGEMENT_HTTPS_PORT};
+pub use tls::{CertLoginFrom, TlsConfig, TlsUse, AMQPS_PORT, MANAGEMENT_HTTPS_PORT};
 
 /// The reference configuration, embedded so `warren` starts with no flags.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../config/warren.toml");
@@ -97,6 +97,10 @@ pub struct ClusterConfig {
     /// How long a metadata command may take to commit before the client gets an error.
     #[serde(default = "default_commit_timeout_ms")]
     pub commit_timeout_ms: u64,
+    /// `[cluster.tls]`: node links over mutual TLS, checked against the cluster's CA
+    /// (plaintext when absent). Every node of a cluster needs it, or none.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
 }
 
 /// One `[[cluster.initial_members]]` entry.
@@ -187,12 +191,15 @@ pub struct LimitsConfig {
 pub struct AdminConfig {
     /// Address of the admin endpoint (`warrenctl`); users need the `administrator` tag.
     pub listen: SocketAddr,
+    /// `[admin.tls]`: the endpoint on `listen` speaks TLS only (plaintext when absent).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 5679)),
+            tls: None,
         }
     }
 }
@@ -467,10 +474,13 @@ impl Config {
         }
         check_optional_addr("management.listen", &self.management.listen)?;
         if let Some(t) = &self.amqp.tls {
-            t.validate("amqp.tls", true)?;
+            t.validate(TlsUse::Amqp)?;
         }
         if let Some(t) = &self.management.tls {
-            t.validate("management.tls", false)?;
+            t.validate(TlsUse::Management)?;
+        }
+        if let Some(t) = &self.admin.tls {
+            t.validate(TlsUse::Admin)?;
         }
         check_optional_addr("prometheus.listen", &self.prometheus.listen)?;
         if !(0.0..=1.0).contains(&self.limits.memory_high_watermark_fraction) {
@@ -518,6 +528,9 @@ impl Config {
                     key: "cluster.initial_members",
                     reason: format!("must include this node ({})", c.node_id),
                 });
+            }
+            if let Some(t) = &c.tls {
+                t.validate(TlsUse::NodeLink)?;
             }
             if c.peer_timeout_ms <= c.heartbeat_ms {
                 return Err(ConfigError::Invalid {

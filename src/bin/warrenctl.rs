@@ -1,6 +1,11 @@
 //! `warrenctl`: a `rabbitmqctl`-style command line for a running warren node.
 //!
-//! `warrenctl [--node HOST:PORT] [-u USER] [--password P] [--formatter json|tsv] COMMAND ARGS...`
+//! `warrenctl [--node HOST:PORT] [-u USER] [--password P] [--formatter json|tsv]
+//! [--cacert FILE [--cert FILE --key FILE] [--server-name NAME]] COMMAND ARGS...`
+//!
+//! With `--cacert` it speaks TLS to an endpoint with `[admin.tls]`: the node's certificate
+//! must chain to the CAs in FILE and name the host of `--node` (or `--server-name`);
+//! `--cert`/`--key` present a client certificate, for an endpoint with `verify_peer`.
 //!
 //! It connects to the node's admin listener (default `127.0.0.1:5679`), authenticates (an
 //! `administrator`-tagged user; default `guest`/`guest`), sends one request and prints the
@@ -8,11 +13,14 @@
 //! of objects.
 //!
 //! Exit codes (as `rabbitmqctl`): 0 success; 1 the node refused the command; 64 usage error;
-//! 69 the node is unreachable; 2 authentication refused; 70 protocol failure.
+//! 69 the node is unreachable (a refused TLS handshake included); 2 authentication refused;
+//! 70 protocol failure.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use warren::admin::{self, cli, json, Auth, Request, Response};
@@ -54,8 +62,18 @@ enum Formatter {
     Json,
 }
 
+/// `--cacert`, `--cert`, `--key`, `--server-name`.
+#[derive(Default)]
+struct TlsOptions {
+    cacert: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    server_name: Option<String>,
+}
+
 struct Options {
     node: String,
+    tls: TlsOptions,
     user: String,
     password: String,
     formatter: Formatter,
@@ -65,11 +83,13 @@ struct Options {
 }
 
 const USAGE: &str = "Usage: warrenctl [--node HOST:PORT] [-u USER] [--password P] \
-[--formatter json|tsv] [-q] COMMAND [ARGS...]";
+[--formatter json|tsv] [-q] [--cacert FILE [--cert FILE --key FILE] [--server-name NAME]] \
+COMMAND [ARGS...]";
 
 fn parse_options(argv: &[String]) -> Result<Options, CtlError> {
     let mut o = Options {
         node: "127.0.0.1:5679".into(),
+        tls: TlsOptions::default(),
         user: "guest".into(),
         password: "guest".into(),
         formatter: Formatter::Tsv,
@@ -89,6 +109,10 @@ fn parse_options(argv: &[String]) -> Result<Options, CtlError> {
             "-n" | "--node" => o.node = value(i, a)?,
             "-u" | "--username" | "--user" => o.user = value(i, a)?,
             "--password" => o.password = value(i, a)?,
+            "--cacert" => o.tls.cacert = Some(value(i, a)?.into()),
+            "--cert" => o.tls.cert = Some(value(i, a)?.into()),
+            "--key" => o.tls.key = Some(value(i, a)?.into()),
+            "--server-name" => o.tls.server_name = Some(value(i, a)?),
             "--formatter" => {
                 o.formatter = match value(i, a)?.as_str() {
                     "json" => Formatter::Json,
@@ -139,7 +163,52 @@ fn parse_options(argv: &[String]) -> Result<Options, CtlError> {
     if o.command.is_empty() {
         return Err(CtlError::Usage(format!("no command given\n{USAGE}")));
     }
+    let t = &o.tls;
+    if t.cert.is_some() != t.key.is_some() {
+        return Err(CtlError::Usage(format!(
+            "--cert and --key go together\n{USAGE}"
+        )));
+    }
+    if t.cacert.is_none() && (t.cert.is_some() || t.server_name.is_some()) {
+        return Err(CtlError::Usage(format!(
+            "--cert, --key and --server-name need --cacert (TLS)\n{USAGE}"
+        )));
+    }
     Ok(o)
+}
+
+/// A connection to the admin endpoint, plaintext or TLS.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
+/// The TLS session over `tcp` described by `--cacert` and friends, handshaken: a refused
+/// handshake (a node certificate from another CA, a client certificate the node does not
+/// accept) is reported as an unreachable node, before any password is sent.
+fn tls_stream(
+    node: &str,
+    tls: &TlsOptions,
+    ca: &std::path::Path,
+    mut tcp: TcpStream,
+) -> Result<Box<dyn Stream>, CtlError> {
+    let unavailable = |reason: String| CtlError::Unavailable {
+        node: node.to_string(),
+        reason,
+    };
+    let identity = tls.cert.as_deref().zip(tls.key.as_deref());
+    let config = warren::runtime::tls::client_config_with("warrenctl", ca, identity)
+        .map_err(|e| CtlError::Usage(e.to_string()))?;
+    let name = match &tls.server_name {
+        Some(n) => rustls::pki_types::ServerName::try_from(n.clone())
+            .map_err(|e| CtlError::Usage(format!("--server-name {n}: {e}")))?,
+        None => warren::runtime::tls::server_name(node).map_err(CtlError::Usage)?,
+    };
+    let mut conn = rustls::ClientConnection::new(Arc::clone(&config), name)
+        .map_err(|e| unavailable(format!("TLS: {e}")))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)
+            .map_err(|e| unavailable(format!("TLS handshake failed: {e}")))?;
+    }
+    Ok(Box::new(rustls::StreamOwned::new(conn, tcp)))
 }
 
 fn connect(node: &str) -> Result<TcpStream, CtlError> {
@@ -168,7 +237,7 @@ fn connect(node: &str) -> Result<TcpStream, CtlError> {
 }
 
 fn exchange<T: serde::Serialize>(
-    stream: &mut TcpStream,
+    stream: &mut dyn Stream,
     node: &str,
     msg: &T,
 ) -> Result<Response, CtlError> {
@@ -179,6 +248,7 @@ fn exchange<T: serde::Serialize>(
     let frame = admin::encode_frame(msg).map_err(|e| protocol(e.to_string()))?;
     stream
         .write_all(&frame)
+        .and_then(|()| stream.flush())
         .map_err(|e| protocol(format!("write: {e}")))?;
     let mut prefix = [0u8; 4];
     stream
@@ -240,9 +310,13 @@ fn run(argv: &[String]) -> Result<u8, CtlError> {
     if let (Request::ImportDefinitions { json }, Some(path)) = (&mut request, &file) {
         *json = read_definitions(path)?;
     }
-    let mut stream = connect(&o.node)?;
+    let tcp = connect(&o.node)?;
+    let mut stream: Box<dyn Stream> = match &o.tls.cacert {
+        None => Box::new(tcp),
+        Some(ca) => tls_stream(&o.node, &o.tls, ca, tcp)?,
+    };
     let auth = exchange(
-        &mut stream,
+        &mut *stream,
         &o.node,
         &Auth {
             user: o.user.clone(),
@@ -252,7 +326,7 @@ fn run(argv: &[String]) -> Result<u8, CtlError> {
     if !auth.ok {
         return Err(CtlError::Auth(auth.message));
     }
-    let r = exchange(&mut stream, &o.node, &request)?;
+    let r = exchange(&mut *stream, &o.node, &request)?;
     if !r.ok {
         eprintln!("Error: {}", r.message);
         return Ok(EX_REFUSED);

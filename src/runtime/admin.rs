@@ -3,14 +3,20 @@
 //!
 //! A connection authenticates with its first frame; a refusal, a malformed or oversized
 //! frame, or a silent peer ends the connection. Nothing a peer sends can panic the node.
+//!
+//! With `[admin.tls]` the listener speaks TLS only: the handshake (and, with `verify_peer`,
+//! the client certificate) comes before the first frame, and a connection that fails it is
+//! refused and logged. The password check still follows: a certificate gets a client to
+//! the login, not past it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::task::TaskTracker;
 
 use super::clock::Clock;
@@ -42,6 +48,9 @@ pub enum AdminConnError {
     /// The peer closed the connection.
     #[error("closed by peer")]
     Closed,
+    /// The TLS handshake failed.
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
 }
 
 /// What every admin connection shares.
@@ -64,12 +73,14 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Accepts connections until `shutdown` flips; connections run on `tracker`.
+/// Accepts connections until `shutdown` flips; connections run on `tracker`. With `tls`
+/// every connection must complete a TLS handshake first.
 pub async fn serve(
     listener: TcpListener,
     ctx: AdminContext,
     tracker: TaskTracker,
     mut shutdown: watch::Receiver<bool>,
+    tls: Option<TlsAcceptor>,
 ) {
     loop {
         tokio::select! {
@@ -79,9 +90,17 @@ pub async fn serve(
                 Ok((stream, peer)) => {
                     let ctx = ctx.clone();
                     let shutdown = shutdown.clone();
+                    let tls = tls.clone();
                     tracker.spawn(async move {
-                        match connection(stream, ctx, shutdown).await {
+                        let ended = match tls {
+                            None => connection(stream, ctx, shutdown).await,
+                            Some(tls) => tls_connection(stream, tls, ctx, shutdown).await,
+                        };
+                        match ended {
                             Ok(()) | Err(AdminConnError::Closed) => {}
+                            Err(AdminConnError::Tls(e)) => {
+                                tracing::warn!(%peer, error = %e, "admin connection refused: TLS handshake failed");
+                            }
                             Err(e) => tracing::debug!(%peer, error = %e, "admin connection ended"),
                         }
                     });
@@ -95,9 +114,23 @@ pub async fn serve(
     }
 }
 
+/// Runs the TLS handshake (bounded like the first frame), then the connection.
+async fn tls_connection(
+    stream: TcpStream,
+    tls: TlsAcceptor,
+    ctx: AdminContext,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), AdminConnError> {
+    let stream = tokio::time::timeout(AUTH_DEADLINE, tls.accept(stream))
+        .await
+        .map_err(|_| AdminConnError::Timeout)?
+        .map_err(AdminConnError::Tls)?;
+    connection(stream, ctx, shutdown).await
+}
+
 /// Reads one frame body. `first_byte` bounds the wait for the frame to start.
-async fn read_frame(
-    stream: &mut TcpStream,
+async fn read_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
     first_byte: Duration,
 ) -> Result<Vec<u8>, AdminConnError> {
     let mut prefix = [0u8; 4];
@@ -119,11 +152,18 @@ async fn read_frame(
     Ok(body)
 }
 
-async fn write_response(stream: &mut TcpStream, r: &Response) -> Result<(), AdminConnError> {
+async fn write_response<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    r: &Response,
+) -> Result<(), AdminConnError> {
     let bytes = admin::encode_frame(r)?;
-    tokio::time::timeout(IO_DEADLINE, stream.write_all(&bytes))
-        .await
-        .map_err(|_| AdminConnError::Timeout)??;
+    tokio::time::timeout(IO_DEADLINE, async {
+        stream.write_all(&bytes).await?;
+        // TLS may hold the end of the record until flushed.
+        stream.flush().await
+    })
+    .await
+    .map_err(|_| AdminConnError::Timeout)??;
     Ok(())
 }
 
@@ -205,15 +245,38 @@ pub(crate) async fn remote_counts(broker: &Broker, vhost: &str) -> admin::Remote
 }
 
 /// Runs `requests` against the admin endpoint at `addr` as `auth` (one node asking
-/// another, as `join_cluster` does); the replies in order.
+/// another, as `join_cluster` does); the replies in order. With `tls` the endpoint must
+/// present a certificate that chains to its roots and names the host of `addr`.
 pub async fn call(
     addr: &str,
     auth: &Auth,
     requests: &[Request],
+    tls: Option<&TlsConnector>,
 ) -> Result<Vec<Response>, AdminConnError> {
-    let mut stream = tokio::time::timeout(IO_DEADLINE, TcpStream::connect(addr))
+    let stream = tokio::time::timeout(IO_DEADLINE, TcpStream::connect(addr))
         .await
         .map_err(|_| AdminConnError::Timeout)??;
+    match tls {
+        None => call_on(stream, auth, requests).await,
+        Some(tls) => {
+            let name = super::tls::server_name(addr).map_err(|e| {
+                AdminConnError::Tls(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+            })?;
+            let stream = tokio::time::timeout(IO_DEADLINE, tls.connect(name, stream))
+                .await
+                .map_err(|_| AdminConnError::Timeout)?
+                .map_err(AdminConnError::Tls)?;
+            call_on(stream, auth, requests).await
+        }
+    }
+}
+
+/// [`call`] on a connected stream.
+async fn call_on<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    auth: &Auth,
+    requests: &[Request],
+) -> Result<Vec<Response>, AdminConnError> {
     let hello = exchange(&mut stream, admin::encode_frame(auth)?).await?;
     if !hello.ok {
         return Ok(vec![hello]);
@@ -226,16 +289,22 @@ pub async fn call(
 }
 
 /// Writes one frame and reads the reply.
-async fn exchange(stream: &mut TcpStream, frame: Vec<u8>) -> Result<Response, AdminConnError> {
-    tokio::time::timeout(IO_DEADLINE, stream.write_all(&frame))
-        .await
-        .map_err(|_| AdminConnError::Timeout)??;
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    frame: Vec<u8>,
+) -> Result<Response, AdminConnError> {
+    tokio::time::timeout(IO_DEADLINE, async {
+        stream.write_all(&frame).await?;
+        stream.flush().await
+    })
+    .await
+    .map_err(|_| AdminConnError::Timeout)??;
     let body = read_frame(stream, IO_DEADLINE).await?;
     Ok(admin::decode_body(&body)?)
 }
 
-async fn connection(
-    mut stream: TcpStream,
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     ctx: AdminContext,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), AdminConnError> {

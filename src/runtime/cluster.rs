@@ -58,6 +58,9 @@ pub enum ClusterError {
         /// The cause.
         source: super::node_link::LinkError,
     },
+    /// `[cluster.tls]` names an unusable file.
+    #[error("{0}")]
+    Tls(#[from] super::tls::TlsError),
     /// Raft could not start (its storage is unreadable, or the config is inconsistent).
     #[error("raft: {0}")]
     Raft(#[from] crate::meta::raft::StartError),
@@ -130,7 +133,12 @@ impl Cluster {
         link.max_frame = link
             .max_frame
             .max(config.amqp.max_message_size_bytes as usize + (1 << 20));
-        let transport = TcpTransport::bind(&cc.listen, link)
+        // Read before binding: an unusable certificate stops the start with nothing bound.
+        let tls = match &cc.tls {
+            Some(t) => Some(super::tls::link::LinkTls::new(t)?),
+            None => None,
+        };
+        let transport = TcpTransport::bind_with_tls(&cc.listen, link, tls)
             .await
             .map_err(|source| ClusterError::Link {
                 addr: cc.listen.clone(),
@@ -295,13 +303,19 @@ impl Cluster {
             .push(tokio::spawn(reconcile_membership(self.raft.clone())));
     }
 
-    /// What the admin endpoint needs: status and `join_cluster`.
-    pub fn control(&self, record: NodeRecord) -> ClusterControl {
+    /// What the admin endpoint needs: status and `join_cluster` (which dials the seed's
+    /// admin endpoint over TLS with `admin_tls`).
+    pub fn control(
+        &self,
+        record: NodeRecord,
+        admin_tls: Option<tokio_rustls::TlsConnector>,
+    ) -> ClusterControl {
         ClusterControl {
             raft: self.raft.clone(),
             transport: self.transport.clone(),
             broker: self.broker.clone(),
             record,
+            admin_tls,
         }
     }
 
@@ -551,6 +565,10 @@ pub struct ClusterControl {
     transport: TcpTransport,
     broker: Arc<Broker>,
     record: NodeRecord,
+    /// How `join_cluster` reaches the seed's admin endpoint: TLS when this node's
+    /// `[admin.tls]` names a `cacertfile` (the seed's endpoint is then expected to speak
+    /// TLS too), plaintext otherwise.
+    admin_tls: Option<tokio_rustls::TlsConnector>,
 }
 
 impl std::fmt::Debug for ClusterControl {
@@ -632,7 +650,8 @@ impl ClusterControl {
             Request::RegisterMember(self.record.clone()),
             Request::ClusterStatus,
         ];
-        let replies = match super::admin::call(seed, auth, &requests).await {
+        let tls = self.admin_tls.as_ref();
+        let replies = match super::admin::call(seed, auth, &requests, tls).await {
             Ok(r) => r,
             Err(e) => return Response::refused(format!("cannot reach {seed}: {e}")),
         };

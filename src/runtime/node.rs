@@ -173,16 +173,36 @@ impl Node {
         })?;
         // TLS material first: an unusable file stops the start before anything listens.
         let amqps_config = match &config.amqp.tls {
-            Some(t) => Some(super::tls::server_config(t, "amqp.tls", &[])?),
+            Some(t) => Some(super::tls::server_config(
+                t,
+                crate::config::TlsUse::Amqp,
+                &[],
+            )?),
             None => None,
         };
         let mgmt_tls_config = match &config.management.tls {
             Some(t) => Some(super::tls::server_config(
                 t,
-                "management.tls",
+                crate::config::TlsUse::Management,
                 &[b"http/1.1"],
             )?),
             None => None,
+        };
+        // `[admin.tls]`: the endpoint's own TLS, and the client side `join_cluster` uses to
+        // reach a seed's endpoint (only with a CA to check the seed against).
+        let (admin_acceptor, admin_connector) = match &config.admin.tls {
+            Some(t) => {
+                let server = super::tls::server_config(t, crate::config::TlsUse::Admin, &[])?;
+                let client = match &t.cacertfile {
+                    Some(_) => Some(tokio_rustls::TlsConnector::from(super::tls::client_config(
+                        t,
+                        crate::config::TlsUse::Admin,
+                    )?)),
+                    None => None,
+                };
+                (Some(tokio_rustls::TlsAcceptor::from(server)), client)
+            }
+            None => (None, None),
         };
         let watermark = if config.limits.memory_high_watermark_bytes > 0 {
             config.limits.memory_high_watermark_bytes
@@ -290,7 +310,7 @@ impl Node {
         });
         // The admin endpoint serves while a clustered node waits for its cluster
         // (`join_cluster` is how a new node gets one).
-        tracing::info!(addr = %admin_addr, "admin listening");
+        tracing::info!(addr = %admin_addr, tls = admin_acceptor.is_some(), "admin listening");
         tasks.push(tokio::spawn(super::admin::serve(
             admin_listener,
             super::admin::AdminContext {
@@ -303,10 +323,11 @@ impl Node {
                 cluster: cluster
                     .as_ref()
                     .zip(record.clone())
-                    .map(|(c, r)| c.control(r)),
+                    .map(|(c, r)| c.control(r, admin_connector)),
             },
             tracker.clone(),
             shutdown_rx.clone(),
+            admin_acceptor,
         )));
         let mgmt_ctx = super::mgmt::MgmtContext {
             broker: broker.clone(),

@@ -140,6 +140,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     /// The initial members' addresses (the first names the cluster).
     pub ips: Vec<String>,
+    /// Options every warrenctl run gets before the command (`--cacert` for `[admin.tls]`).
+    pub ctl_options: Vec<String>,
 }
 
 impl Drop for Cluster {
@@ -221,23 +223,36 @@ impl Cluster {
 
     /// [`Cluster::start`] with other failure-detector settings.
     pub async fn start_with(name: &str, timeouts: (u64, u64)) -> Cluster {
-        let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
+        Cluster::start_configured(name, timeouts, |_, _| String::new(), Vec::new()).await
+    }
+
+    fn ips_of(n: u32) -> Vec<String> {
         let pid = std::process::id();
         let (a, b) = (10 + (pid % 200), (pid / 200 % 50) * 5 + n);
+        (1..=3).map(|i| format!("127.{a}.{b}.{i}")).collect()
+    }
+
+    /// [`Cluster::start_with`], with `extra(id, ip)` appended to each node's config (more
+    /// sections, such as `[cluster.tls]`) and `ctl_options` given to every warrenctl run.
+    pub async fn start_configured(
+        name: &str,
+        timeouts: (u64, u64),
+        extra: impl Fn(u64, &str) -> String,
+        ctl_options: Vec<String>,
+    ) -> Cluster {
+        let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
         let dir = std::env::temp_dir().join(format!("warren-cluster-{name}-{pid}-{n}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("test dir");
-        let ips: Vec<String> = (1..=3).map(|i| format!("127.{a}.{b}.{i}")).collect();
+        let ips = Cluster::ips_of(n);
         let mut nodes = Vec::new();
         for (i, ip) in ips.iter().enumerate() {
             let id = i as u64 + 1;
             let config = dir.join(format!("node{id}.toml"));
             let data = dir.join(format!("data{id}"));
-            std::fs::write(
-                &config,
-                config_text_with(id, ip, &ips[0], &ips, &data, timeouts),
-            )
-            .expect("config");
+            let text = config_text_with(id, ip, &ips[0], &ips, &data, timeouts);
+            std::fs::write(&config, format!("{text}\n{}", extra(id, ip))).expect("config");
             nodes.push(NodeProc {
                 id,
                 ip: ip.clone(),
@@ -250,6 +265,7 @@ impl Cluster {
             dir,
             nodes,
             ips: ips.clone(),
+            ctl_options,
         };
         for n in &mut cluster.nodes {
             n.spawn();
@@ -321,7 +337,10 @@ impl Cluster {
     /// Runs warrenctl against node `id`.
     pub async fn ctl(&self, id: u64, args: &[&str]) -> Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warrenctl"));
-        cmd.arg("--node").arg(self.node(id).admin()).args(args);
+        cmd.arg("--node")
+            .arg(self.node(id).admin())
+            .args(&self.ctl_options)
+            .args(args);
         within(
             "warrenctl",
             tokio::task::spawn_blocking(move || cmd.output().expect("run warrenctl")),

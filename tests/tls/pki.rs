@@ -1,6 +1,8 @@
 //! Certificates made at test time with rcgen (nothing secret is committed): a CA, a server
 //! certificate for 127.0.0.1 and localhost, and client certificates, as PEM files in a
-//! temporary folder that goes with the [`Pki`].
+//! temporary folder that goes with the [`Pki`]. Shared by `tests/tls.rs` and
+//! `tests/node_tls.rs`, which each use part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,6 +77,34 @@ impl Pki {
         }
     }
 
+    /// A node certificate (`[cluster.tls]`: both server and client usages) with subject CN
+    /// `cn` and the names `sans` (DNS names or IP addresses), written to `<cn>.pem` and
+    /// `<cn>.key`; returns the section naming them and this CA.
+    pub fn node(&self, cn: &str, sans: &[&str]) -> TlsConfig {
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        let mut params = CertificateParams::new(sans).expect("params");
+        params.distinguished_name = name(cn);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.ca).expect("signed");
+        let (cert_file, key_file) = (
+            self.dir.join(format!("{cn}.pem")),
+            self.dir.join(format!("{cn}.key")),
+        );
+        std::fs::write(&cert_file, cert.pem()).expect("write cert");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write key");
+        TlsConfig::new(cert_file, key_file, Some(self.ca_file()))
+    }
+
+    /// The CA certificate's file.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
     /// A client certificate with subject CN `cn` and the DNS names `sans`.
     pub fn client(&self, cn: &str, sans: &[&str]) -> Identity {
         self.issue(cn, sans, ExtendedKeyUsagePurpose::ClientAuth)
@@ -87,8 +117,8 @@ impl Pki {
             certfile: self.dir.join("server.pem"),
             keyfile: self.dir.join("server.key"),
             cacertfile: Some(self.dir.join("ca.pem")),
-            verify_peer,
-            fail_if_no_peer_cert,
+            verify_peer: Some(verify_peer),
+            fail_if_no_peer_cert: Some(fail_if_no_peer_cert),
             ssl_cert_login_from: None,
         }
     }

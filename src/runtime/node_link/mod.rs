@@ -1,4 +1,5 @@
-//! Node links: the TCP connections between the nodes of a cluster.
+//! Node links: the TCP connections between the nodes of a cluster, plaintext or mutual TLS
+//! (`[cluster.tls]`, [`crate::runtime::tls::link`]).
 //!
 //! One connection per pair of nodes carries every request between them (today the metadata
 //! Raft RPCs; later GM activity, forwarded publishes and deliveries) as length-delimited
@@ -85,6 +86,10 @@ pub enum LinkError {
     /// The `Hello` exchange failed or the peer was refused.
     #[error("handshake: {0}")]
     Handshake(String),
+    /// The TLS handshake failed (no certificate, one from another CA, a name that does not
+    /// match, or a peer that does not speak TLS).
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
     /// The peer refused us, with its reason.
     #[error("refused by peer: {0}")]
     Refused(String),

@@ -7,6 +7,11 @@
 //! each keeps the link dialled by the lower node id and closes the other, so the pair
 //! converges on one connection; a request that was on the closed one fails and openraft
 //! retries it.
+//!
+//! **TLS.** With a [`LinkTls`] (`[cluster.tls]`) every link, dialled or accepted, runs the
+//! TLS handshake before the `Hello` exchange, and a connection that fails it is refused
+//! (and logged); there is no plaintext fallback. After the handshake both kinds of link
+//! share the framing and every task below.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -14,14 +19,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::wire::{Envelope, FrameReader, FrameWriter, RemoteFailure, Service, PROTOCOL_VERSION};
+use super::wire::{
+    Envelope, FrameReader, FrameWriter, LinkRead, LinkWrite, RemoteFailure, Service,
+    PROTOCOL_VERSION,
+};
 use super::{LinkError, NodeLinkConfig};
 use crate::meta::raft::{NodeId, RaftTransport, RpcServer, TransportError};
+use crate::runtime::tls::link::LinkTls;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere while holding one of these maps leaves it consistent (every update
@@ -118,6 +128,8 @@ struct Backoff {
 struct Shared {
     cfg: NodeLinkConfig,
     local_addr: SocketAddr,
+    /// Mutual TLS on every link when set; plaintext otherwise.
+    tls: Option<LinkTls>,
     peers: Mutex<BTreeMap<NodeId, String>>,
     links: Mutex<BTreeMap<NodeId, Arc<Link>>>,
     /// Serialises dials to one peer (so concurrent callers share one attempt) and holds its
@@ -147,12 +159,23 @@ impl TcpTransport {
     /// Listens on `listen` (`127.0.0.1:0` picks a port; see [`local_addr`](Self::local_addr))
     /// and starts the accept loop and the heartbeat tick.
     pub async fn bind(listen: &str, cfg: NodeLinkConfig) -> Result<TcpTransport, LinkError> {
+        TcpTransport::bind_with_tls(listen, cfg, None).await
+    }
+
+    /// [`bind`](Self::bind), with every link over mutual TLS when `tls` is set: only
+    /// accepts, and only dials, peers whose certificate chains to the cluster's CA.
+    pub async fn bind_with_tls(
+        listen: &str,
+        cfg: NodeLinkConfig,
+        tls: Option<LinkTls>,
+    ) -> Result<TcpTransport, LinkError> {
         let listener = TcpListener::bind(listen).await?;
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             peers: Mutex::new(cfg.peers.clone()),
             cfg,
             local_addr,
+            tls,
             links: Mutex::new(BTreeMap::new()),
             dials: Mutex::new(BTreeMap::new()),
             last_seen: Mutex::new(BTreeMap::new()),
@@ -536,12 +559,32 @@ async fn connect_from(local: SocketAddr, addr: &str) -> std::io::Result<TcpStrea
     }
 }
 
-/// Connects to `peer` at `addr` and runs the `Hello` exchange.
+/// The boxed halves of a plaintext link (tokio's split without a lock).
+fn tcp_halves(stream: TcpStream) -> (LinkRead, LinkWrite) {
+    let (rd, wr) = stream.into_split();
+    (Box::new(rd), Box::new(wr))
+}
+
+/// The boxed halves of a TLS link: one session, so the halves share it through tokio's
+/// split (a lock held only while a poll runs).
+fn tls_halves<S>(stream: S) -> (LinkRead, LinkWrite)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(stream);
+    (Box::new(rd), Box::new(wr))
+}
+
+/// Connects to `peer` at `addr` and runs the `Hello` exchange (after the TLS handshake on a
+/// TLS cluster).
 async fn dial_peer(shared: &Arc<Shared>, peer: NodeId, addr: &str) -> Result<Arc<Link>, LinkError> {
     let stream = connect_from(shared.local_addr, addr).await?;
     // Raft RPCs are small and latency-bound.
     stream.set_nodelay(true)?;
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = match &shared.tls {
+        None => tcp_halves(stream),
+        Some(tls) => tls_halves(tls.connect(addr, stream).await.map_err(LinkError::Tls)?),
+    };
     let mut reader = FrameReader::new(rd, shared.cfg.max_frame);
     let mut writer = FrameWriter::new(wr, shared.cfg.max_frame);
     writer.send(&shared.hello()).await?;
@@ -588,7 +631,24 @@ async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: SocketAddr) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!("set_nodelay on a link from {from}: {e}");
     }
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = match &shared.tls {
+        None => tcp_halves(stream),
+        Some(tls) => {
+            match tokio::time::timeout(shared.cfg.connect_timeout, tls.accept(stream)).await {
+                Ok(Ok(s)) => tls_halves(s),
+                Ok(Err(e)) => {
+                    // A peer without a certificate from the cluster's CA, or one that does not
+                    // speak TLS: an operator should know someone tries to link.
+                    tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: no TLS handshake in time");
+                    return;
+                }
+            }
+        }
+    };
     let mut reader = FrameReader::new(rd, shared.cfg.max_frame);
     let mut writer = FrameWriter::new(wr, shared.cfg.max_frame);
     let first = match tokio::time::timeout(shared.cfg.connect_timeout, reader.next()).await {
@@ -649,7 +709,8 @@ fn start_link(
         tracing::debug!(node = shared.cfg.node_id, peer, "duplicate link closed");
         return serving;
     }
-    tracing::info!(node = shared.cfg.node_id, peer, dialer, "link up");
+    let tls = shared.tls.is_some();
+    tracing::info!(node = shared.cfg.node_id, peer, dialer, tls, "link up");
     tokio::spawn(write_loop(Arc::clone(&link), rx, writer));
     tokio::spawn(read_loop(Arc::clone(shared), Arc::clone(&link), reader));
     link

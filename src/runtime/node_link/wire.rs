@@ -1,6 +1,9 @@
 //! The node-link wire format: length-delimited frames (a 4-byte big-endian length, then the
 //! body) whose body is one bincode-encoded [`Envelope`].
 //!
+//! The framing is generic over the stream ([`FrameReader`], [`FrameWriter`]): a plaintext
+//! TCP link and a TLS one (`[cluster.tls]`) run the same code, each half boxed.
+//!
 //! Both layers are bounded by the same `max_frame`: the codec refuses a length prefix above
 //! it before reading the body, and bincode refuses a body that claims more than it, so a
 //! hostile or corrupt peer cannot make us allocate unbounded memory.
@@ -8,8 +11,7 @@
 use bincode::Options;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use super::LinkError;
@@ -156,16 +158,21 @@ pub fn next_envelope(
     }
 }
 
-/// Reads envelopes from one socket.
-pub(crate) struct FrameReader {
-    rd: OwnedReadHalf,
+/// The read half of a link's stream, plaintext or TLS.
+pub(crate) type LinkRead = Box<dyn AsyncRead + Send + Unpin>;
+/// The write half of a link's stream, plaintext or TLS.
+pub(crate) type LinkWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Reads envelopes from one stream.
+pub(crate) struct FrameReader<R = LinkRead> {
+    rd: R,
     buf: BytesMut,
     codec: LengthDelimitedCodec,
     max_frame: usize,
 }
 
-impl FrameReader {
-    pub(crate) fn new(rd: OwnedReadHalf, max_frame: usize) -> FrameReader {
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub(crate) fn new(rd: R, max_frame: usize) -> FrameReader<R> {
         FrameReader {
             rd,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -192,16 +199,16 @@ impl FrameReader {
     }
 }
 
-/// Writes envelopes to one socket.
-pub(crate) struct FrameWriter {
-    wr: OwnedWriteHalf,
+/// Writes envelopes to one stream.
+pub(crate) struct FrameWriter<W = LinkWrite> {
+    wr: W,
     buf: BytesMut,
     codec: LengthDelimitedCodec,
     max_frame: usize,
 }
 
-impl FrameWriter {
-    pub(crate) fn new(wr: OwnedWriteHalf, max_frame: usize) -> FrameWriter {
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    pub(crate) fn new(wr: W, max_frame: usize) -> FrameWriter<W> {
         FrameWriter {
             wr,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -218,6 +225,9 @@ impl FrameWriter {
             .encode(body, &mut self.buf)
             .map_err(|e| LinkError::Frame(e.to_string()))?;
         self.wr.write_all(&self.buf).await?;
+        // A no-op on TCP; a TLS stream may keep the end of a record in its buffer when the
+        // socket was full, and nothing else would push it out before the next frame.
+        self.wr.flush().await?;
         Ok(())
     }
 }

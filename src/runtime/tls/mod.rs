@@ -1,9 +1,13 @@
-//! TLS for the client listeners, with rustls and its ring provider: TLS 1.2 and 1.3 only.
+//! TLS for the listeners and node links, with rustls and its ring provider: TLS 1.2 and 1.3
+//! only.
 //!
-//! - [`server_config`]: a rustls `ServerConfig` from `[amqp.tls]` or `[management.tls]`
-//!   (certificate chain, key, and the client-certificate policy of `verify_peer` and
-//!   `fail_if_no_peer_cert`); unreadable files and bad PEM are [`TlsError`]s that stop the
-//!   node's start.
+//! - [`server_config`]: a rustls `ServerConfig` from any TLS section (`[amqp.tls]`,
+//!   `[management.tls]`, `[admin.tls]`, `[cluster.tls]`: certificate chain, key, and the
+//!   client-certificate policy of `verify_peer` and `fail_if_no_peer_cert`); unreadable
+//!   files and bad PEM are [`TlsError`]s that stop the node's start.
+//! - [`client_config`]: the other end, for a node dialling a peer (node links, the admin
+//!   call of `join_cluster`): trusts `cacertfile`, presents `certfile`.
+//! - [`link`]: node links over mutual TLS.
 //! - [`amqps`]: the AMQPS listener; each connection is the same connection task as a
 //!   plaintext one, over the TLS stream.
 //! - [`https`]: the management API's HTTPS listener, handed to axum.
@@ -12,6 +16,7 @@
 
 pub mod amqps;
 pub mod https;
+pub mod link;
 pub mod peer;
 
 use std::path::{Path, PathBuf};
@@ -21,9 +26,9 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
 
-use crate::config::TlsConfig;
+use crate::config::{TlsConfig, TlsUse};
 
 /// The protocol versions the listeners accept: TLS 1.3 and 1.2. Nothing older is offered
 /// (rustls implements nothing older either).
@@ -36,7 +41,7 @@ pub enum TlsError {
     /// A file could not be read.
     #[error("[{section}] {key} = {path}: cannot read: {source}")]
     Read {
-        /// `amqp.tls` or `management.tls`.
+        /// The section: `amqp.tls`, `management.tls`, `admin.tls` or `cluster.tls`.
         section: &'static str,
         /// `certfile`, `keyfile` or `cacertfile`.
         key: &'static str,
@@ -48,7 +53,7 @@ pub enum TlsError {
     /// A file is not what its key says: no PEM item of the right kind, or a broken one.
     #[error("[{section}] {key} = {path}: {reason}")]
     Pem {
-        /// `amqp.tls` or `management.tls`.
+        /// The section: `amqp.tls`, `management.tls`, `admin.tls` or `cluster.tls`.
         section: &'static str,
         /// `certfile`, `keyfile` or `cacertfile`.
         key: &'static str,
@@ -61,7 +66,7 @@ pub enum TlsError {
     /// certificate it cannot use).
     #[error("[{section}]: {reason}")]
     Rustls {
-        /// `amqp.tls` or `management.tls`.
+        /// The section: `amqp.tls`, `management.tls`, `admin.tls` or `cluster.tls`.
         section: &'static str,
         /// rustls' message.
         reason: String,
@@ -119,15 +124,28 @@ fn private_key(section: &'static str, path: &Path) -> Result<PrivateKeyDer<'stat
     })
 }
 
-/// The rustls configuration of the listener `section` (`amqp.tls`, `management.tls`)
-/// describes: TLS 1.2 and 1.3, the server's chain and key, and with `verify_peer` client
-/// certificates checked against `cacertfile` (required with `fail_if_no_peer_cert`,
-/// optional otherwise). Without `verify_peer` no client certificate is asked for.
+/// The trust roots of `cacertfile`.
+fn roots(section: &'static str, ca: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in certificates(section, "cacertfile", ca)? {
+        roots.add(c).map_err(|e| TlsError::Rustls {
+            section,
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The rustls configuration of the listener the section used as `usage` describes: TLS 1.2
+/// and 1.3, the server's chain and key, and with `verify_peer` client certificates checked
+/// against `cacertfile` (required with `fail_if_no_peer_cert`, optional otherwise).
+/// Without `verify_peer` no client certificate is asked for; node links always verify.
 pub fn server_config(
     cfg: &TlsConfig,
-    section: &'static str,
+    usage: TlsUse,
     alpn: &[&[u8]],
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    let section = usage.section();
     let rustls_error = |e: rustls::Error| TlsError::Rustls {
         section,
         reason: e.to_string(),
@@ -135,15 +153,12 @@ pub fn server_config(
     let chain = certificates(section, "certfile", &cfg.certfile)?;
     let key = private_key(section, &cfg.keyfile)?;
     let provider = provider();
-    let verifier = match (&cfg.cacertfile, cfg.verify_peer) {
+    let verifier = match (&cfg.cacertfile, cfg.verify_peer(usage)) {
         (Some(ca), true) => {
-            let mut roots = RootCertStore::empty();
-            for c in certificates(section, "cacertfile", ca)? {
-                roots.add(c).map_err(rustls_error)?;
-            }
+            let roots = roots(section, ca)?;
             let builder =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            let builder = if cfg.fail_if_no_peer_cert {
+            let builder = if cfg.fail_if_no_peer_cert(usage) {
                 builder
             } else {
                 builder.allow_unauthenticated()
@@ -166,6 +181,63 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The rustls configuration of a node dialling a listener the section used as `usage`
+/// protects: the server's certificate must chain to `cacertfile` and name the host dialled
+/// (webpki's usual check), and `certfile` / `keyfile` are presented as the client's.
+pub fn client_config(cfg: &TlsConfig, usage: TlsUse) -> Result<Arc<ClientConfig>, TlsError> {
+    let section = usage.section();
+    let Some(ca) = &cfg.cacertfile else {
+        return Err(TlsError::Pem {
+            section,
+            key: "cacertfile",
+            path: PathBuf::new(),
+            reason: "needed to check the certificate of the node dialled".into(),
+        });
+    };
+    client_config_with(section, ca, Some((&cfg.certfile, &cfg.keyfile)))
+}
+
+/// A TLS client (TLS 1.2 and 1.3) trusting the CAs of `ca`, presenting the certificate
+/// chain and key of `identity` when given (`warrenctl --cacert/--cert/--key`); errors name
+/// `section`.
+pub fn client_config_with(
+    section: &'static str,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let rustls_error = |e: rustls::Error| TlsError::Rustls {
+        section,
+        reason: e.to_string(),
+    };
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(PROTOCOL_VERSIONS)
+        .map_err(rustls_error)?
+        .with_root_certificates(roots(section, ca)?);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = certificates(section, "certfile", cert)?;
+            let key = private_key(section, key)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(rustls_error)?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The name a dialled `host:port` (or `[v6]:port`) must have in its certificate: the host,
+/// a DNS name or an IP address.
+pub fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        _ => addr,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host:?} cannot be checked against a certificate: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,15 +251,7 @@ mod tests {
     }
 
     fn cfg(cert: PathBuf, key: PathBuf) -> TlsConfig {
-        TlsConfig {
-            listen: None,
-            certfile: cert,
-            keyfile: key,
-            cacertfile: None,
-            verify_peer: false,
-            fail_if_no_peer_cert: false,
-            ssl_cert_login_from: None,
-        }
+        TlsConfig::new(cert, key, None)
     }
 
     #[test]
@@ -203,9 +267,20 @@ mod tests {
     }
 
     #[test]
+    fn server_names_come_from_the_host_dialled() {
+        let ip = server_name("127.0.0.1:25672").expect("ip");
+        assert_eq!(ip.to_str(), "127.0.0.1");
+        let v6 = server_name("[::1]:25672").expect("v6");
+        assert_eq!(v6.to_str(), "::1");
+        let dns = server_name("node2.example:25672").expect("dns");
+        assert_eq!(dns.to_str(), "node2.example");
+        assert!(server_name("bad name:1").is_err());
+    }
+
+    #[test]
     fn a_missing_file_names_its_key_and_path() {
         let missing = PathBuf::from("/nonexistent/warren/cert.pem");
-        let err = server_config(&cfg(missing, "/x".into()), "amqp.tls", &[]).unwrap_err();
+        let err = server_config(&cfg(missing, "/x".into()), TlsUse::Amqp, &[]).unwrap_err();
         let text = err.to_string();
         assert!(
             matches!(
@@ -226,7 +301,7 @@ mod tests {
     #[test]
     fn files_without_the_right_pem_item_are_refused() {
         let junk = temp("junk.pem", "not a certificate\n");
-        let err = server_config(&cfg(junk.clone(), junk.clone()), "amqp.tls", &[]).unwrap_err();
+        let err = server_config(&cfg(junk.clone(), junk.clone()), TlsUse::Amqp, &[]).unwrap_err();
         assert!(
             matches!(&err, TlsError::Pem { key: "certfile", reason, .. } if reason.contains("no CERTIFICATE")),
             "{err:?}"
@@ -235,7 +310,7 @@ mod tests {
             "broken.pem",
             "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
         );
-        let err = server_config(&cfg(broken, junk), "management.tls", &[]).unwrap_err();
+        let err = server_config(&cfg(broken, junk), TlsUse::Management, &[]).unwrap_err();
         assert!(
             matches!(
                 &err,

@@ -85,18 +85,21 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async move {
+        // One listener for the whole run: a SIGTERM that came between two listeners (the
+        // node just ready) would be lost, since a new one hears only later signals.
+        let mut signals = Signals::install()?;
         // A clustered node waits for its cluster before it serves clients; a signal still
         // stops it meanwhile.
         let node = tokio::select! {
             node = Node::start(config) => node?,
-            r = wait_for_signal() => {
+            r = signals.wait() => {
                 r?;
                 tracing::info!("stopped before the node was ready");
                 return anyhow::Ok(());
             }
         };
         tokio::select! {
-            r = wait_for_signal() => r?,
+            r = signals.wait() => r?,
             why = node.failed() => {
                 // No graceful stop: that would run the failed storage again. What was
                 // confirmed is in the files; the rest is unconfirmed, as after a crash.
@@ -110,12 +113,27 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
-        _ = term.recv() => {}
+/// SIGTERM and SIGINT (Ctrl-C), listened for from start to stop.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    /// The next SIGTERM or SIGINT (also one that came before this call).
+    async fn wait(&mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        Ok(())
+    }
 }

@@ -545,7 +545,7 @@ impl Node {
             }
         }));
 
-        // The memory monitor: flips the alarm that blocks publishers, and says when the node
+        // The resource monitor: flips the alarm that blocks publishers, and says when the node
         // can no longer keep what it confirms (its storage or its Raft log failed).
         let (failed_tx, failed_rx) = watch::channel(None::<String>);
         let monitor_raft = cluster.as_ref().map(|c| c.raft().clone());

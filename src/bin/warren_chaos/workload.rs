@@ -131,50 +131,13 @@ async fn publish_session(
     queue: usize,
     seq: &mut u64,
 ) {
-    let key = queue_name(queue);
     while !ctx.stopping() {
         let mut confirms = Vec::new();
         let mut broken = false;
         for _ in 0..WINDOW {
-            let s = *seq;
-            *seq += 1;
-            let persistent = s % 4 != 3;
-            ctx.history.sent(
-                id,
-                s,
-                Published {
-                    session,
-                    queue,
-                    persistent,
-                    sent: Instant::now(),
-                    outcome: Outcome::Pending,
-                },
-            );
-            let body = history::body(id, session, s);
-            let props =
-                BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
-            // Bounded: a blocked connection (connection.blocked, a node's alarm) holds the
-            // publish, and the run must still end.
-            match tokio::time::timeout(
-                PUBLISH_TIMEOUT,
-                ch.basic_publish(
-                    "".into(),
-                    key.as_str().into(),
-                    // Mandatory: a publish no queue took (the name free between a delete and
-                    // the re-declare, or not yet known to this node) comes back as a return,
-                    // not as a plain ack the checker would count as confirmed.
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &body,
-                    props,
-                ),
-            )
-            .await
-            {
-                Ok(Ok(c)) => confirms.push((s, c)),
-                _ => {
+            match publish_next(ctx, ch, id, session, queue, seq).await {
+                (s, Some(c)) => confirms.push((s, c)),
+                (s, None) => {
                     ctx.history.outcome(id, s, Outcome::Unknown);
                     broken = true;
                     break;
@@ -215,46 +178,69 @@ async fn publish_session(
     }
 }
 
+/// Numbers, records and publishes the next message (`mandatory`; 3 mod 4 transient):
+/// its sequence number, and its confirm, or `None` when the client library did not take
+/// the publish in time. Bounded: a blocked connection (connection.blocked, a node's alarm)
+/// holds the publish, and the run must still end.
+async fn publish_next(
+    ctx: &Ctx,
+    ch: &Channel,
+    id: u32,
+    session: u32,
+    queue: usize,
+    seq: &mut u64,
+) -> (
+    u64,
+    Option<impl std::future::Future<Output = lapin::Result<lapin::Confirmation>>>,
+) {
+    let s = *seq;
+    *seq += 1;
+    let persistent = s % 4 != 3;
+    ctx.history.sent(
+        id,
+        s,
+        Published {
+            session,
+            queue,
+            persistent,
+            sent: Instant::now(),
+            outcome: Outcome::Pending,
+        },
+    );
+    let props = BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+    let published = tokio::time::timeout(
+        PUBLISH_TIMEOUT,
+        ch.basic_publish(
+            "".into(),
+            queue_name(queue).as_str().into(),
+            // Mandatory: a publish no queue took (the name free between a delete and the
+            // re-declare, or not yet known to this node) comes back as a return, not as a
+            // plain ack the checker would count as confirmed.
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &history::body(id, session, s),
+            props,
+        ),
+    )
+    .await;
+    match published {
+        Ok(Ok(c)) => (s, Some(c)),
+        _ => (s, None),
+    }
+}
+
 /// Publishes transactions on one channel until it breaks or the run stops. A message is
 /// kept once its `tx.commit-ok` came and no `basic.return` said it went nowhere; a commit
 /// that failed or never answered leaves its messages unknown.
 async fn tx_session(ctx: &Ctx, ch: &Channel, id: u32, session: u32, queue: usize, seq: &mut u64) {
-    let key = queue_name(queue);
     while !ctx.stopping() {
         let mut batch = Vec::new();
         for _ in 0..WINDOW {
-            let s = *seq;
-            *seq += 1;
-            let persistent = s % 4 != 3;
-            ctx.history.sent(
-                id,
-                s,
-                Published {
-                    session,
-                    queue,
-                    persistent,
-                    sent: Instant::now(),
-                    outcome: Outcome::Pending,
-                },
-            );
+            let (s, published) = publish_next(ctx, ch, id, session, queue, seq).await;
             batch.push(s);
-            let props =
-                BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
-            let published = tokio::time::timeout(
-                PUBLISH_TIMEOUT,
-                ch.basic_publish(
-                    "".into(),
-                    key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &history::body(id, session, s),
-                    props,
-                ),
-            )
-            .await;
-            if !matches!(published, Ok(Ok(_))) {
+            if published.is_none() {
                 for s in batch {
                     ctx.history.outcome(id, s, Outcome::Unknown);
                 }

@@ -302,6 +302,46 @@ async fn tx_commit_makes_publishes_visible_only_then() {
     node.shutdown().await;
 }
 
+/// A queue that refuses a transaction's publish (here its `reject-publish` limit) fails the
+/// commit with RabbitMQ's 406 "partial tx completion": a commit-ok would tell the publisher
+/// a message was kept that no queue took. The other queue keeps its copy, as in RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_a_queue_refused_fails_the_commit_406() {
+    let node = TestNode::start().await;
+    let (conn, ch) = node.channel().await;
+    let full = unique("tx-full-q");
+    let open = unique("tx-open-q");
+    let mut args = lapin::types::FieldTable::default();
+    args.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(0));
+    args.insert(
+        "x-overflow".into(),
+        lapin::types::AMQPValue::LongString("reject-publish".into()),
+    );
+    declare_queue_with(&ch, &full, QueueDeclareOptions::default(), args).await;
+    declare_queue(&ch, &open).await;
+    tx_select(&ch).await;
+    publish(&ch, "", &open, b"kept").await;
+    publish(&ch, "", &full, b"refused").await;
+    let res = within("tx.commit", ch.tx_commit()).await;
+    let e = assert_code(res, 406, "tx.commit with a refused publish");
+    assert!(
+        e.to_string().contains("partial tx completion"),
+        "RabbitMQ's text: {e}"
+    );
+    let observer = open_channel(&conn).await;
+    wait_count(&observer, &open, 1).await;
+    assert_eq!(queue_counts(&observer, &full).await.0, 0);
+    // A transaction whose publishes were all taken still commits on a new channel.
+    let ch2 = open_channel(&conn).await;
+    tx_select(&ch2).await;
+    publish(&ch2, "", &open, b"second").await;
+    within("tx.commit", ch2.tx_commit())
+        .await
+        .expect("a commit of taken publishes");
+    wait_count(&observer, &open, 2).await;
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_stays_transactional_after_commit() {
     let node = TestNode::start().await;

@@ -119,6 +119,9 @@ enum Waiting {
     },
     /// tx.commit-ok.
     CommitOk {
+        /// Every publish was taken by every queue it was routed to on this node (false:
+        /// the commit fails, as a nack would for a confirm).
+        taken: bool,
         /// Group-commit ticket (0: none).
         ticket: u64,
         /// Outcome of the parts forwarded to other nodes (0: none).
@@ -1079,9 +1082,14 @@ impl Channel {
                     *ack &= remote.take(*id).unwrap_or(false);
                     *id = 0;
                 }
-            } else if let Waiting::CommitOk { remote: id, ticket } = w {
-                let taken = *id == 0 || remote.take(*id).unwrap_or(false);
-                *refused_commit = !taken || refused(*ticket);
+            } else if let Waiting::CommitOk {
+                taken,
+                remote: id,
+                ticket,
+            } = w
+            {
+                let remote_taken = *id == 0 || remote.take(*id).unwrap_or(false);
+                *refused_commit = !*taken || !remote_taken || refused(*ticket);
                 *id = 0;
             }
         }
@@ -1183,6 +1191,7 @@ impl Channel {
                 self.tx = Some(Tx::default());
                 let snapshot = c.snapshot();
                 let mut ticket = 0;
+                let mut taken = true;
                 let mut remote = Vec::new();
                 if let Some(vhost) = snapshot.vhost(&c.vhost) {
                     for (exchange, message, mandatory, bcc) in t.publishes {
@@ -1190,6 +1199,9 @@ impl Channel {
                             c.broker
                                 .publish_with_bcc(vhost, &exchange, message.clone(), &bcc, now);
                         ticket = ticket.max(outcome.ticket);
+                        // A queue here refused it (its limit, or a mirrored queue between
+                        // masters): RabbitMQ's "partial tx completion", never commit-ok.
+                        taken &= !outcome.rejected;
                         if outcome.remote != 0 {
                             remote.push(outcome.remote);
                         }
@@ -1216,9 +1228,11 @@ impl Channel {
                     0 => 0,
                     _ => c.broker.remote_outcomes().join(&remote),
                 };
-                self.confirms
-                    .pending
-                    .push(Waiting::CommitOk { ticket, remote });
+                self.confirms.pending.push(Waiting::CommitOk {
+                    taken,
+                    ticket,
+                    remote,
+                });
                 Ok(())
             }
             tx::AMQPMethod::Rollback(_) => {

@@ -36,6 +36,9 @@ enum Cmd {
         /// Data folder (default: the config's data_dir).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Adds each message's body, in hex, as a last column.
+        #[arg(long)]
+        bodies: bool,
     },
     /// Reads a message body by id from the persistent message store.
     InspectMessage {
@@ -67,10 +70,15 @@ fn main() -> anyhow::Result<()> {
             vhost,
             queue,
             data_dir,
+            bodies,
         }) => {
             let dir = data_dir.unwrap_or(config.node.data_dir);
             let entries = inspect::queue_entries(&dir, &vhost, &queue)?;
-            print!("{}", inspect::format_queue(&entries));
+            let bodies = match bodies {
+                true => Some(inspect::entry_bodies(&dir, &entries)?),
+                false => None,
+            };
+            print!("{}", inspect::format_queue(&entries, bodies.as_deref()));
             return Ok(());
         }
         Some(Cmd::InspectMessage { id, data_dir }) => {

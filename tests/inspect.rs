@@ -63,7 +63,7 @@ async fn inspect_lists_index_entries_and_reads_bodies_by_id() {
         entries[1].publish.embedded.is_none(),
         "large message in the store"
     );
-    let listing = warren::runtime::inspect::format_queue(&entries);
+    let listing = warren::runtime::inspect::format_queue(&entries, None);
     assert!(listing.starts_with("seq\tmsg_id\tdelivered"));
     assert_eq!(listing.lines().count(), 3);
 
@@ -95,6 +95,21 @@ async fn inspect_lists_index_entries_and_reads_bodies_by_id() {
         .output()
         .expect("run inspect-queue");
     assert_eq!(String::from_utf8_lossy(&out.stdout), listing);
+    // --bodies adds both bodies in hex: the embedded one and the one in the store.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["inspect-queue", "--queue", "iq", "--bodies", "--data-dir"])
+        .arg(&data)
+        .output()
+        .expect("run inspect-queue --bodies");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let rows: Vec<&str> = text.lines().collect();
+    assert!(rows[0].ends_with("\tbody_hex"), "{text}");
+    assert!(
+        rows[1].ends_with(&format!("\t{}", hex(b"small one"))),
+        "{text}"
+    );
+    assert!(rows[2].ends_with(&format!("\t{}", hex(&big))), "{text}");
     // A bad id is refused with a clear message and a non-zero exit.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_warren"))
         .args(["inspect-message", "--id", "xyz", "--data-dir"])

@@ -3,7 +3,8 @@
 //! `basic.get`, admin changes) through a fault schedule drawn from its seed (kill -9,
 //! pauses, restarts, whole-cluster restarts, nftables partitions, and with `--extended`
 //! full and slow disks), drains the queues and
-//! checks the history: nothing confirmed lost, no unflagged duplicate, per-publisher order,
+//! checks the history: nothing confirmed lost (in the drain, and before it in the files
+//! of every copy recorded synchronised), no unflagged duplicate, per-publisher order,
 //! liveness. One line per run; exit 0 only when every run passed.
 //!
 //! Needs root and `nft` (partitions), and release builds of `warren` and `warrenctl`
@@ -13,6 +14,8 @@
 mod checker;
 #[path = "warren_chaos/cluster.rs"]
 mod cluster;
+#[path = "warren_chaos/copies.rs"]
+mod copies;
 #[path = "warren_chaos/disk.rs"]
 mod disk;
 #[path = "warren_chaos/faults.rs"]

@@ -91,12 +91,62 @@ pub fn queue_entries(
     Ok(entries)
 }
 
-/// `inspect-queue` output: tab-separated, with a header.
-pub fn format_queue(entries: &[IndexEntry]) -> String {
-    let mut out = String::from("seq\tmsg_id\tdelivered\tsize\tstored\texpires_at_ms\n");
-    for e in entries {
+/// The body of each of `entries`, in order (`inspect-queue --bodies`): an embedded one from
+/// the index, the others from the persistent message store, read in one pass. `None`: not
+/// found (gone from the store) or undecodable.
+pub fn entry_bodies(
+    data_dir: &Path,
+    entries: &[IndexEntry],
+) -> Result<Vec<Option<Vec<u8>>>, InspectError> {
+    let decode = |bytes: &[u8]| StoredMessage::decode(bytes).ok().map(|m| m.body.to_vec());
+    let wanted: std::collections::HashSet<[u8; 16]> = entries
+        .iter()
+        .filter(|e| e.publish.embedded.is_none())
+        .map(|e| e.publish.msg_id)
+        .collect();
+    let mut stored: std::collections::HashMap<[u8; 16], Vec<u8>> = Default::default();
+    if !wanted.is_empty() {
+        let disk = FileDisk::new();
+        let dir = data_dir.join("msg_store_persistent");
+        let mut files: Vec<(u64, String)> = disk
+            .list(&dir)?
+            .into_iter()
+            .filter_map(|n| parse_file_name(&n).map(|k| (k, n)))
+            .collect();
+        files.sort();
+        // The newest copy wins, as in `message_bytes`.
+        for (_, name) in files {
+            let bytes = disk.read(&dir.join(&name))?;
+            for r in record::scan(&bytes).0 {
+                if let Some(MsgId(id)) = MsgId::from_prefix(r.payload) {
+                    if wanted.contains(&id) {
+                        stored.insert(id, r.payload[MsgId::LEN..].to_vec());
+                    }
+                }
+            }
+        }
+    }
+    Ok(entries
+        .iter()
+        .map(|e| match &e.publish.embedded {
+            Some(bytes) => decode(bytes),
+            None => stored.get(&e.publish.msg_id).and_then(|b| decode(b)),
+        })
+        .collect())
+}
+
+/// `inspect-queue` output: tab-separated, with a header; with `bodies` (as
+/// [`entry_bodies`] gives them) a last column holds each body in hex (`-`: not found).
+pub fn format_queue(entries: &[IndexEntry], bodies: Option<&[Option<Vec<u8>>]>) -> String {
+    let mut out = String::from("seq\tmsg_id\tdelivered\tsize\tstored\texpires_at_ms");
+    out.push_str(if bodies.is_some() {
+        "\tbody_hex\n"
+    } else {
+        "\n"
+    });
+    for (i, e) in entries.iter().enumerate() {
         let p = &e.publish;
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{}\t{}\t{}\t{}\t{}\t{}",
             p.seq,
@@ -110,6 +160,16 @@ pub fn format_queue(entries: &[IndexEntry]) -> String {
             },
             p.expires_at_ms.map_or("-".to_string(), |t| t.to_string())
         );
+        if let Some(bodies) = bodies {
+            out.push('\t');
+            match bodies.get(i).and_then(|b| b.as_ref()) {
+                Some(b) => b.iter().for_each(|x| {
+                    let _ = write!(out, "{x:02x}");
+                }),
+                None => out.push('-'),
+            }
+        }
+        out.push('\n');
     }
     out
 }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::cluster::PEER_TIMEOUT_MS;
-use super::history::{Inner, Outcome};
+use super::history::{Inner, Outcome, Published};
 
 /// The longest a majority publisher may go without an ack once a minority cut settled.
 pub const MAJORITY_GAP: Duration = Duration::from_secs(3);
@@ -47,6 +47,17 @@ pub struct Verdict {
     pub reasons: Vec<String>,
     /// Measurements worth a line in the run's log (majority gaps under partitions).
     pub notes: Vec<String>,
+}
+
+/// Whether `m` was sent before the declare-ok of a later re-declare of its queue: it went to
+/// the old incarnation (deleted by request) or to no queue, so nothing has to keep it.
+pub fn excused_by_redeclare(h: &Inner, m: &Published) -> bool {
+    h.redeclares
+        .iter()
+        .filter(|r| r.queue == m.queue)
+        .map(|r| r.done.unwrap_or_else(Instant::now))
+        .max()
+        .is_some_and(|r| m.sent <= r)
 }
 
 pub fn check(h: &Inner) -> Verdict {
@@ -100,7 +111,7 @@ pub fn check(h: &Inner) -> Verdict {
             if seen.contains_key(&(p, seq as u64)) {
                 continue;
             }
-            if last_redeclare(m.queue).is_some_and(|r| m.sent <= r) {
+            if excused_by_redeclare(h, m) {
                 continue;
             }
             if !m.persistent

@@ -376,6 +376,48 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `warren inspect-queue --bodies` of `queue` in node `i`'s files (read-only, safe next
+    /// to the running node). The listing is also left in the run's folder, which is kept
+    /// when the run fails.
+    pub async fn inspect_queue(&self, i: usize, queue: &str) -> Result<String> {
+        let node = &self.nodes[i];
+        let path = node
+            .log
+            .with_file_name(format!("copy-{queue}-node{}.tsv", i + 1));
+        let file =
+            std::fs::File::create(&path).with_context(|| format!("create {}", path.display()))?;
+        let mut cmd = Command::new(&self.warren);
+        cmd.args(["inspect-queue", "--bodies", "--queue", queue, "--data-dir"])
+            .arg(&node.data)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(Stdio::piped());
+        // Bounded like warrenctl; the listing goes to a file, so a large one cannot fill a
+        // pipe nobody reads while the child is waited for.
+        let out = tokio::task::spawn_blocking(move || -> Result<std::process::Output> {
+            let mut child = cmd.spawn().context("run warren inspect-queue")?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while child.try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("timed out");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(child.wait_with_output()?)
+        })
+        .await??;
+        if !out.status.success() {
+            bail!(
+                "warren inspect-queue: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+    }
+
     /// warrenctl on the first running, unpaused node that answers.
     pub async fn ctl_any(&self, args: &[&str]) -> Result<String> {
         let mut last = None;

@@ -13,6 +13,7 @@ use lapin::{Connection, ConnectionProperties};
 
 use super::checker::{self, Verdict};
 use super::cluster::Cluster;
+use super::copies;
 use super::faults::{self, Runner};
 use super::history::History;
 use super::schedule::{self, Step, QUEUES};
@@ -29,6 +30,9 @@ pub struct Opts {
 
 /// After the faults: how long the workload goes on before it stops (liveness is judged here).
 const TAIL: Duration = Duration::from_secs(8);
+/// After the tail, the publishers go on alone for this long: the backlog they leave is what
+/// the copies checker finds in every copy's files and what the drain must bring back.
+const BACKLOG: Duration = Duration::from_secs(2);
 
 /// 127.X.Y for this process and seed; X avoids the range the repo's tests use (10..210).
 fn prefix(seed: u64) -> String {
@@ -143,6 +147,7 @@ async fn campaign(
         uris: Arc::new(cluster.nodes.iter().map(|n| n.amqp_uri()).collect()),
         history: history.clone(),
         stop: Arc::new(AtomicBool::new(false)),
+        takers_stop: Arc::new(AtomicBool::new(false)),
         streams: Arc::new(AtomicU64::new(0)),
     };
     let n = cluster.nodes.len();
@@ -171,16 +176,18 @@ async fn campaign(
             Mode::Tx,
         )),
     ));
+    // Consumers and the getter stop first (see BACKLOG).
+    let mut takers = Vec::new();
     for q in 0..QUEUES {
         for k in 0..2 {
             let home = (q + k + 1) % n;
-            tasks.push((
+            takers.push((
                 format!("consumer of {} (home node{})", queue_name(q), home + 1),
                 tokio::spawn(workload::consumer(ctx.clone(), (q * 2 + k) as u64, home, q)),
             ));
         }
     }
-    tasks.push((
+    takers.push((
         "getter".to_string(),
         tokio::spawn(workload::getter(ctx.clone(), 99)),
     ));
@@ -219,10 +226,21 @@ async fn campaign(
         );
         tokio::time::sleep(TAIL).await;
     }
-    ctx.stop.store(true, Ordering::Relaxed);
     // One deadline for all of them: hung clients (a node that stopped answering) must not
     // add up to minutes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
+    ctx.takers_stop.store(true, Ordering::Relaxed);
+    let mut hung = false;
+    for (name, t) in takers {
+        if tokio::time::timeout_at(deadline, t).await.is_err() {
+            reasons.push(format!("a client did not stop within 45 s: {name}"));
+            hung = true;
+        }
+    }
+    if !node_failed && !hung {
+        tokio::time::sleep(BACKLOG).await;
+    }
+    ctx.stop.store(true, Ordering::Relaxed);
     for (name, t) in tasks {
         if tokio::time::timeout_at(deadline, t).await.is_err() {
             reasons.push(format!("a client did not stop within 45 s: {name}"));
@@ -233,6 +251,7 @@ async fn campaign(
     if node_failed {
         return Ok(());
     }
+    reasons.extend(copies::check(cluster, history).await);
     let deadline = Instant::now() + Duration::from_secs(120);
     for q in 0..QUEUES {
         let name = queue_name(q);

@@ -38,6 +38,8 @@ pub struct Ctx {
     pub uris: Arc<Vec<String>>,
     pub history: Arc<History>,
     pub stop: Arc<AtomicBool>,
+    /// Stops the consumers and the getter only (set before `stop`).
+    pub takers_stop: Arc<AtomicBool>,
     pub streams: Arc<AtomicU64>,
 }
 
@@ -48,6 +50,11 @@ pub fn queue_name(q: usize) -> String {
 impl Ctx {
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Whether the consumers and the getter must stop.
+    fn takers_stopping(&self) -> bool {
+        self.stopping() || self.takers_stop.load(Ordering::Relaxed)
     }
 
     /// Connects to node `first` or, failing that, the next ones in turn; (node, connection).
@@ -305,7 +312,7 @@ fn record(ctx: &Ctx, data: &[u8], stream: u64, redelivered: bool) -> bool {
 pub async fn consumer(ctx: Ctx, seed: u64, home: usize, queue: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut first = home;
-    while !ctx.stopping() {
+    while !ctx.takers_stopping() {
         let Some((node, conn)) = ctx.connect(first).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
@@ -351,7 +358,7 @@ async fn consume_session(
         let _ = tx.send(d);
         std::future::ready(())
     });
-    while !ctx.stopping() {
+    while !ctx.takers_stopping() {
         let d = match tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {
             Err(_) => continue,
             Ok(None) | Ok(Some(Ok(None))) => return Err(anyhow!("consumer cancelled")),
@@ -404,7 +411,7 @@ async fn settle_within(
 pub async fn getter(ctx: Ctx, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = ctx.uris.len();
-    while !ctx.stopping() {
+    while !ctx.takers_stopping() {
         let Some((node, conn)) = ctx.connect(rng.gen_range(0..n)).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
@@ -413,7 +420,7 @@ pub async fn getter(ctx: Ctx, seed: u64) {
         ctx.history.stream_start(stream, node, "getter".to_string());
         let r: Result<()> = async {
             let ch = tokio::time::timeout(Duration::from_secs(5), conn.create_channel()).await??;
-            while !ctx.stopping() {
+            while !ctx.takers_stopping() {
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
                 let q = queue_name(rng.gen_range(0..super::schedule::QUEUES));
                 let got = tokio::time::timeout(

@@ -37,8 +37,11 @@ cargo build --release --bin warren --bin warrenctl --bin warren-chaos
 #   9   node1's disk full (bug 14: the node stayed up unable to confirm), policy
 #       changes, a whole-cluster SIGTERM
 #   21  the leader's disk slow, a minority partition, a flapping cut of the leader
+#   39  the disk of ha.q0's master full: it stops itself and its queues move (bug 16:
+#       committed transactions lost in the promotion's window, once in four runs before
+#       its fix)
 status=0
-for seed in 7 9 21; do
+for seed in 7 9 21 39; do
     "$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --extended \
         --seed "$seed" | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 done

@@ -77,12 +77,27 @@ impl Message {
     }
 }
 
+/// Checks the `delivery_mode` property as RabbitMQ does: absent, 1 or 2.
+pub fn validate_delivery_mode(properties: &AMQPProperties) -> Result<(), String> {
+    match properties.delivery_mode() {
+        None | Some(1) | Some(2) => Ok(()),
+        Some(m) => Err(format!("invalid message: {{delivery_mode_unknown,{m}}}")),
+    }
+}
+
 /// Checks the `expiration` property as RabbitMQ does: absent, or a non-negative integer.
 pub fn validate_expiration(properties: &AMQPProperties) -> Result<(), String> {
     match properties.expiration() {
         None => Ok(()),
         Some(e) if e.as_str().parse::<u64>().is_ok() => Ok(()),
-        Some(e) => Err(format!("invalid expiration '{}'", e.as_str())),
+        // RabbitMQ's reasons: `{value_negative,N}` for a negative integer, else `no_integer`.
+        Some(e) => match e.as_str().parse::<i64>() {
+            Ok(n) => Err(format!(
+                "invalid expiration '{}': {{value_negative,{n}}}",
+                e.as_str()
+            )),
+            Err(_) => Err(format!("invalid expiration '{}': no_integer", e.as_str())),
+        },
     }
 }
 

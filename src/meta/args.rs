@@ -2,6 +2,7 @@
 
 use amq_protocol::types::{AMQPValue, FieldTable};
 
+use super::equivalence::{integer, type_name};
 use super::error::MetaError;
 
 /// What happens when a queue reaches its length limit.
@@ -45,20 +46,6 @@ pub struct QueueArgs {
     pub mirrored: bool,
 }
 
-fn int(v: &AMQPValue) -> Option<i128> {
-    Some(match v {
-        AMQPValue::ShortShortInt(x) => *x as i128,
-        AMQPValue::ShortShortUInt(x) => *x as i128,
-        AMQPValue::ShortInt(x) => *x as i128,
-        AMQPValue::ShortUInt(x) => *x as i128,
-        AMQPValue::LongInt(x) => *x as i128,
-        AMQPValue::LongUInt(x) => *x as i128,
-        AMQPValue::LongLongInt(x) => *x as i128,
-        AMQPValue::Timestamp(x) => *x as i128,
-        _ => return None,
-    })
-}
-
 /// The text of a string-typed field value.
 pub fn string(v: &AMQPValue) -> Option<String> {
     match v {
@@ -68,124 +55,179 @@ pub fn string(v: &AMQPValue) -> Option<String> {
     }
 }
 
-fn type_name(v: &AMQPValue) -> &'static str {
-    match v {
-        AMQPValue::LongString(_) | AMQPValue::ShortString(_) => "longstr",
-        AMQPValue::Boolean(_) => "bool",
-        AMQPValue::Float(_) | AMQPValue::Double(_) => "double",
-        AMQPValue::FieldTable(_) => "table",
-        AMQPValue::FieldArray(_) => "array",
-        AMQPValue::Void => "void",
-        _ => "long",
+/// `?MAX_EXPIRY_TIMER`: the largest TTL and expiry RabbitMQ accepts (ms).
+const MAX_EXPIRY_MS: i128 = u32::MAX as i128;
+
+/// The keys RabbitMQ checks at a declare, in its order (`rabbit_amqqueue:declare_args/0`),
+/// and compares at a redeclare.
+pub const DECLARE_ARGS: [&str; 12] = [
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+];
+
+/// Why an argument is refused.
+enum Refusal {
+    /// `invalid arg '<key>' for queue ...: <why>`, `why` printed as Erlang prints the term.
+    Arg(&'static str, String),
+    /// A whole text of its own.
+    Text(String),
+}
+
+/// The term RabbitMQ's checks return for a non-integer where an integer is wanted (a
+/// string, so Erlang's `~p` prints it quoted).
+fn not_integer(v: &AMQPValue) -> String {
+    format!("\"expected integer, got {}\"", type_name(v))
+}
+
+fn non_negative(v: &AMQPValue) -> Result<i128, String> {
+    let n = integer(v).ok_or_else(|| not_integer(v))?;
+    if n < 0 {
+        return Err(format!("{{value_negative,{n}}}"));
     }
+    Ok(n)
+}
+
+fn unacceptable(v: &AMQPValue) -> String {
+    format!("{{unacceptable_type,{}}}", type_name(v))
+}
+
+fn check(table: &FieldTable) -> Result<QueueArgs, Refusal> {
+    let mut a = QueueArgs::default();
+    for key in DECLARE_ARGS {
+        let Some(value) = table.inner().get(key) else {
+            continue;
+        };
+        let arg = |why: String| Refusal::Arg(key, why);
+        let text = || string(value).ok_or_else(|| arg(unacceptable(value)));
+        match key {
+            "x-expires" => {
+                let n = non_negative(value).map_err(arg)?;
+                if n == 0 {
+                    return Err(arg("{value_zero,0}".into()));
+                }
+                if n > MAX_EXPIRY_MS {
+                    return Err(arg(format!("{{value_too_large,{n}}}")));
+                }
+                a.expires_ms = Some(n as u64);
+            }
+            "x-message-ttl" => {
+                let n = non_negative(value).map_err(arg)?;
+                if n > MAX_EXPIRY_MS {
+                    return Err(arg(format!("{{value_too_large,{n}}}")));
+                }
+                a.message_ttl_ms = Some(n as u64);
+            }
+            "x-dead-letter-exchange" => match string(value) {
+                Some(x) => a.dead_letter_exchange = Some(x),
+                None => {
+                    return Err(Refusal::Text(format!(
+                        "invalid type '{}' for arg '{key}'",
+                        type_name(value)
+                    )))
+                }
+            },
+            "x-dead-letter-routing-key" => {
+                a.dead_letter_routing_key = Some(text()?);
+                if !table.inner().contains_key("x-dead-letter-exchange") {
+                    return Err(arg("routing_key_but_no_dlx_defined".into()));
+                }
+            }
+            "x-max-length" => {
+                a.max_length = Some(non_negative(value).map_err(arg)?.min(u64::MAX as i128) as u64)
+            }
+            "x-max-length-bytes" => {
+                a.max_length_bytes =
+                    Some(non_negative(value).map_err(arg)?.min(u64::MAX as i128) as u64)
+            }
+            "x-max-priority" => {
+                let n = non_negative(value).map_err(arg)?;
+                if n > 255 {
+                    return Err(arg(format!("{{max_value_exceeded,{n}}}")));
+                }
+                a.max_priority = Some(n as u8);
+            }
+            "x-overflow" => {
+                a.overflow = match text()?.as_str() {
+                    "drop-head" => Overflow::DropHead,
+                    "reject-publish" => Overflow::RejectPublish,
+                    "reject-publish-dlx" => Overflow::RejectPublishDlx,
+                    _ => return Err(arg("invalid_overflow".into())),
+                }
+            }
+            "x-queue-mode" => {
+                a.lazy = match text()?.as_str() {
+                    "default" => false,
+                    "lazy" => true,
+                    other => return Err(arg(format!("\"unsupported queue mode '{other}'\""))),
+                }
+            }
+            "x-single-active-consumer" => match value {
+                AMQPValue::Boolean(b) => a.single_active_consumer = *b,
+                _ => return Err(arg(unacceptable(value))),
+            },
+            // Quorum queues and streams are not built: refused like an unknown type.
+            "x-queue-type" => match text()?.as_str() {
+                "classic" => {}
+                other => return Err(arg(format!("\"unsupported queue type '{other}'\""))),
+            },
+            // RabbitMQ 3.10 takes any value here and fails later (541, the connection
+            // closed); Warren refuses an unknown one at once (docs/compatibility.md).
+            "x-queue-master-locator" => match text()?.as_str() {
+                "client-local" | "min-masters" | "random" => {}
+                other => return Err(arg(format!("{{unknown_locator,{other}}}"))),
+            },
+            _ => {}
+        }
+    }
+    Ok(a)
 }
 
 impl QueueArgs {
-    /// Validates `x-` arguments; other keys are kept but ignored, as in RabbitMQ.
+    /// Validates `x-` arguments; other keys are kept but ignored, as in RabbitMQ. The
+    /// error's text leaves the queue out: [`QueueArgs::parse_for`] names it.
     pub fn parse(table: &FieldTable) -> Result<QueueArgs, MetaError> {
-        let mut a = QueueArgs::default();
-        for (key, value) in table.inner() {
-            let key = key.as_str();
-            let bad = |why: String| MetaError::Invalid(format!("invalid arg '{key}': {why}"));
-            let unacceptable = || bad(format!("{{unacceptable_type,{}}}", type_name(value)));
-            let non_negative = || -> Result<u64, MetaError> {
-                let n = int(value).ok_or_else(unacceptable)?;
-                if n < 0 {
-                    return Err(bad(format!("{{value_negative,{n}}}")));
-                }
-                Ok(n.min(u64::MAX as i128) as u64)
-            };
-            match key {
-                "x-message-ttl" => a.message_ttl_ms = Some(non_negative()?),
-                "x-expires" => {
-                    let n = non_negative()?;
-                    if n == 0 {
-                        return Err(bad("{value_zero,0}".into()));
-                    }
-                    a.expires_ms = Some(n);
-                }
-                "x-max-length" => a.max_length = Some(non_negative()?),
-                "x-max-length-bytes" => a.max_length_bytes = Some(non_negative()?),
-                "x-max-priority" => {
-                    let n = non_negative()?;
-                    if n > 255 {
-                        return Err(bad(format!("{{value_too_large,{n},255}}")));
-                    }
-                    a.max_priority = Some(n as u8);
-                }
-                "x-overflow" => {
-                    a.overflow = match string(value).ok_or_else(unacceptable)?.as_str() {
-                        "drop-head" => Overflow::DropHead,
-                        "reject-publish" => Overflow::RejectPublish,
-                        "reject-publish-dlx" => Overflow::RejectPublishDlx,
-                        other => return Err(bad(format!("{{unknown_overflow,{other}}}"))),
-                    }
-                }
-                "x-dead-letter-exchange" => {
-                    a.dead_letter_exchange = Some(string(value).ok_or_else(unacceptable)?)
-                }
-                "x-dead-letter-routing-key" => {
-                    a.dead_letter_routing_key = Some(string(value).ok_or_else(unacceptable)?)
-                }
-                "x-queue-mode" => {
-                    a.lazy = match string(value).ok_or_else(unacceptable)?.as_str() {
-                        "default" => false,
-                        "lazy" => true,
-                        other => return Err(bad(format!("{{unknown_mode,{other}}}"))),
-                    }
-                }
-                "x-queue-type" => match string(value).ok_or_else(unacceptable)?.as_str() {
-                    "classic" => {}
-                    other => {
-                        return Err(bad(format!(
-                            "queue type '{other}' is not supported by Warren (classic only)"
-                        )))
-                    }
-                },
-                "x-single-active-consumer" => match value {
-                    AMQPValue::Boolean(b) => a.single_active_consumer = *b,
-                    _ => return Err(unacceptable()),
-                },
-                "x-queue-master-locator" => {
-                    match string(value).ok_or_else(unacceptable)?.as_str() {
-                        "client-local" | "min-masters" | "random" => {}
-                        other => return Err(bad(format!("{{unknown_locator,{other}}}"))),
-                    }
-                }
-                _ => {}
-            }
-        }
-        if a.dead_letter_routing_key.is_some() && a.dead_letter_exchange.is_none() {
-            return Err(MetaError::Invalid(
-                "invalid arg 'x-dead-letter-routing-key': {no_dlx}".into(),
-            ));
-        }
-        Ok(a)
+        check(table).map_err(|r| match r {
+            Refusal::Arg(key, why) => MetaError::Invalid(format!("invalid arg '{key}': {why}")),
+            Refusal::Text(t) => MetaError::Invalid(t),
+        })
     }
 
-    /// The first argument whose value differs from `current`, as (arg, received, current).
-    pub fn inequivalence(&self, current: &QueueArgs) -> Option<(&'static str, String, String)> {
-        macro_rules! cmp {
-            ($field:ident, $name:literal) => {
-                if self.$field != current.$field {
-                    return Some((
-                        $name,
-                        format!("{:?}", self.$field),
-                        format!("{:?}", current.$field),
-                    ));
+    /// [`QueueArgs::parse`] for queue `name` of `vhost`, with RabbitMQ's texts.
+    pub fn parse_for(table: &FieldTable, name: &str, vhost: &str) -> Result<QueueArgs, MetaError> {
+        check(table).map_err(|r| {
+            MetaError::Invalid(match r {
+                Refusal::Arg(key, why) => {
+                    format!("invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {why}")
                 }
-            };
-        }
-        cmp!(message_ttl_ms, "x-message-ttl");
-        cmp!(expires_ms, "x-expires");
-        cmp!(max_length, "x-max-length");
-        cmp!(max_length_bytes, "x-max-length-bytes");
-        cmp!(overflow, "x-overflow");
-        cmp!(dead_letter_exchange, "x-dead-letter-exchange");
-        cmp!(dead_letter_routing_key, "x-dead-letter-routing-key");
-        cmp!(max_priority, "x-max-priority");
-        cmp!(single_active_consumer, "x-single-active-consumer");
-        None
+                Refusal::Text(t) => format!("{t} in queue '{name}' in vhost '{vhost}'"),
+            })
+        })
+    }
+
+    /// The first declare argument whose value in `received` is not equivalent to the one in
+    /// `current` (RabbitMQ compares the raw values: an argument given at the first declare
+    /// must be given again), as (arg, received, current). `x-queue-type` is left out: a
+    /// classic queue is classic whether the argument says so or not.
+    pub fn inequivalence(
+        received: &FieldTable,
+        current: &FieldTable,
+    ) -> Option<(&'static str, String, String)> {
+        let keys: Vec<&'static str> = DECLARE_ARGS
+            .iter()
+            .copied()
+            .filter(|k| *k != "x-queue-type")
+            .collect();
+        super::equivalence::first_difference(&keys, received, current)
     }
 }
 

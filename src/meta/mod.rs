@@ -9,6 +9,7 @@
 pub mod args;
 pub mod command;
 pub mod definitions;
+pub mod equivalence;
 pub mod error;
 pub mod limits;
 pub mod policy;

@@ -1192,17 +1192,26 @@ impl MetaState {
                     def.internal.to_string(),
                 ),
             ];
+            let ineq = |arg: &str, received: String, current: String| MetaError::Inequivalent {
+                kind: "exchange",
+                name: def.name.clone(),
+                vhost: def.vhost.clone(),
+                arg: arg.to_string(),
+                received,
+                current,
+            };
             for (arg, current, received) in checks {
                 if current != received {
-                    return Err(MetaError::Inequivalent {
-                        kind: "exchange",
-                        name: def.name.clone(),
-                        vhost: def.vhost.clone(),
-                        arg: arg.to_string(),
-                        received: format!("'{received}'"),
-                        current: format!("'{current}'"),
-                    });
+                    return Err(ineq(arg, format!("'{received}'"), format!("'{current}'")));
                 }
+            }
+            // RabbitMQ compares one exchange argument (`rabbit_exchange:declare_args/0`).
+            if let Some((arg, received, current)) = super::equivalence::first_difference(
+                &["alternate-exchange"],
+                &def.arguments,
+                &cur.arguments,
+            ) {
+                return Err(ineq(arg, received, current));
             }
             return Ok(false);
         }
@@ -1211,11 +1220,13 @@ impl MetaState {
     }
 
     fn declare_queue(&mut self, def: &QueueDef) -> Result<bool, MetaError> {
-        let args = def.args()?;
+        QueueArgs::parse_for(&def.arguments, &def.name, &def.vhost)?;
         let limit = self.vhost_limit(&def.vhost, limits::MAX_QUEUES);
         let v = self.vhost_mut(&def.vhost)?;
         if let Some(cur) = v.queues.get(&def.name) {
-            if cur.exclusive_owner.is_some() && cur.exclusive_owner != def.exclusive_owner {
+            // RabbitMQ checks exclusivity first: a queue declared exclusive by another
+            // connection, or an existing one redeclared as exclusive, is locked (405).
+            if cur.exclusive_owner != def.exclusive_owner {
                 return Err(MetaError::Locked {
                     name: def.name.clone(),
                     vhost: def.vhost.clone(),
@@ -1243,11 +1254,9 @@ impl MetaState {
                     format!("'{}'", cur.auto_delete),
                 ));
             }
-            if cur.exclusive_owner.is_none() && def.exclusive_owner.is_some() {
-                return Err(ineq("exclusive", "'true'".into(), "'false'".into()));
-            }
-            let cur_args = cur.args()?;
-            if let Some((arg, received, current)) = args.inequivalence(&cur_args) {
+            if let Some((arg, received, current)) =
+                QueueArgs::inequivalence(&def.arguments, &cur.arguments)
+            {
                 return Err(ineq(arg, received, current));
             }
             return Ok(false);

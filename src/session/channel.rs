@@ -129,6 +129,12 @@ enum Waiting {
     },
 }
 
+/// RabbitMQ's answer to a method only a server sends (a client's `queue.declare-ok`,
+/// `channel.close-ok` out of turn, ...): 503, the connection closed.
+pub(super) fn unimplemented_method() -> AmqpError {
+    command_invalid("unimplemented method")
+}
+
 /// Why a queue this node does not run cannot be used: it does not exist, or it lives on
 /// another node of the cluster.
 pub(super) fn unavailable_queue(c: &Connection, name: &str) -> AmqpError {
@@ -269,6 +275,11 @@ impl Channel {
         }
         let ch = self.id;
         match method {
+            // RabbitMQ 3.10 does not implement stopping a channel's deliveries with
+            // channel.flow: 540, the connection closed (prefetch is the way).
+            AMQPClass::Channel(chm::AMQPMethod::Flow(f)) if !f.active => {
+                Err(not_implemented("active=false"))
+            }
             AMQPClass::Channel(chm::AMQPMethod::Flow(f)) => {
                 self.link.flow_active.store(f.active, Ordering::Release);
                 c.send_method(
@@ -306,23 +317,20 @@ impl Channel {
                 Ok(())
             }
             AMQPClass::Tx(m) => self.handle_tx(c, m, now),
-            other => Err(command_invalid(format!(
-                "method {}.{} is not valid from a client",
-                other.get_amqp_class_id(),
-                other.get_amqp_method_id()
-            ))),
+            _ => Err(unimplemented_method()),
         }
     }
 
     // ---- queue.* ----
 
-    fn resolve_queue_name(&self, name: &str) -> Result<String, AmqpError> {
+    fn resolve_queue_name(&self, name: &str, vhost: &str) -> Result<String, AmqpError> {
         if !name.is_empty() {
             return Ok(name.to_string());
         }
         self.last_queue
             .clone()
-            .ok_or_else(|| not_found("no previously declared queue"))
+            // RabbitMQ looks the empty name up as it is.
+            .ok_or_else(|| not_found(format!("no queue '' in vhost '{vhost}'")))
     }
 
     /// The queue, checking existence (404) and exclusivity (405).
@@ -469,10 +477,7 @@ impl Channel {
                 self.requeue_all(c, now);
                 Ok(())
             }
-            other => Err(command_invalid(format!(
-                "basic method {} is not valid from a client",
-                AMQPClass::Basic(other).get_amqp_method_id()
-            ))),
+            _ => Err(unimplemented_method()),
         }
     }
 
@@ -482,7 +487,7 @@ impl Channel {
         m: basic::Consume,
         now: Instant,
     ) -> Result<(), AmqpError> {
-        let name = self.resolve_queue_name(m.queue.as_str())?;
+        let name = self.resolve_queue_name(m.queue.as_str(), &c.vhost)?;
         if name == crate::broker::direct_reply::REPLY_QUEUE {
             return self.consume_reply(c, m);
         }
@@ -515,10 +520,12 @@ impl Channel {
                 AMQPValue::LongInt(x) => *x,
                 AMQPValue::LongUInt(x) => *x as i32,
                 AMQPValue::LongLongInt(x) => *x as i32,
-                _ => {
-                    return Err(precondition_failed(
-                        "invalid arg 'x-priority': {unacceptable_type}",
-                    ))
+                other => {
+                    return Err(precondition_failed(format!(
+                        "invalid arg 'x-priority' for queue '{name}' in vhost '{}': \"expected integer, got {}\"",
+                        c.vhost,
+                        crate::meta::equivalence::type_name(other)
+                    )))
                 }
             },
         };
@@ -639,7 +646,7 @@ impl Channel {
     }
 
     fn get(&mut self, c: &mut Connection, g: basic::Get, now: Instant) -> Result<(), AmqpError> {
-        let name = self.resolve_queue_name(g.queue.as_str())?;
+        let name = self.resolve_queue_name(g.queue.as_str(), &c.vhost)?;
         perms(c)?.check(Access::Read, "queue", &name)?;
         if c.broker.queue(&c.vhost, &name).is_none() {
             if let Some(queue) = c.broker.remote_queue(&c.vhost, &name) {
@@ -923,6 +930,8 @@ impl Channel {
     ) -> Result<(), AmqpError> {
         let header = p.header.expect("complete publish has a header");
         crate::broker::message::validate_expiration(&header.properties)
+            .map_err(precondition_failed)?;
+        crate::broker::message::validate_delivery_mode(&header.properties)
             .map_err(precondition_failed)?;
         let seq = if self.confirm {
             let s = self.next_publish_seq;
@@ -1246,10 +1255,7 @@ impl Channel {
                 );
                 Ok(())
             }
-            other => Err(command_invalid(format!(
-                "tx method {} is not valid from a client",
-                AMQPClass::Tx(other).get_amqp_method_id()
-            ))),
+            _ => Err(unimplemented_method()),
         }
     }
 

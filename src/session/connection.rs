@@ -378,7 +378,11 @@ impl Connection {
             && f.payload.len() >= 8
             && f.payload[4..8] != [0, 0, 0, 0]
         {
-            return Err(crate::amqp::reply_code::not_implemented("prefetch_size!=0").at(60, 10));
+            let size = u32::from_be_bytes([f.payload[4], f.payload[5], f.payload[6], f.payload[7]]);
+            return Err(crate::amqp::reply_code::not_implemented(format!(
+                "prefetch_size!=0 ({size})"
+            ))
+            .at(60, 10));
         }
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
         tracing::trace!(
@@ -391,8 +395,8 @@ impl Connection {
         let at = |e: AmqpError| e.at(class_id, method_id);
         if f.channel == 0 {
             let AMQPClass::Connection(m) = method else {
-                return Err(at(command_invalid(
-                    "only connection methods are allowed on channel 0",
+                return Err(at(channel_error(
+                    "unexpected method in connection state running",
                 )));
             };
             return self.handle_connection_method(m, now).map_err(at);
@@ -484,9 +488,7 @@ impl Connection {
             match m {
                 chm::AMQPMethod::Open(_) => {
                     if self.channels.contains_key(&ch) {
-                        return Err(channel_error(format!(
-                            "second 'channel.open' seen on channel {ch}"
-                        )));
+                        return Err(channel_error("second 'channel.open' seen"));
                     }
                     if self.channel_max != 0 && self.channels.len() >= self.channel_max as usize {
                         return Err(crate::amqp::reply_code::not_allowed(format!(
@@ -529,9 +531,12 @@ impl Connection {
                             return Ok(());
                         }
                     }
-                    return Err(channel_error(format!(
-                        "unexpected channel.close-ok on channel {ch}"
-                    )));
+                    // As RabbitMQ: on an open channel, a close-ok nobody asked for is a
+                    // method a client never sends (503); on no channel, 504.
+                    if self.channels.contains_key(&ch) {
+                        return Err(super::channel::unimplemented_method());
+                    }
+                    return Err(channel_error("expected 'channel.open'"));
                 }
                 chm::AMQPMethod::Close(_) => {
                     let Some(mut c) = self.channels.remove(&ch) else {
@@ -548,9 +553,7 @@ impl Connection {
             }
         }
         let Some(mut c) = self.channels.remove(&ch) else {
-            return Err(channel_error(format!(
-                "expected 'channel.open' on channel {ch}"
-            )));
+            return Err(channel_error("expected 'channel.open'"));
         };
         if c.is_closing() {
             // Everything but close / close-ok is dropped while a channel closes.

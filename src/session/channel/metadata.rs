@@ -61,9 +61,11 @@ impl Channel {
                     return Ok(());
                 }
                 let kind = ExchangeKind::parse(d.kind.as_str()).ok_or_else(|| {
-                    command_invalid(format!("invalid exchange type '{}'", d.kind))
+                    command_invalid(format!("unknown exchange type '{}'", d.kind))
                 })?;
-                if name.starts_with("amq.") {
+                // An existing `amq.*` exchange is declared like any other (the equivalence
+                // check answers); only a new one is refused, as in RabbitMQ.
+                if name.starts_with("amq.") && !v.exchanges.contains_key(name) {
                     return Err(access_refused(format!(
                         "exchange name '{name}' contains reserved prefix 'amq.*'"
                     )));
@@ -136,10 +138,7 @@ impl Channel {
                 c.park(ch, command, Then::ExchangeUnbind { nowait: b.nowait });
                 Ok(())
             }
-            other => Err(command_invalid(format!(
-                "exchange method {} is not valid from a client",
-                AMQPClass::Exchange(other).get_amqp_method_id()
-            ))),
+            _ => Err(super::unimplemented_method()),
         }
     }
 
@@ -167,7 +166,7 @@ impl Channel {
                     return self.declare_reply_queue(c, &reply, d.nowait);
                 }
                 if d.passive {
-                    let name = self.resolve_queue_name(&name)?;
+                    let name = self.resolve_queue_name(&name, &c.vhost)?;
                     // A queue another live node runs: that node tells its counts.
                     if let Some(queue) = remote_of(c, &name) {
                         c.park_call(
@@ -236,7 +235,7 @@ impl Channel {
                 Ok(())
             }
             qm::AMQPMethod::Bind(b) => {
-                let name = self.resolve_queue_name(b.queue.as_str())?;
+                let name = self.resolve_queue_name(b.queue.as_str(), &c.vhost)?;
                 let command = self.queue_binding(
                     c,
                     true,
@@ -249,7 +248,7 @@ impl Channel {
                 Ok(())
             }
             qm::AMQPMethod::Unbind(b) => {
-                let name = self.resolve_queue_name(b.queue.as_str())?;
+                let name = self.resolve_queue_name(b.queue.as_str(), &c.vhost)?;
                 let command = self.queue_binding(
                     c,
                     false,
@@ -262,7 +261,7 @@ impl Channel {
                 Ok(())
             }
             qm::AMQPMethod::Purge(p) => {
-                let name = self.resolve_queue_name(p.queue.as_str())?;
+                let name = self.resolve_queue_name(p.queue.as_str(), &c.vhost)?;
                 perms(c)?.check(Access::Read, "queue", &name)?;
                 if let Some(queue) = remote_of(c, &name) {
                     c.park_call(
@@ -283,7 +282,7 @@ impl Channel {
                 Ok(())
             }
             qm::AMQPMethod::Delete(d) => {
-                let name = self.resolve_queue_name(d.queue.as_str())?;
+                let name = self.resolve_queue_name(d.queue.as_str(), &c.vhost)?;
                 perms(c)?.check(Access::Configure, "queue", &name)?;
                 if let Some(queue) = remote_of(c, &name) {
                     // Its node tells the counts the checks and delete-ok need.
@@ -323,10 +322,7 @@ impl Channel {
                 );
                 Ok(())
             }
-            other => Err(command_invalid(format!(
-                "queue method {} is not valid from a client",
-                AMQPClass::Queue(other).get_amqp_method_id()
-            ))),
+            _ => Err(super::unimplemented_method()),
         }
     }
 
@@ -343,6 +339,9 @@ impl Channel {
     ) -> Result<Command, AmqpError> {
         perms(c)?.check(Access::Write, "queue", queue)?;
         perms(c)?.check(Access::Read, "exchange", exchange)?;
+        if bind {
+            check_headers_binding(c, exchange, &arguments)?;
+        }
         // Existence and exclusivity of the queue first, as RabbitMQ reports them; an unbind
         // of a queue that is gone is a no-op there (the metadata's answer), not 404.
         match self.queue_handle(c, queue) {
@@ -524,7 +523,7 @@ impl Channel {
                 }
                 if if_empty && messages > 0 {
                     return Err(precondition_failed(format!(
-                        "queue '{name}' in vhost '{vhost}' is not empty"
+                        "queue '{name}' in vhost '{vhost}' not empty"
                     )));
                 }
                 c.park(
@@ -574,7 +573,7 @@ impl Channel {
             let mut q = h.lock();
             if !created && q.exclusive_owner().is_some_and(|o| o != c.id) {
                 return Err(resource_locked(format!(
-                    "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
+                    "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
                 )));
             }
             q.touch(now);
@@ -612,6 +611,9 @@ fn exchange_binding(
 ) -> Result<Command, AmqpError> {
     perms(c)?.check(Access::Write, "exchange", destination)?;
     perms(c)?.check(Access::Read, "exchange", source)?;
+    if bind {
+        check_headers_binding(c, source, &arguments)?;
+    }
     let b = Binding {
         vhost: c.vhost.clone(),
         source: source.to_string(),
@@ -624,6 +626,35 @@ fn exchange_binding(
     } else {
         Command::Unbind(b)
     })
+}
+
+/// A binding to a headers exchange: its `x-match` must be one of RabbitMQ's four values
+/// (`rabbit_exchange_type_headers:validate_binding`). A missing exchange is left to the
+/// metadata's 404.
+fn check_headers_binding(
+    c: &Connection,
+    exchange: &str,
+    args: &FieldTable,
+) -> Result<(), AmqpError> {
+    let snapshot = c.broker.snapshot();
+    let headers = snapshot
+        .vhost(&c.vhost)
+        .and_then(|v| v.exchanges.get(exchange))
+        .is_some_and(|x| x.kind == crate::meta::state::ExchangeKind::Headers);
+    let Some(value) = args.inner().get("x-match").filter(|_| headers) else {
+        return Ok(());
+    };
+    match crate::meta::args::string(value) {
+        Some(m) if ["all", "any", "all-with-x", "any-with-x"].contains(&m.as_str()) => Ok(()),
+        Some(m) => Err(precondition_failed(format!(
+            "Invalid x-match field value <<\"{m}\">>; expected all, any, all-with-x, or any-with-x"
+        ))),
+        None => Err(precondition_failed(format!(
+            "Invalid x-match field type {} (value {}); expected longstr",
+            crate::meta::equivalence::type_name(value),
+            crate::meta::equivalence::plain(value)
+        ))),
+    }
 }
 
 /// queue.delete's checks, made before its command as `Broker::delete_queue` makes them:
@@ -650,7 +681,7 @@ fn check_queue_delete(
     let q = handle.lock();
     if q.exclusive_owner().is_some_and(|o| o != c.id) {
         return Err(resource_locked(format!(
-            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
+            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
         )));
     }
     if if_unused && q.consumer_count() > 0 {
@@ -660,7 +691,7 @@ fn check_queue_delete(
     }
     if if_empty && q.message_count() > 0 {
         return Err(precondition_failed(format!(
-            "queue '{name}' in vhost '{vhost}' is not empty"
+            "queue '{name}' in vhost '{vhost}' not empty"
         )));
     }
     Ok(Some(q.message_count()))

@@ -1177,3 +1177,108 @@ async fn a_forgotten_node_leaves_its_mirrored_queues_working_and_hands_over_thos
     check(&acked, &drain(&cluster, 2, "ha.moves").await);
     let _ = c2.close(200, "bye".into()).await;
 }
+
+/// What of `bodies` node `id`'s files hold for `queue` (its index, read as
+/// `warren inspect-queue` reads it; safe next to the running node).
+fn held_on(cluster: &Cluster, id: u64, queue: &str, bodies: &[Vec<u8>]) -> usize {
+    let data = cluster.dir.join(format!("data{id}"));
+    let Ok(entries) = warren::runtime::inspect::queue_entries(&data, "/", queue) else {
+        return 0;
+    };
+    let held = warren::runtime::inspect::entry_bodies(&data, &entries).unwrap_or_default();
+    bodies
+        .iter()
+        .filter(|b| held.iter().any(|h| h.as_deref() == Some(b.as_slice())))
+        .count()
+}
+
+/// A mirror recorded synchronised holds every message confirmed since (bug 17 in
+/// docs/reliability.md). A third mirror joins an empty queue again and again; each time,
+/// once the cluster lists it synchronised, confirmed messages must be in its files. The
+/// bug: a joining member can miss both `SyncStart` and `SyncEnd` of an empty backlog (GM
+/// gives a joiner only what its left neighbour, here the other mirror, forwards after it
+/// applied the view with the joiner, which the master, on the Raft leader, applied first),
+/// the lap of `SyncEnd` completes without it, and the master recorded it synchronised while
+/// it stayed waiting, releasing rounds without writing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_recorded_synchronised_holds_what_is_confirmed_after() {
+    const ROUNDS: usize = 30;
+    const TWO: &str = r#"{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}"#;
+    let cluster = Cluster::start("syncack").await;
+    // The master on the Raft leader, which applies each view first.
+    let (leader, _) = cluster.wait_leader(1, |_| true).await;
+    cluster.set_ha_policy(TWO).await;
+    let conn = connect(&cluster.node(leader).amqp_uri()).await;
+    let ch = channel(&conn).await;
+    declare(&ch, "ha.joins", true, locator("client-local"))
+        .await
+        .expect("declare");
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let name = |id: u64| format!("warren{id}@test");
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let mut short = Vec::new();
+    for round in 0..ROUNDS {
+        // One mirror, synchronised.
+        let start = Instant::now();
+        let first = loop {
+            let (m, synced) = master_and_synced(&cluster, leader, "ha.joins").await;
+            let mirrors = mirrors_of(&cluster, leader, "ha.joins").await;
+            let one = others
+                .iter()
+                .copied()
+                .filter(|id| mirrors.contains(&name(*id)))
+                .collect::<Vec<_>>();
+            if m == name(leader) && one.len() == 1 && synced.contains(&name(one[0])) {
+                break one[0];
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "round {round}: {m} {mirrors} {synced}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let joiner = others
+            .iter()
+            .copied()
+            .find(|id| *id != first)
+            .expect("two others");
+        // The third joins the empty queue.
+        cluster.set_ha_policy(ALL_AUTOMATIC).await;
+        wait_state(
+            &cluster,
+            leader,
+            "ha.joins",
+            |m| m == name(leader),
+            &[&name(first), &name(joiner)],
+        )
+        .await;
+        let bodies: Vec<Vec<u8>> = (0..20)
+            .map(|i| format!("round {round} message {i}").into_bytes())
+            .collect();
+        for b in &bodies {
+            assert!(publish_acked(&ch, "", "ha.joins", b).await, "nacked");
+        }
+        for id in [first, joiner] {
+            let held = held_on(&cluster, id, "ha.joins", &bodies);
+            if held < bodies.len() {
+                short.push(format!(
+                    "round {round}: node {id}, recorded synchronised, holds {held} of {} confirmed",
+                    bodies.len()
+                ));
+            }
+        }
+        within(
+            "queue.purge",
+            ch.queue_purge("ha.joins".into(), Default::default()),
+        )
+        .await
+        .expect("purge");
+        cluster.set_ha_policy(TWO).await;
+    }
+    assert!(short.is_empty(), "{}", short.join("\n"));
+}

@@ -52,13 +52,24 @@ pub enum MirrorMsg {
         #[serde(with = "serde_bytes")]
         ops: Vec<u8>,
     },
-    /// The backlog is complete: once `target` released this, it holds the whole queue.
+    /// The backlog is complete. Its lap completing does not prove `target` got it (GM
+    /// gives a joiner only what is sent after its left neighbour saw it join): the target
+    /// answers with [`MirrorMsg::SyncAck`] once it holds the whole queue.
     SyncEnd {
         /// The master's epoch.
         epoch: u64,
         /// The mirror being synchronised.
         target: MemberId,
         /// Its sync (`SyncStart::sync`).
+        sync: u64,
+    },
+    /// From a mirror: it got `SyncEnd` of sync `(epoch, sync)` as the one it follows (its
+    /// backlog written, or, for a natural sync, following since that sync's `SyncStart`),
+    /// so its copy is the whole queue. Only then may the master record it synchronised.
+    SyncAck {
+        /// The master's epoch.
+        epoch: u64,
+        /// The sync.
         sync: u64,
     },
 }
@@ -116,6 +127,7 @@ mod tests {
                 sync: 3,
                 ops: vec![9],
             },
+            MirrorMsg::SyncAck { epoch: 3, sync: 9 },
             MirrorMsg::SyncEnd {
                 epoch: 1,
                 target,

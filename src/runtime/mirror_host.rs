@@ -212,6 +212,10 @@ fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
 }
 
 /// A mirror's state in its group.
+/// How long a master waits for a mirror to acknowledge a sync whose end made its lap
+/// before it starts the sync again.
+const SYNC_ACK_WAIT: Duration = Duration::from_secs(3);
+
 enum Mode {
     /// Joined; waiting for the master's `SyncStart` (rounds before it are not ours).
     Waiting,
@@ -318,6 +322,9 @@ struct Membership {
     /// metadata names another (the queue was deleted and declared again), this member
     /// belongs to a queue that is gone.
     incarnation: u64,
+    /// The sync `(epoch, sync)` whose start made this mirror's copy the queue's (a natural
+    /// sync's `SyncStart`, an active one's `SyncEnd`): its `SyncEnd` is acknowledged.
+    synced_by: Option<(u64, u64)>,
 }
 
 /// The incarnation of `key`'s mirror set (0: not mirrored).
@@ -695,6 +702,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 } else {
                     Mode::Live
                 };
+                m.synced_by = (!active).then_some((epoch, sync));
                 true
             }
             // A sync for this member whose start it never got (GM gives a joiner only what
@@ -741,6 +749,20 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     }
                     tracing::info!(queue = %key.1, "mirror holds the backlog");
                 }
+                m.synced_by = Some((epoch, sync));
+                ack_sync(m, epoch, sync);
+                true
+            }
+            // A natural sync's end, for the sync this mirror has followed since its start.
+            Some(MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync,
+            }) if target == me
+                && matches!(m.mode, Mode::Live)
+                && m.synced_by == Some((epoch, sync)) =>
+            {
+                ack_sync(m, epoch, sync);
                 true
             }
             Some(_) => true,
@@ -870,6 +892,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 master: 0,
                 master_member: None,
                 incarnation,
+                synced_by: None,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -1304,7 +1327,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         lock(&self.fenced).insert(key.clone(), (incarnation, epoch));
                         break;
                     }
-                    Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
+                    Some(Event::Deliver { from, num, msg }) => {
+                        if let Some(MirrorMsg::SyncAck { epoch: e, sync }) = MirrorMsg::decode(&msg) {
+                            for run in syncs.values_mut() {
+                                if run.target == from && run.id == (e, sync) {
+                                    run.acked = true;
+                                }
+                            }
+                        }
+                        m.handle.release(from, num)
+                    }
                     Some(ev) => {
                         let before = m.members.clone();
                         Self::track(&mut m, &ev);
@@ -1337,6 +1369,21 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                                 .then_some(*mid)
                         })
                         .collect();
+                    // A sync whose end made its lap but that its mirror never acknowledged:
+                    // the mirror joined too late to get its start or its end (it would hold
+                    // nothing). Started again: the member is in the ring now.
+                    let unacked: Vec<(MemberId, bool)> = syncs
+                        .iter()
+                        .filter(|(_, run)| run.unacknowledged_for() > SYNC_ACK_WAIT)
+                        .map(|(mid, run)| (*mid, run.was_active))
+                        .collect();
+                    for (mid, was_active) in unacked {
+                        tracing::warn!(queue = %key.1, node = mid.node, "a sync's end made its lap but its mirror never acknowledged it: starting over");
+                        if let Some(run) = syncs.remove(&mid) {
+                            run.abort();
+                        }
+                        self.start_sync(key, &m, mid, epoch, &mut syncs, was_active).await;
+                    }
                     for mid in done {
                         if self
                             .set_synchronised(key, incarnation, Some(mid), mid.node, true, Some(epoch))
@@ -1496,6 +1543,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 copier,
                 confirm: None,
                 recorded: false,
+                was_active: active,
+                ended: None,
+                acked: false,
             },
         );
     }
@@ -1577,6 +1627,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     }
 }
 
+/// Tells the master this mirror holds the whole queue as of sync `(epoch, sync)`. Not
+/// confirmed: a lost acknowledgement only makes the master start the sync again.
+fn ack_sync(m: &Membership, epoch: u64, sync: u64) {
+    let ack = MirrorMsg::SyncAck { epoch, sync }.encode();
+    if let Err(e) = m.handle.sender().broadcast(Bytes::from(ack)) {
+        tracing::debug!(error = %e, "cannot acknowledge a sync");
+    }
+}
+
 /// Leaves the group, releasing what is delivered meanwhile (the drain waits for the
 /// releases of a member with durable acks; nothing is written any more).
 async fn leave(m: &mut Membership) {
@@ -1629,6 +1688,12 @@ struct SyncRun {
     confirm: Option<JoinHandle<bool>>,
     /// Recorded synchronised in the metadata.
     recorded: bool,
+    /// Started as an active sync (what a restart of it asks for again).
+    was_active: bool,
+    /// When its `SyncEnd` completed its lap (the copier's, or the natural sync's).
+    ended: Option<std::time::Instant>,
+    /// The mirror's [`MirrorMsg::SyncAck`] came.
+    acked: bool,
 }
 
 impl SyncRun {
@@ -1642,10 +1707,33 @@ impl SyncRun {
         }
     }
 
-    /// Whether the mirror holds everything: its active copy ended with a completed
-    /// `SyncEnd` lap, or the backlog before its start is gone (natural sync) and a
-    /// `SyncEnd` sent then (through `sender`) completed its lap.
+    /// How long its `SyncEnd` has waited for the mirror's acknowledgement (zero: not
+    /// ended, or acknowledged).
+    fn unacknowledged_for(&self) -> Duration {
+        match self.ended {
+            Some(at) if !self.acked && !self.recorded => at.elapsed(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether the mirror holds everything: its `SyncEnd` completed its lap (after the
+    /// active copy, or once the backlog before its start is gone in a natural sync) and
+    /// the mirror acknowledged it.
     fn complete<D: StorageDisk>(
+        &mut self,
+        storage: &Storage<D>,
+        key: &Key,
+        sender: &GmSender,
+    ) -> bool {
+        if self.ended.is_none() && self.lap_complete(storage, key, sender) {
+            self.ended = Some(std::time::Instant::now());
+        }
+        self.ended.is_some() && self.acked
+    }
+
+    /// Whether the sync's `SyncEnd` completed its lap (sending a natural sync's once its
+    /// backlog is gone).
+    fn lap_complete<D: StorageDisk>(
         &mut self,
         storage: &Storage<D>,
         key: &Key,

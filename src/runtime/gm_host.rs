@@ -26,6 +26,7 @@ use bytes::Bytes;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::gm::{
     Batch, Event, GmFrame, GmMsg, GmReply, GroupRecord, Inbox, Member, MemberId, Outbox, PubNum,
@@ -442,7 +443,13 @@ impl<N: GmNet + Clone> GmHost<N> {
             leaving: None,
             events: ev_tx,
         };
-        tokio::spawn(task.run(cmd_rx, route_rx, self.inner.raft.subscribe()));
+        // The span is the task's (`instrument`), not entered across its awaits: an entered
+        // guard would stay on the worker thread and label other tasks' logs with it.
+        let span = tracing::info_span!("gm", node = me.node, group = %group, since = me.since);
+        tokio::spawn(
+            task.run(cmd_rx, route_rx, self.inner.raft.subscribe())
+                .instrument(span),
+        );
         GmHandle {
             id: me,
             group: group.to_string(),
@@ -518,8 +525,6 @@ impl<N: GmNet + Clone> MemberTask<N> {
         mut inbound: mpsc::UnboundedReceiver<Vec<GmMsg<Bytes>>>,
         mut views: watch::Receiver<MetaView>,
     ) {
-        let span = tracing::info_span!("gm", node = self.me.node, group = %self.group, since = self.me.since);
-        let _enter = span.enter();
         // A view newer than the one it was built with may already be applied.
         self.on_view(&views.borrow_and_update());
         self.pump();

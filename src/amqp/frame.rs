@@ -46,34 +46,65 @@ pub struct Frame<'a> {
 }
 
 /// Why a byte stream is not a valid frame sequence; every case is a connection error.
+/// Checked in RabbitMQ's order (`rabbit_reader`): the size as soon as the 7-octet header is
+/// in, then the end octet, then the type.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// The type octet is not one of the four frame types.
-    #[error("unknown frame type {0}")]
-    UnknownType(u8),
     /// The announced payload is larger than the negotiated frame_max allows.
-    #[error("frame size {size} exceeds frame_max {frame_max}")]
+    #[error("type {kind}, all octets = <<>>: {{frame_too_large,{size},{limit}}}")]
     TooLarge {
-        /// Announced frame size including overhead.
+        /// The type octet.
+        kind: u8,
+        /// Announced payload size.
         size: u64,
-        /// The limit.
-        frame_max: u32,
+        /// The largest payload allowed (frame_max less the frame's 8 octets).
+        limit: u64,
     },
     /// The octet after the payload is not 0xCE.
-    #[error("frame does not end with 0xCE")]
-    BadEnd,
+    #[error(
+        "type {kind}, all octets = {}: {{invalid_frame_end_marker,{end}}}",
+        erlang_binary(payload)
+    )]
+    BadEnd {
+        /// The type octet.
+        kind: u8,
+        /// The payload.
+        payload: Vec<u8>,
+        /// The octet found instead.
+        end: u8,
+    },
+    /// The type octet is not one of the four frame types.
+    #[error("type {kind}, all octets = {}: unknown_frame", erlang_binary(payload))]
+    UnknownType {
+        /// The type octet.
+        kind: u8,
+        /// The payload.
+        payload: Vec<u8>,
+    },
 }
 
 impl FrameError {
-    /// The connection error a frame error closes the connection with.
+    /// The connection error a frame error closes the connection with (501, as RabbitMQ).
     pub fn to_amqp(&self) -> AmqpError {
-        match self {
-            // RabbitMQ answers an unknown frame type and a bad frame-end with 501 too.
-            FrameError::UnknownType(_) | FrameError::TooLarge { .. } | FrameError::BadEnd => {
-                AmqpError::new(ReplyCode::FrameError, self.to_string())
-            }
-        }
+        AmqpError::new(ReplyCode::FrameError, self.to_string())
     }
+}
+
+/// `bytes` as Erlang's `~p` prints a binary in RabbitMQ's frame errors: `<<"text">>` when
+/// every octet is printable, else the octets (`<<0,50>>`).
+pub fn erlang_binary(bytes: &[u8]) -> String {
+    if !bytes.is_empty() && bytes.iter().all(|b| (32..127).contains(b)) {
+        let text: String = bytes
+            .iter()
+            .flat_map(|&b| match b {
+                b'"' | b'\\' => vec!['\\', b as char],
+                _ => vec![b as char],
+            })
+            .collect();
+        return format!("<<\"{text}\">>");
+    }
+    let octets: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+    format!("<<{}>>", octets.join(","))
 }
 
 /// Splits one frame off the front of `buf`.
@@ -81,40 +112,49 @@ impl FrameError {
 /// Returns `Ok(None)` when more bytes are needed, `Ok(Some((frame, consumed)))` otherwise.
 /// `frame_max` of 0 means no limit.
 pub fn split(buf: &[u8], frame_max: u32) -> Result<Option<(Frame<'_>, usize)>, FrameError> {
-    if buf.is_empty() {
+    if buf.len() < FRAME_HEADER_SIZE {
         return Ok(None);
     }
-    let kind = match buf[0] {
+    let kind_octet = buf[0];
+    let channel = u16::from_be_bytes([buf[1], buf[2]]);
+    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as u64;
+    let limit = (frame_max as u64).saturating_sub(FRAME_OVERHEAD as u64);
+    if frame_max != 0 && size > limit {
+        return Err(FrameError::TooLarge {
+            kind: kind_octet,
+            size,
+            limit,
+        });
+    }
+    let total = (size + FRAME_OVERHEAD as u64) as usize;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let payload = &buf[FRAME_HEADER_SIZE..total - 1];
+    if buf[total - 1] != FRAME_END {
+        return Err(FrameError::BadEnd {
+            kind: kind_octet,
+            payload: payload.to_vec(),
+            end: buf[total - 1],
+        });
+    }
+    let kind = match kind_octet {
         1 => FrameKind::Method,
         2 => FrameKind::Header,
         3 => FrameKind::Body,
         8 => FrameKind::Heartbeat,
-        t => return Err(FrameError::UnknownType(t)),
+        t => {
+            return Err(FrameError::UnknownType {
+                kind: t,
+                payload: payload.to_vec(),
+            })
+        }
     };
-    if buf.len() < FRAME_HEADER_SIZE {
-        return Ok(None);
-    }
-    let channel = u16::from_be_bytes([buf[1], buf[2]]);
-    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as usize;
-    let total = size as u64 + FRAME_OVERHEAD as u64;
-    if frame_max != 0 && total > frame_max as u64 {
-        return Err(FrameError::TooLarge {
-            size: total,
-            frame_max,
-        });
-    }
-    let total = total as usize;
-    if buf.len() < total {
-        return Ok(None);
-    }
-    if buf[total - 1] != FRAME_END {
-        return Err(FrameError::BadEnd);
-    }
     Ok(Some((
         Frame {
             kind,
             channel,
-            payload: &buf[FRAME_HEADER_SIZE..total - 1],
+            payload,
         },
         total,
     )))
@@ -299,10 +339,12 @@ pub fn decode_method(payload: &[u8]) -> Result<AMQPClass, AmqpError> {
             AmqpError::new(ReplyCode::FrameError, "trailing bytes in method frame")
                 .at(class_id, method_id),
         ),
-        Err(_) => Err(
-            AmqpError::new(ReplyCode::FrameError, "cannot decode method frame")
-                .at(class_id, method_id),
-        ),
+        // RabbitMQ names the arguments it could not decode.
+        Err(_) => Err(AmqpError::new(
+            ReplyCode::FrameError,
+            format!("cannot decode {}", erlang_binary(&payload[4..])),
+        )
+        .at(class_id, method_id)),
     }
 }
 
@@ -376,7 +418,14 @@ mod tests {
         let (f, used) = split(&out, 4096).unwrap().unwrap();
         assert_eq!((f.kind, f.channel, used), (FrameKind::Heartbeat, 0, 8));
         out[7] = 0;
-        assert_eq!(split(&out, 4096), Err(FrameError::BadEnd));
+        assert_eq!(
+            split(&out, 4096),
+            Err(FrameError::BadEnd {
+                kind: 8,
+                payload: Vec::new(),
+                end: 0
+            })
+        );
     }
 
     #[test]
@@ -386,7 +435,18 @@ mod tests {
             split(&header, 131072),
             Err(FrameError::TooLarge { .. })
         ));
-        assert_eq!(split(&[9], 4096), Err(FrameError::UnknownType(9)));
+        let unknown = [9u8, 0, 1, 0, 0, 0, 1, b'x', FRAME_END];
+        let e = split(&unknown, 4096).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "type 9, all octets = <<\"x\">>: unknown_frame"
+        );
+        assert_eq!(
+            split(&[3, 0, 1, 0, 3, 13, 64], 131072)
+                .unwrap_err()
+                .to_string(),
+            "type 3, all octets = <<>>: {frame_too_large,200000,131064}"
+        );
     }
 
     #[test]

@@ -268,10 +268,14 @@ impl Channel {
         method: AMQPClass,
         now: Instant,
     ) -> Result<(), AmqpError> {
-        if self.content.is_some() {
-            return Err(unexpected_frame(
-                "expected content header or body, got a method",
-            ));
+        if let Some(pending) = &self.content {
+            // RabbitMQ's texts, naming the publish whose content was interrupted.
+            let text = if pending.header.is_none() {
+                "expected content header for class 60, got non content header frame instead"
+            } else {
+                "expected content body, got non content body frame instead"
+            };
+            return Err(unexpected_frame(text).at(BASIC_CLASS, BASIC_PUBLISH));
         }
         let ch = self.id;
         match method {
@@ -868,10 +872,9 @@ impl Channel {
         now: Instant,
     ) -> Result<(), AmqpError> {
         let Some(pending) = self.content.as_mut() else {
-            return Err(unexpected_frame(format!(
-                "unexpected content frame on channel {}",
-                self.id
-            )));
+            return Err(unexpected_frame(
+                "expected method frame, got non method frame instead",
+            ));
         };
         match f.kind {
             FrameKind::Header => {
@@ -880,10 +883,11 @@ impl Channel {
                 }
                 let h = frame::decode_content_header(f.payload)?;
                 if h.class_id != 60 {
-                    return Err(frame_error(format!(
-                        "content header for class {}",
+                    return Err(unexpected_frame(format!(
+                        "expected content header for class 60, got one for class {} instead",
                         h.class_id
-                    )));
+                    ))
+                    .at(BASIC_CLASS, BASIC_PUBLISH));
                 }
                 if h.body_size > c.cfg.max_message_size {
                     self.content = None;

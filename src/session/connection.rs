@@ -49,7 +49,7 @@ use super::handshake::{self, ClientCapabilities};
 use super::meta::MetaPort;
 use super::permissions::Permissions;
 use crate::amqp::frame::{self, Frame, FrameKind, FRAME_MIN_SIZE, PROTOCOL_HEADER};
-use crate::amqp::reply_code::{channel_error, command_invalid, frame_error, unexpected_frame};
+use crate::amqp::reply_code::{channel_error, command_invalid, unexpected_frame};
 use crate::amqp::{short, AmqpError, ReplyCode};
 use crate::broker::registry::{
     ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionLimits, ConnectionState,
@@ -349,7 +349,11 @@ impl Connection {
         let result = match f.kind {
             FrameKind::Heartbeat => {
                 if f.channel != 0 {
-                    Err(frame_error("heartbeat frame on a non-zero channel"))
+                    // RabbitMQ's text for it, as odd as it is.
+                    Err(unexpected_frame(format!(
+                        "type 8, all octets = {}",
+                        frame::erlang_binary(f.payload)
+                    )))
                 } else {
                     Ok(())
                 }

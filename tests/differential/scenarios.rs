@@ -318,6 +318,7 @@ pub fn all() -> Vec<Scenario> {
     channels(&mut out);
     tx_and_confirms(&mut out);
     message_behaviour(&mut out);
+    frames(&mut out);
     out
 }
 
@@ -1966,5 +1967,109 @@ fn message_behaviour(out: &mut Vec<Scenario>) {
             publish_with(1, &xn, "nowhere", true, BasicProperties::default(), "m"),
             call(1, get(&qn, true)),
         ]
+    });
+}
+
+/// A frame from raw parts: type, channel, payload, and the end octet.
+fn raw_frame(kind: u8, channel: u16, payload: &[u8], end: u8) -> Vec<u8> {
+    let mut bytes = vec![kind];
+    bytes.extend(channel.to_be_bytes());
+    bytes.extend((payload.len() as u32).to_be_bytes());
+    bytes.extend(payload);
+    bytes.push(end);
+    bytes
+}
+
+fn raw(bytes: Vec<u8>) -> Step {
+    Step::Raw { conn: 0, bytes }
+}
+
+/// Frame-level violations after the handshake (what no client library sends): RabbitMQ's
+/// choice among 501, 502, 503, 504, 505 and 540, or a socket closed without a method.
+fn frames(out: &mut Vec<Scenario>) {
+    // queue.declare of "" on channel 1, as the codec writes it.
+    let declare = super::common::encode(&AMQPFrame::Method(1, q("")));
+    let declare_payload = declare[7..declare.len() - 1].to_vec();
+    let publish = super::common::encode(&AMQPFrame::Method(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "".into(),
+            routing_key: "nowhere".into(),
+            mandatory: false,
+            immediate: false,
+        })),
+    ));
+    let header = |class: u16, size: u64| {
+        let mut p = class.to_be_bytes().to_vec();
+        p.extend([0, 0]);
+        p.extend(size.to_be_bytes());
+        p.extend([0, 0]);
+        raw_frame(2, 1, &p, 0xCE)
+    };
+    sc(out, "frame/bad-end-octet", |_| {
+        vec![raw(raw_frame(1, 1, &declare_payload, 0x00))]
+    });
+    sc(out, "frame/unknown-type", |_| {
+        vec![raw(raw_frame(9, 1, b"x", 0xCE))]
+    });
+    sc(out, "frame/body-without-method", |_| {
+        vec![raw(raw_frame(3, 1, b"stray", 0xCE))]
+    });
+    sc(out, "frame/header-without-method", |_| {
+        vec![raw(header(60, 1))]
+    });
+    sc(out, "frame/heartbeat-on-a-channel", |_| {
+        vec![raw(raw_frame(8, 1, b"", 0xCE))]
+    });
+    sc(out, "frame/method-on-closed-channel-9", |_| {
+        vec![raw(raw_frame(1, 9, &declare_payload, 0xCE))]
+    });
+    sc(out, "frame/larger-than-frame-max", |_| {
+        vec![raw(raw_frame(3, 1, &vec![b'x'; 200_000], 0xCE))]
+    });
+    sc(out, "frame/truncated-method", |_| {
+        vec![raw(raw_frame(1, 1, &declare_payload[..6], 0xCE))]
+    });
+    sc(out, "frame/unknown-class", |_| {
+        vec![raw(raw_frame(1, 1, &[0, 99, 0, 10], 0xCE))]
+    });
+    sc(out, "frame/unknown-method", |_| {
+        vec![raw(raw_frame(1, 1, &[0, 50, 0, 99], 0xCE))]
+    });
+    sc(out, "frame/header-of-another-class", |_| {
+        let mut b = publish.clone();
+        b.extend(header(50, 1));
+        vec![raw(b)]
+    });
+    sc(out, "frame/body-longer-than-header", |_| {
+        let mut b = publish.clone();
+        b.extend(header(60, 2));
+        b.extend(raw_frame(3, 1, b"abcd", 0xCE));
+        vec![raw(b)]
+    });
+    sc(out, "frame/method-inside-content", |_| {
+        let mut b = publish.clone();
+        b.extend(header(60, 4));
+        b.extend(declare.clone());
+        vec![raw(b)]
+    });
+    sc(out, "frame/empty-body-frame", |p| {
+        let name = format!("{p}.q");
+        let mut b = super::common::encode(&AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: name.as_str().into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        ));
+        b.extend(header(60, 2));
+        b.extend(raw_frame(3, 1, b"", 0xCE));
+        b.extend(raw_frame(3, 1, b"ab", 0xCE));
+        vec![call(1, q(&name)), raw(b), call(1, get(&name, true))]
+    });
+    sc(out, "frame/protocol-header-mid-connection", |_| {
+        vec![raw(b"AMQP\x00\x00\x09\x01".to_vec())]
     });
 }

@@ -5,7 +5,7 @@
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
 use amq_protocol::protocol::{
-    basic, channel as chan, confirm, exchange, queue, tx, AMQPClass, BasicProperties,
+    basic, channel as chan, confirm, connection, exchange, queue, tx, AMQPClass, BasicProperties,
 };
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -1481,6 +1481,22 @@ fn channels(out: &mut Vec<Scenario>) {
     sc(out, "channel/id-zero", |p| {
         vec![call(0, q(&format!("{p}.q")))]
     });
+    for (label, secret) in [("same", "guest"), ("wrong", "not-the-password")] {
+        sc(out, format!("connection/update-secret-{label}"), |p| {
+            vec![
+                call(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(
+                        connection::UpdateSecret {
+                            new_secret: LongString::from(secret),
+                            reason: "rotation".into(),
+                        },
+                    )),
+                ),
+                call(1, q(&format!("{p}.q"))),
+            ]
+        });
+    }
 }
 
 /// tx.* and confirm.* alone and together.

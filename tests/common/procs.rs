@@ -228,7 +228,9 @@ impl Cluster {
 
     fn ips_of(n: u32) -> Vec<String> {
         let pid = std::process::id();
-        let (a, b) = (10 + (pid % 200), (pid / 200 % 50) * 5 + n);
+        // Wrapped: without it, a process id with `pid / 200 % 50 == 49` put its eleventh
+        // cluster on 127.x.256.y, not an address (node configs refused, tests failed).
+        let (a, b) = (10 + (pid % 200), ((pid / 200 % 50) * 5 + n) % 256);
         (1..=3).map(|i| format!("127.{a}.{b}.{i}")).collect()
     }
 

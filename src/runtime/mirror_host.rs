@@ -211,11 +211,11 @@ fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
     }
 }
 
-/// A mirror's state in its group.
 /// How long a master waits for a mirror to acknowledge a sync whose end made its lap
 /// before it starts the sync again.
 const SYNC_ACK_WAIT: Duration = Duration::from_secs(3);
 
+/// A mirror's state in its group.
 enum Mode {
     /// Joined; waiting for the master's `SyncStart` (rounds before it are not ours).
     Waiting,

@@ -44,31 +44,7 @@ pub fn header_keys(
                 _ => None,
             })
             .collect()),
-        Some(other) => Err((name, rabbit_type(other))),
-    }
-}
-
-/// RabbitMQ's name for a field value's type.
-fn rabbit_type(v: &AMQPValue) -> &'static str {
-    match v {
-        AMQPValue::Boolean(_) => "bool",
-        AMQPValue::ShortShortInt(_) => "byte",
-        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
-        AMQPValue::ShortInt(_) => "short",
-        AMQPValue::ShortUInt(_) => "unsignedshort",
-        AMQPValue::LongInt(_) => "signedint",
-        AMQPValue::LongUInt(_) => "unsignedint",
-        AMQPValue::LongLongInt(_) => "long",
-        AMQPValue::Float(_) => "float",
-        AMQPValue::Double(_) => "double",
-        AMQPValue::DecimalValue(_) => "decimal",
-        AMQPValue::ShortString(_) => "shortstr",
-        AMQPValue::LongString(_) => "longstr",
-        AMQPValue::FieldArray(_) => "array",
-        AMQPValue::Timestamp(_) => "timestamp",
-        AMQPValue::FieldTable(_) => "table",
-        AMQPValue::ByteArray(_) => "binary",
-        AMQPValue::Void => "void",
+        Some(other) => Err((name, crate::meta::equivalence::type_name(other))),
     }
 }
 

@@ -108,14 +108,8 @@ pub fn entry_bodies(
     if !wanted.is_empty() {
         let disk = FileDisk::new();
         let dir = data_dir.join("msg_store_persistent");
-        let mut files: Vec<(u64, String)> = disk
-            .list(&dir)?
-            .into_iter()
-            .filter_map(|n| parse_file_name(&n).map(|k| (k, n)))
-            .collect();
-        files.sort();
         // The newest copy wins, as in `message_bytes`.
-        for (_, name) in files {
+        for name in store_files(&disk, &dir)? {
             let bytes = disk.read(&dir.join(&name))?;
             for r in record::scan(&bytes).0 {
                 if let Some(MsgId(id)) = MsgId::from_prefix(r.payload) {
@@ -179,15 +173,9 @@ pub fn message_bytes(data_dir: &Path, id_hex: &str) -> Result<Vec<u8>, InspectEr
     let id = parse_id(id_hex)?;
     let disk = FileDisk::new();
     let dir = data_dir.join("msg_store_persistent");
-    let mut files: Vec<(u64, String)> = disk
-        .list(&dir)?
-        .into_iter()
-        .filter_map(|n| parse_file_name(&n).map(|k| (k, n)))
-        .collect();
-    files.sort();
     // The newest copy wins (compaction may leave an older duplicate behind a crash).
     let mut found = None;
-    for (_, name) in files {
+    for name in store_files(&disk, &dir)? {
         let bytes = disk.read(&dir.join(&name))?;
         let (records, _) = record::scan(&bytes);
         for r in records {
@@ -219,6 +207,17 @@ pub fn format_message(id_hex: &str, bytes: &[u8]) -> Result<String, InspectError
         m.body.len(),
         String::from_utf8_lossy(shown)
     ))
+}
+
+/// The message store's file names in `dir`, oldest first.
+fn store_files(disk: &FileDisk, dir: &Path) -> Result<Vec<String>, InspectError> {
+    let mut files: Vec<(u64, String)> = disk
+        .list(dir)?
+        .into_iter()
+        .filter_map(|n| parse_file_name(&n).map(|k| (k, n)))
+        .collect();
+    files.sort();
+    Ok(files.into_iter().map(|(_, n)| n).collect())
 }
 
 fn parse_id(hex: &str) -> Result<MsgId, InspectError> {

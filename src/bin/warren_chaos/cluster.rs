@@ -349,23 +349,10 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // tokio's process support is not among the crate's features: a blocking thread
-        // waits, bounded, for the (small) output.
-        let out = tokio::task::spawn_blocking(move || -> Result<std::process::Output> {
-            let mut child = cmd.spawn().context("run warrenctl")?;
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while child.try_wait()?.is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    bail!("timed out");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Ok(child.wait_with_output()?)
-        })
-        .await?
-        .with_context(|| format!("warrenctl {args:?} on node{}", i + 1))?;
+        // The output is small: it fits the pipe while the child is waited for.
+        let out = run_bounded(cmd, Duration::from_secs(15))
+            .await
+            .with_context(|| format!("warrenctl {args:?} on node{}", i + 1))?;
         if !out.status.success() {
             bail!(
                 "warrenctl {args:?} on node{}: {}",
@@ -393,22 +380,11 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(Stdio::piped());
-        // Bounded like warrenctl; the listing goes to a file, so a large one cannot fill a
-        // pipe nobody reads while the child is waited for.
-        let out = tokio::task::spawn_blocking(move || -> Result<std::process::Output> {
-            let mut child = cmd.spawn().context("run warren inspect-queue")?;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while child.try_wait()?.is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    bail!("timed out");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Ok(child.wait_with_output()?)
-        })
-        .await??;
+        // The listing goes to a file, so a large one cannot fill a pipe nobody reads while
+        // the child is waited for.
+        let out = run_bounded(cmd, Duration::from_secs(60))
+            .await
+            .context("run warren inspect-queue")?;
         if !out.status.success() {
             bail!(
                 "warren inspect-queue: {}",
@@ -475,6 +451,25 @@ impl Cluster {
             })
             .collect())
     }
+}
+
+/// Runs `cmd` to its end, killed after `limit`. tokio's process support is not among the
+/// crate's features: a blocking thread waits.
+async fn run_bounded(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
+    tokio::task::spawn_blocking(move || -> Result<std::process::Output> {
+        let mut child = cmd.spawn().context("spawn")?;
+        let deadline = Instant::now() + limit;
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("timed out");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(child.wait_with_output()?)
+    })
+    .await?
 }
 
 #[derive(Clone, Debug)]

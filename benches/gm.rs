@@ -56,10 +56,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use warren::config::ClusterConfig;
 use warren::gm::Event;
-use warren::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use warren::meta::Command;
 use warren::runtime::gm_host::{GmError, GmHandle, GmHost, GmHostConfig};
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
+use warren::runtime::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use warren::store::{Disk, MemDisk};
 
 const CLUSTER: &str = "gm-bench";

@@ -35,10 +35,10 @@ use amq_protocol::types::FieldTable;
 use hdrhistogram::Histogram;
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinSet;
-use warren::meta::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError};
 use warren::meta::{Command, QueueDef};
 use warren::runtime::file_disk::FileDisk;
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
+use warren::runtime::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError};
 use warren::store::{Disk, MemDisk};
 
 const CLUSTER: &str = "meta-bench";

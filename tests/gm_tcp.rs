@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use warren::gm::{Event, MemberId};
-use warren::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use warren::meta::Command;
 use warren::runtime::gm_host::{GmHandle, GmHost, GmHostConfig};
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
+use warren::runtime::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use warren::store::{Disk, MemDisk};
 
 async fn bounded<F: Future<Output = ()>>(test: F) {

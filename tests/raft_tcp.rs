@@ -15,13 +15,13 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
-use warren::meta::raft::{
-    MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError, RaftTransport, TransportError,
-};
 use warren::meta::state::{queue_names, Binding, Destination};
 use warren::meta::{Command, QueueDef};
 use warren::runtime::node_link::wire::{self, Envelope, PROTOCOL_VERSION};
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
+use warren::runtime::raft::{
+    MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError, RaftTransport, TransportError,
+};
 use warren::store::{Disk, MemDisk};
 
 const CLUSTER: &str = "test-cluster";

@@ -31,10 +31,10 @@ use rand::{Rng, SeedableRng};
 use turmoil::net::TcpListener;
 use warren::cluster::Detector;
 use warren::gm::{Event, GroupRecord, MemberId, Slot, View};
-use warren::meta::raft::{MetaRaft, NodeId, TransportError};
 use warren::meta::state::NodeRecord;
 use warren::meta::Command;
 use warren::runtime::gm_host::{GmHost, GmHostConfig, GmNet};
+use warren::runtime::raft::{MetaRaft, NodeId, TransportError};
 use warren::store::MemDisk;
 
 use crate::scenario::{addr, host, PORT};

@@ -1,6 +1,6 @@
 //! Deterministic simulation of warren's node code on turmoil.
 //!
-//! - [`scenario`]: three simulated hosts each run a [`warren::meta::raft::MetaRaft`] node
+//! - [`scenario`]: three simulated hosts each run a [`warren::runtime::raft::MetaRaft`] node
 //!   over [`transport::TurmoilTransport`] with an in-memory disk that outlives host crashes;
 //!   a client streams metadata commands while a seeded fault schedule partitions the leader
 //!   and crashes nodes; checkers compare what every node applied.

@@ -42,12 +42,12 @@ use warren::broker::{Broker, Durability, Message, QueueHandle};
 use warren::cluster::Detector;
 use warren::config::Config;
 use warren::meta::policy::{ApplyTo, Policy, PolicyValue};
-use warren::meta::raft::{MetaRaft, NodeId};
 use warren::meta::state::{NodeRecord, QueueDef};
 use warren::meta::Command;
 use warren::runtime::clock::Clock;
 use warren::runtime::gm_host::{GmHost, GmHostConfig};
 use warren::runtime::mirror_host::MirrorHost;
+use warren::runtime::raft::{MetaRaft, NodeId};
 use warren::runtime::storage::Storage;
 use warren::store::MemDisk;
 

@@ -12,9 +12,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use turmoil::net::TcpListener;
-use warren::meta::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError};
 use warren::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef};
 use warren::meta::{Command, MetaState};
+use warren::runtime::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError};
 use warren::store::MemDisk;
 
 use crate::trace::Trace;

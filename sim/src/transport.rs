@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use turmoil::net::{TcpListener, TcpStream};
-use warren::meta::raft::{NodeId, RaftTransport, TransportError};
+use warren::runtime::raft::{NodeId, RaftTransport, TransportError};
 
 use crate::trace::Trace;
 
@@ -30,7 +30,7 @@ const MAX_FRAME: usize = 16 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
-    /// A Raft RPC frame for the node's [`warren::meta::raft::RpcServer`].
+    /// A Raft RPC frame for the node's [`warren::runtime::raft::RpcServer`].
     Raft = 0,
     /// A client proposal (see [`crate::scenario`]).
     Propose = 1,

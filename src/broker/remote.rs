@@ -23,8 +23,7 @@ use super::outbox::Outbox;
 use super::queue::QueueHandle;
 use crate::time::Instant;
 
-/// A cluster node id.
-pub type NodeId = u64;
+pub use crate::meta::NodeId;
 
 /// Identifies a consumer's channel across the cluster: the connection (whose id names its
 /// node, see [`crate::meta::owner_node`]) and the channel number.

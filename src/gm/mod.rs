@@ -1,4 +1,4 @@
-//! GM, RabbitMQ's guaranteed-multicast ring, as a pure state machine (issue 5, in progress).
+//! GM, RabbitMQ's guaranteed-multicast ring, as a pure state machine.
 //!
 //! Members form a ring in the group record's order; a publish travels one lap with its body
 //! and one lap as an ack, every member holding it until its ack passes; when a member dies
@@ -8,10 +8,12 @@
 //!
 //! - [`view`]: the group record (kept in the metadata: a Raft compare-and-set on its version
 //!   for every change) and the view a member derives from it.
-//! - [`member`]: one member: broadcast, confirmed broadcast, activity, catch-up, views.
+//! - [`member`]: one member: broadcast, confirmed broadcast, activity, catch-up, views, and
+//!   durable acks (a message is released only once every member has stored it).
+//! - [`wire`]: the batches members exchange, and a member's inbox and outbox.
 //!
-//! Not built yet: the group records in the metadata state machine and the node runtime that
-//! carries GM messages over the node links, durable acks, and the simulation harness.
+//! The metadata state machine keeps the group records (`meta::state`); `runtime::gm_host`
+//! runs a node's members over the node links, and `sim/` runs the same members under turmoil.
 
 pub mod member;
 pub mod view;

@@ -1091,8 +1091,7 @@ impl MetaState {
                 let Some(set) = self.mirror_sets.get(&(vname.clone(), name.clone())) else {
                     continue;
                 };
-                let Some(policy) =
-                    crate::mirror::HaPolicy::of(&v.effective_policy(name, true), false)
+                let Some(policy) = super::HaPolicy::of(&v.effective_policy(name, true), false)
                 else {
                     continue;
                 };
@@ -1103,7 +1102,7 @@ impl MetaState {
                     .filter(|n| *n != node)
                     .collect();
                 let rule = policy.promote_on_failure;
-                if let Some(to) = crate::mirror::placement::promotion(&set.mirrors, &others, rule) {
+                if let Some(to) = super::placement::promotion(&set.mirrors, &others, rule) {
                     moves.push((vname.clone(), name.clone(), set.epoch, to));
                 }
             }

@@ -4,25 +4,22 @@
 //!
 //! Per clustered, non-exclusive queue:
 //! - no (usable) `ha-mode`: its mirrors are removed;
-//! - its master's node is down: the mirror [`promotion`] picks under
+//! - its master's node is down: the mirror [`crate::meta::promotion`] picks under
 //!   `ha-promote-on-failure` takes over (none: the queue waits for its node);
 //! - `ha-mode: nodes` excluding the master, with a synchronised listed mirror: that mirror
 //!   takes over (a planned move: only ever to a synchronised mirror);
-//! - otherwise the mirrors become [`suggested`]'s, keeping each existing mirror's
+//! - otherwise the mirrors become [`crate::meta::suggested`]'s, keeping each existing mirror's
 //!   synchronised flag; new ones start unsynchronised.
 //!
 //! And the GM group of a deleted queue is forgotten once none of its members is alive.
 //!
-//! Not used by the runtime yet: promoting before mirrors hold the data (issue 6's data
-//! path) would move queues to nodes without their messages.
+//! The Raft leader's reconciler in `runtime::mirror_host` runs it whenever the metadata or
+//! the set of running nodes changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::placement::{promotion, suggested};
-use super::policy::HaPolicy;
-use crate::meta::raft::NodeId;
 use crate::meta::state::MirrorRecord;
-use crate::meta::{Command, MetaState};
+use crate::meta::{promotion, suggested, Command, HaPolicy, MetaState, NodeId};
 
 /// The commands that bring every queue's mirrors in line with its policy, given the nodes
 /// that are `running`.

@@ -36,9 +36,9 @@ use super::relay::Relay;
 use crate::broker::Broker;
 use crate::cluster::Detector;
 use crate::config::{ClusterConfig, Config};
-use crate::meta::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use crate::meta::state::{Applied, Removed};
 use crate::meta::{Command, MetaError, MetaState, NodeRecord, QueueDef};
+use crate::runtime::raft::{MetaRaft, MetaRaftConfig, NodeId};
 use crate::time::Instant;
 
 /// The most voters the group has; later nodes stay learners (they replicate, do not vote).
@@ -63,7 +63,7 @@ pub enum ClusterError {
     Tls(#[from] super::tls::TlsError),
     /// Raft could not start (its storage is unreadable, or the config is inconsistent).
     #[error("raft: {0}")]
-    Raft(#[from] crate::meta::raft::StartError),
+    Raft(#[from] crate::runtime::raft::StartError),
     /// The data folder could not be written.
     #[error("cluster data folder: {0}")]
     Io(#[from] std::io::Error),
@@ -183,7 +183,7 @@ impl Cluster {
                     tracing::info!(members = cc.initial_members.len(), "cluster initialised");
                     initialised_here = true;
                 }
-                Err(crate::meta::raft::InitError::AlreadyInitialized) => {}
+                Err(crate::runtime::raft::InitError::AlreadyInitialized) => {}
                 Err(e) => tracing::error!(error = %e, "cannot initialise the cluster"),
             }
             write_marker(&dir.join(INIT_MARKER))?;
@@ -954,7 +954,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn registered_nodes_become_voters_up_to_five_then_learners() {
-        use crate::meta::raft::tests::harness::{self, fast_config};
+        use crate::runtime::raft::tests::harness::{self, fast_config};
         harness::bounded(async {
             let mut c = harness::Cluster::new(3, fast_config()).await;
             for id in 4..=6 {

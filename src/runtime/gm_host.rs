@@ -32,8 +32,8 @@ use crate::gm::{
     Batch, Event, GmFrame, GmMsg, GmReply, GroupRecord, Inbox, Member, MemberId, Outbox, PubNum,
     Slot,
 };
-use crate::meta::raft::{MetaRaft, MetaView, NodeId, ProposeError, TransportError};
 use crate::meta::Command;
+use crate::runtime::raft::{MetaRaft, MetaView, NodeId, ProposeError, TransportError};
 
 /// Carries a GM frame to another node's host and brings its reply back.
 pub trait GmNet: Send + Sync + 'static {

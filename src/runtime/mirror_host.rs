@@ -36,11 +36,12 @@ use super::storage::{LapWait, Storage};
 use crate::broker::queue::IndexOp;
 use crate::broker::Broker;
 use crate::gm::{Event, MemberId, Slot};
-use crate::meta::raft::{MetaRaft, NodeId};
 use crate::meta::state::{MirrorRecord, MirrorSet};
 use crate::meta::{Command, MetaState};
+use crate::meta::{HaPolicy, SyncMode};
 use crate::mirror::message::{group_name, MirrorMsg};
-use crate::mirror::{ops, HaPolicy, SyncMode};
+use crate::mirror::ops;
+use crate::runtime::raft::{MetaRaft, NodeId};
 
 type Key = (String, String);
 
@@ -421,11 +422,10 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             let Some(set) = state.mirror_sets.get(&key) else {
                 continue;
             };
-            let rule = policy_of(&state, &key)
-                .map_or(crate::mirror::PromoteRule::WhenSynced, |p| {
-                    p.promote_on_shutdown
-                });
-            let Some(node) = crate::mirror::promotion(&set.mirrors, &running, rule) else {
+            let rule = policy_of(&state, &key).map_or(crate::meta::PromoteRule::WhenSynced, |p| {
+                p.promote_on_shutdown
+            });
+            let Some(node) = crate::meta::promotion(&set.mirrors, &running, rule) else {
                 tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
                 continue;
             };
@@ -1200,11 +1200,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 *n != self.node && !self.broker.node_is_down(*n) && group.has_live_member_on(*n)
             })
             .collect();
-        let Some(node) = crate::mirror::promotion(
-            &set.mirrors,
-            &running,
-            crate::mirror::PromoteRule::WhenSynced,
-        ) else {
+        let Some(node) =
+            crate::meta::promotion(&set.mirrors, &running, crate::meta::PromoteRule::WhenSynced)
+        else {
             return false;
         };
         match self.raft.propose(promote_to(key, set, node)).await {
@@ -1499,7 +1497,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             || policy
                 .as_ref()
                 .is_some_and(|p| p.sync_mode == SyncMode::Automatic);
-        let batch = policy.map_or(crate::mirror::policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
+        let batch = policy.map_or(crate::meta::ha_policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
             p.sync_batch_size
         }) as usize;
         let sender = m.handle.sender();

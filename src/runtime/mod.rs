@@ -32,6 +32,7 @@ pub mod mirror_host;
 pub mod node;
 pub mod node_link;
 pub mod prometheus;
+pub mod raft;
 pub mod relay;
 pub mod storage;
 pub mod tls;

@@ -13,8 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::broker::Broker;
-use crate::meta::raft::MetaRaft;
 use crate::metrics::{self, Detail, Format, QueueSample, Sample};
+use crate::runtime::raft::MetaRaft;
 
 /// What every scrape reads.
 #[derive(Clone)]

@@ -11,7 +11,7 @@
 //!
 //! - [`wire`]: the envelope and the framing.
 //! - [`transport`]: [`TcpTransport`], the listener, links, dialling and heartbeats; it
-//!   implements [`crate::meta::raft::RaftTransport`].
+//!   implements [`crate::runtime::raft::RaftTransport`].
 
 pub mod transport;
 pub mod wire;
@@ -19,7 +19,7 @@ pub mod wire;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::meta::raft::NodeId;
+use crate::runtime::raft::NodeId;
 
 pub use transport::{GmService, TcpTransport};
 

@@ -30,7 +30,7 @@ use super::wire::{
     PROTOCOL_VERSION,
 };
 use super::{LinkError, NodeLinkConfig};
-use crate::meta::raft::{NodeId, RaftTransport, RpcServer, TransportError};
+use crate::runtime::raft::{NodeId, RaftTransport, RpcServer, TransportError};
 use crate::runtime::tls::link::LinkTls;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -148,7 +148,7 @@ struct Shared {
 }
 
 /// One node's end of the cluster's TCP links. Clones share everything; pass one to
-/// [`crate::meta::raft::MetaRaft::start`] and keep another to [`serve`](Self::serve) its RPC
+/// [`crate::runtime::raft::MetaRaft::start`] and keep another to [`serve`](Self::serve) its RPC
 /// server, query liveness and [`shutdown`](Self::shutdown).
 #[derive(Clone)]
 pub struct TcpTransport {

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use super::LinkError;
-use crate::meta::raft::NodeId;
+use crate::runtime::raft::NodeId;
 
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
 pub const PROTOCOL_VERSION: u32 = 3;

@@ -9,7 +9,7 @@
 //! leaves the queue unavailable instead until the old master's node comes back or an operator
 //! force-promotes (documented in `docs/clustering.md`).
 
-use crate::meta::policy::{Effective, PolicyValue};
+use super::policy::{Effective, PolicyValue};
 
 /// Where a queue is mirrored.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,12 +10,12 @@ use openraft::Vote;
 use rand::{Rng, SeedableRng};
 
 use super::harness::{add_vhost, bind, bounded, declare_queue, fast_config, Cluster, DIR};
-use crate::meta::raft::forward::{ForwardReply, ForwardRequest};
-use crate::meta::raft::network::{
+use crate::runtime::raft::forward::{ForwardReply, ForwardRequest};
+use crate::runtime::raft::network::{
     decode_reply, decode_request, encode_reply, encode_request, RpcReply, RpcRequest,
 };
-use crate::meta::raft::types::{AppliedSummary, MetaRequest, Rejected};
-use crate::meta::raft::{
+use crate::runtime::raft::types::{AppliedSummary, MetaRequest, Rejected};
+use crate::runtime::raft::{
     MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError, RaftTransport, Router,
     RouterTransport, TransportError,
 };

@@ -211,9 +211,9 @@ impl StateImage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::raft::persist;
     use crate::meta::state::{Destination, ExchangeKind};
     use crate::meta::Command;
+    use crate::runtime::raft::persist;
     use amq_protocol::types::{AMQPValue, FieldTable};
     use std::path::Path;
 

@@ -17,9 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::policy::{HaMode, PromoteRule};
-use crate::meta::raft::NodeId;
-pub use crate::meta::state::MirrorRecord;
+use super::ha_policy::{HaMode, PromoteRule};
+use super::state::MirrorRecord;
+use super::NodeId;
 
 /// Where the queue should be.
 #[derive(Clone, Debug, PartialEq, Eq)]

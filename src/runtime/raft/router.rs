@@ -1,5 +1,5 @@
 //! [`Router`]: an in-process [`RaftTransport`] connecting nodes of one process, with
-//! partitions, for tests (and until the TCP transport exists).
+//! partitions, for tests. Nodes use the TCP node links (`runtime::node_link`).
 //!
 //! A call is delivered by running the target's [`RpcServer`] in the caller's task. A cut link
 //! fails fast as *unreachable*, like a refused connection; a link cut while the call runs

@@ -15,8 +15,9 @@ use crate::meta::{Command, MetaError};
 
 use super::rt::SeededRuntime;
 
-/// A Raft node id. Voters are the first nodes of the cluster; ids are never reused.
-pub type NodeId = u64;
+/// A Raft node id is the metadata's node id: voters are the first nodes of the cluster,
+/// ids are never reused.
+pub use crate::meta::NodeId;
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of the metadata group.

@@ -11,14 +11,14 @@ use std::time::Duration;
 use amq_protocol::types::FieldTable;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
-use crate::meta::raft::types::{MetaRequest, TypeConfig};
-use crate::meta::raft::{
-    MetaRaft, MetaRaftConfig, MetaResponse, MetaView, NodeId, ProposeError, RaftTransport, Router,
-    RouterTransport,
-};
 use crate::meta::state::{Binding, Destination, QueueDef};
 use crate::meta::Command;
 use crate::runtime::file_disk::FileDisk;
+use crate::runtime::raft::types::{MetaRequest, TypeConfig};
+use crate::runtime::raft::{
+    MetaRaft, MetaRaftConfig, MetaResponse, MetaView, NodeId, ProposeError, RaftTransport, Router,
+    RouterTransport,
+};
 use crate::store::{Disk, MemDisk};
 
 /// Runs a test under a deadline, so a lost wake-up fails the test instead of hanging it.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::harness::{add_vhost, bind, bounded, declare_queue, fast_config, Cluster, TempDir, DIR};
-use crate::meta::raft::{MetaRaft, MetaRaftConfig, ProposeError, Router};
 use crate::runtime::file_disk::FileDisk;
+use crate::runtime::raft::{MetaRaft, MetaRaftConfig, ProposeError, Router};
 use crate::store::Disk;
 
 fn queue_count(c: &Cluster, id: u64) -> usize {

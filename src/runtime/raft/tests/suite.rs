@@ -8,10 +8,10 @@ use openraft::testing::{StoreBuilder, Suite};
 use openraft::{StorageError, StorageIOError};
 
 use super::harness::TempDir;
-use crate::meta::raft::log_store::LogStore;
-use crate::meta::raft::state_machine::MetaStateMachine;
-use crate::meta::raft::types::{NodeId, TypeConfig};
 use crate::runtime::file_disk::FileDisk;
+use crate::runtime::raft::log_store::LogStore;
+use crate::runtime::raft::state_machine::MetaStateMachine;
+use crate::runtime::raft::types::{NodeId, TypeConfig};
 use crate::store::{Disk, MemDisk};
 
 fn open(

@@ -9,11 +9,11 @@ use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
 use super::harness::{
     add_vhost, bind, blank, bounded, declare_queue, log_id, normal, TempDir, DIR,
 };
-use crate::meta::raft::log_store::LogStore;
-use crate::meta::raft::state_machine::MetaStateMachine;
-use crate::meta::raft::types::Rejected;
-use crate::meta::raft::PersistError;
 use crate::runtime::file_disk::FileDisk;
+use crate::runtime::raft::log_store::LogStore;
+use crate::runtime::raft::state_machine::MetaStateMachine;
+use crate::runtime::raft::types::Rejected;
+use crate::runtime::raft::PersistError;
 use crate::store::{Disk, MemDisk};
 
 fn open_log(disk: &MemDisk, segment_bytes: u64) -> Result<LogStore, PersistError> {
@@ -69,7 +69,7 @@ async fn a_torn_tail_is_cut_and_the_log_goes_on() {
         drop(log);
         // A crash in the middle of the next append: half a record reached the platter.
         let seg = Path::new(DIR).join("log-00000000000000000000");
-        let mut torn = crate::meta::raft::persist::frame(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut torn = crate::runtime::raft::persist::frame(&[1, 2, 3, 4, 5, 6, 7, 8]);
         torn.truncate(10);
         disk.append(&seg, &torn).expect("append torn");
         disk.sync(&seg).expect("sync");

@@ -523,23 +523,20 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             }
         }
     });
-    // The syncer, as async tasks on the simulated clock, pipelined as the node's syncer
-    // thread is: a writer task writes rounds, a completer task completes them in order.
+    // The syncer, as an async task on the simulated clock, pipelined as the node's syncer
+    // thread is: it writes rounds (`Storage::write_round`, the node's own round), and each
+    // round's laps are awaited by a task of their own that reports them
+    // (`Storage::laps_done`); the group-commit core keeps the confirms in order.
     let syncer = storage.clone();
-    let (rounds, mut written) = tokio::sync::mpsc::channel(8);
-    let completer = storage.clone();
-    tokio::task::spawn_local(async move {
-        while let Some(round) = written.recv().await {
-            completer.complete_async(round).await;
-        }
-    });
     tokio::task::spawn_local(async move {
         loop {
             let idle = match syncer.write_round() {
-                Ok(Some(round)) => {
-                    if rounds.send(round).await.is_err() {
-                        return;
-                    }
+                Ok(Some(laps)) => {
+                    let completer = syncer.clone();
+                    tokio::task::spawn_local(async move {
+                        let (round, ok) = laps.wait().await;
+                        completer.laps_done(round, ok);
+                    });
                     false
                 }
                 Ok(None) => true,
@@ -548,7 +545,10 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
                     return;
                 }
             };
-            if !syncer.has_work() || (idle && syncer.rounds_in_flight() > 0) {
+            if !syncer.has_work()
+                || (idle && syncer.rounds_in_flight() > 0)
+                || syncer.pipeline_full()
+            {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }

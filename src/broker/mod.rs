@@ -10,6 +10,7 @@ pub mod dead_letter;
 pub mod direct_reply;
 pub mod durability;
 pub mod exchange;
+pub mod group_commit;
 pub mod login_throttle;
 pub mod message;
 pub mod outbox;

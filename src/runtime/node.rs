@@ -459,9 +459,10 @@ impl Node {
         let syncer = match storage {
             Some(storage) => {
                 let (s, stop) = (storage.clone(), syncer_stop.clone());
+                let rt = tokio::runtime::Handle::current();
                 let thread = std::thread::Builder::new()
                     .name("warren-syncer".into())
-                    .spawn(move || s.run_syncer(stop))
+                    .spawn(move || s.run_syncer(stop, rt))
                     .map_err(|source| NodeError::DataDir {
                         path: config.node.data_dir.clone(),
                         source,

@@ -3,16 +3,21 @@
 //! recorded and fsyncs it in groups (one fsync per file per round, however many publishers).
 //!
 //! The syncer is a plain thread: every call it makes blocks on the disk, and no connection
-//! task ever waits on it; they learn about durability through [`Durability`].
+//! task ever waits on it; they learn about durability through [`Durability`]. What a round
+//! settles (which tickets become durable, which are refused, in which order pipelined
+//! rounds complete) is decided by the sans-IO [`GroupCommit`]; this file writes, fsyncs
+//! and carries out its effects.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::file_disk::FileDisk;
+use crate::broker::group_commit::{Effect, GroupCommit};
 use crate::broker::queue::{Delta, Entry, IndexOp, OnDisk, PageError, Pager};
 use crate::broker::{Broker, Durability, Message, QueueHandle};
 use crate::config::StorageConfig;
@@ -95,11 +100,8 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     tap: Mutex<Option<OpsTap>>,
     /// Messages a recovered (or adopted) queue takes back into RAM.
     head_entries: usize,
-    /// Rounds written whose completion is pending (see [`PendingRound`]); while any is,
-    /// a later round's confirms wait for it too.
-    in_flight: std::sync::atomic::AtomicUsize,
-    /// The last round's ticket.
-    last_ticket: std::sync::atomic::AtomicU64,
+    /// Group commit's bookkeeping: rounds out, their order, what each settles.
+    commit: Mutex<GroupCommit>,
 }
 
 /// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
@@ -114,28 +116,33 @@ pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> +
 pub const SYNC_BATCH_BYTES: usize = 4 << 20;
 
 /// Resolves once a shipped batch completed its lap; `false` when it never will. A future,
-/// not a blocking call, so a round can be driven by the syncer thread ([`Storage::round`]
-/// blocks on it) or by an async task ([`Storage::complete_async`], as the simulation does).
+/// not a blocking call: the syncer awaits it on the node's runtime, the simulation on its
+/// own tasks.
 pub type LapWait = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
-/// A round written and fsynced locally whose confirms wait: for its mirrors' laps, or for
-/// an earlier round's (rounds complete in the order they were written).
-pub struct PendingRound {
+/// A round written and fsynced locally whose confirms wait for its mirrors' laps.
+pub struct PendingLaps {
+    round: u64,
     laps: Vec<LapWait>,
-    /// The previous round's ticket: a failed round refuses the tickets above it.
-    after: u64,
-    /// The round's ticket: every ticket up to it is durable once the round completes.
-    ticket: u64,
-    /// The highest ticket of an operation the round drained (may pass `ticket`: issued
-    /// after the round read it, drained all the same); a failed round refuses up to it.
-    drained: u64,
 }
 
-/// Rounds written but not completed at most (the syncer waits for the oldest beyond it).
-const PIPELINE_DEPTH: usize = 8;
+impl PendingLaps {
+    /// Waits for every lap: the round's number, and whether all completed.
+    pub async fn wait(self) -> (u64, bool) {
+        let mut all = true;
+        for lap in self.laps {
+            all &= lap.await;
+        }
+        (self.round, all)
+    }
+}
 
-/// Runs a future to completion on this thread (the syncer thread has no runtime; a lap
-/// future is woken by the GM host's tasks on the node's runtime).
+/// How long a stopping syncer waits for the rounds out to complete.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs a future to completion on this thread (tests step rounds by hand; a lap future is
+/// woken from whatever completes it).
+#[cfg(test)]
 fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl std::task::Wake for Unpark {
@@ -339,8 +346,7 @@ impl<D: Disk + Clone> Storage<D> {
             epoch_unix_ms: broker.epoch_unix_ms(),
             tap: Mutex::new(None),
             head_entries: config.queue_paging_head_messages.max(1),
-            in_flight: std::sync::atomic::AtomicUsize::new(0),
-            last_ticket: std::sync::atomic::AtomicU64::new(0),
+            commit: Mutex::new(GroupCommit::new(config.fsync_interval_ms > 0)),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -351,73 +357,60 @@ impl<D: Disk + Clone> Storage<D> {
         Ok((storage, summary))
     }
 
-    /// Runs the syncer until `stop` is set; then writes what is left and closes cleanly.
+    /// Runs the syncer until `stop` is set; then completes the rounds out, writes what is
+    /// left and closes cleanly.
     ///
-    /// Pipelined: a round whose confirms wait for mirrors' laps goes to a completer thread,
-    /// and the next round is written meanwhile (up to [`PIPELINE_DEPTH`] rounds out), so
-    /// a mirrored queue's throughput is not one round per lap. The completer completes
-    /// rounds in the order written: a round's confirms (even one with no laps of its own)
-    /// never come before an earlier round's, nor does a ticket become durable before the
-    /// earlier round that might refuse it.
-    pub fn run_syncer(self: Arc<Self>, stop: Arc<std::sync::atomic::AtomicBool>) {
-        use std::sync::atomic::Ordering;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<PendingRound>(PIPELINE_DEPTH);
-        let completer = {
-            let me = self.clone();
-            std::thread::Builder::new()
-                .name("warren-completer".into())
-                .spawn(move || {
-                    for round in rx {
-                        let mut all = true;
-                        for lap in round.laps {
-                            all &= block_on(lap);
-                        }
-                        me.round_done(round.after, round.ticket, round.drained, all);
-                        // Tickets the finished rounds left (drained early) need a round.
-                        me.wake();
-                    }
-                })
-        };
-        let Ok(completer) = completer else {
-            tracing::error!("cannot start the storage completer thread; rounds run one at a time");
-            return self.run_syncer_sequential(stop);
-        };
+    /// Pipelined: a round whose confirms wait for mirrors' laps is awaited by a task on
+    /// `rt` (the laps are woken by the GM host's tasks there), and the next round is
+    /// written meanwhile, up to [`crate::broker::group_commit::PIPELINE_DEPTH`] rounds out,
+    /// so a mirrored queue's throughput is not one round per lap. [`GroupCommit`] keeps
+    /// their confirms in order.
+    pub fn run_syncer(self: Arc<Self>, stop: Arc<AtomicBool>, rt: tokio::runtime::Handle) {
         loop {
             let stopping = stop.load(Ordering::Acquire);
             self.wait_for_work(stopping);
-            let written = match self.round_write() {
-                Ok(w) => w,
-                Err(e) => {
-                    self.stepped(Err(e));
-                    return;
+            let idle = match self.write_round() {
+                Ok(Some(laps)) => {
+                    self.await_laps(laps, &rt);
+                    false
                 }
+                Ok(None) => true,
+                Err(e) => return self.fail_with(e),
             };
-            let idle = written.is_none();
-            if let Some(round) = written {
-                if tx.send(round).is_err() {
-                    return;
-                }
-            }
             // Tickets issued during that round: go again at once rather than after the idle
             // wait, so their confirms (or page-outs) are not held back; but not while only
-            // rounds in flight hold them (the completer wakes the syncer).
-            if self.durability.outstanding()
-                && !(idle && self.in_flight.load(Ordering::Acquire) > 0)
-            {
+            // rounds out hold them (their completion wakes the syncer).
+            if self.durability.outstanding() && !(idle && self.rounds_in_flight() > 0) {
                 self.wake();
             }
             if stopping {
-                drop(tx);
-                let _ = completer.join();
-                // What the completed rounds left (tickets drained early), written in order.
-                self.step();
+                // What the rounds out left (tickets drained early), written in order.
+                self.wait_rounds_out(STOP_WAIT);
+                match self.write_round() {
+                    Ok(Some(laps)) => {
+                        self.await_laps(laps, &rt);
+                        self.wait_rounds_out(STOP_WAIT);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return self.fail_with(e),
+                }
                 self.close();
                 return;
             }
         }
     }
 
-    /// Blocks until the syncer is woken (or its interval passes), unless `stopping`.
+    /// Awaits `laps` on `rt`, then completes their round.
+    fn await_laps(self: &Arc<Self>, laps: PendingLaps, rt: &tokio::runtime::Handle) {
+        let me = self.clone();
+        rt.spawn(async move {
+            let (round, ok) = laps.wait().await;
+            me.laps_done(round, ok);
+        });
+    }
+
+    /// Blocks until the syncer is woken (or its interval passes), unless `stopping`; and
+    /// while the pipeline is full, until a round completes.
     fn wait_for_work(&self, stopping: bool) {
         let (m, cv) = &*self.wake;
         let mut pending = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -433,33 +426,59 @@ impl<D: Disk + Clone> Storage<D> {
                 .0;
         }
         *pending = false;
+        while self.pipeline_full() && !stopping {
+            pending = cv
+                .wait_timeout(pending, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
-    /// [`Storage::run_syncer`] one round at a time (when no completer thread can start).
-    fn run_syncer_sequential(self: Arc<Self>, stop: Arc<std::sync::atomic::AtomicBool>) {
-        use std::sync::atomic::Ordering;
-        loop {
-            let stopping = stop.load(Ordering::Acquire);
-            self.wait_for_work(stopping);
-            if !self.step() {
+    /// Blocks until no round is out, for at most `limit` (at shutdown: a lap that never
+    /// ends leaves its round's confirms unsent, which promises nothing).
+    fn wait_rounds_out(&self, limit: Duration) {
+        let (m, cv) = &*self.wake;
+        let deadline = std::time::Instant::now() + limit;
+        let mut guard = m.lock().unwrap_or_else(|e| e.into_inner());
+        while self.rounds_in_flight() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    rounds = self.rounds_in_flight(),
+                    "storage stops with mirrored rounds out: their confirms are not sent"
+                );
                 return;
             }
-            if self.durability.outstanding() {
-                // Tickets issued during that round: go again at once rather than after
-                // the idle wait, so their confirms (or page-outs) are not held back.
-                self.wake();
-            }
-            if stopping {
-                self.close();
-                return;
+            guard = cv
+                .wait_timeout(guard, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// One round, its laps waited for on this thread; on failure storage stops for good:
+    /// waiting persistent confirms become nacks and the node's alarm blocks publishers.
+    /// Returns whether storage still works. For tests, which step storage by hand.
+    #[cfg(test)]
+    pub fn step(&self) -> bool {
+        match self.round() {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail_with(e);
+                false
             }
         }
     }
 
-    /// One round; on failure storage stops for good: waiting persistent confirms become
-    /// nacks and the node's alarm blocks publishers. Returns whether storage still works.
-    pub fn step(&self) -> bool {
-        self.stepped(self.round())
+    /// One group commit: drain every dirty queue, write, fsync, wait for mirrored queues'
+    /// laps on this thread, mark durable. For tests.
+    #[cfg(test)]
+    pub fn round(&self) -> Result<(), StorageError> {
+        if let Some(laps) = self.write_round()? {
+            let (round, ok) = block_on(laps.wait());
+            self.laps_done(round, ok);
+        }
+        Ok(())
     }
 
     /// Whether work is waiting for a round (the syncer goes again at once if so).
@@ -467,110 +486,64 @@ impl<D: Disk + Clone> Storage<D> {
         self.durability.outstanding()
     }
 
-    fn stepped(&self, r: Result<(), StorageError>) -> bool {
-        match r {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, "storage failed: persistent publishes are refused from now on");
-                self.durability.fail();
-                false
-            }
-        }
-    }
-
-    /// One group commit: drain every dirty queue, write, fsync, wait for mirrored queues'
-    /// laps, mark durable. (The syncer thread calls it in a loop; tests call it directly.)
-    pub fn round(&self) -> Result<(), StorageError> {
-        if let Some(pending) = self.round_write()? {
-            let mut all = true;
-            for lap in pending.laps {
-                all &= block_on(lap);
-            }
-            self.round_done(pending.after, pending.ticket, pending.drained, all);
-        }
-        Ok(())
-    }
-
-    /// The local half of a round for a pipelined async driver: writes and fsyncs; a round
-    /// whose confirms must wait is returned, for [`Storage::complete_async`] to complete in
-    /// the order written (the simulation pipelines this way, as [`Storage::run_syncer`]
-    /// does with a completer thread).
-    pub fn write_round(&self) -> Result<Option<PendingRound>, StorageError> {
-        self.round_write()
-    }
-
-    /// Completes a round [`Storage::write_round`] returned: waits for its laps, then its
-    /// confirms (nacks if a lap failed). Rounds must be completed in the order written.
-    pub async fn complete_async(&self, round: PendingRound) {
-        let mut all = true;
-        for lap in round.laps {
-            all &= lap.await;
-        }
-        self.round_done(round.after, round.ticket, round.drained, all);
-    }
-
     /// Rounds written and not completed yet.
     pub fn rounds_in_flight(&self) -> usize {
-        self.in_flight.load(std::sync::atomic::Ordering::Acquire)
+        self.commit().in_flight()
     }
 
-    /// Fails storage for good (see [`Storage::step`]); for a driver of
-    /// [`Storage::write_round`].
+    /// Whether a driver must wait for a round to complete before it writes the next.
+    pub fn pipeline_full(&self) -> bool {
+        self.commit().pipeline_full()
+    }
+
+    /// Fails storage for good: persistent publishes are refused from now on.
     pub fn fail_with(&self, e: StorageError) {
-        self.stepped(Err(e));
+        tracing::error!(error = %e, "storage failed: persistent publishes are refused from now on");
+        self.durability.fail();
     }
 
-    /// A round's confirms once its laps are done: nacks if any lap failed (every ticket
-    /// the round drained, and any issued since the previous round: refusing too many is
-    /// safe, confirming one whose lap failed is not).
-    fn round_done(&self, after: u64, ticket: u64, drained: u64, all: bool) {
-        if !all {
-            tracing::warn!(
-                "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
-            );
-            self.durability.void(after, ticket.max(drained));
-        }
-        self.durability.mark_durable(ticket);
-        self.in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    fn commit(&self) -> std::sync::MutexGuard<'_, GroupCommit> {
+        self.commit.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A round that needs no lap of its own: durable now, unless earlier rounds are still
-    /// out (then it waits for them, in order: returned as pending with no laps).
-    fn local_round_done(&self, after: u64, ticket: u64) -> Option<PendingRound> {
-        if self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            self.durability.mark_durable(ticket);
-            return None;
-        }
-        self.in_flight
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Some(PendingRound {
-            laps: Vec::new(),
-            after,
-            ticket,
-            drained: ticket,
-        })
-    }
-
-    /// The local half of a round: writes and fsyncs, and marks the round durable unless
-    /// mirrors' laps are out (then returns them; see [`Storage::round_done`]).
-    fn round_write(&self) -> Result<Option<PendingRound>, StorageError> {
-        let (ticket, dirty) = self.durability.take_dirty();
-        let after = self
-            .last_ticket
-            .swap(ticket, std::sync::atomic::Ordering::AcqRel);
-        if dirty.is_empty() {
-            // No queue has undrained operations, so every ticket issued so far belongs to
-            // an operation an earlier round wrote and synced: a ticket taken after that
-            // round read its highest ticket, for an operation it still drained, is
-            // durable now (or once the rounds still out complete: they might refuse it).
-            if self.in_flight.load(std::sync::atomic::Ordering::Acquire) > 0 {
-                // Not a round: the completer wakes the syncer when they are done.
-                self.last_ticket
-                    .store(after, std::sync::atomic::Ordering::Release);
-                return Ok(None);
+    /// Applies what the group-commit core decided, in order (under its lock, so effects
+    /// from the syncer and from lap completions never interleave out of order).
+    fn settle(&self, commit: &mut GroupCommit) {
+        while let Some(effect) = commit.poll_effect() {
+            match effect {
+                Effect::Void { after, upto } => {
+                    tracing::warn!(
+                        "a mirrored queue's batch did not complete its lap (its master was deposed): the round's confirms are nacks"
+                    );
+                    self.durability.void(after, upto);
+                }
+                Effect::Durable(ticket) => self.durability.mark_durable(ticket),
             }
-            self.durability.mark_durable(ticket);
+        }
+    }
+
+    /// Round `round`'s laps are over (`ok`: all completed): completes it and any rounds
+    /// after it that waited only for it, and wakes the syncer for what they left.
+    pub fn laps_done(&self, round: u64, ok: bool) {
+        {
+            let mut commit = self.commit();
+            commit.handle_laps(round, ok);
+            self.settle(&mut commit);
+        }
+        self.wake();
+    }
+
+    /// A round, the only way storage writes what queues recorded: drains every dirty
+    /// queue, writes, fsyncs, and settles the tickets it can. A round whose confirms wait
+    /// for mirrors' laps returns them: the driver awaits them ([`PendingLaps::wait`]) and
+    /// reports with [`Storage::laps_done`]. The syncer thread drives it; so does the
+    /// simulation, on its own tasks.
+    pub fn write_round(&self) -> Result<Option<PendingLaps>, StorageError> {
+        let (ticket, dirty) = self.durability.take_dirty();
+        if dirty.is_empty() {
+            let mut commit = self.commit();
+            commit.handle_idle(ticket);
+            self.settle(&mut commit);
             return Ok(None);
         }
         // Queue locks are taken before, never while, the storage lock is held: a queue
@@ -586,6 +559,7 @@ impl<D: Disk + Clone> Storage<D> {
             })
             .filter(|(_, ops)| !ops.is_empty())
             .collect();
+        let round = self.commit().handle_start(ticket);
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = guard.as_mut() else {
             return Ok(None);
@@ -611,13 +585,10 @@ impl<D: Disk + Clone> Storage<D> {
         }
         state.msg_store.flush()?;
         state.transient_store.flush()?;
-        let early = self.fsync_interval_ms > 0
-            && laps.is_empty()
-            && self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0;
-        if early {
-            // Async flush (like RocketMQ's): written to the OS now, fsynced on the interval;
-            // a crash may lose up to one interval of confirmed messages. Documented as such.
-            self.durability.mark_durable(ticket);
+        {
+            let mut commit = self.commit();
+            commit.handle_flushed(&round, !laps.is_empty());
+            self.settle(&mut commit);
         }
         state.msg_store.sync()?;
         for key in &touched {
@@ -628,26 +599,19 @@ impl<D: Disk + Clone> Storage<D> {
                 })?;
             }
         }
-        if !laps.is_empty() {
-            // The laps are waited for without the storage lock: a mirror on this node
-            // (of another queue) writes under it, and two masters waiting on each other's
-            // mirrors would otherwise deadlock.
-            drop(guard);
-            self.in_flight
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            return Ok(Some(PendingRound {
-                laps,
-                after,
-                ticket,
-                drained,
-            }));
-        }
-        if state.msg_store.compaction_due() {
+        if laps.is_empty() && state.msg_store.compaction_due() {
             let report = state.msg_store.compact()?;
             tracing::debug!(?report, "message store compacted");
         }
+        // The laps are waited for without the storage lock: a mirror on this node (of
+        // another queue) writes under it, and two masters waiting on each other's mirrors
+        // would otherwise deadlock.
         drop(guard);
-        Ok(self.local_round_done(after, ticket))
+        let id = round.id;
+        let mut commit = self.commit();
+        commit.handle_written(round, drained, !laps.is_empty());
+        self.settle(&mut commit);
+        Ok((!laps.is_empty()).then_some(PendingLaps { round: id, laps }))
     }
 
     /// Installs (or removes) the tap on the operations each round writes.
@@ -1744,20 +1708,31 @@ mod tests {
         let mirrored = publish_to(&b, "q", b"m1", 2).ticket;
         let first = s.write_round().expect("write").expect("waits for its lap");
         let plain = publish_to(&b, "plain", b"p1", 2).ticket;
-        let second = s
-            .write_round()
-            .expect("write")
-            .expect("waits for the first round");
-        assert_eq!(s.rounds_in_flight(), 2);
+        assert!(
+            s.write_round().expect("write").is_none(),
+            "no laps of its own"
+        );
+        assert_eq!(s.rounds_in_flight(), 2, "but it waits for the first round");
         assert!(!d.is_durable(plain), "not before the earlier round");
+        let mirrored_again = publish_to(&b, "q", b"m2", 2).ticket;
+        let third = s.write_round().expect("write").expect("waits for its lap");
         // The first round's lap fails (its master was deposed).
         let lap = laps.lock().unwrap_or_else(|e| e.into_inner()).remove(0);
         let _ = lap.send(false);
-        block_on(s.complete_async(first));
+        let (round, ok) = block_on(first.wait());
+        assert!(!ok);
+        s.laps_done(round, ok);
         assert!(d.is_refused(mirrored), "its confirm is a nack");
-        assert!(!d.is_durable(plain), "its own round is still out");
-        block_on(s.complete_async(second));
-        assert!(d.is_durable(plain) && !d.is_refused(plain), "confirmed");
+        assert!(
+            d.is_durable(plain) && !d.is_refused(plain),
+            "the round after it waited only for it: confirmed"
+        );
+        assert!(!d.is_durable(mirrored_again), "its own lap is still out");
+        let lap = laps.lock().unwrap_or_else(|e| e.into_inner()).remove(0);
+        let _ = lap.send(true);
+        let (round, ok) = block_on(third.wait());
+        s.laps_done(round, ok);
+        assert!(d.is_durable(mirrored_again) && !d.is_refused(mirrored_again));
         assert_eq!(s.rounds_in_flight(), 0);
         // With nothing out, a lap-less round is durable at once.
         let again = publish_to(&b, "plain", b"p2", 2).ticket;

@@ -70,6 +70,9 @@ pub struct Broker {
     meta: Mutex<MetaState>,
     snapshot: RwLock<Arc<MetaState>>,
     version: AtomicU64,
+    /// Called once at the next change of the metadata or of the queues running here
+    /// ([`Broker::on_next_change`]).
+    on_change: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     /// vhost → name → queue; nested so a lookup by `&str` allocates nothing.
     queues: RwLock<HashMap<String, HashMap<String, Arc<QueueHandle>>>>,
     memory: Arc<AtomicI64>,
@@ -130,6 +133,7 @@ impl Broker {
             next_message_id: AtomicU64::new(1),
             saved_definitions: Mutex::new(None),
             version: AtomicU64::new(meta.version),
+            on_change: Mutex::new(Vec::new()),
             meta: Mutex::new(meta),
             snapshot: RwLock::new(snapshot),
             queues: RwLock::new(HashMap::new()),
@@ -440,6 +444,7 @@ impl Broker {
         }
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(meta.clone());
         self.version.store(meta.version, Ordering::Release);
+        self.changed();
         Ok(applied)
     }
 
@@ -572,6 +577,25 @@ impl Broker {
         }
         self.version.store(meta.version, Ordering::Release);
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = state;
+        self.changed();
+    }
+
+    /// Calls `f` once, at the next change of the metadata snapshot or of the queues running
+    /// here (a promoted queue adopted), so a driver can wait for a queue to appear without
+    /// polling. `f` runs under the broker's locks: it must only signal (wake a task).
+    pub fn on_next_change(&self, f: Box<dyn FnOnce() + Send>) {
+        self.on_change
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
+    }
+
+    fn changed(&self) {
+        let waiting =
+            std::mem::take(&mut *self.on_change.lock().unwrap_or_else(|e| e.into_inner()));
+        for f in waiting {
+            f();
+        }
     }
 
     /// Promotion: makes the queue `vhost/name`, which moved to this node, serve here. `fill`
@@ -599,6 +623,8 @@ impl Broker {
             return Some(Err(e));
         }
         local.insert(name.to_string(), handle.clone());
+        drop(queues);
+        self.changed();
         Some(Ok(handle))
     }
 
@@ -1091,7 +1117,18 @@ mod tests {
                 node: 1,
             },
         );
+        // Whoever waits for a queue to appear (the relay, for a consumer following the
+        // promotion) is woken by each change: the new metadata, then the adoption.
+        let woken = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let watch = |broker: &Broker| {
+            let w = woken.clone();
+            broker.on_next_change(Box::new(move || {
+                w.fetch_add(1, Ordering::SeqCst);
+            }));
+        };
+        watch(&broker);
         broker.follow(Arc::new(state.clone()), Instant::default());
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "woken by the new metadata");
         assert!(
             broker.queue("/", "again").is_some(),
             "a new queue, created at once"
@@ -1099,6 +1136,16 @@ mod tests {
         assert!(
             broker.queue("/", "promoted").is_none(),
             "left for the mirror runtime to adopt"
+        );
+        watch(&broker);
+        let adopted = broker.adopt_queue::<()>("/", "promoted", Instant::default(), |_| Ok(()));
+        assert!(matches!(adopted, Some(Ok(_))));
+        assert_eq!(woken.load(Ordering::SeqCst), 2, "woken by the adoption");
+        broker.follow(Arc::new(state.clone()), Instant::default());
+        assert_eq!(
+            woken.load(Ordering::SeqCst),
+            2,
+            "a watcher is called at the next change only"
         );
     }
 

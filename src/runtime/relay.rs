@@ -61,6 +61,9 @@ const SEND_BATCH: usize = 128;
 /// ...and message bytes (a single bigger message still goes alone).
 const SEND_BATCH_BYTES: usize = 1 << 20;
 
+/// How long a consumer following a promoted queue waits for it to start serving here.
+const ADOPTION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -1133,19 +1136,28 @@ impl Inner {
                 && self.awaiting_adoption(vhost, queue) =>
             {
                 // A mirrored queue promoted here, not serving yet (its flush lap): a consumer
-                // following it from another node waits for it (a few seconds at most)
+                // following it from another node waits for it (`ADOPTION_WAIT` at most)
                 // rather than being refused.
                 if let Some(relay) = self.link.upgrade() {
                     let inner = relay.inner.clone();
                     let (vhost, queue) = (vhost.clone(), queue.clone());
                     tokio::spawn(async move {
-                        for _ in 0..100 {
+                        // Woken by the broker when its queues or metadata change, not polled.
+                        let deadline = tokio::time::Instant::now() + ADOPTION_WAIT;
+                        loop {
+                            let changed = Arc::new(tokio::sync::Notify::new());
+                            let wake = changed.clone();
+                            inner
+                                .broker
+                                .on_next_change(Box::new(move || wake.notify_one()));
                             if inner.broker.queue(&vhost, &queue).is_some()
                                 || !inner.awaiting_adoption(&vhost, &queue)
+                                || tokio::time::timeout_at(deadline, changed.notified())
+                                    .await
+                                    .is_err()
                             {
                                 break;
                             }
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         }
                         match msg {
                             _ if inner.broker.queue(&vhost, &queue).is_some() => {

@@ -1,0 +1,331 @@
+//! Mirror copies on this node: the master's rounds applied to a mirror's copy, copies
+//! started, dropped and adopted at promotion, and the backlog read in sync batches.
+
+use std::sync::Arc;
+
+use super::recovery::{recover_queue, remove_index_dir, COPY_INCARNATION_FILE};
+use super::syncer::LapWait;
+use super::{decode_message, queue_dir_name, RecoverySummary, State, Storage, StorageError};
+use crate::broker::queue::IndexOp;
+use crate::broker::QueueHandle;
+use crate::store::msg_store::MsgId;
+use crate::store::queue_index::{IndexConfig, QueueIndex};
+use crate::store::Disk;
+
+/// A tap on the operations a round writes, per queue: (vhost, queue) and the operations.
+/// For a mirrored queue it ships them and returns the wait for their lap: the round's
+/// confirms are held until it completes, and refused (nacked) if it fails.
+pub type OpsTap = Arc<dyn Fn(&(String, String), &[IndexOp]) -> Option<LapWait> + Send + Sync>;
+
+/// A sync batch, or one GM message of a shipped round, holds at most this many bytes of
+/// messages (whatever `ha-sync-batch-size` says), or one message alone when that is
+/// bigger. Each travels as one GM message; one under GM's batch budget (8 MiB) goes in
+/// one frame and can share it, a bigger one goes in parts (`docs/gm.md`, *Frame size*).
+pub const SYNC_BATCH_BYTES: usize = 4 << 20;
+
+impl<D: Disk + Clone> Storage<D> {
+    /// Installs (or removes) the tap on the operations each round writes.
+    pub fn set_ops_tap(&self, tap: Option<OpsTap>) {
+        *self.tap.lock().unwrap_or_else(|e| e.into_inner()) = tap;
+    }
+
+    /// A mirror's write: applies operations another node's queue recorded (in its order)
+    /// to this node's copy of that queue's index and message store, and fsyncs them, so
+    /// that opening the copy (as crash recovery does) gives the master's queue.
+    ///
+    /// Only to the copy of `incarnation` that [`Storage::start_copy`] began: anything else
+    /// under the name is refused ([`StorageError::NotOurCopy`]).
+    pub fn apply_mirrored(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+        ops: Vec<IndexOp>,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        if state.copies.get(&key) != Some(&incarnation) {
+            return Err(StorageError::NotOurCopy {
+                queue: format!("{vhost}/{queue}"),
+                incarnation,
+            });
+        }
+        let touched = self.apply(state, &key, ops, true)?;
+        state.msg_store.flush()?;
+        state.transient_store.flush()?;
+        state.msg_store.sync()?;
+        if touched {
+            if let Some(index) = state.indexes.get_mut(&key) {
+                index.sync().map_err(|source| StorageError::Index {
+                    queue: format!("{vhost}/{queue}"),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens (creating) a queue's persistent or transient index.
+    pub(super) fn open_index(
+        &self,
+        key: &(String, String),
+        transient: bool,
+    ) -> Result<QueueIndex<D>, StorageError> {
+        let label = format!("{}/{}", key.0, key.1);
+        let base = if transient {
+            &self.transient_queues_dir
+        } else {
+            &self.queues_dir
+        };
+        let dir = base.join(queue_dir_name(&key.0, &key.1));
+        if transient {
+            // Whatever an earlier run left there is void.
+            remove_index_dir(&self.disk, &dir);
+        }
+        let (index, _) = QueueIndex::open(self.disk.clone(), &dir, self.index_config.clone())
+            .map_err(|source| StorageError::Index {
+                queue: label.clone(),
+                source,
+            })?;
+        self.disk
+            .write_file(&dir.join("queue.name"), label.as_bytes())?;
+        Ok(index)
+    }
+
+    /// Starts an empty copy of incarnation `incarnation` of a queue this node mirrors:
+    /// whatever the node held under that name goes first (an earlier copy, one left by an
+    /// earlier run, or the local queue of a deposed master, which no longer serves).
+    pub fn start_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        self.remove_copy(state, &key)?;
+        // Which incarnation the folder's copy is of, durable before the copy's first write:
+        // a node that restarts with the copy and finds itself its queue's master by then
+        // recovers it only if it is a copy of the same queue (`open_with`).
+        let dir = self.queues_dir.join(queue_dir_name(vhost, queue));
+        self.disk.create_dir_all(&dir)?;
+        let marker = dir.join(COPY_INCARNATION_FILE);
+        self.disk
+            .write_file(&marker, incarnation.to_string().as_bytes())?;
+        self.disk.sync(&marker)?;
+        self.disk.sync_dir(&dir)?;
+        state.copies.insert(key, incarnation);
+        Ok(())
+    }
+
+    /// Drops this node's copy of incarnation `incarnation` of a queue it mirrored (index
+    /// and bodies); anything else under the name (a newer incarnation's copy, or a queue
+    /// of this node) stays.
+    pub fn drop_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(());
+        };
+        if state.copies.get(&key) == Some(&incarnation) {
+            self.remove_copy(state, &key)?;
+        }
+        Ok(())
+    }
+
+    /// Removes whatever index the name has, its folder (a copy never opened in this run,
+    /// left by an earlier one, goes too) and its record as a copy.
+    pub(super) fn remove_copy(
+        &self,
+        state: &mut State<D>,
+        key: &(String, String),
+    ) -> Result<(), StorageError> {
+        state.copies.remove(key);
+        self.apply(state, key, vec![IndexOp::DeleteQueue], true)?;
+        remove_index_dir(
+            &self.disk,
+            &self.queues_dir.join(queue_dir_name(&key.0, &key.1)),
+        );
+        state.msg_store.flush()?;
+        state.msg_store.sync()?;
+        Ok(())
+    }
+
+    /// Promotion: this node's mirror copy becomes the queue `handle` (just created, not yet
+    /// serving). The copy's index is closed and opened again exactly as crash recovery
+    /// opens it, so deliveries never acked come back `redelivered`.
+    ///
+    /// Never a copy of another incarnation than `incarnation` (the promoted queue's); a
+    /// copy this run has no record of (left by an earlier run) is taken as it is.
+    pub fn adopt(
+        &self,
+        handle: &QueueHandle,
+        incarnation: u64,
+    ) -> Result<RecoverySummary, StorageError> {
+        let key = (handle.vhost.clone(), handle.name.clone());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(RecoverySummary::default());
+        };
+        if state.copies.remove(&key).is_some_and(|c| c != incarnation) {
+            return Err(StorageError::NotOurCopy {
+                queue: format!("{}/{}", key.0, key.1),
+                incarnation,
+            });
+        }
+        if let Some(index) = state.indexes.remove(&key) {
+            index.close().map_err(|source| StorageError::Index {
+                queue: format!("{}/{}", key.0, key.1),
+                source,
+            })?;
+        }
+        let mut summary = RecoverySummary {
+            clean: true,
+            ..RecoverySummary::default()
+        };
+        let dir = self.queues_dir.join(queue_dir_name(&key.0, &key.1));
+        // The queue lives on: so do its transient messages (a mirrored queue records them).
+        let config = IndexConfig {
+            keep_transient: true,
+            ..self.index_config.clone()
+        };
+        let (index, _) = recover_queue(
+            &self.disk,
+            &dir,
+            handle,
+            &config,
+            self.head_entries,
+            &state.msg_store,
+            self.epoch_unix_ms,
+            // A mirror's copy becoming the queue: the old master's last deliveries may
+            // not have reached it.
+            true,
+            &mut summary,
+        )?;
+        state.indexes.insert(key, index);
+        Ok(summary)
+    }
+
+    /// Runs `f` with the next seq of the queue's persistent index (0 when it has none),
+    /// under the storage lock: what `f` broadcasts is ordered after every round already
+    /// shipped and before every later one (a mirror's sync starts there).
+    pub fn at_next_seq<T>(&self, vhost: &str, queue: &str, f: impl FnOnce(u64) -> T) -> T {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let next = guard
+            .as_ref()
+            .and_then(|s| s.indexes.get(&key))
+            .map_or(0, |i| i.bounds().1);
+        f(next)
+    }
+
+    /// Live messages of the queue's transient page index (paged-out messages that are not
+    /// in its persistent index).
+    pub fn transient_len(&self, vhost: &str, queue: &str) -> u64 {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .as_ref()
+            .and_then(|s| s.transient_indexes.get(&key))
+            .map_or(0, |i| i.len())
+    }
+
+    /// The lowest live seq of the queue's persistent index (`None`: empty or none).
+    pub fn low_seq(&self, vhost: &str, queue: &str) -> Option<u64> {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let index = guard.as_ref()?.indexes.get(&key)?;
+        (!index.is_empty()).then(|| index.bounds().0)
+    }
+
+    /// A sync batch: up to `max` live messages of the queue's persistent index (persistent
+    /// ones, and the transient ones a mirrored queue records) with seq in
+    /// `[from, below)`, in seq order, as operations (a publish, and a deliver for a message
+    /// delivered and not acked). `f` gets them and the seq to continue from (`None`: the
+    /// backlog is done) under the storage lock, so what it broadcasts is ordered with the
+    /// rounds: an ack shipped before is reflected here, one shipped after comes after.
+    pub fn sync_batch<T>(
+        &self,
+        vhost: &str,
+        queue: &str,
+        from: u64,
+        below: u64,
+        max: usize,
+        f: impl FnOnce(Vec<IndexOp>, Option<u64>) -> T,
+    ) -> Result<T, StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
+            return Ok(f(Vec::new(), None));
+        };
+        let state = guard.as_ref().expect("checked above");
+        let wrap = |source| StorageError::Index {
+            queue: format!("{vhost}/{queue}"),
+            source,
+        };
+        let mut ops = Vec::new();
+        let mut taken = 0;
+        let mut bytes = 0usize;
+        let mut next = None;
+        let per_segment = index.config().segment_entry_count.max(1);
+        // Segments wholly before `from` are skipped unread: a backlog of a million
+        // messages is read once, not once per batch (and under the storage lock).
+        let segments = index
+            .segments()
+            .into_iter()
+            .filter(|n| (n + 1) * per_segment > from);
+        'segments: for n in segments {
+            for e in index.read_segment(n).map_err(wrap)? {
+                let p = &e.publish;
+                if p.seq < from {
+                    continue;
+                }
+                if p.seq >= below {
+                    break 'segments;
+                }
+                // Stop before the message that would take the batch past the byte
+                // limit (a message bigger than it goes alone).
+                if taken == max || (taken > 0 && bytes + p.size as usize > SYNC_BATCH_BYTES) {
+                    next = Some(p.seq);
+                    break 'segments;
+                }
+                bytes += p.size as usize;
+                let bytes = match &p.embedded {
+                    Some(b) => Some(b.clone()),
+                    None => state.msg_store.read(MsgId(p.msg_id))?,
+                };
+                let Some(message) =
+                    bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
+                else {
+                    tracing::error!(queue = %queue, seq = p.seq, "message body missing; not synced");
+                    continue;
+                };
+                ops.push(IndexOp::Publish {
+                    seq: p.seq,
+                    message: Arc::new(message),
+                    expires_at_ms: p
+                        .expires_at_ms
+                        .map_or(u64::MAX, |t| t.saturating_sub(self.epoch_unix_ms)),
+                    // The persistent index (the record's own flag follows the message).
+                    persistent: true,
+                });
+                if e.delivered {
+                    ops.push(IndexOp::Deliver { seq: p.seq });
+                }
+                taken += 1;
+            }
+        }
+        Ok(f(ops, next))
+    }
+}

@@ -1,0 +1,198 @@
+//! Recovery: a durable queue's index and the store's reference counts read back at start
+//! (or when a promoted mirror adopts its copy), and the queue entries rebuilt from them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{decode_message, RecoverySummary, StorageError};
+use crate::broker::queue::{Delta, Entry, OnDisk};
+use crate::broker::{Broker, Message, QueueHandle};
+use crate::store::msg_store::{MsgId, MsgStore, MsgStoreError};
+use crate::store::queue_index::{IndexConfig, IndexEntry, QueueIndex};
+use crate::store::Disk;
+
+/// The file in a mirror copy's index folder that names the queue incarnation it copies.
+pub(super) const COPY_INCARNATION_FILE: &str = "copy.incarnation";
+
+/// The incarnation a mirror copy in `dir` is of (None: not a copy, or unreadable).
+pub(super) fn read_copy_incarnation<D: Disk>(disk: &D, dir: &Path) -> Option<u64> {
+    let bytes = disk.read(&dir.join(COPY_INCARNATION_FILE)).ok()?;
+    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+}
+
+/// Mirrored queues whose home is this node but which the broker does not run (yet):
+/// promoted here while the node caught up, left to be adopted. (vhost, name, incarnation).
+pub(super) fn moved_in(broker: &Broker) -> Vec<(String, String, u64)> {
+    let state = broker.snapshot();
+    let me = broker.node_id();
+    let mut out = Vec::new();
+    for ((vhost, name), set) in &state.mirror_sets {
+        let homed_here = state
+            .vhost(vhost)
+            .and_then(|v| v.queues.get(name))
+            .is_some_and(|d| d.home == me && d.durable && d.exclusive_owner.is_none());
+        if homed_here && broker.queue(vhost, name).is_none() {
+            out.push((vhost.clone(), name.clone(), set.incarnation));
+        }
+    }
+    out
+}
+
+pub(super) fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
+    if let Ok(names) = disk.list(dir) {
+        for n in names {
+            let _ = disk.remove(&dir.join(n));
+        }
+    }
+    let _ = disk.remove_dir(dir);
+}
+
+/// References an index holds to message-store bodies: (message id, count).
+type StoreRefs = Vec<([u8; 16], u32)>;
+
+/// Opens one durable queue's index (as crash recovery does) and puts what it holds back
+/// into the queue: the head in RAM, the rest left on disk as delta. Returns the index and
+/// the message-store references it holds. Used at start, and when a mirror's copy becomes
+/// the queue (promotion).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn recover_queue<D: Disk + Clone>(
+    disk: &D,
+    dir: &Path,
+    handle: &QueueHandle,
+    icfg: &IndexConfig,
+    head: usize,
+    msg_store: &MsgStore<D>,
+    epoch_unix_ms: u64,
+    suspect: bool,
+    summary: &mut RecoverySummary,
+) -> Result<(QueueIndex<D>, StoreRefs), StorageError> {
+    let label = format!("{}/{}", handle.vhost, handle.name);
+    let max_priority = handle.lock().args().max_priority;
+    let mut qcfg = icfg.clone();
+    if max_priority.is_none() {
+        // Only the head comes back into RAM; the rest stays on disk as delta and is
+        // read back a segment at a time (priority queues do not page: all of it).
+        qcfg.recover_head_entries = head;
+    }
+    let (index, recovered) =
+        QueueIndex::open(disk.clone(), dir, qcfg).map_err(|source| StorageError::Index {
+            queue: label.clone(),
+            source,
+        })?;
+    disk.write_file(&dir.join("queue.name"), label.as_bytes())?;
+    if !recovered.damage.is_empty() {
+        tracing::error!(queue = %label, damage = ?recovered.damage, "queue index damaged; intact entries recovered");
+    }
+    summary.clean &= recovered.clean;
+    let store_refs: StoreRefs = recovered
+        .store_refs
+        .iter()
+        .map(|(id, n)| (*id, *n))
+        .collect();
+    let rest = recovered.live - recovered.entries.len() as u64;
+    let mut entries = Vec::with_capacity(recovered.entries.len());
+    for e in recovered.entries {
+        let p = &e.publish;
+        let id = MsgId(p.msg_id);
+        if p.embedded.is_none() && max_priority.is_none() {
+            // A paging queue takes a stored body back as a beta: read when it is
+            // delivered, not at start (a head segment of large messages would not fit
+            // in RAM). A body the store does not have is reported now.
+            if !msg_store.contains(id) {
+                summary.lost += 1;
+                tracing::error!(queue = %label, seq = p.seq, "message body missing; skipped");
+                continue;
+            }
+            entries.push(beta_entry(&e, epoch_unix_ms, OnDisk::Persistent));
+            continue;
+        }
+        let bytes = match &p.embedded {
+            Some(b) => Some(b.clone()),
+            None => {
+                // A bit-rotted body is reported and skipped, never fatal for the node.
+                match msg_store.read(id) {
+                    Ok(b) => b,
+                    Err(MsgStoreError::Corrupt { path, offset }) => {
+                        tracing::error!(path = %path.display(), offset, "corrupt message body");
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        let Some(message) = bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
+        else {
+            summary.lost += 1;
+            tracing::error!(queue = %label, seq = p.seq, "message body missing or unreadable; skipped");
+            continue;
+        };
+        let priority = max_priority.map_or(0, |max| message.priority().min(max));
+        entries.push(queue_entry(
+            &e,
+            message,
+            priority,
+            epoch_unix_ms,
+            OnDisk::Persistent,
+        ));
+    }
+    summary.messages += entries.len() + rest as usize;
+    summary.queues += 1;
+    let next_seq = index.bounds().1;
+    let rest = (rest > 0).then_some(Delta {
+        start: recovered.rest_from,
+        end: next_seq,
+        count: rest,
+        bytes: recovered.rest_bytes,
+    });
+    let mut queue = handle.lock();
+    queue.restore(entries, rest, next_seq);
+    if suspect || !recovered.clean {
+        queue.mark_restored_suspect();
+    }
+    drop(queue);
+    Ok((index, store_refs))
+}
+
+/// A queue entry for a message read back from an index (recovery or paging); `on_disk`
+/// says which (a record's own persistent flag does not: a mirrored queue's transient
+/// messages are in its persistent index).
+pub(super) fn queue_entry(
+    e: &IndexEntry,
+    message: Message,
+    priority: u8,
+    epoch_unix_ms: u64,
+    on_disk: OnDisk,
+) -> Entry {
+    let p = &e.publish;
+    Entry {
+        seq: p.seq,
+        message: Arc::new(message),
+        redelivered: e.delivered,
+        // Stored as wall-clock time; back to this run's monotonic clock (an expiry already
+        // past becomes 0: the message expires at the first check).
+        expires_at_ms: p
+            .expires_at_ms
+            .map_or(u64::MAX, |t| t.saturating_sub(epoch_unix_ms)),
+        priority,
+        on_disk,
+        beta: None,
+    }
+}
+
+/// A beta for a message whose body is in a store: a placeholder message with its id (the
+/// queue reads the real one when it leaves), standing for its stored size.
+pub(super) fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64, on_disk: OnDisk) -> Entry {
+    let placeholder = Message {
+        id: u128::from_be_bytes(e.publish.msg_id),
+        exchange: String::new(),
+        routing_key: String::new(),
+        properties_raw: Bytes::new(),
+        properties: Default::default(),
+        body: Bytes::new(),
+    };
+    let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms, on_disk);
+    entry.beta = Some(u64::from(e.publish.size));
+    entry
+}

@@ -169,7 +169,7 @@ pub enum Request {
     },
     /// `force_promote_mirror [-p VHOST] QUEUE [NODE]` (Warren only): makes a mirror the
     /// master of a queue whose master's node is gone, even when no mirror is synchronised
-    /// (the way out of `ha-promote-on-failure: when-synced`). See [`mirrors::force_promotion`].
+    /// (the way out of `ha-promote-on-failure: when-synced`). See [`super::mirrors::force_promotion`].
     ForcePromoteMirror {
         /// Vhost.
         vhost: String,
@@ -219,7 +219,7 @@ pub enum Request {
     },
 }
 
-/// The answer to a request (and to [`Auth`]).
+/// The answer to a request (and to [`super::Auth`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     /// Whether the command succeeded.

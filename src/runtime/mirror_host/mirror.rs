@@ -1,0 +1,418 @@
+//! The mirror role: join the queue's group, write each delivered round into this node's
+//! copy (`Storage::apply_mirrored`) and fsync it before releasing it, hold rounds back
+//! while a sync fills the copy, and acknowledge a completed sync to the master.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::held::Held;
+use super::{
+    incarnation_of, is_synchronised, role_of, Followed, Inner, Key, Membership, Mode, Role,
+    StorageDisk,
+};
+use crate::gm::Event;
+use crate::gm::MemberId;
+use crate::mirror::message::group_name;
+use crate::mirror::message::MirrorMsg;
+use crate::mirror::ops;
+use crate::runtime::gm_host::GmNet;
+
+impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
+    pub(super) async fn apply(&self, key: &Key, incarnation: u64, batch: &[u8]) -> bool {
+        self.apply_all(key, incarnation, &[batch]).await
+    }
+
+    /// Writes several rounds (in order) with one fsync.
+    pub(super) async fn apply_all(&self, key: &Key, incarnation: u64, batches: &[&[u8]]) -> bool {
+        let mut ops = Vec::new();
+        for batch in batches {
+            match ops::decode(batch) {
+                Ok(o) => ops.extend(o),
+                Err(e) => {
+                    tracing::error!(queue = %key.1, error = %e, "undecodable mirrored batch");
+                    return false;
+                }
+            }
+        }
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || storage.apply_mirrored(&vhost, &name, incarnation, ops))
+            .await
+        {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot write a mirrored batch");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Drops this node's copy of incarnation `incarnation` (nothing else of the name).
+    pub(super) async fn drop_copy(&self, key: &Key, incarnation: u64) {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        if let Some(Err(e)) = self
+            .offload(move || storage.drop_copy(&vhost, &name, incarnation))
+            .await
+        {
+            tracing::error!(queue = %key.1, error = %e, "cannot drop a mirror copy");
+        }
+    }
+
+    /// Starts an empty copy of incarnation `incarnation`; `false` if it cannot.
+    pub(super) async fn start_copy(&self, key: &Key, incarnation: u64) -> bool {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || storage.start_copy(&vhost, &name, incarnation))
+            .await
+        {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A mirror's handling of one delivered message; `false`: its copy cannot be trusted
+    /// any more (it must leave and start again).
+    pub(super) async fn on_message(&self, key: &Key, m: &mut Membership, msg: &[u8]) -> bool {
+        let me = m.handle.id();
+        match MirrorMsg::decode(msg) {
+            Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
+                Mode::Waiting => true,
+                Mode::Live => self.apply(key, m.incarnation, &ops).await,
+                Mode::Syncing(held, _) => match held.push(ops) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(queue = %key.1, error = %e, "cannot hold a round during sync");
+                        false
+                    }
+                },
+            },
+            Some(MirrorMsg::SyncStart {
+                epoch,
+                target,
+                active,
+                from_seq,
+                sync,
+            }) if target == me => {
+                tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
+                if !self.start_copy(key, m.incarnation).await {
+                    return false;
+                }
+                m.mode = if active {
+                    Mode::Syncing(Held::new(self.hold_path(key)), (epoch, sync))
+                } else {
+                    Mode::Live
+                };
+                m.synced_by = (!active).then_some((epoch, sync));
+                true
+            }
+            // A sync for this member whose start it never got (GM gives a joiner only what
+            // is sent after its left neighbour saw it join): its copy is not what the master
+            // thinks. It leaves without releasing this message, so the master cannot count
+            // the sync complete, and starts over with a new member (and a new sync).
+            Some(MirrorMsg::SyncBatch { target, .. } | MirrorMsg::SyncEnd { target, .. })
+                if target == me && matches!(m.mode, Mode::Waiting) =>
+            {
+                tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
+                false
+            }
+            // Batches of a sync this mirror is in; those of an aborted one are not.
+            Some(MirrorMsg::SyncBatch {
+                epoch,
+                target,
+                sync,
+                ops,
+            }) if target == me => match &m.mode {
+                Mode::Syncing(_, current) if *current == (epoch, sync) => {
+                    self.apply(key, m.incarnation, &ops).await
+                }
+                _ => true,
+            },
+            Some(MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync,
+            }) if target == me
+                && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
+            {
+                if let Mode::Syncing(held, _) = std::mem::replace(&mut m.mode, Mode::Live) {
+                    let held = match held.drain() {
+                        Ok(h) => h,
+                        Err(e) => {
+                            tracing::error!(queue = %key.1, error = %e, "cannot read the held rounds back");
+                            return false;
+                        }
+                    };
+                    for batch in held {
+                        if !self.apply(key, m.incarnation, &batch).await {
+                            return false;
+                        }
+                    }
+                    tracing::info!(queue = %key.1, "mirror holds the backlog");
+                }
+                m.synced_by = Some((epoch, sync));
+                ack_sync(m, epoch, sync);
+                true
+            }
+            // A natural sync's end, for the sync this mirror has followed since its start.
+            Some(MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync,
+            }) if target == me
+                && matches!(m.mode, Mode::Live)
+                && m.synced_by == Some((epoch, sync)) =>
+            {
+                ack_sync(m, epoch, sync);
+                true
+            }
+            Some(_) => true,
+            None => {
+                tracing::warn!(queue = %key.1, "not a mirror message; ignored");
+                true
+            }
+        }
+    }
+
+    /// A mirror's handling of one event: a delivered message is written, then released
+    /// (never released when it could not be written).
+    pub(super) async fn follow_event(
+        &self,
+        key: &Key,
+        m: &mut Membership,
+        event: Option<Event<Bytes>>,
+    ) -> Followed {
+        match event {
+            None | Some(Event::Stopped) => Followed::Stopped,
+            Some(Event::Deliver { from, num, msg }) => {
+                if from.node == m.master {
+                    m.master_member = Some(from);
+                }
+                if !self.on_message(key, m, &msg).await {
+                    return Followed::WriteFailed;
+                }
+                m.handle.release(from, num);
+                Followed::Going
+            }
+            Some(ev) => {
+                Self::track(m, &ev);
+                Followed::Going
+            }
+        }
+    }
+
+    /// [`Self::follow_event`] for `first` and the events already waiting behind it: a run
+    /// of rounds a live mirror writes is written with one fsync, then released (a mirror
+    /// that falls behind catches up in fewer, larger writes instead of one fsync a round).
+    pub(super) async fn follow_events(
+        &self,
+        key: &Key,
+        m: &mut Membership,
+        first: Option<Event<Bytes>>,
+    ) -> Followed {
+        if first.is_none() {
+            return Followed::Stopped;
+        }
+        let mut next = first;
+        loop {
+            // (origin, publish number, the round's operations)
+            let mut run: Vec<(MemberId, crate::gm::PubNum, Vec<u8>)> = Vec::new();
+            while matches!(m.mode, Mode::Live) {
+                let (from, num, msg) = match next.take() {
+                    Some(Event::Deliver { from, num, msg }) => (from, num, msg),
+                    other => {
+                        // Not a round (or nothing): handled below, in order.
+                        next = other;
+                        break;
+                    }
+                };
+                match MirrorMsg::decode(&msg) {
+                    Some(MirrorMsg::Ops { ops, .. }) => run.push((from, num, ops)),
+                    _ => {
+                        next = Some(Event::Deliver { from, num, msg });
+                        break;
+                    }
+                }
+                if run.len() >= 64 {
+                    break;
+                }
+                next = m.handle.try_event();
+            }
+            if !run.is_empty() {
+                let batches: Vec<&[u8]> = run.iter().map(|(_, _, ops)| ops.as_slice()).collect();
+                if !self.apply_all(key, m.incarnation, &batches).await {
+                    return Followed::WriteFailed;
+                }
+                for (from, num, _) in run {
+                    if from.node == m.master {
+                        m.master_member = Some(from);
+                    }
+                    m.handle.release(from, num);
+                }
+                if next.is_none() {
+                    return Followed::Going;
+                }
+            }
+            let Some(ev) = next.take() else {
+                return Followed::Going;
+            };
+            match self.follow_event(key, m, Some(ev)).await {
+                Followed::Going => {}
+                other => return other,
+            }
+            next = m.handle.try_event();
+            if next.is_none() {
+                return Followed::Going;
+            }
+        }
+    }
+
+    pub(super) fn track(m: &mut Membership, event: &Event<Bytes>) {
+        match event {
+            Event::Joined { members } => m.members = members.iter().copied().collect(),
+            Event::MembersChanged { births, deaths } => {
+                m.members.extend(births.iter().copied());
+                for d in deaths {
+                    m.members.remove(d);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) async fn join(&self, key: &Key, incarnation: u64) -> Option<Membership> {
+        match self
+            .gm
+            .join(&group_name(&key.0, &key.1, incarnation), true)
+            .await
+        {
+            Ok(handle) => Some(Membership {
+                handle,
+                members: BTreeSet::new(),
+                mode: Mode::Waiting,
+                master: 0,
+                master_member: None,
+                incarnation,
+                synced_by: None,
+            }),
+            Err(e) => {
+                tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
+                None
+            }
+        }
+    }
+
+    /// The mirror's life: a fresh, empty copy; every round written before it is released.
+    /// Returns the membership when this node became the queue's home (a promotion).
+    pub(super) async fn run_mirror(&self, key: &Key) -> Option<Membership> {
+        let state = self.raft.snapshot();
+        let incarnation = incarnation_of(&state, key);
+        // The copy starts empty, and a member releases what it cannot write yet (before
+        // its sync starts): while the metadata still counts this mirror synchronised (a
+        // write failed and recording that did not get through), its releases would let
+        // confirms count on a copy that does not hold them, and it could be promoted.
+        // So that is recorded first, however long it takes.
+        while is_synchronised(&self.raft.snapshot(), key, self.node) {
+            let now = self.raft.snapshot();
+            if incarnation_of(&now, key) != incarnation
+                || role_of(&now, &self.broker, key, self.node) != Role::Mirror
+            {
+                return None;
+            }
+            if self
+                .set_synchronised(key, incarnation, None, self.node, false, None)
+                .await
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !self.start_copy(key, incarnation).await {
+            return None;
+        }
+        let Some(mut m) = self.join(key, incarnation).await else {
+            self.drop_copy(key, incarnation).await;
+            return None;
+        };
+        tracing::debug!(queue = %key.1, member = ?m.handle.id(), "mirror joined the queue's group");
+        let mut views = self.raft.subscribe();
+        m.master = self.home_of(&state, key).unwrap_or(0);
+        loop {
+            tokio::select! {
+                ev = m.handle.next_event() => match self.follow_events(key, &mut m, ev).await {
+                    Followed::Going => {}
+                    Followed::Stopped => {
+                        tracing::info!(queue = %key.1, "mirror's GM member stopped");
+                        return None;
+                    }
+                    Followed::WriteFailed => {
+                        self.set_synchronised(key, m.incarnation, None, self.node, false, None)
+                            .await;
+                        leave(&mut m).await;
+                        return None;
+                    }
+                },
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    let state = self.raft.snapshot();
+                    if incarnation_of(&state, key) != m.incarnation {
+                        // The queue was deleted (and maybe declared again): this copy is
+                        // of a queue that is gone.
+                        leave(&mut m).await;
+                        self.drop_copy(key, m.incarnation).await;
+                        return None;
+                    }
+                    let home = self.home_of(&state, key);
+                    if home == Some(self.node) {
+                        return Some(m);
+                    }
+                    if let Some(h) = home {
+                        m.master = h;
+                    }
+                    if role_of(&state, &self.broker, key, self.node) != Role::Mirror {
+                        leave(&mut m).await;
+                        self.drop_copy(key, m.incarnation).await;
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tells the master this mirror holds the whole queue as of sync `(epoch, sync)`. Not
+/// confirmed: a lost acknowledgement only makes the master start the sync again.
+pub(super) fn ack_sync(m: &Membership, epoch: u64, sync: u64) {
+    let ack = MirrorMsg::SyncAck { epoch, sync }.encode();
+    if let Err(e) = m.handle.sender().broadcast(Bytes::from(ack)) {
+        tracing::debug!(error = %e, "cannot acknowledge a sync");
+    }
+}
+
+/// Leaves the group, releasing what is delivered meanwhile (the drain waits for the
+/// releases of a member with durable acks; nothing is written any more).
+pub(super) async fn leave(m: &mut Membership) {
+    let done = m.handle.sender().leave();
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            _ = &mut done => return,
+            ev = m.handle.next_event() => match ev {
+                None | Some(Event::Stopped) => return,
+                Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
+                Some(_) => {}
+            }
+        }
+    }
+}

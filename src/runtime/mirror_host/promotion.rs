@@ -1,0 +1,202 @@
+//! Promotion: a mirror whose node became the queue's home flushes the group, opens its copy
+//! as crash recovery does and serves the queue; a master restarted with mirrors hands over
+//! to a synchronised one.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{incarnation_of, promote_to, Followed, Inner, Key, Membership, Shipping, StorageDisk};
+
+use crate::gm::Slot;
+use crate::meta::state::MirrorSet;
+use crate::meta::MetaState;
+use crate::meta::NodeId;
+use crate::mirror::message::group_name;
+use crate::mirror::message::MirrorMsg;
+use crate::runtime::gm_host::GmNet;
+
+impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
+    /// Promotion: flush lap, then this node's copy becomes the queue. Returns the
+    /// membership to go on as master with.
+    pub(super) async fn adopt(
+        &self,
+        key: &Key,
+        mut member: Option<Membership>,
+    ) -> Option<Membership> {
+        let state = self.raft.snapshot();
+        let epoch = state.mirror_sets.get(key).map_or(0, |s| s.epoch);
+        let incarnation = incarnation_of(&state, key);
+        if let Some(m) = member.as_ref().filter(|m| m.incarnation != incarnation) {
+            // This node's copy is of a queue that is gone.
+            self.drop_copy(key, m.incarnation).await;
+            return member;
+        }
+        if let Some(m) = member.as_mut() {
+            let lap = m
+                .handle
+                .sender()
+                .confirmed_broadcast(Bytes::from(MirrorMsg::Flush { epoch }.encode()));
+            tokio::pin!(lap);
+            let flushed = loop {
+                tokio::select! {
+                    r = &mut lap => break r.is_ok(),
+                    ev = m.handle.next_event() => {
+                        if self.follow_event(key, m, ev).await != Followed::Going {
+                            break false;
+                        }
+                    }
+                }
+            };
+            if !flushed {
+                tracing::warn!(queue = %key.1, "the promoted mirror's flush did not complete; serving its copy as it is");
+                member = None;
+            }
+        }
+        if let Some(m) = member.as_mut() {
+            // A planned move: the old master is alive and may still ship rounds until it
+            // sees the move. It leaves the group once they have all made their laps (so
+            // this copy holds them): wait for that before the copy becomes the queue.
+            let group = group_name(&key.0, &key.1, incarnation);
+            let old = m.master;
+            let mut views = self.raft.subscribe();
+            loop {
+                let state = self.raft.snapshot();
+                if self.home_of(&state, key) != Some(self.node)
+                    || incarnation_of(&state, key) != incarnation
+                {
+                    return None;
+                }
+                let old_alive = old != self.node
+                    && state.gm_groups.get(&group).is_some_and(|g| {
+                        match m.master_member.filter(|mm| mm.node == old) {
+                            Some(mm) => g.members.contains(&Slot::Alive(mm)),
+                            None => g.has_live_member_on(old),
+                        }
+                    });
+                if !old_alive {
+                    break;
+                }
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return None },
+                    ev = m.handle.next_event() => {
+                        if self.follow_event(key, m, ev).await != Followed::Going {
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+        // Rounds are shipped from the queue's first one on: the queue does not serve before
+        // `adopt_queue`.
+        if let Some(m) = &member {
+            self.masters
+                .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
+        }
+        // The broker applies the promotion shortly after the metadata does.
+        for _ in 0..200 {
+            let storage = self.storage.clone();
+            let broker = self.broker.clone();
+            let (vhost, name) = key.clone();
+            let now = self.clock.now();
+            let adopted = self
+                .offload(move || {
+                    broker.adopt_queue(&vhost, &name, now, |h| {
+                        storage.adopt(h, incarnation).map(|_| ())
+                    })
+                })
+                .await
+                .flatten();
+            match adopted {
+                Some(Ok(h)) => {
+                    let len = h.lock().message_count();
+                    tracing::warn!(queue = %key.1, epoch, messages = len, "mirror promoted: this node is the queue's master");
+                    return member;
+                }
+                Some(Err(e)) => {
+                    tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy");
+                    return None;
+                }
+                None if self.broker.queue(&key.0, &key.1).is_some() => return member,
+                None => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
+            if self
+                .raft
+                .snapshot()
+                .vhosts
+                .get(&key.0)
+                .and_then(|v| v.queues.get(&key.1))
+                .is_none_or(|d| d.home != self.node)
+            {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// A master whose node restarted before it was recorded down: hands the queue to the
+    /// oldest synchronised mirror whose member is still alive in the group on a node the
+    /// failure detector sees running (its copy is the queue as the old master last shipped
+    /// it), under a new epoch, as the reconciler would have after a `NodeDown`. Whether or
+    /// not the promotion commits, this node's member is new, so no lap of the old one can
+    /// complete. `false`: no such mirror, or the metadata moved on; serve from disk.
+    pub(super) async fn hand_over_after_restart(
+        &self,
+        key: &Key,
+        state: &MetaState,
+        set: &MirrorSet,
+    ) -> bool {
+        let Some(group) = state
+            .gm_groups
+            .get(&group_name(&key.0, &key.1, set.incarnation))
+        else {
+            return false;
+        };
+        if group.has_live_member_on(self.node) {
+            // Not a restart the metadata knows of yet.
+            return false;
+        }
+        let running: BTreeSet<NodeId> = set
+            .mirrors
+            .iter()
+            .map(|m| m.node)
+            .filter(|n| {
+                *n != self.node && !self.broker.node_is_down(*n) && group.has_live_member_on(*n)
+            })
+            .collect();
+        let Some(node) =
+            crate::meta::promotion(&set.mirrors, &running, crate::meta::PromoteRule::WhenSynced)
+        else {
+            return false;
+        };
+        match self.raft.propose(promote_to(key, set, node)).await {
+            Ok(r) if r.outcome.is_ok() => {
+                tracing::warn!(
+                    queue = %key.1,
+                    to = node,
+                    epoch = set.epoch + 1,
+                    "restarted master hands its mirrored queue to a synchronised mirror"
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A master that joins its group afresh (not by promotion) cannot vouch for any
+    /// mirror's copy: they all sync again.
+    pub(super) async fn unsync_all(&self, key: &Key, incarnation: u64, epoch: u64) {
+        let nodes: Vec<NodeId> = self
+            .raft
+            .snapshot()
+            .mirror_sets
+            .get(key)
+            .map(|s| s.mirrors.iter().map(|m| m.node).collect())
+            .unwrap_or_default();
+        for node in nodes {
+            self.set_synchronised(key, incarnation, None, node, false, Some(epoch))
+                .await;
+        }
+    }
+}

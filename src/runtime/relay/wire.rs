@@ -1,0 +1,184 @@
+//! What crosses the link: the relay's messages and replies, and their encoding (bincode,
+//! batched: one request carries several messages).
+
+use serde::{Deserialize, Serialize};
+
+use crate::broker::Message;
+use crate::runtime::storage::decode_message;
+use crate::store::message_codec::StoredMessage;
+
+/// A message on the wire: its id and its stored form (raw properties, as published).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct WireMessage {
+    pub(super) id: u128,
+    // As bytes: serde copies the message at once, not byte by byte.
+    #[serde(with = "serde_bytes")]
+    pub(super) bytes: Vec<u8>,
+}
+
+impl WireMessage {
+    pub(super) fn of(m: &Message) -> WireMessage {
+        WireMessage {
+            id: m.id,
+            bytes: StoredMessage {
+                exchange: m.exchange.clone(),
+                routing_key: m.routing_key.clone(),
+                properties_raw: m.properties_raw.clone(),
+                body: m.body.clone(),
+            }
+            .encode(),
+        }
+    }
+
+    pub(super) fn message(&self) -> Option<Message> {
+        decode_message(&self.bytes, self.id)
+    }
+}
+
+/// One delivery sent back to the consumer's node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct WireDelivery {
+    pub(super) vhost: String,
+    pub(super) queue: String,
+    pub(super) tag: String,
+    pub(super) seq: u64,
+    pub(super) redelivered: bool,
+    pub(super) ack_required: bool,
+    pub(super) message: WireMessage,
+}
+
+/// How a settle travels.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(super) enum WireSettle {
+    Ack,
+    Requeue,
+    Drop,
+}
+
+/// What crosses the node link for the broker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) enum RelayMsg {
+    /// To the queues' node: enqueue.
+    Publish {
+        vhost: String,
+        queues: Vec<String>,
+        message: WireMessage,
+    },
+    /// To the queue's node: attach a consumer of channel `key` of the sender.
+    Consume {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        tag: String,
+        no_ack: bool,
+        prefetch: u32,
+        global_prefetch: u32,
+        priority: i32,
+        exclusive: bool,
+    },
+    /// To the queue's node: detach a consumer.
+    Cancel {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        tag: String,
+    },
+    /// To the queue's node: ack, nack or requeue deliveries of channel `key`.
+    Settle {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        seqs: Vec<u64>,
+        how: WireSettle,
+    },
+    /// To the queue's node: basic.get for channel `key` of the sender, numbered by the
+    /// sender so that it can take it back ([`RelayMsg::GetAbandoned`]).
+    Get {
+        vhost: String,
+        queue: String,
+        conn: u64,
+        channel: u16,
+        no_ack: bool,
+        request: u64,
+    },
+    /// To the queue's node: the answer to get `request` of channel `key` never reached the
+    /// channel (the sender gave the node up while the request was under way): what it took
+    /// goes back to the queue. If the get has not arrived yet, it finds the queue empty.
+    GetAbandoned {
+        conn: u64,
+        channel: u16,
+        request: u64,
+    },
+    /// To the queue's node: its ready message and consumer counts.
+    Counts { vhost: String, queue: String },
+    /// Answered once the receiver's broker has followed the metadata up to Raft `index`.
+    Barrier { index: u64 },
+    /// To the queue's node: queue.purge.
+    Purge { vhost: String, queue: String },
+    /// To the consumer's node: deliveries and broker cancels for channel `key`.
+    Deliver {
+        conn: u64,
+        channel: u16,
+        deliveries: Vec<WireDelivery>,
+        cancels: Vec<String>,
+    },
+    /// To any node: its connections (the management API's cluster-wide listings).
+    Sessions,
+    /// To a connection's node: close it with 320 (`DELETE /api/connections/{name}`).
+    CloseConnection { id: u64, reason: String },
+    /// To a reply consumer's node: a message published to its reply name (direct
+    /// reply-to). Nothing waits for the answer. Last, so earlier variants keep their tags.
+    DeliverReply { name: String, message: WireMessage },
+}
+
+impl RelayMsg {
+    /// Roughly the bytes it takes on the wire (message bodies and properties).
+    pub(super) fn size(&self) -> usize {
+        match self {
+            RelayMsg::Publish { message, .. } | RelayMsg::DeliverReply { message, .. } => {
+                message.bytes.len()
+            }
+            RelayMsg::Deliver { deliveries, .. } => {
+                deliveries.iter().map(|d| d.message.bytes.len()).sum()
+            }
+            _ => 64,
+        }
+    }
+}
+
+/// The answer to a [`RelayMsg`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) enum RelayReply {
+    Done,
+    /// A publish: whether every queue took it.
+    Published(bool),
+    /// A delivery batch: the (queue, seq) of deliveries the consumer's connection was gone
+    /// for; the home node requeues them.
+    Undelivered(Vec<(String, String, u64)>),
+    /// basic.get: (seq, redelivered, message, messages left), or empty.
+    Got(Option<(u64, bool, WireMessage, u32)>),
+    /// Ready messages, consumers, unacknowledged messages.
+    Counts(u32, u32, u32),
+    /// Messages purged.
+    Purged(u32),
+    /// The queue is not (or no longer) on this node.
+    Missing(String),
+    /// This node's connections.
+    Sessions(Vec<crate::broker::registry::ConnectionView>),
+    /// Whether the connection was there to close.
+    Closed(bool),
+}
+
+pub(super) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Plain owned data into a Vec: cannot fail.
+    bincode::serialize(v).unwrap_or_default()
+}
+
+/// One message as a request of its own: a batch of one, as [`Service::handle`] reads it
+/// (an array would go without its length, as a tuple, and not decode).
+pub(super) fn encode_one(msg: &RelayMsg) -> Vec<u8> {
+    encode(&[msg].as_slice())
+}

@@ -1,0 +1,183 @@
+//! [`RaftMeta`], a clustered node's [`MetaCommit`]: places new queues
+//! (`queue-master-locator`: [`Locator`]) and proposes commands through Raft, answering once
+//! this node runs the applied state.
+
+use std::collections::BTreeMap;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::broker::Broker;
+use crate::meta::state::{Applied, Removed};
+use crate::meta::{Command, MetaError, MetaState, QueueDef};
+use crate::runtime::conn_task::{MetaCommit, MetaFuture};
+use crate::runtime::raft::{MetaRaft, NodeId};
+use crate::runtime::relay::Relay;
+use crate::time::Instant;
+
+/// A clustered node's [`MetaCommit`]: places new queues, proposes through Raft (a follower
+/// forwards to the leader), and resolves once this node's broker has followed the entry.
+pub struct RaftMeta {
+    pub(super) raft: MetaRaft,
+    pub(super) broker: Arc<Broker>,
+    pub(super) relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+    pub(super) applied: watch::Receiver<u64>,
+    pub(super) commit_timeout: Duration,
+    pub(super) rng: Mutex<StdRng>,
+}
+
+impl std::fmt::Debug for RaftMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftMeta").finish_non_exhaustive()
+    }
+}
+
+/// Where `queue-master-locator` puts new queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Locator {
+    /// The node the declaring client is connected to (RabbitMQ's default).
+    ClientLocal,
+    /// The live node running the fewest queues.
+    MinMasters,
+    /// A live node at random.
+    Random,
+}
+
+impl Locator {
+    /// The locator for `def`: its `x-queue-master-locator` argument, else its effective
+    /// policy's `queue-master-locator`, else client-local. Exclusive queues are always local.
+    pub fn of(def: &QueueDef, state: &MetaState) -> Locator {
+        if def.exclusive_owner.is_some() {
+            return Locator::ClientLocal;
+        }
+        let arg = def
+            .arguments
+            .inner()
+            .get("x-queue-master-locator")
+            .and_then(crate::meta::args::string);
+        let policy = || {
+            let v = state.vhost(&def.vhost)?;
+            match v
+                .effective_policy(&def.name, true)
+                .definition
+                .get("queue-master-locator")
+            {
+                Some(crate::meta::policy::PolicyValue::Str(s)) => Some(s.clone()),
+                _ => None,
+            }
+        };
+        match arg.or_else(policy).as_deref() {
+            Some("min-masters") => Locator::MinMasters,
+            Some("random") => Locator::Random,
+            _ => Locator::ClientLocal,
+        }
+    }
+
+    /// The home for a new queue: `local` for client-local; otherwise among `live` nodes
+    /// (which include `local`), by queue count or at random.
+    pub fn place(
+        self,
+        local: NodeId,
+        live: &[NodeId],
+        state: &MetaState,
+        rng: &mut impl Rng,
+    ) -> NodeId {
+        if live.is_empty() {
+            return local;
+        }
+        match self {
+            Locator::ClientLocal => local,
+            Locator::Random => live[rng.gen_range(0..live.len())],
+            Locator::MinMasters => {
+                let mut counts: BTreeMap<NodeId, usize> = live.iter().map(|&n| (n, 0)).collect();
+                for v in state.vhosts.values() {
+                    for q in v.queues.values() {
+                        if let Some(c) = counts.get_mut(&q.home) {
+                            *c += 1;
+                        }
+                    }
+                }
+                counts
+                    .into_iter()
+                    .min_by_key(|&(n, c)| (c, n))
+                    .map_or(local, |(n, _)| n)
+            }
+        }
+    }
+}
+
+impl RaftMeta {
+    pub(super) fn place(&self, def: &QueueDef) -> NodeId {
+        let me = self.broker.node_id();
+        let state = self.raft.snapshot();
+        if let Some(existing) = state
+            .vhost(&def.vhost)
+            .and_then(|v| v.queues.get(&def.name))
+        {
+            return existing.home;
+        }
+        let live: Vec<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|&n| n == me || !self.broker.node_is_down(n))
+            .collect();
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        Locator::of(def, &state).place(me, &live, &state, &mut *rng)
+    }
+}
+
+impl MetaCommit for RaftMeta {
+    fn commit(&self, mut command: Command, _now: Instant) -> MetaFuture {
+        if let Command::DeclareQueue(def) = &mut command {
+            if def.home == 0 {
+                def.home = self.place(def);
+            }
+        }
+        // A queue created on another node must exist there before declare-ok: the client
+        // may publish to it or consume from it at once.
+        let remote_home = match &command {
+            Command::DeclareQueue(def) if def.home != self.broker.node_id() => Some(def.home),
+            _ => None,
+        };
+        let relay = self.relay.get().cloned();
+        let raft = self.raft.clone();
+        let mut applied = self.applied.clone();
+        let timeout = self.commit_timeout;
+        Box::pin(async move {
+            let response = raft
+                .propose(command)
+                .await
+                .map_err(|e| MetaError::Unavailable {
+                    maybe_applied: e.outcome_unknown(),
+                    reason: e.to_string(),
+                })?;
+            // This node's broker follows the entry before the session reads it (declare-ok
+            // counts, the consumer a basic.consume adds to the new queue).
+            let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
+            if let (Some(home), Some(relay), true) = (remote_home, relay, response.outcome.is_ok())
+            {
+                if !relay.barrier(home, response.index).await {
+                    tracing::warn!(node = home, "the queue's node did not confirm the declare");
+                }
+            }
+            match response.outcome {
+                Ok(s) => Ok(Applied {
+                    created: s.created,
+                    removed: Removed {
+                        queues: s.removed_queues,
+                        exchanges: s.removed_exchanges,
+                    },
+                }),
+                Err(r) => Err(MetaError::Replicated {
+                    code: r.code,
+                    text: r.text,
+                }),
+            }
+        })
+    }
+}

@@ -1,0 +1,200 @@
+//! The cluster's background tasks: the follower (every applied state to the broker, then
+//! the applied index), the failure detector's watch, and the leader's membership task.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::MAX_VOTERS;
+use crate::broker::Broker;
+use crate::cluster::Detector;
+use crate::meta::Command;
+use crate::runtime::clock::Clock;
+use crate::runtime::node_link::TcpTransport;
+use crate::runtime::raft::{MetaRaft, NodeId};
+use crate::runtime::relay::Relay;
+
+/// The follower task: every new applied state goes to the broker, then its index is
+/// published; registered nodes become link peers.
+pub(super) async fn follow(
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    transport: TcpTransport,
+    applied: watch::Sender<u64>,
+    clock: Clock,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+) {
+    let mut views = raft.subscribe();
+    let mut peers: BTreeMap<NodeId, String> = BTreeMap::new();
+    let mut incarnations: BTreeMap<NodeId, u64> = BTreeMap::new();
+    loop {
+        let view = views.borrow_and_update().clone();
+        // Until the group has applied a command, the broker keeps the config's users (so a
+        // node waiting to join can still be administered: `join_cluster` needs a login).
+        if view.state.version > 0 {
+            broker.follow(view.state.clone(), clock.now());
+        }
+        for (id, n) in &view.state.nodes {
+            if peers.get(id) != Some(&n.link) {
+                transport.set_peer(*id, n.link.clone());
+                peers.insert(*id, n.link.clone());
+            }
+            // A node that registered a new incarnation restarted: whatever it held for
+            // this node's channels, and this node for its, is gone.
+            if incarnations
+                .insert(*id, n.incarnation)
+                .is_some_and(|old| old != n.incarnation)
+                && *id != raft.id()
+            {
+                if let Some(r) = relay.get() {
+                    r.node_down(*id);
+                }
+            }
+        }
+        for id in &view.state.forgotten {
+            if peers.remove(id).is_some() {
+                transport.remove_peer(*id);
+            }
+        }
+        // Consumers waiting for a mirrored queue's new master.
+        if let Some(r) = relay.get() {
+            r.rehome();
+        }
+        let _ = applied.send(view.applied_index.unwrap_or(0));
+        if views.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Drives the failure detector (`cluster::detector`, whose rules these are): every node
+/// tells its broker and relay which nodes are down; the leader proposes `NodeDown` once
+/// per outage.
+pub(super) async fn watch_nodes(
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    transport: TcpTransport,
+    peer_timeout: Duration,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+) {
+    // The detector's clock: milliseconds since this task started.
+    let base = tokio::time::Instant::now();
+    let ms = |t: tokio::time::Instant| t.saturating_duration_since(base).as_millis() as u64;
+    let mut detector = Detector::new(raft.id(), peer_timeout.as_millis() as u64, 0);
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        let state = raft.snapshot();
+        let verdict = detector.handle_tick(
+            ms(tokio::time::Instant::now()),
+            raft.is_leader(),
+            state.nodes.keys().copied(),
+            |id| transport.last_seen(id).map(ms),
+            |id| transport.peer_refused(id),
+        );
+        broker.set_down_nodes(verdict.down);
+        if let Some(r) = relay.get() {
+            for id in verdict.newly_down {
+                r.node_down(id);
+            }
+            for id in verdict.newly_up {
+                r.node_up(id);
+            }
+            // A promoted mirror serves once it adopted its copy, after the metadata moved.
+            r.rehome();
+        }
+        for id in verdict.to_declare {
+            // A leader cut off from the majority keeps believing it leads, and from there
+            // every peer looks down: only a leadership a quorum confirms may decide (the
+            // proposal would otherwise be forwarded to the real leader and commit).
+            if raft.linearizable_snapshot().await.is_err() {
+                break;
+            }
+            tracing::warn!(
+                node = id,
+                "node down: removing its transient and exclusive queues"
+            );
+            match raft.propose(Command::NodeDown { id }).await {
+                Ok(_) => detector.handle_declared(id),
+                Err(e) => tracing::warn!(node = id, error = %e, "cannot record a node as down"),
+            }
+        }
+    }
+}
+
+/// The membership task, on the leader: the Raft membership follows the nodes table.
+pub(super) async fn reconcile_membership(raft: MetaRaft) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if !raft.is_leader() {
+            continue;
+        }
+        let state = raft.snapshot();
+        let m = raft.membership();
+        // Forgotten nodes leave first, so a vote is never waited on from a node gone for good.
+        let gone_voters: Vec<NodeId> = m
+            .voters
+            .keys()
+            .copied()
+            .filter(|id| state.forgotten.contains(id))
+            .collect();
+        if !gone_voters.is_empty() {
+            let voters: BTreeSet<NodeId> = m
+                .voters
+                .keys()
+                .copied()
+                .filter(|id| !state.forgotten.contains(id))
+                .collect();
+            if let Err(e) = raft.change_voters(voters, false).await {
+                tracing::warn!(error = %e, "cannot remove forgotten voters");
+            }
+            continue;
+        }
+        let gone_learners: BTreeSet<NodeId> = m
+            .learners
+            .keys()
+            .copied()
+            .filter(|id| state.forgotten.contains(id))
+            .collect();
+        if !gone_learners.is_empty() {
+            if let Err(e) = raft.remove_learners(gone_learners).await {
+                tracing::warn!(error = %e, "cannot remove forgotten learners");
+            }
+            continue;
+        }
+        for (id, n) in &state.nodes {
+            if m.voters.contains_key(id) || m.learners.contains_key(id) {
+                continue;
+            }
+            tracing::info!(node = id, link = %n.link, "adding a node as a learner");
+            if let Err(e) = raft.add_learner(*id, n.link.clone()).await {
+                tracing::warn!(node = id, error = %e, "cannot add a learner");
+            }
+        }
+        let m = raft.membership();
+        if m.voters.len() < MAX_VOTERS {
+            let promote: Vec<NodeId> = m
+                .learners
+                .keys()
+                .copied()
+                .filter(|id| state.nodes.contains_key(id))
+                .take(MAX_VOTERS - m.voters.len())
+                .collect();
+            if !promote.is_empty() {
+                let voters: BTreeSet<NodeId> = m
+                    .voters
+                    .keys()
+                    .copied()
+                    .chain(promote.iter().copied())
+                    .collect();
+                tracing::info!(nodes = ?promote, "promoting learners to voters");
+                if let Err(e) = raft.change_voters(voters, true).await {
+                    tracing::warn!(error = %e, "cannot promote learners");
+                }
+            }
+        }
+    }
+}

@@ -139,12 +139,12 @@ fn main() -> Result<()> {
                     lines.push(line);
                     if ok { passed += 1 } else { failed += 1 }
                 }
-                _ = tokio::signal::ctrl_c() => {
+                (name, code) = interrupted() => {
                     // Dropping the run killed its nodes and removed its cuts.
                     net::remove_all();
                     disk::remove_all();
-                    eprintln!("warren-chaos: interrupted during seed {seed}");
-                    std::process::exit(130);
+                    eprintln!("warren-chaos: {name} during seed {seed}");
+                    std::process::exit(code);
                 }
             }
         }
@@ -158,4 +158,20 @@ fn main() -> Result<()> {
     });
     println!("chaos: {passed} passed, {failed} failed");
     std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+/// Resolves on Ctrl-C or SIGTERM (`timeout`, a CI runner stopping a job): the signal's name
+/// and the exit status a shell gives it. Either way the run cleans up before exiting.
+async fn interrupted() -> (&'static str, i32) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => ("interrupted", 130),
+            _ = term.recv() => ("terminated", 143),
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            ("interrupted", 130)
+        }
+    }
 }

@@ -9,8 +9,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 
 use super::json;
 use super::mirrors;
-use super::plans::RemoteCounts;
-use super::requests::{NodeInfo, Request, Response};
+use super::requests::{NodeInfo, RemoteCounts, Request, Response};
 use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};
 use crate::broker::Broker;
 use crate::meta::limits::{self, LimitScope};

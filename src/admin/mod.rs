@@ -26,6 +26,6 @@ pub mod wire;
 mod tests;
 
 pub use listing::{channel_pid, connection_pid, consumer_activity, format_table};
-pub use plans::{authenticate, handle, plan, plan_with_counts, Handled, RemoteCounts, ADMIN_TAG};
-pub use requests::{NodeInfo, Request, Response};
+pub use plans::{authenticate, handle, plan, plan_with_counts, Handled, ADMIN_TAG};
+pub use requests::{NodeInfo, RemoteCounts, Request, Response};
 pub use wire::{decode_body, encode_frame, frame_len, Auth, FrameError, MAX_FRAME};

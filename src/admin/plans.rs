@@ -6,7 +6,7 @@
 use super::json;
 use super::listing::{self, missing_owner};
 use super::mirrors;
-use super::requests::{NodeInfo, Request, Response};
+use super::requests::{NodeInfo, RemoteCounts, Request, Response};
 use super::wire::Auth;
 use crate::broker::Broker;
 use crate::meta::limits::{self, LimitScope};
@@ -66,10 +66,6 @@ pub fn handle(broker: &Broker, node: &NodeInfo, request: &Request, now: Instant)
 pub fn plan(broker: &Broker, node: &NodeInfo, request: &Request) -> Handled {
     plan_with_counts(broker, node, request, &RemoteCounts::new())
 }
-
-/// Ready, unacknowledged and consumer counts of queues other nodes run, by name (what their
-/// nodes answered), for `list_queues` on a clustered node.
-pub type RemoteCounts = std::collections::HashMap<String, (u32, u32, u32)>;
 
 /// [`plan`], with the counts of queues of other nodes that the caller fetched.
 pub fn plan_with_counts(

@@ -268,3 +268,7 @@ pub struct NodeInfo {
     /// The node's name (`pid` column, `cluster_status`).
     pub name: String,
 }
+
+/// Ready, unacknowledged and consumer counts of queues other nodes run, by name (what their
+/// nodes answered), for `list_queues` on a clustered node.
+pub type RemoteCounts = std::collections::HashMap<String, (u32, u32, u32)>;

@@ -16,6 +16,12 @@
 #                                             time until every mirror is synchronised, and
 #                                             warren-perf's rates while it runs (variants:
 #                                             sync-B-publish, sync-B-pubsub, sync-B-idle: no load)
+#   resync-warren                             issue 16's figure: a mirror of an N (1,000,000) x 1 KiB
+#                                             queue is killed (kill -9) while 10,000 more arrive,
+#                                             then started again: time from its start until it is
+#                                             listed synchronised, with its copy kept (it catches
+#                                             up what it missed) and with the copy's folder removed
+#                                             while it was down (a full resync), side by side
 #   failover-warren                           `cargo bench --bench mirrored` (default settings,
 #                                             then peer_timeout_ms 1000 / heartbeat_ms 100)
 #   failover-rabbitmq                         the same bench binary against RabbitMQ: kill -9
@@ -37,12 +43,12 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|large-*|sync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+        throughput-*|large-*|sync-*|resync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        *) sed -n '2,32p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,26p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,32p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -317,6 +323,62 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     fi
 }
 
+# Starts node N of the running Warren cluster again (after warren_up; its log appended).
+warren_start_node() {
+    RUST_LOG=info "$WARREN" --config "$TMPD/warren/node$1.toml" >> "$OUT/warren-node$1.log" 2>&1 &
+    WPIDS[$(($1 - 1))]=$!
+}
+
+resync_bench() { # issue 16: a restarted mirror with its copy kept, then with it removed
+    local q=ha.resync fails=0
+    warren_up
+    wpolicy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues
+    log "resync: publishing $SYNC_COUNT x 1 KiB persistent messages to $q (mirrored on all three)"
+    if ! "$PERF" --uri "$(wuri 1)" --publish-only --queue "$q" --persistent --size 1024 --confirm 1000 \
+        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/warren-resync-fill.json"; then
+        log "resync: FAILED: the fill did not complete"; warren_down; return 1
+    fi
+    wctl 1 list_queues name pid synchronised_slave_pids messages
+    echo "| mirror's copy | missed while down | start to serving s | start to synchronised s | master sent (messages) |"
+    echo "|---|---|---|---|---|"
+    for mode in kept removed; do
+        kill -9 "${WPIDS[2]}"; wait "${WPIDS[2]}" 2>/dev/null || true
+        if ! "$PERF" --uri "$(wuri 1)" --publish-only --queue "$q" --persistent --size 1024 --confirm 1000 \
+            --count 10000 --json 2>/dev/null > "$OUT/warren-resync-$mode-missed.json"; then
+            log "resync/$mode: FAILED: publishing while the mirror was down"; fails=$((fails + 1)); continue
+        fi
+        if [[ $mode == removed ]]; then
+            local dir
+            dir=$(dirname "$(grep -l "$q" "$TMPD"/warren/data3/queues/*/queue.name)")
+            rm -rf "$dir"
+        fi
+        local before; before=$(grep -c "mirror sync copied the backlog" "$OUT/warren-node1.log" || true)
+        local start; start=$(date +%s.%N)
+        warren_start_node 3
+        local serving="" synced=""
+        while [[ -z "$synced" ]]; do
+            if [[ -z "$serving" ]] && (exec 3<>"/dev/tcp/${WIPS[2]}/5672") 2>/dev/null; then serving=$(date +%s.%N); fi
+            [[ "$(warren_synced_ctl "$q")" == 2 ]] && synced=$(date +%s.%N)
+            if (( $(date +%s) - ${start%.*} > 600 )); then break; fi
+            sleep 0.05
+        done
+        if [[ -z "$synced" ]]; then
+            log "resync/$mode: FAILED: not synchronised 600 s after the start"; fails=$((fails + 1)); continue
+        fi
+        # The master's log line of this sync (its count of messages sent with bodies).
+        local copied=""
+        for _ in $(seq 1 50); do
+            copied=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/warren-node1.log" | grep "mirror sync copied the backlog" | tail -n +"$((before + 1))" | grep -o 'copied=[0-9]*' | tail -1)
+            [[ -n "$copied" ]] && break; sleep 0.1
+        done
+        echo "| $mode | 10000 | $(python3 -c "print(f'{${serving:-$start} - $start:.2f}')") | $(python3 -c "print(f'{$synced - $start:.2f}')") | ${copied#copied=} |"
+    done
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/warren-node3.log" | grep -E "kept|mirror sync|mirror holds" || true
+    wctl 1 list_queues name pid synchronised_slave_pids messages
+    warren_down
+    [[ $fails == 0 ]]
+}
+
 failover_rabbitmq() { # [--stop]: SIGTERM instead of SIGKILL
     local stop=("$@")
     rmq_up
@@ -367,6 +429,7 @@ for step in "${STEPS[@]}"; do
                 cargo bench --bench mirrored -- --runs 3 --master "$m" --peer-timeout-ms 1000 --heartbeat-ms 100
             done ;;
         failover-rabbitmq) failover_rabbitmq ;;
+        resync-warren) resync_bench ;;
         failover-warren-stop)
             for m in 1 2; do cargo bench --bench mirrored -- --runs 3 --master "$m" --stop; done ;;
         failover-rabbitmq-stop) failover_rabbitmq --stop ;;

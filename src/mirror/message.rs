@@ -72,6 +72,46 @@ pub enum MirrorMsg {
         /// The sync.
         sync: u64,
     },
+    /// What the master's queue holds below the sync's `from_seq`, without bodies: every
+    /// live message with seq in `[lo, hi)`. A mirror that kept its copy across a restart
+    /// compares it with these (`docs/mirroring.md`, *Mirrors keep their data*) and then
+    /// asks for what it lacks with [`MirrorMsg::SyncWant`]; the batches cover
+    /// `[0, from_seq)` in order, and the one whose `hi` reaches `from_seq` is the last.
+    SyncDigest {
+        /// The master's epoch.
+        epoch: u64,
+        /// The mirror being synchronised.
+        target: MemberId,
+        /// Its sync (`SyncStart::sync`).
+        sync: u64,
+        /// The first seq this batch covers.
+        lo: u64,
+        /// The seq after the last one it covers.
+        hi: u64,
+        /// The live messages in `[lo, hi)`, in seq order.
+        entries: Vec<DigestEntry>,
+    },
+    /// From the target of an active sync: send the backlog from seq `from` on (0: all of
+    /// it; more: its kept copy holds, compared with the digest, everything below).
+    SyncWant {
+        /// The master's epoch.
+        epoch: u64,
+        /// The sync.
+        sync: u64,
+        /// The first seq the mirror needs.
+        from: u64,
+    },
+}
+
+/// One live message of a [`MirrorMsg::SyncDigest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DigestEntry {
+    /// Its seq in the queue.
+    pub seq: u64,
+    /// The message's id (a copy's entry at `seq` is this message only with this id).
+    pub id: u128,
+    /// Whether it was delivered (and not acked).
+    pub delivered: bool,
 }
 
 impl MirrorMsg {
@@ -128,6 +168,23 @@ mod tests {
                 ops: vec![9],
             },
             MirrorMsg::SyncAck { epoch: 3, sync: 9 },
+            MirrorMsg::SyncDigest {
+                epoch: 1,
+                target,
+                sync: 3,
+                lo: 0,
+                hi: 9,
+                entries: vec![DigestEntry {
+                    seq: 4,
+                    id: u128::MAX - 1,
+                    delivered: true,
+                }],
+            },
+            MirrorMsg::SyncWant {
+                epoch: 1,
+                sync: 3,
+                from: 5,
+            },
             MirrorMsg::SyncEnd {
                 epoch: 1,
                 target,

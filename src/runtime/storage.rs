@@ -34,7 +34,8 @@ mod syncer;
 
 pub use copies::{OpsTap, SYNC_BATCH_BYTES};
 use recovery::{
-    beta_entry, moved_in, queue_entry, read_copy_incarnation, recover_queue, remove_index_dir,
+    beta_entry, kept_copies, moved_in, queue_entry, read_copy_incarnation, recover_queue,
+    remove_index_dir,
 };
 pub use syncer::{LapWait, PendingLaps};
 
@@ -94,6 +95,10 @@ struct State<D: Disk + Clone> {
     /// while a mirror of the old one still ran here) drops that copy before its first
     /// write.
     copies: HashMap<(String, String), u64>,
+    /// Copies this run found on disk from an earlier one (a subset of `copies`), kept for
+    /// the mirror's first active sync to compare with the master's queue instead of
+    /// copying it whole (`docs/mirroring.md`, *Mirrors keep their data*).
+    kept: HashMap<(String, String), u64>,
 }
 
 /// Storage for one node, over any [`Disk`] (the node uses `Arc<FileDisk>`; tests `MemDisk`).
@@ -275,6 +280,41 @@ impl<D: Disk + Clone> Storage<D> {
             }
             indexes.insert((vhost, name), index);
         }
+        // Copies of queues this node mirrors, left by the run before: kept (their bodies
+        // counted) for the mirror's next sync to catch up only what it missed.
+        let mut copies = HashMap::new();
+        let mut kept = HashMap::new();
+        for (vhost, name, incarnation) in kept_copies(broker) {
+            let dir_name = queue_dir_name(&vhost, &name);
+            let dir = queues_dir.join(&dir_name);
+            if known_dirs.contains(&dir_name)
+                || read_copy_incarnation(&disk, &dir) != Some(incarnation)
+            {
+                continue;
+            }
+            let kcfg = IndexConfig {
+                keep_transient: true,
+                recover_head_entries: 0,
+                ..icfg.clone()
+            };
+            let (index, recovered) = match QueueIndex::open(disk.clone(), &dir, kcfg) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    // A copy that cannot be read is only a copy: the sync brings it all.
+                    tracing::warn!(vhost = %vhost, queue = %name, error = %e, "a mirror copy left by the last run cannot be opened; dropped");
+                    continue;
+                }
+            };
+            for (id, n) in &recovered.store_refs {
+                *refs.entry(MsgId(*id)).or_default() += n;
+            }
+            tracing::info!(vhost = %vhost, queue = %name, messages = recovered.live, "kept a mirror copy from the last run");
+            known_dirs.insert(dir_name);
+            let key = (vhost, name);
+            indexes.insert(key.clone(), index);
+            copies.insert(key.clone(), incarnation);
+            kept.insert(key, incarnation);
+        }
         // Bodies no queue refers to any more (acked before a crash cut the store's own
         // bookkeeping) go, as RabbitMQ's walker does.
         msg_store.set_ref_counts(refs)?;
@@ -294,7 +334,8 @@ impl<D: Disk + Clone> Storage<D> {
                 transient_store,
                 indexes,
                 transient_indexes: HashMap::new(),
-                copies: HashMap::new(),
+                copies,
+                kept,
             })),
             durability,
             wake: Arc::new((Mutex::new(false), Condvar::new())),

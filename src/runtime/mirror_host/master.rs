@@ -24,6 +24,7 @@ use crate::meta::Command;
 use crate::meta::NodeId;
 use crate::meta::SyncMode;
 use crate::mirror::message::group_name;
+use crate::mirror::message::DigestEntry;
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
 use crate::runtime::gm_host::GmNet;
@@ -205,12 +206,24 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         break;
                     }
                     Some(Event::Deliver { from, num, msg }) => {
-                        if let Some(MirrorMsg::SyncAck { epoch: e, sync }) = MirrorMsg::decode(&msg) {
-                            for run in syncs.values_mut() {
-                                if run.target == from && run.id == (e, sync) {
-                                    run.acked = true;
+                        match MirrorMsg::decode(&msg) {
+                            Some(MirrorMsg::SyncAck { epoch: e, sync }) => {
+                                for run in syncs.values_mut() {
+                                    if run.target == from && run.id == (e, sync) {
+                                        run.acked = true;
+                                    }
                                 }
                             }
+                            Some(MirrorMsg::SyncWant { epoch: e, sync, from: seq }) => {
+                                for run in syncs.values_mut() {
+                                    if run.target == from && run.id == (e, sync) {
+                                        if let Some(tx) = run.want.take() {
+                                            let _ = tx.send(seq);
+                                        }
+                                    }
+                                }
+                            }
+                            _ => {}
                         }
                         m.handle.release(from, num)
                     }
@@ -402,12 +415,21 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             })
             .await
             .unwrap_or(0);
+        let (want_tx, want_rx) = tokio::sync::oneshot::channel();
         let copier = active.then(|| {
             let inner = self.clone();
             let key = key.clone();
             tokio::spawn(async move {
                 inner
-                    .copy_backlog(&key, sender, target, (epoch, sync), from_seq, batch.max(1))
+                    .copy_backlog(
+                        &key,
+                        sender,
+                        target,
+                        (epoch, sync),
+                        from_seq,
+                        batch.max(1),
+                        want_rx,
+                    )
                     .await
             })
         });
@@ -423,12 +445,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 was_active: active,
                 ended: None,
                 acked: false,
+                want: active.then_some(want_tx),
             },
         );
     }
 
-    /// Active sync: the backlog in batches, each sent once the one before has made its lap
-    /// (flow control), while the queue goes on serving.
+    /// Active sync: the digest of the backlog, until the mirror says from where it needs
+    /// it, then the backlog from there in batches, each sent once the one before has made
+    /// its lap (flow control), while the queue goes on serving.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn copy_backlog(
         &self,
         key: &Key,
@@ -437,8 +462,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         (epoch, sync): (u64, u64),
         below: u64,
         batch: usize,
+        want: tokio::sync::oneshot::Receiver<u64>,
     ) -> bool {
-        let mut from = 0;
+        let Some(mut from) = self
+            .send_digest(key, &sender, target, (epoch, sync), below, want)
+            .await
+        else {
+            tracing::info!(queue = %key.1, "sync: the mirror never said what it needs");
+            return false;
+        };
         let started = std::time::Instant::now();
         let mut copied = 0usize;
         let progress = SyncProgress {
@@ -504,6 +536,72 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     }
 }
 
+impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
+    /// The digest of the backlog below `below` (seqs, ids and delivered flags, no bodies),
+    /// in batches with flow control, until the target's [`MirrorMsg::SyncWant`] says from
+    /// which seq it needs the backlog (a mirror with nothing kept says so at once). `None`:
+    /// the digest could not be read or sent, or the answer did not come.
+    async fn send_digest(
+        &self,
+        key: &Key,
+        sender: &GmSender,
+        target: MemberId,
+        (epoch, sync): (u64, u64),
+        below: u64,
+        mut want: tokio::sync::oneshot::Receiver<u64>,
+    ) -> Option<u64> {
+        let mut lo = 0;
+        loop {
+            if let Ok(from) = want.try_recv() {
+                return Some(from);
+            }
+            let storage = self.storage.clone();
+            let (vhost, name) = key.clone();
+            let s = sender.clone();
+            let step = self
+                .offload(move || {
+                    storage.sync_digest(&vhost, &name, lo, below, DIGEST_BATCH, |entries, next| {
+                        let msg = MirrorMsg::SyncDigest {
+                            epoch,
+                            target,
+                            sync,
+                            lo,
+                            hi: next.unwrap_or(below),
+                            entries: entries
+                                .into_iter()
+                                .map(|(seq, id, delivered)| DigestEntry { seq, id, delivered })
+                                .collect(),
+                        };
+                        (s.confirmed_broadcast(Bytes::from(msg.encode())), next)
+                    })
+                })
+                .await;
+            let Some(Ok((lap, next))) = step else {
+                tracing::warn!(queue = %key.1, "sync stopped: the backlog's digest could not be read");
+                return None;
+            };
+            tokio::select! {
+                done = lap => if done.is_err() {
+                    return None;
+                },
+                from = &mut want => return from.ok(),
+            }
+            match next {
+                Some(n) => lo = n,
+                None => break,
+            }
+        }
+        // The last batch made its lap, so the mirror compared it (before releasing it) and
+        // sent its answer.
+        tokio::time::timeout(SYNC_ACK_WAIT, want).await.ok()?.ok()
+    }
+}
+
+/// Entries of one digest batch: one index segment's worth (the default geometry), so the
+/// storage lock is held for one segment's read (bodies below 4 KiB are in the index), and
+/// the message is about 400 KB (25 bytes an entry).
+const DIGEST_BATCH: usize = 16_384;
+
 /// A running backlog copy as the metrics show it; gone from them when dropped, however
 /// the copy ends.
 pub(super) struct SyncProgress {
@@ -545,6 +643,9 @@ pub(super) struct SyncRun {
     ended: Option<std::time::Instant>,
     /// The mirror's [`MirrorMsg::SyncAck`] came.
     acked: bool,
+    /// Where the copier learns from which seq the mirror needs the backlog (its
+    /// [`MirrorMsg::SyncWant`]); taken when it comes.
+    want: Option<tokio::sync::oneshot::Sender<u64>>,
 }
 
 impl SyncRun {

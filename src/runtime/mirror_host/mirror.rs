@@ -9,8 +9,8 @@ use bytes::Bytes;
 
 use super::held::Held;
 use super::{
-    incarnation_of, is_synchronised, role_of, Followed, Inner, Key, Membership, Mode, Role,
-    StorageDisk,
+    incarnation_of, is_synchronised, role_of, DeltaSync, Followed, Inner, Key, Membership, Mode,
+    Role, StorageDisk,
 };
 use crate::gm::Event;
 use crate::gm::MemberId;
@@ -80,6 +80,83 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
+    /// The copy before joining: the one kept from the last run stays (for the first active
+    /// sync to compare), anything else starts empty; `false` if it cannot.
+    pub(super) async fn begin_copy(&self, key: &Key, incarnation: u64) -> bool {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || storage.begin_copy(&vhost, &name, incarnation))
+            .await
+        {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The copy at an active sync's start: `Some(Some(next))` when the kept copy stays
+    /// (it holds seqs below `next` only), `Some(None)` when it starts empty, `None` when
+    /// neither could be done.
+    async fn resume_copy(&self, key: &Key, incarnation: u64, from_seq: u64) -> Option<Option<u64>> {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || storage.resume_copy(&vhost, &name, incarnation, from_seq))
+            .await
+        {
+            Some(Ok(kept)) => Some(kept),
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Compares the kept copy's `[lo, hi)` with the master's digest of it (see
+    /// `Storage::reconcile_copy`): `Some(true)` matched (and made to match), `Some(false)`
+    /// the copy cannot hold it, `None` the copy could not be read or written.
+    async fn reconcile(
+        &self,
+        key: &Key,
+        incarnation: u64,
+        range: (u64, u64),
+        digest: Vec<(u64, u128, bool)>,
+        copy_next: u64,
+    ) -> Option<bool> {
+        let storage = self.storage.clone();
+        let (vhost, name) = key.clone();
+        match self
+            .offload(move || {
+                storage.reconcile_copy(&vhost, &name, incarnation, range, &digest, copy_next)
+            })
+            .await
+        {
+            Some(Ok(matched)) => Some(matched),
+            Some(Err(e)) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot compare a kept mirror copy");
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// A kept copy that cannot be caught up after all: it starts empty, and the whole
+    /// backlog is asked for. `false` if the copy cannot be started.
+    async fn restart_copy(&self, key: &Key, m: &mut Membership, (epoch, sync): (u64, u64)) -> bool {
+        tracing::info!(queue = %key.1, "the kept mirror copy differs from the master's queue: copying the whole backlog");
+        m.delta = None;
+        if !self.start_copy(key, m.incarnation).await {
+            return false;
+        }
+        want_backlog(m, epoch, sync, 0);
+        true
+    }
+
     /// A mirror's handling of one delivered message; `false`: its copy cannot be trusted
     /// any more (it must leave and start again).
     pub(super) async fn on_message(&self, key: &Key, m: &mut Membership, msg: &[u8]) -> bool {
@@ -103,9 +180,31 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 from_seq,
                 sync,
             }) if target == me => {
-                tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
-                if !self.start_copy(key, m.incarnation).await {
-                    return false;
+                m.delta = None;
+                if active {
+                    // A copy kept from the last run is compared with the master's digest
+                    // first; otherwise the whole backlog is asked for at once.
+                    match self.resume_copy(key, m.incarnation, from_seq).await {
+                        None => return false,
+                        Some(Some(copy_next)) => {
+                            tracing::info!(queue = %key.1, from_seq, copy_next, "mirror sync starts with the copy kept from the last run");
+                            m.delta = Some(DeltaSync {
+                                id: (epoch, sync),
+                                copy_next,
+                                from_seq,
+                                covered: 0,
+                            });
+                        }
+                        Some(None) => {
+                            tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
+                            want_backlog(m, epoch, sync, 0);
+                        }
+                    }
+                } else {
+                    tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
+                    if !self.start_copy(key, m.incarnation).await {
+                        return false;
+                    }
                 }
                 m.mode = if active {
                     Mode::Syncing(Held::new(self.hold_path(key)), (epoch, sync))
@@ -119,9 +218,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             // is sent after its left neighbour saw it join): its copy is not what the master
             // thinks. It leaves without releasing this message, so the master cannot count
             // the sync complete, and starts over with a new member (and a new sync).
-            Some(MirrorMsg::SyncBatch { target, .. } | MirrorMsg::SyncEnd { target, .. })
-                if target == me && matches!(m.mode, Mode::Waiting) =>
-            {
+            Some(
+                MirrorMsg::SyncBatch { target, .. }
+                | MirrorMsg::SyncEnd { target, .. }
+                | MirrorMsg::SyncDigest { target, .. },
+            ) if target == me && matches!(m.mode, Mode::Waiting) => {
                 tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
                 false
             }
@@ -137,6 +238,41 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
                 _ => true,
             },
+            // The digest of the sync this mirror compares its kept copy in.
+            Some(MirrorMsg::SyncDigest {
+                epoch,
+                target,
+                sync,
+                lo,
+                hi,
+                entries,
+            }) if target == me && m.delta.is_some_and(|d| d.id == (epoch, sync)) => {
+                let Some(mut d) = m.delta else { return true };
+                if lo != d.covered {
+                    // Not the batch that follows: the comparison cannot go on.
+                    return self.restart_copy(key, m, d.id).await;
+                }
+                let digest = entries
+                    .into_iter()
+                    .map(|e| (e.seq, e.id, e.delivered))
+                    .collect();
+                match self
+                    .reconcile(key, m.incarnation, (lo, hi), digest, d.copy_next)
+                    .await
+                {
+                    None => false,
+                    Some(false) => self.restart_copy(key, m, d.id).await,
+                    Some(true) => {
+                        d.covered = hi;
+                        m.delta = Some(d);
+                        if hi >= d.from_seq {
+                            tracing::info!(queue = %key.1, from = d.copy_next, "the kept mirror copy matches the master's queue below its end");
+                            want_backlog(m, epoch, sync, d.copy_next);
+                        }
+                        true
+                    }
+                }
+            }
             Some(MirrorMsg::SyncEnd {
                 epoch,
                 target,
@@ -144,6 +280,24 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }) if target == me
                 && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
             {
+                // A sync that ended before the digest was all compared (the master fell
+                // back to waiting for the old messages to go): whatever the kept copy
+                // still holds below `from_seq` uncompared is gone from the queue.
+                if let Some(d) = m.delta.take().filter(|d| d.covered < d.from_seq) {
+                    match self
+                        .reconcile(
+                            key,
+                            m.incarnation,
+                            (d.covered, d.from_seq),
+                            Vec::new(),
+                            d.copy_next,
+                        )
+                        .await
+                    {
+                        Some(true) => {}
+                        _ => return false,
+                    }
+                }
                 if let Mode::Syncing(held, _) = std::mem::replace(&mut m.mode, Mode::Live) {
                     let held = match held.drain() {
                         Ok(h) => h,
@@ -303,6 +457,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 master_member: None,
                 incarnation,
                 synced_by: None,
+                delta: None,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -311,13 +466,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
-    /// The mirror's life: a fresh, empty copy; every round written before it is released.
+    /// The mirror's life: a fresh, empty copy (or the one kept from the last run, until its
+    /// first sync compares it); every round written before it is released.
     /// Returns the membership when this node became the queue's home (a promotion).
     pub(super) async fn run_mirror(&self, key: &Key) -> Option<Membership> {
         let state = self.raft.snapshot();
         let incarnation = incarnation_of(&state, key);
-        // The copy starts empty, and a member releases what it cannot write yet (before
-        // its sync starts): while the metadata still counts this mirror synchronised (a
+        // The copy starts empty (or as kept from the last run, not yet compared), and a
+        // member releases what it cannot write yet (before its sync starts): while the metadata still counts this mirror synchronised (a
         // write failed and recording that did not get through), its releases would let
         // confirms count on a copy that does not hold them, and it could be promoted.
         // So that is recorded first, however long it takes.
@@ -336,7 +492,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if !self.start_copy(key, incarnation).await {
+        if !self.begin_copy(key, incarnation).await {
             return None;
         }
         let Some(mut m) = self.join(key, incarnation).await else {
@@ -397,6 +553,15 @@ pub(super) fn ack_sync(m: &Membership, epoch: u64, sync: u64) {
     let ack = MirrorMsg::SyncAck { epoch, sync }.encode();
     if let Err(e) = m.handle.sender().broadcast(Bytes::from(ack)) {
         tracing::debug!(error = %e, "cannot acknowledge a sync");
+    }
+}
+
+/// Asks the master of an active sync for the backlog from seq `from` on. Not confirmed:
+/// a lost request makes the master fall back to waiting for the old messages to go.
+pub(super) fn want_backlog(m: &Membership, epoch: u64, sync: u64, from: u64) {
+    let want = MirrorMsg::SyncWant { epoch, sync, from }.encode();
+    if let Err(e) = m.handle.sender().broadcast(Bytes::from(want)) {
+        tracing::debug!(error = %e, "cannot ask for a sync's backlog");
     }
 }
 

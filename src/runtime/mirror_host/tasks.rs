@@ -58,8 +58,10 @@ pub(super) async fn queue_task<N: GmNet + Clone, D: StorageDisk>(
 pub(super) async fn supervise<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner<N, D>>) {
     let mut views = inner.raft.subscribe();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let started = std::time::Instant::now();
     loop {
         let state = inner.raft.snapshot();
+        drop_unused_copies(&inner, &state, started.elapsed()).await;
         {
             let mut tasks = lock(&inner.tasks);
             tasks.retain(|_, t| !t.is_finished());
@@ -80,6 +82,29 @@ pub(super) async fn supervise<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inner
         tokio::select! {
             r = views.changed() => if r.is_err() { return },
             _ = tick.tick() => {}
+        }
+    }
+}
+
+/// How long a copy kept from the last run waits for this node to mirror its queue again
+/// (the leader's reconciler adds a restarted node back within a second or so).
+const KEPT_COPY_GRACE: Duration = Duration::from_secs(30);
+
+/// Drops copies kept from the last run that no mirror will use: of a queue deleted or
+/// declared again since, or, after [`KEPT_COPY_GRACE`], of one this node does not mirror.
+async fn drop_unused_copies<N: GmNet + Clone, D: StorageDisk>(
+    inner: &Arc<Inner<N, D>>,
+    state: &MetaState,
+    running_for: Duration,
+) {
+    for (key, incarnation) in inner.storage.kept_copies() {
+        let gone = incarnation_of(state, &key) != incarnation;
+        let unused = running_for > KEPT_COPY_GRACE
+            && role_of(state, &inner.broker, &key, inner.node) == Role::None
+            && !lock(&inner.tasks).contains_key(&key);
+        if gone || unused {
+            tracing::info!(queue = %key.1, "dropping a mirror copy kept from the last run: unused");
+            inner.drop_copy(&key, incarnation).await;
         }
     }
 }

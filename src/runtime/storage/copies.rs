@@ -124,6 +124,153 @@ impl<D: Disk + Clone> Storage<D> {
         Ok(())
     }
 
+    /// The copies this run found on disk and no sync has compared yet: (vhost, name) and
+    /// incarnation.
+    pub fn kept_copies(&self) -> Vec<((String, String), u64)> {
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map_or_else(Vec::new, |s| {
+            s.kept.iter().map(|(k, i)| (k.clone(), *i)).collect()
+        })
+    }
+
+    /// A mirror's copy before it joins the queue's group: the copy of `incarnation` that
+    /// this run found on disk is left as it is, for the first active sync to compare
+    /// ([`Storage::resume_copy`]); anything else starts empty ([`Storage::start_copy`]).
+    pub fn begin_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+    ) -> Result<(), StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        {
+            let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(state) = guard.as_ref() {
+                if state.kept.get(&key) == Some(&incarnation)
+                    && state.copies.get(&key) == Some(&incarnation)
+                {
+                    return Ok(());
+                }
+            }
+        }
+        self.start_copy(vhost, queue, incarnation)
+    }
+
+    /// A mirror's copy at an active sync's start (`from_seq`: the master's next seq):
+    /// `Some(next)` when the copy kept from the last run stays, holding seqs below
+    /// `next` only (`next <= from_seq`); the digest then says which of them still count.
+    /// Otherwise (no kept copy, or one with seqs the master never gave: the master
+    /// restarted without rounds this copy has) the copy starts empty: `None`. Either way
+    /// the copy is no longer "kept": a later sync starts empty.
+    pub fn resume_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+        from_seq: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        {
+            let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(state) = guard.as_mut() else {
+                return Ok(None);
+            };
+            let kept = state.kept.remove(&key) == Some(incarnation)
+                && state.copies.get(&key) == Some(&incarnation);
+            let next = state.indexes.get(&key).map(|i| i.bounds().1);
+            if let (true, Some(next)) = (kept, next) {
+                if next <= from_seq {
+                    return Ok(Some(next));
+                }
+            }
+        }
+        self.start_copy(vhost, queue, incarnation).map(|()| None)
+    }
+
+    /// Compares a kept copy's seqs in `[lo, hi)` with the master's digest of that range
+    /// (`digest`, in seq order) and makes the copy match it: entries the master no longer
+    /// holds go, deliveries the copy missed are recorded, all fsynced. `false` (nothing
+    /// changed) when a message the master holds below `copy_next` (the copy's next seq at
+    /// the sync's start) is missing from the copy, is another message, or has lost its
+    /// body: the copy cannot take it any more (an index takes publishes in seq order), so
+    /// the caller starts the copy empty.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reconcile_copy(
+        &self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+        (lo, hi): (u64, u64),
+        digest: &[(u64, u128, bool)],
+        copy_next: u64,
+    ) -> Result<bool, StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = guard.as_mut() else {
+            return Ok(false);
+        };
+        if state.copies.get(&key) != Some(&incarnation) {
+            return Err(StorageError::NotOurCopy {
+                queue: format!("{vhost}/{queue}"),
+                incarnation,
+            });
+        }
+        let wrap = |source| StorageError::Index {
+            queue: format!("{vhost}/{queue}"),
+            source,
+        };
+        // The copy's live entries in the range: seq -> (id, delivered, body present).
+        let mut held = std::collections::BTreeMap::new();
+        if let Some(index) = state.indexes.get(&key) {
+            let per_segment = index.config().segment_entry_count.max(1);
+            for n in index.segments() {
+                if (n + 1) * per_segment <= lo || n * per_segment >= hi {
+                    continue;
+                }
+                for e in index.read_segment(n).map_err(wrap)? {
+                    let p = &e.publish;
+                    if p.seq < lo || p.seq >= hi {
+                        continue;
+                    }
+                    let body = p.embedded.is_some() || state.msg_store.contains(MsgId(p.msg_id));
+                    held.insert(p.seq, (p.msg_id, u64::from(p.size), e.delivered, body));
+                }
+            }
+        }
+        let mut ops = Vec::new();
+        for &(seq, id, delivered) in digest {
+            if seq >= copy_next {
+                continue;
+            }
+            match held.remove(&seq) {
+                Some((mid, _, was_delivered, true)) if u128::from_be_bytes(mid) == id => {
+                    if delivered && !was_delivered {
+                        ops.push(IndexOp::Deliver { seq });
+                    }
+                }
+                _ => return Ok(false),
+            }
+        }
+        for (seq, (mid, size, _, _)) in held {
+            ops.push(IndexOp::Ack {
+                seq,
+                message_id: u128::from_be_bytes(mid),
+                size: size as usize,
+                persistent: true,
+            });
+        }
+        if ops.is_empty() {
+            return Ok(true);
+        }
+        self.apply(state, &key, ops, true)?;
+        state.msg_store.flush()?;
+        state.msg_store.sync()?;
+        if let Some(index) = state.indexes.get_mut(&key) {
+            index.sync().map_err(wrap)?;
+        }
+        Ok(true)
+    }
+
     /// Drops this node's copy of incarnation `incarnation` of a queue it mirrored (index
     /// and bodies); anything else under the name (a newer incarnation's copy, or a queue
     /// of this node) stays.
@@ -152,6 +299,7 @@ impl<D: Disk + Clone> Storage<D> {
         key: &(String, String),
     ) -> Result<(), StorageError> {
         state.copies.remove(key);
+        state.kept.remove(key);
         self.apply(state, key, vec![IndexOp::DeleteQueue], true)?;
         remove_index_dir(
             &self.disk,
@@ -178,6 +326,7 @@ impl<D: Disk + Clone> Storage<D> {
         let Some(state) = guard.as_mut() else {
             return Ok(RecoverySummary::default());
         };
+        state.kept.remove(&key);
         if state.copies.remove(&key).is_some_and(|c| c != incarnation) {
             return Err(StorageError::NotOurCopy {
                 queue: format!("{}/{}", key.0, key.1),
@@ -247,6 +396,54 @@ impl<D: Disk + Clone> Storage<D> {
         let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let index = guard.as_ref()?.indexes.get(&key)?;
         (!index.is_empty()).then(|| index.bounds().0)
+    }
+
+    /// A digest batch: the seq, id and delivered flag of up to `max` live messages of the
+    /// queue's persistent index with seq in `[from, below)`, in seq order, without their
+    /// bodies. `f` gets them and the seq to continue from (`None`: done) under the storage
+    /// lock, as [`Storage::sync_batch`] does.
+    pub fn sync_digest<T>(
+        &self,
+        vhost: &str,
+        queue: &str,
+        from: u64,
+        below: u64,
+        max: usize,
+        f: impl FnOnce(Vec<(u64, u128, bool)>, Option<u64>) -> T,
+    ) -> Result<T, StorageError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
+            return Ok(f(Vec::new(), None));
+        };
+        let wrap = |source| StorageError::Index {
+            queue: format!("{vhost}/{queue}"),
+            source,
+        };
+        let mut out = Vec::new();
+        let mut next = None;
+        let per_segment = index.config().segment_entry_count.max(1);
+        let segments = index
+            .segments()
+            .into_iter()
+            .filter(|n| (n + 1) * per_segment > from && n * per_segment < below);
+        'segments: for n in segments {
+            for e in index.read_segment(n).map_err(wrap)? {
+                let p = &e.publish;
+                if p.seq < from {
+                    continue;
+                }
+                if p.seq >= below {
+                    break 'segments;
+                }
+                if out.len() == max.max(1) {
+                    next = Some(p.seq);
+                    break 'segments;
+                }
+                out.push((p.seq, u128::from_be_bytes(p.msg_id), e.delivered));
+            }
+        }
+        Ok(f(out, next))
     }
 
     /// A sync batch: up to `max` live messages of the queue's persistent index (persistent

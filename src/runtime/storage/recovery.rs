@@ -40,6 +40,26 @@ pub(super) fn moved_in(broker: &Broker) -> Vec<(String, String, u64)> {
     out
 }
 
+/// Mirrored queues of other nodes: a copy of the set's incarnation left on disk by the
+/// last run is kept, whether or not the set lists this node now (a node down long enough
+/// is dropped from an `ha-mode: all` set and added back once it runs again); one the
+/// mirror host finds unused for a while is dropped then. (vhost, name, incarnation).
+pub(super) fn kept_copies(broker: &Broker) -> Vec<(String, String, u64)> {
+    let state = broker.snapshot();
+    let me = broker.node_id();
+    let mut out = Vec::new();
+    for ((vhost, name), set) in &state.mirror_sets {
+        let elsewhere = state
+            .vhost(vhost)
+            .and_then(|v| v.queues.get(name))
+            .is_some_and(|d| d.home != me && d.exclusive_owner.is_none());
+        if elsewhere {
+            out.push((vhost.clone(), name.clone(), set.incarnation));
+        }
+    }
+    out
+}
+
 pub(super) fn remove_index_dir<D: Disk>(disk: &D, dir: &Path) {
     if let Ok(names) = disk.list(dir) {
         for n in names {

@@ -806,3 +806,208 @@ fn disk_used(disk: &MemDisk) -> u64 {
     }
     total
 }
+
+/// Issue 16, *Mirrors keep their data*: a mirror's copy survives its node's crash, and
+/// the next sync compares it with the master's digest instead of copying it whole. What
+/// the master acked meanwhile leaves the copy, deliveries are recorded, and only the
+/// messages published while the mirror was down are sent (from the copy's next seq); the
+/// copy promoted then is the master's queue. A copy that differs below its end (a message
+/// the master holds that the copy does not, or another one at the same seq) is refused,
+/// and one with seqs past the master's start is started empty.
+#[test]
+fn a_kept_copy_catches_up_only_what_it_missed() {
+    let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+    let (b, _, s, _) = open(&master_disk);
+    let shipped = capture_rounds(&s);
+    let body = |i: u32| {
+        let mut v = i.to_be_bytes().to_vec();
+        // Every fourth one stored in the message store, the rest in the index.
+        if i % 4 == 0 {
+            v.resize(10_000, i as u8);
+        }
+        v
+    };
+    for i in 0..30u32 {
+        publish(&b, &body(i));
+    }
+    assert!(s.step());
+    let open_mirror = |promoted: bool| {
+        let d = Arc::new(Durability::default());
+        let (mb, incarnation) = mirror_broker(&d, promoted);
+        let (storage, _) = Storage::open_with(
+            mirror_disk.clone(),
+            &mb,
+            d,
+            &data(),
+            &StorageConfig::default(),
+            Instant::default(),
+        )
+        .expect("open the mirror's storage");
+        (mb, storage, incarnation)
+    };
+    let (_, mirror, incarnation) = open_mirror(false);
+    mirror
+        .start_copy("/", "q", incarnation)
+        .expect("a copy starts");
+    for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
+        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
+        mirror
+            .apply_mirrored("/", "q", incarnation, ops)
+            .expect("the mirror writes");
+    }
+    // The mirror's node dies; meanwhile the master delivers ten, acks five of them, and
+    // takes ten more.
+    mirror_disk.crash();
+    let q = b.queue("/", "q").expect("queue");
+    let mut dead = Vec::new();
+    let mut delivered = Vec::new();
+    for _ in 0..10 {
+        let (e, _) = q
+            .lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("a message");
+        delivered.push(e.seq);
+    }
+    q.lock()
+        .ack(&q, &delivered[..5], Instant::default(), &mut dead);
+    for i in 30..40u32 {
+        publish(&b, &body(i));
+    }
+    assert!(s.step());
+    let from_seq = s.at_next_seq("/", "q", |next| next);
+    assert_eq!(from_seq, 40);
+
+    // Restarted: the copy is kept, joining leaves it as it is, and the sync resumes it.
+    let (_, mirror, _) = open_mirror(false);
+    mirror
+        .begin_copy("/", "q", incarnation)
+        .expect("the kept copy stays");
+    let digest = |from: u64| {
+        s.sync_digest("/", "q", from, from_seq, 7, |entries, next| (entries, next))
+            .expect("a digest batch")
+    };
+    let copy_next = mirror
+        .resume_copy("/", "q", incarnation, from_seq)
+        .expect("resume")
+        .expect("the copy kept from the last run is resumed");
+    assert_eq!(copy_next, 30);
+    // Another message at a seq the copy holds: refused.
+    let (first, _) = digest(0);
+    let mut forged = first.clone();
+    forged[0].1 ^= 1;
+    assert!(!mirror
+        .reconcile_copy(
+            "/",
+            "q",
+            incarnation,
+            (0, forged[6].0 + 1),
+            &forged,
+            copy_next
+        )
+        .expect("compare"));
+    // The real digest, in batches of seven.
+    let (mut lo, mut batches) = (0, 0);
+    loop {
+        let (entries, next) = digest(lo);
+        let hi = next.unwrap_or(from_seq);
+        batches += 1;
+        assert!(
+            mirror
+                .reconcile_copy("/", "q", incarnation, (lo, hi), &entries, copy_next)
+                .expect("compare"),
+            "the copy holds everything the master holds below {copy_next}"
+        );
+        match next {
+            Some(n) => lo = n,
+            None => break,
+        }
+    }
+    assert_eq!(batches, 35usize.div_ceil(7));
+    // Only what the mirror missed is sent.
+    let (ops, next) = s
+        .sync_batch("/", "q", copy_next, from_seq, 1000, |ops, next| (ops, next))
+        .expect("a batch");
+    assert_eq!(next, None);
+    let sent: Vec<u64> = ops
+        .iter()
+        .filter_map(|o| match o {
+            IndexOp::Publish { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, (30..40).collect::<Vec<u64>>());
+    mirror
+        .apply_mirrored("/", "q", incarnation, ops)
+        .expect("the mirror writes");
+    mirror_disk.crash();
+    let (promoted, storage, _) = open_mirror(true);
+    promoted.set_pager(storage);
+    let got: Vec<Vec<u8>> = contents(&promoted).into_iter().map(|(b, _)| b).collect();
+    let expected: Vec<Vec<u8>> = (5..40u32).map(body).collect();
+    assert_eq!(got, expected, "the caught-up copy is the master's queue");
+}
+
+/// A kept copy is resumed only by its own incarnation's sync, and only when it holds no
+/// seq the master has not given yet (the master restarted without rounds the copy has):
+/// otherwise the copy starts empty. A copy of an empty queue's digest is one empty batch.
+#[test]
+fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
+    for case in ["past the start", "another incarnation"] {
+        let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+        let (b, _, s, _) = open(&master_disk);
+        let shipped = capture_rounds(&s);
+        for i in 0..5u32 {
+            publish(&b, &i.to_be_bytes());
+        }
+        assert!(s.step());
+        let open_mirror = || {
+            let d = Arc::new(Durability::default());
+            let (mb, incarnation) = mirror_broker(&d, false);
+            let (storage, _) = Storage::open_with(
+                mirror_disk.clone(),
+                &mb,
+                d,
+                &data(),
+                &StorageConfig::default(),
+                Instant::default(),
+            )
+            .expect("open the mirror's storage");
+            (storage, incarnation)
+        };
+        let (mirror, incarnation) = open_mirror();
+        mirror
+            .start_copy("/", "q", incarnation)
+            .expect("a copy starts");
+        for round in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let ops = crate::mirror::ops::decode(round).expect("a batch decodes");
+            mirror
+                .apply_mirrored("/", "q", incarnation, ops)
+                .expect("the mirror writes");
+        }
+        mirror_disk.crash();
+        let (mirror, _) = open_mirror();
+        let (inc, from_seq) = match case {
+            "past the start" => (incarnation, 4),
+            _ => (incarnation + 1, 5),
+        };
+        assert_eq!(
+            mirror.resume_copy("/", "q", inc, from_seq).expect("resume"),
+            None,
+            "{case}: the copy starts empty"
+        );
+        // Empty: the whole backlog fits from seq 0.
+        let digest = [(0u64, 1u128, false)];
+        assert!(
+            mirror
+                .reconcile_copy("/", "q", inc, (0, 5), &digest, 0)
+                .expect("compare"),
+            "{case}: nothing held below 0"
+        );
+        assert_eq!(mirror.low_seq("/", "q"), None, "{case}: nothing kept");
+    }
+    let (_, _, s, _) = open(&MemDisk::new());
+    assert!(s
+        .sync_digest("/", "q", 0, 1, 7, |entries, next| entries.is_empty()
+            && next.is_none())
+        .expect("an empty queue's digest"));
+}

@@ -211,6 +211,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                                 for run in syncs.values_mut() {
                                     if run.target == from && run.id == (e, sync) {
                                         run.acked = true;
+                                        // Recorded at the next tick: now, not up to 200 ms on.
+                                        tick.reset_immediately();
                                     }
                                 }
                             }
@@ -551,6 +553,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         mut want: tokio::sync::oneshot::Receiver<u64>,
     ) -> Option<u64> {
         let mut lo = 0;
+        // Laps of the batches out: a few at once, so the master reads the next segment while
+        // the mirror compares the last one.
+        let mut laps = std::collections::VecDeque::new();
         loop {
             if let Ok(from) = want.try_recv() {
                 return Some(from);
@@ -580,11 +585,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 tracing::warn!(queue = %key.1, "sync stopped: the backlog's digest could not be read");
                 return None;
             };
-            tokio::select! {
-                done = lap => if done.is_err() {
-                    return None;
-                },
-                from = &mut want => return from.ok(),
+            laps.push_back(lap);
+            while laps.len() >= DIGEST_LAPS || (next.is_none() && !laps.is_empty()) {
+                let Some(lap) = laps.pop_front() else { break };
+                tokio::select! {
+                    done = lap => if done.is_err() {
+                        return None;
+                    },
+                    from = &mut want => return from.ok(),
+                }
             }
             match next {
                 Some(n) => lo = n,
@@ -596,6 +605,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         tokio::time::timeout(SYNC_ACK_WAIT, want).await.ok()?.ok()
     }
 }
+
+/// Digest batches out at once (each waits for its lap before the one this many after it).
+const DIGEST_LAPS: usize = 4;
 
 /// Entries of one digest batch: one index segment's worth (the default geometry), so the
 /// storage lock is held for one segment's read (bodies below 4 KiB are in the index), and

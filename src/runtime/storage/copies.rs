@@ -227,7 +227,7 @@ impl<D: Disk + Clone> Storage<D> {
                 if (n + 1) * per_segment <= lo || n * per_segment >= hi {
                     continue;
                 }
-                for e in index.read_segment(n).map_err(wrap)? {
+                for e in index.read_segment_light(n).map_err(wrap)? {
                     let p = &e.publish;
                     if p.seq < lo || p.seq >= hi {
                         continue;
@@ -428,7 +428,7 @@ impl<D: Disk + Clone> Storage<D> {
             .into_iter()
             .filter(|n| (n + 1) * per_segment > from && n * per_segment < below);
         'segments: for n in segments {
-            for e in index.read_segment(n).map_err(wrap)? {
+            for e in index.read_segment_light(n).map_err(wrap)? {
                 let p = &e.publish;
                 if p.seq < from {
                     continue;

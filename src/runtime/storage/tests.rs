@@ -822,7 +822,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     let body = |i: u32| {
         let mut v = i.to_be_bytes().to_vec();
         // Every fourth one stored in the message store, the rest in the index.
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             v.resize(10_000, i as u8);
         }
         v

@@ -142,6 +142,16 @@ fn announced_len(payload: &[u8]) -> Option<usize> {
 
 /// Decodes one payload; `None` when it is malformed (wrong tag, flags or length).
 pub fn decode(payload: &[u8]) -> Option<Record> {
+    decode_as(payload, true)
+}
+
+/// [`decode`] without copying an embedded body: a publish that has one gets an empty
+/// `embedded` (for readers that need only seqs, ids and sizes).
+pub fn decode_light(payload: &[u8]) -> Option<Record> {
+    decode_as(payload, false)
+}
+
+fn decode_as(payload: &[u8], bodies: bool) -> Option<Record> {
     if announced_len(payload)? != payload.len() {
         return None;
     }
@@ -161,7 +171,13 @@ pub fn decode(payload: &[u8]) -> Option<Record> {
             };
             let size = u32_at(payload, at)?;
             at += 4;
-            let embedded = (flags & FLAG_EMBEDDED != 0).then(|| payload[at + 4..].to_vec());
+            let embedded = (flags & FLAG_EMBEDDED != 0).then(|| {
+                if bodies {
+                    payload[at + 4..].to_vec()
+                } else {
+                    Vec::new()
+                }
+            });
             Some(Record::Publish(Publish {
                 seq,
                 msg_id,
@@ -202,6 +218,15 @@ fn plausible(b: &[u8]) -> bool {
 /// forward to the next offset where a checksummed, well-formed record starts, so a flipped
 /// byte in the middle of a segment costs one record, not the rest of the file.
 pub fn scan(buf: &[u8]) -> Scan {
+    scan_by(buf, decode)
+}
+
+/// [`scan`] with [`decode_light`]: embedded bodies are not copied (left empty).
+pub fn scan_light(buf: &[u8]) -> Scan {
+    scan_by(buf, decode_light)
+}
+
+fn scan_by(buf: &[u8], decode: fn(&[u8]) -> Option<Record>) -> Scan {
     let mut out = Scan::default();
     let mut pos = 0;
     while pos < buf.len() {
@@ -323,6 +348,33 @@ mod tests {
                 skipped: vec![]
             }
         );
+    }
+
+    /// The light scan gives what the full one does, an embedded body left empty.
+    #[test]
+    fn a_light_scan_is_the_full_one_without_bodies() {
+        let records = vec![
+            Record::Publish(publish(7, None, None)),
+            Record::Publish(publish(8, Some(b"hello"), Some(99))),
+            Record::Deliver { seq: 8 },
+            Record::Ack { seq: 7 },
+        ];
+        let mut buf = Vec::new();
+        for r in &records {
+            encode_record(&mut buf, r);
+        }
+        let light: Vec<Record> = records
+            .into_iter()
+            .map(|r| match r {
+                Record::Publish(mut p) => {
+                    p.embedded = p.embedded.map(|_| Vec::new());
+                    Record::Publish(p)
+                }
+                other => other,
+            })
+            .collect();
+        assert_eq!(scan_light(&buf).records, light);
+        assert_eq!(decode_light(&[]), None);
     }
 
     #[test]

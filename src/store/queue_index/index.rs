@@ -212,6 +212,13 @@ impl<D: Disk> QueueIndex<D> {
         Ok(read.entries)
     }
 
+    /// [`QueueIndex::read_segment`] without the embedded bodies: an entry whose body is in
+    /// the index has an empty `embedded` (a sync's digest needs seqs, ids and sizes only).
+    pub fn read_segment_light(&self, n: u64) -> Result<Vec<IndexEntry>, QueueIndexError> {
+        self.usable()?;
+        Ok(read_live_by(&self.disk, &self.dir, &self.state, n, codec::scan_light)?.entries)
+    }
+
     /// Segments holding un-acked messages, in order (what to page through).
     pub fn segments(&self) -> Vec<u64> {
         self.state.live_segments()
@@ -363,6 +370,16 @@ pub(super) fn read_live<D: Disk>(
     state: &IndexState,
     n: u64,
 ) -> Result<SegmentRead, DiskError> {
+    read_live_by(disk, dir, state, n, codec::scan)
+}
+
+fn read_live_by<D: Disk>(
+    disk: &D,
+    dir: &Path,
+    state: &IndexState,
+    n: u64,
+    scan: fn(&[u8]) -> codec::Scan,
+) -> Result<SegmentRead, DiskError> {
     let mut read = SegmentRead {
         entries: Vec::new(),
         damaged: false,
@@ -373,7 +390,7 @@ pub(super) fn read_live<D: Disk>(
     };
     let mut found = std::collections::BTreeMap::new();
     if summary.on_disk {
-        let scan = codec::scan(&disk.read(&segment_path(dir, n))?);
+        let scan = scan(&disk.read(&segment_path(dir, n))?);
         read.damaged = !scan.skipped.is_empty();
         for r in scan.records {
             if state.segment_of(r.seq()) != n {

@@ -326,7 +326,23 @@ fn scan_open<D: Disk>(
         let mut fold = rebuild.start_segment(n, file);
         let mut damaged = false;
         if file {
-            let scan = codec::scan(&disk.read(&segment_path(dir, n))?);
+            let bytes = disk.read(&segment_path(dir, n))?;
+            // Past the head only counts, sizes and store ids are kept: the bodies embedded
+            // in the segment are not copied. A damaged segment is rewritten from its
+            // survivors, so it is read again whole.
+            let mut scan = if survivors.in_head() {
+                codec::scan(&bytes)
+            } else {
+                codec::scan_light(&bytes)
+            };
+            let per_segment = config.segment_entry_count.max(1);
+            let light = !survivors.in_head();
+            if light
+                && (!scan.skipped.is_empty()
+                    || scan.records.iter().any(|r| r.seq() / per_segment != n))
+            {
+                scan = codec::scan(&bytes);
+            }
             for (start, end) in scan.skipped {
                 damaged = true;
                 damage.push(Damage::Segment {

@@ -18,6 +18,7 @@ use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
 use crate::runtime::gm_host::GmNet;
+use crate::runtime::storage::{Storage, StorageError};
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     pub(super) async fn apply(&self, key: &Key, incarnation: u64, batch: &[u8]) -> bool {
@@ -63,58 +64,52 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
-    /// Starts an empty copy of incarnation `incarnation`; `false` if it cannot.
-    pub(super) async fn start_copy(&self, key: &Key, incarnation: u64) -> bool {
+    /// Runs `f` on this node's storage for `key` (off the runtime), logging a failure as
+    /// "cannot {what}"; `None` when it failed.
+    async fn on_copy<T: Send + 'static>(
+        &self,
+        key: &Key,
+        what: &'static str,
+        f: impl FnOnce(&Storage<D>, &str, &str) -> Result<T, StorageError> + Send + 'static,
+    ) -> Option<T> {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
-        match self
-            .offload(move || storage.start_copy(&vhost, &name, incarnation))
-            .await
-        {
-            Some(Ok(())) => true,
-            Some(Err(e)) => {
-                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
-                false
+        match self.offload(move || f(&storage, &vhost, &name)).await? {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot {what}");
+                None
             }
-            None => false,
         }
+    }
+
+    /// Starts an empty copy of incarnation `incarnation`; `false` if it cannot.
+    pub(super) async fn start_copy(&self, key: &Key, incarnation: u64) -> bool {
+        self.on_copy(key, "start a mirror copy", move |s, v, n| {
+            s.start_copy(v, n, incarnation)
+        })
+        .await
+        .is_some()
     }
 
     /// The copy before joining: the one kept from the last run stays (for the first active
     /// sync to compare), anything else starts empty; `false` if it cannot.
     pub(super) async fn begin_copy(&self, key: &Key, incarnation: u64) -> bool {
-        let storage = self.storage.clone();
-        let (vhost, name) = key.clone();
-        match self
-            .offload(move || storage.begin_copy(&vhost, &name, incarnation))
-            .await
-        {
-            Some(Ok(())) => true,
-            Some(Err(e)) => {
-                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
-                false
-            }
-            None => false,
-        }
+        self.on_copy(key, "start a mirror copy", move |s, v, n| {
+            s.begin_copy(v, n, incarnation)
+        })
+        .await
+        .is_some()
     }
 
     /// The copy at an active sync's start: `Some(Some(next))` when the kept copy stays
     /// (it holds seqs below `next` only), `Some(None)` when it starts empty, `None` when
     /// neither could be done.
     async fn resume_copy(&self, key: &Key, incarnation: u64, from_seq: u64) -> Option<Option<u64>> {
-        let storage = self.storage.clone();
-        let (vhost, name) = key.clone();
-        match self
-            .offload(move || storage.resume_copy(&vhost, &name, incarnation, from_seq))
-            .await
-        {
-            Some(Ok(kept)) => Some(kept),
-            Some(Err(e)) => {
-                tracing::error!(queue = %key.1, error = %e, "cannot start a mirror copy");
-                None
-            }
-            None => None,
-        }
+        self.on_copy(key, "start a mirror copy", move |s, v, n| {
+            s.resume_copy(v, n, incarnation, from_seq)
+        })
+        .await
     }
 
     /// Compares the kept copy's `[lo, hi)` with the master's digest of it (see
@@ -128,21 +123,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         digest: Vec<(u64, u128, bool)>,
         copy_next: u64,
     ) -> Option<bool> {
-        let storage = self.storage.clone();
-        let (vhost, name) = key.clone();
-        match self
-            .offload(move || {
-                storage.reconcile_copy(&vhost, &name, incarnation, range, &digest, copy_next)
-            })
-            .await
-        {
-            Some(Ok(matched)) => Some(matched),
-            Some(Err(e)) => {
-                tracing::error!(queue = %key.1, error = %e, "cannot compare a kept mirror copy");
-                None
-            }
-            None => None,
-        }
+        self.on_copy(key, "compare a kept mirror copy", move |s, v, n| {
+            s.reconcile_copy(v, n, incarnation, range, &digest, copy_next)
+        })
+        .await
     }
 
     /// A kept copy that cannot be caught up after all: it starts empty, and the whole

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::store::disk::{Disk, DiskError};
+use crate::store::disk::{Disk, DiskError, FileBytes};
 
 /// Files on the local file system. Keeps append handles open so appends cost one syscall.
 #[derive(Debug, Default)]
@@ -93,6 +93,24 @@ impl Disk for FileDisk {
 
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
         std::fs::read(path).map_err(|e| DiskError::io("read", path, e))
+    }
+
+    fn read_view(&self, path: &Path) -> Result<FileBytes, DiskError> {
+        let file = File::open(path).map_err(|e| DiskError::io("open", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| DiskError::io("stat", path, e))?
+            .len();
+        if len == 0 {
+            // An empty file cannot be mapped.
+            return Ok(FileBytes::from(Vec::new()));
+        }
+        // SAFETY: the map is read-only and private to this read; the store never shrinks a
+        // file it reads this way (segments are appended to, renamed over or removed, none
+        // of which invalidates mapped pages), so no access can fault past the end.
+        let map =
+            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DiskError::io("mmap", path, e))?;
+        Ok(FileBytes::new(map))
     }
 
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {

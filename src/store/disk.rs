@@ -65,6 +65,29 @@ impl DiskError {
     }
 }
 
+/// A whole file's bytes from [`Disk::read_view`]: owned, or a read-only map of the file.
+pub struct FileBytes(Box<dyn std::ops::Deref<Target = [u8]> + Send + Sync>);
+
+impl FileBytes {
+    /// Bytes held by something that derefs to them (a `Vec`, a file map).
+    pub fn new(bytes: impl std::ops::Deref<Target = [u8]> + Send + Sync + 'static) -> FileBytes {
+        FileBytes(Box::new(bytes))
+    }
+}
+
+impl From<Vec<u8>> for FileBytes {
+    fn from(bytes: Vec<u8>) -> FileBytes {
+        FileBytes::new(bytes)
+    }
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// File operations the store needs. Paths are absolute or relative to the process.
 pub trait Disk: Send + Sync + 'static {
     /// Creates a folder and its parents.
@@ -73,6 +96,13 @@ pub trait Disk: Send + Sync + 'static {
     fn list(&self, dir: &Path) -> Result<Vec<String>, DiskError>;
     /// The whole file.
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError>;
+    /// The whole file, for a scan that only reads it: the real disk maps it instead of
+    /// copying it (a queue index segment of embedded bodies is tens of MiB, and a scan
+    /// for ids touches every page once). The file must not shrink while the bytes live;
+    /// the store only ever appends to, renames or removes a file (all safe under a map).
+    fn read_view(&self, path: &Path) -> Result<FileBytes, DiskError> {
+        self.read(path).map(FileBytes::from)
+    }
     /// `len` bytes at `offset` (fewer at the end of the file).
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError>;
     /// Appends `data` (creating the file); returns the offset it was written at.
@@ -111,6 +141,9 @@ impl<T: Disk + ?Sized> Disk for std::sync::Arc<T> {
     }
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
         (**self).read(path)
+    }
+    fn read_view(&self, path: &Path) -> Result<FileBytes, DiskError> {
+        (**self).read_view(path)
     }
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
         (**self).read_at(path, offset, len)

@@ -219,8 +219,9 @@ impl<D: Disk + Clone> Storage<D> {
             queue: format!("{vhost}/{queue}"),
             source,
         };
-        // The copy's live entries in the range: seq -> (id, delivered, body present).
-        let mut held = std::collections::BTreeMap::new();
+        // The copy's live entries in the range, in seq order: (seq, id, size, delivered,
+        // body present).
+        let mut held = Vec::new();
         if let Some(index) = state.indexes.get(&key) {
             let per_segment = index.config().segment_entry_count.max(1);
             for n in index.segments() {
@@ -233,17 +234,36 @@ impl<D: Disk + Clone> Storage<D> {
                         continue;
                     }
                     let body = p.embedded.is_some() || state.msg_store.contains(MsgId(p.msg_id));
-                    held.insert(p.seq, (p.msg_id, u64::from(p.size), e.delivered, body));
+                    held.push((p.seq, p.msg_id, u64::from(p.size), e.delivered, body));
                 }
             }
         }
+        // Both in seq order: one merge. A copy entry the digest lacks was acked on the
+        // master; a digest entry below `copy_next` the copy lacks (or holds otherwise)
+        // cannot be taken any more.
+        let ack = |(seq, mid, size, _, _): (u64, [u8; 16], u64, bool, bool)| IndexOp::Ack {
+            seq,
+            message_id: u128::from_be_bytes(mid),
+            size: size as usize,
+            persistent: true,
+        };
         let mut ops = Vec::new();
+        let mut copy = held.into_iter().peekable();
+        let mut last = None;
         for &(seq, id, delivered) in digest {
+            if last.is_some_and(|l| seq <= l) {
+                // Not in seq order: not a digest this merge can trust.
+                return Ok(false);
+            }
+            last = Some(seq);
             if seq >= copy_next {
                 continue;
             }
-            match held.remove(&seq) {
-                Some((mid, _, was_delivered, true)) if u128::from_be_bytes(mid) == id => {
+            while let Some(gone) = copy.next_if(|h| h.0 < seq) {
+                ops.push(ack(gone));
+            }
+            match copy.next_if(|h| h.0 == seq) {
+                Some((_, mid, _, was_delivered, true)) if u128::from_be_bytes(mid) == id => {
                     if delivered && !was_delivered {
                         ops.push(IndexOp::Deliver { seq });
                     }
@@ -251,14 +271,7 @@ impl<D: Disk + Clone> Storage<D> {
                 _ => return Ok(false),
             }
         }
-        for (seq, (mid, size, _, _)) in held {
-            ops.push(IndexOp::Ack {
-                seq,
-                message_id: u128::from_be_bytes(mid),
-                size: size as usize,
-                persistent: true,
-            });
-        }
+        ops.extend(copy.map(ack));
         if ops.is_empty() {
             return Ok(true);
         }

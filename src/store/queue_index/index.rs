@@ -388,9 +388,11 @@ fn read_live_by<D: Disk>(
     let Some(summary) = state.segment(n) else {
         return Ok(read);
     };
-    let mut found = std::collections::BTreeMap::new();
+    // Live publishes in the order found: the file's (in seq order unless a crashed flush
+    // appended some twice), then the journal's pending ones.
+    let mut found = Vec::new();
     if summary.on_disk {
-        let scan = scan(&disk.read(&segment_path(dir, n))?);
+        let scan = scan(&disk.read_view(&segment_path(dir, n))?);
         read.damaged = !scan.skipped.is_empty();
         for r in scan.records {
             if state.segment_of(r.seq()) != n {
@@ -398,20 +400,31 @@ fn read_live_by<D: Disk>(
             } else if let codec::Record::Publish(p) = r {
                 read.publishes += 1;
                 if state.is_live(p.seq) {
-                    found.insert(p.seq, p);
+                    found.push(p);
                 }
             }
         }
     }
-    for p in state.pending_publishes(n) {
-        if state.is_live(p.seq) {
-            found.insert(p.seq, p.clone());
+    found.extend(
+        state
+            .pending_publishes(n)
+            .filter(|p| state.is_live(p.seq))
+            .cloned(),
+    );
+    // One entry per seq, the last found winning (a pending publish over the file's): a
+    // stable sort keeps the finding order among equal seqs. Already sorted is linear.
+    found.sort_by_key(|p| p.seq);
+    let mut entries: Vec<IndexEntry> = Vec::with_capacity(found.len());
+    for publish in found {
+        let entry = IndexEntry {
+            delivered: state.is_delivered(publish.seq),
+            publish,
+        };
+        match entries.last_mut() {
+            Some(last) if last.publish.seq == entry.publish.seq => *last = entry,
+            _ => entries.push(entry),
         }
     }
-    let entries = found.into_values().map(|publish| IndexEntry {
-        delivered: state.is_delivered(publish.seq),
-        publish,
-    });
-    read.entries = entries.collect();
+    read.entries = entries;
     Ok(read)
 }

@@ -326,7 +326,7 @@ fn scan_open<D: Disk>(
         let mut fold = rebuild.start_segment(n, file);
         let mut damaged = false;
         if file {
-            let bytes = disk.read(&segment_path(dir, n))?;
+            let bytes = disk.read_view(&segment_path(dir, n))?;
             // Past the head only counts, sizes and store ids are kept: the bodies embedded
             // in the segment are not copied. A damaged segment is rewritten from its
             // survivors, so it is read again whole.

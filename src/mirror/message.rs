@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::digest::RangeSummary;
 use crate::gm::MemberId;
 
 /// One GM message of a mirrored queue's group.
@@ -72,24 +73,20 @@ pub enum MirrorMsg {
         /// The sync.
         sync: u64,
     },
-    /// What the master's queue holds below the sync's `from_seq`, without bodies: every
-    /// live message with seq in `[lo, hi)`. A mirror that kept its copy across a restart
-    /// compares it with these (`docs/mirroring.md`, *Mirrors keep their data*) and then
-    /// asks for what it lacks with [`MirrorMsg::SyncWant`]; the batches cover
-    /// `[0, from_seq)` in order, and the one whose `hi` reaches `from_seq` is the last.
-    SyncDigest {
+    /// What the master's queue holds in `[lo, hi)`, without ids or bodies, for a mirror
+    /// that kept its copy across a restart ([`MirrorMsg::SyncHave`]): it compares its
+    /// copy with these (`docs/mirroring.md`, *Mirrors keep their data*) and then asks for
+    /// what it lacks with [`MirrorMsg::SyncWant`]. The summaries cover `[0, copy_next)` in
+    /// order; the one whose `hi` reaches it is the last.
+    SyncSummary {
         /// The master's epoch.
         epoch: u64,
         /// The mirror being synchronised.
         target: MemberId,
         /// Its sync (`SyncStart::sync`).
         sync: u64,
-        /// The first seq this batch covers.
-        lo: u64,
-        /// The seq after the last one it covers.
-        hi: u64,
-        /// The live messages in `[lo, hi)`, in seq order.
-        entries: Vec<DigestEntry>,
+        /// The range's live seqs, deliveries and the hash of its messages.
+        summary: RangeSummary,
     },
     /// From the target of an active sync: send the backlog from seq `from` on (0: all of
     /// it; more: its kept copy holds, compared with the digest, everything below).
@@ -101,17 +98,18 @@ pub enum MirrorMsg {
         /// The first seq the mirror needs.
         from: u64,
     },
-}
-
-/// One live message of a [`MirrorMsg::SyncDigest`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DigestEntry {
-    /// Its seq in the queue.
-    pub seq: u64,
-    /// The message's id (a copy's entry at `seq` is this message only with this id).
-    pub id: u128,
-    /// Whether it was delivered (and not acked).
-    pub delivered: bool,
+    /// From the target of an active sync, at its start: it kept a copy from its last run
+    /// holding seqs below `copy_next` only; the master summarises `[0, copy_next)` for it
+    /// ([`MirrorMsg::SyncSummary`]). A target without one sends [`MirrorMsg::SyncWant`]
+    /// (from 0) instead.
+    SyncHave {
+        /// The master's epoch.
+        epoch: u64,
+        /// The sync.
+        sync: u64,
+        /// The copy's next seq.
+        copy_next: u64,
+    },
 }
 
 impl MirrorMsg {
@@ -168,17 +166,20 @@ mod tests {
                 ops: vec![9],
             },
             MirrorMsg::SyncAck { epoch: 3, sync: 9 },
-            MirrorMsg::SyncDigest {
+            MirrorMsg::SyncSummary {
                 epoch: 1,
                 target,
                 sync: 3,
-                lo: 0,
-                hi: 9,
-                entries: vec![DigestEntry {
-                    seq: 4,
-                    id: u128::MAX - 1,
-                    delivered: true,
-                }],
+                summary: {
+                    let mut b = super::super::digest::SummaryBuilder::new(0, 9);
+                    b.add(4, u128::MAX - 1, true);
+                    b.finish()
+                },
+            },
+            MirrorMsg::SyncHave {
+                epoch: 1,
+                sync: 3,
+                copy_next: 7,
             },
             MirrorMsg::SyncWant {
                 epoch: 1,

@@ -3,11 +3,13 @@
 //! The pure parts: [`reconcile`], the commands (`SetMirrors`, `PromoteMirror`) that bring the
 //! metadata's mirror sets in line with the policies and the running nodes; [`ops`], the wire
 //! form of the queue operations a master ships to its mirrors; [`message`], what a mirrored
-//! queue's GM group carries. The policy and placement rules they follow are metadata
+//! queue's GM group carries; [`digest`], how a mirror's kept copy is compared with its master's
+//! queue. The policy and placement rules they follow are metadata
 //! (`meta::ha_policy`, `meta::placement`), since the state machine applies them too. The node
 //! runs them in `runtime::mirror_host` (master and mirror tasks, the storage tap, the leader's
 //! reconciler).
 
+pub mod digest;
 pub mod message;
 pub mod ops;
 pub mod reconcile;

@@ -269,22 +269,22 @@ struct Membership {
     /// sync's `SyncStart`, an active one's `SyncEnd`): its `SyncEnd` is acknowledged.
     synced_by: Option<(u64, u64)>,
     /// The active sync in which this mirror compares a copy kept from its last run with
-    /// the master's digest (`None`: the copy started empty).
+    /// the master's summaries (`None`: the copy started empty).
     delta: Option<DeltaSync>,
 }
 
-/// A kept copy being compared with the master's digest, in the active sync `id`.
+/// A kept copy being compared with the master's summaries, in the active sync `id`.
 #[derive(Debug, Clone, Copy)]
 struct DeltaSync {
     /// (epoch, sync) of the sync.
     id: (u64, u64),
-    /// The copy's next seq when the sync started: below it the copy holds what it holds,
-    /// from it on the master sends.
+    /// The copy's next seq when the sync started: below it the copy holds what it holds
+    /// (the master's summaries cover `[0, copy_next)`), from it on the master sends.
     copy_next: u64,
-    /// The sync's `from_seq`: the digest covers `[0, from_seq)`.
-    from_seq: u64,
-    /// The digest has been compared up to here.
+    /// The summaries have been compared up to here.
     covered: u64,
+    /// Time spent in the comparisons so far (reported when the digest is done).
+    compare_time: std::time::Duration,
 }
 
 /// The incarnation of `key`'s mirror set (0: not mirrored).

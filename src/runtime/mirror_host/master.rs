@@ -24,7 +24,6 @@ use crate::meta::Command;
 use crate::meta::NodeId;
 use crate::meta::SyncMode;
 use crate::mirror::message::group_name;
-use crate::mirror::message::DigestEntry;
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
 use crate::runtime::gm_host::GmNet;
@@ -225,6 +224,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                                     }
                                 }
                             }
+                            Some(MirrorMsg::SyncHave { epoch: e, sync, copy_next }) => {
+                                for run in syncs.values_mut() {
+                                    if run.target == from && run.id == (e, sync) {
+                                        if let Some(tx) = run.have.take() {
+                                            let _ = tx.send(copy_next);
+                                        }
+                                    }
+                                }
+                            }
                             _ => {}
                         }
                         m.handle.release(from, num)
@@ -418,6 +426,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .await
             .unwrap_or(0);
         let (want_tx, want_rx) = tokio::sync::oneshot::channel();
+        let (have_tx, have_rx) = tokio::sync::oneshot::channel();
         let copier = active.then(|| {
             let inner = self.clone();
             let key = key.clone();
@@ -430,7 +439,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         (epoch, sync),
                         from_seq,
                         batch.max(1),
-                        want_rx,
+                        (have_rx, want_rx),
                     )
                     .await
             })
@@ -448,13 +457,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 ended: None,
                 acked: false,
                 want: active.then_some(want_tx),
+                have: active.then_some(have_tx),
             },
         );
     }
 
-    /// Active sync: the digest of the backlog, until the mirror says from where it needs
-    /// it, then the backlog from there in batches, each sent once the one before has made
-    /// its lap (flow control), while the queue goes on serving.
+    /// Active sync: summaries of what a mirror's kept copy holds (if it kept one), until
+    /// the mirror says from where it needs the backlog, then the backlog from there in
+    /// batches, each sent once the one before has made its lap (flow control), while the
+    /// queue goes on serving.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn copy_backlog(
         &self,
@@ -464,10 +475,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         (epoch, sync): (u64, u64),
         below: u64,
         batch: usize,
-        want: tokio::sync::oneshot::Receiver<u64>,
+        answers: (
+            tokio::sync::oneshot::Receiver<u64>,
+            tokio::sync::oneshot::Receiver<u64>,
+        ),
     ) -> bool {
         let Some(mut from) = self
-            .send_digest(key, &sender, target, (epoch, sync), below, want)
+            .send_summaries(key, &sender, target, (epoch, sync), below, answers)
             .await
         else {
             tracing::info!(queue = %key.1, "sync: the mirror never said what it needs");
@@ -539,25 +553,44 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 }
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
-    /// The digest of the backlog below `below` (seqs, ids and delivered flags, no bodies),
-    /// in batches with flow control, until the target's [`MirrorMsg::SyncWant`] says from
-    /// which seq it needs the backlog (a mirror with nothing kept says so at once). `None`:
-    /// the digest could not be read or sent, or the answer did not come.
-    async fn send_digest(
+    /// The mirror's answer to the sync's start: [`MirrorMsg::SyncWant`] at once (nothing
+    /// kept), or [`MirrorMsg::SyncHave`] (a copy kept below `copy_next`). Then summaries
+    /// of `[0, copy_next)` (no ids, no bodies: `mirror::digest`) in batches with flow
+    /// control, until its `SyncWant` says from which seq it needs the backlog. `None`: a
+    /// summary could not be read or sent, or an answer did not come.
+    async fn send_summaries(
         &self,
         key: &Key,
         sender: &GmSender,
         target: MemberId,
         (epoch, sync): (u64, u64),
         below: u64,
-        mut want: tokio::sync::oneshot::Receiver<u64>,
+        (have, mut want): (
+            tokio::sync::oneshot::Receiver<u64>,
+            tokio::sync::oneshot::Receiver<u64>,
+        ),
     ) -> Option<u64> {
-        let mut lo = 0;
-        // Laps of the batches out: a few at once, so the master reads the next segment while
-        // the mirror compares the last one.
+        let copy_next = tokio::select! {
+            from = &mut want => return from.ok(),
+            next = have => next.ok()?,
+            _ = tokio::time::sleep(SYNC_ACK_WAIT) => return None,
+        };
+        let end = copy_next.min(below);
+        let (mut lo, mut read_time) = (0, std::time::Duration::ZERO);
+        let started = std::time::Instant::now();
+        let report = |read_time: std::time::Duration| {
+            let (read_ms, took_ms) = (
+                read_time.as_millis() as u64,
+                started.elapsed().as_millis() as u64,
+            );
+            tracing::info!(queue = %key.1, copy_next, read_ms, took_ms, "mirror sync summarised the kept copy's range");
+        };
+        // Laps of the summaries out: a few at once, so the master reads the next range
+        // while the mirror compares the last one.
         let mut laps = std::collections::VecDeque::new();
-        loop {
+        while lo < end {
             if let Ok(from) = want.try_recv() {
+                report(read_time);
                 return Some(from);
             }
             let storage = self.storage.clone();
@@ -565,34 +598,35 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             let s = sender.clone();
             let step = self
                 .offload(move || {
-                    storage.sync_digest(&vhost, &name, lo, below, DIGEST_BATCH, |entries, next| {
-                        let msg = MirrorMsg::SyncDigest {
+                    let read = std::time::Instant::now();
+                    storage.sync_summary(&vhost, &name, lo, end, SUMMARY_SPAN, |summary, next| {
+                        let took = read.elapsed();
+                        let msg = MirrorMsg::SyncSummary {
                             epoch,
                             target,
                             sync,
-                            lo,
-                            hi: next.unwrap_or(below),
-                            entries: entries
-                                .into_iter()
-                                .map(|(seq, id, delivered)| DigestEntry { seq, id, delivered })
-                                .collect(),
+                            summary,
                         };
-                        (s.confirmed_broadcast(Bytes::from(msg.encode())), next)
+                        (s.confirmed_broadcast(Bytes::from(msg.encode())), next, took)
                     })
                 })
                 .await;
-            let Some(Ok((lap, next))) = step else {
-                tracing::warn!(queue = %key.1, "sync stopped: the backlog's digest could not be read");
+            let Some(Ok((lap, next, took))) = step else {
+                tracing::warn!(queue = %key.1, "sync stopped: the backlog's summary could not be read");
                 return None;
             };
+            read_time += took;
             laps.push_back(lap);
-            while laps.len() >= DIGEST_LAPS || (next.is_none() && !laps.is_empty()) {
+            while laps.len() >= SUMMARY_LAPS || (next.is_none() && !laps.is_empty()) {
                 let Some(lap) = laps.pop_front() else { break };
                 tokio::select! {
                     done = lap => if done.is_err() {
                         return None;
                     },
-                    from = &mut want => return from.ok(),
+                    from = &mut want => {
+                        report(read_time);
+                        return from.ok();
+                    }
                 }
             }
             match next {
@@ -600,19 +634,21 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 None => break,
             }
         }
-        // The last batch made its lap, so the mirror compared it (before releasing it) and
-        // sent its answer.
-        tokio::time::timeout(SYNC_ACK_WAIT, want).await.ok()?.ok()
+        // The last summary made its lap, so the mirror compared it (before releasing it)
+        // and sent its answer.
+        let from = tokio::time::timeout(SYNC_ACK_WAIT, want).await.ok()?.ok();
+        report(read_time);
+        from
     }
 }
 
-/// Digest batches out at once (each waits for its lap before the one this many after it).
-const DIGEST_LAPS: usize = 4;
+/// Summaries out at once (each waits for its lap before the one this many after it).
+const SUMMARY_LAPS: usize = 4;
 
-/// Entries of one digest batch: one index segment's worth (the default geometry), so the
-/// storage lock is held for one segment's read (bodies below 4 KiB are in the index), and
-/// the message is about 400 KB (25 bytes an entry).
-const DIGEST_BATCH: usize = 16_384;
+/// Seqs one summary covers: four index segments of the default geometry, so the storage
+/// lock is held for four segments' reads (bodies below 4 KiB are in the index), and the
+/// message is about 16 KB (two bits a seq).
+const SUMMARY_SPAN: u64 = 65_536;
 
 /// A running backlog copy as the metrics show it; gone from them when dropped, however
 /// the copy ends.
@@ -658,6 +694,9 @@ pub(super) struct SyncRun {
     /// Where the copier learns from which seq the mirror needs the backlog (its
     /// [`MirrorMsg::SyncWant`]); taken when it comes.
     want: Option<tokio::sync::oneshot::Sender<u64>>,
+    /// Where the copier learns up to which seq the mirror kept a copy (its
+    /// [`MirrorMsg::SyncHave`]); taken when it comes.
+    have: Option<tokio::sync::oneshot::Sender<u64>>,
 }
 
 impl SyncRun {

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::gm::Event;
 use crate::gm::MemberId;
+use crate::mirror::digest::{RangeSummary, SummaryBuilder};
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
@@ -112,19 +113,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         .await
     }
 
-    /// Compares the kept copy's `[lo, hi)` with the master's digest of it (see
-    /// `Storage::reconcile_copy`): `Some(true)` matched (and made to match), `Some(false)`
-    /// the copy cannot hold it, `None` the copy could not be read or written.
-    async fn reconcile(
-        &self,
-        key: &Key,
-        incarnation: u64,
-        range: (u64, u64),
-        digest: Vec<(u64, u128, bool)>,
-        copy_next: u64,
-    ) -> Option<bool> {
+    /// Compares the kept copy with the master's summary of a range (see
+    /// `Storage::reconcile_summary`): `Some(true)` matched (and made to match),
+    /// `Some(false)` the copy cannot hold it, `None` the copy could not be read or written.
+    async fn reconcile(&self, key: &Key, incarnation: u64, summary: RangeSummary) -> Option<bool> {
         self.on_copy(key, "compare a kept mirror copy", move |s, v, n| {
-            s.reconcile_copy(v, n, incarnation, range, &digest, copy_next)
+            s.reconcile_summary(v, n, incarnation, &summary)
         })
         .await
     }
@@ -170,16 +164,17 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     // first; otherwise the whole backlog is asked for at once.
                     match self.resume_copy(key, m.incarnation, from_seq).await {
                         None => return false,
-                        Some(Some(copy_next)) => {
+                        Some(Some(copy_next)) if copy_next > 0 => {
                             tracing::info!(queue = %key.1, from_seq, copy_next, "mirror sync starts with the copy kept from the last run");
                             m.delta = Some(DeltaSync {
                                 id: (epoch, sync),
                                 copy_next,
-                                from_seq,
                                 covered: 0,
+                                compare_time: std::time::Duration::ZERO,
                             });
+                            have_copy(m, epoch, sync, copy_next);
                         }
-                        Some(None) => {
+                        Some(_) => {
                             tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
                             want_backlog(m, epoch, sync, 0);
                         }
@@ -205,7 +200,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             Some(
                 MirrorMsg::SyncBatch { target, .. }
                 | MirrorMsg::SyncEnd { target, .. }
-                | MirrorMsg::SyncDigest { target, .. },
+                | MirrorMsg::SyncSummary { target, .. },
             ) if target == me && matches!(m.mode, Mode::Waiting) => {
                 tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
                 false
@@ -222,35 +217,31 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
                 _ => true,
             },
-            // The digest of the sync this mirror compares its kept copy in.
-            Some(MirrorMsg::SyncDigest {
+            // A summary of the sync this mirror compares its kept copy in.
+            Some(MirrorMsg::SyncSummary {
                 epoch,
                 target,
                 sync,
-                lo,
-                hi,
-                entries,
+                summary,
             }) if target == me && m.delta.is_some_and(|d| d.id == (epoch, sync)) => {
                 let Some(mut d) = m.delta else { return true };
-                if lo != d.covered {
-                    // Not the batch that follows: the comparison cannot go on.
+                let hi = summary.hi;
+                if summary.lo != d.covered || hi > d.copy_next || hi <= summary.lo {
+                    // Not the range that follows: the comparison cannot go on.
                     return self.restart_copy(key, m, d.id).await;
                 }
-                let digest = entries
-                    .into_iter()
-                    .map(|e| (e.seq, e.id, e.delivered))
-                    .collect();
-                match self
-                    .reconcile(key, m.incarnation, (lo, hi), digest, d.copy_next)
-                    .await
-                {
+                let started = std::time::Instant::now();
+                let matched = self.reconcile(key, m.incarnation, summary).await;
+                d.compare_time += started.elapsed();
+                match matched {
                     None => false,
                     Some(false) => self.restart_copy(key, m, d.id).await,
                     Some(true) => {
                         d.covered = hi;
                         m.delta = Some(d);
-                        if hi >= d.from_seq {
-                            tracing::info!(queue = %key.1, from = d.copy_next, "the kept mirror copy matches the master's queue below its end");
+                        if hi >= d.copy_next {
+                            let compare_ms = d.compare_time.as_millis() as u64;
+                            tracing::info!(queue = %key.1, from = d.copy_next, compare_ms, "the kept mirror copy matches the master's queue below its end");
                             want_backlog(m, epoch, sync, d.copy_next);
                         }
                         true
@@ -264,20 +255,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }) if target == me
                 && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
             {
-                // A sync that ended before the digest was all compared (the master fell
-                // back to waiting for the old messages to go): whatever the kept copy
-                // still holds below `from_seq` uncompared is gone from the queue.
-                if let Some(d) = m.delta.take().filter(|d| d.covered < d.from_seq) {
-                    match self
-                        .reconcile(
-                            key,
-                            m.incarnation,
-                            (d.covered, d.from_seq),
-                            Vec::new(),
-                            d.copy_next,
-                        )
-                        .await
-                    {
+                // A sync that ended before the summaries were all compared (the master
+                // fell back to waiting for the old messages to go): whatever the kept
+                // copy still holds uncompared is gone from the queue.
+                if let Some(d) = m.delta.take().filter(|d| d.covered < d.copy_next) {
+                    let gone = SummaryBuilder::new(d.covered, d.copy_next).finish();
+                    match self.reconcile(key, m.incarnation, gone).await {
                         Some(true) => {}
                         _ => return false,
                     }
@@ -537,6 +520,21 @@ pub(super) fn ack_sync(m: &Membership, epoch: u64, sync: u64) {
     let ack = MirrorMsg::SyncAck { epoch, sync }.encode();
     if let Err(e) = m.handle.sender().broadcast(Bytes::from(ack)) {
         tracing::debug!(error = %e, "cannot acknowledge a sync");
+    }
+}
+
+/// Tells the master of an active sync that this mirror kept a copy below `copy_next`
+/// (it then summarises that range). Not confirmed: a lost message makes the master fall
+/// back to waiting for the old messages to go.
+pub(super) fn have_copy(m: &Membership, epoch: u64, sync: u64, copy_next: u64) {
+    let have = MirrorMsg::SyncHave {
+        epoch,
+        sync,
+        copy_next,
+    }
+    .encode();
+    if let Err(e) = m.handle.sender().broadcast(Bytes::from(have)) {
+        tracing::debug!(error = %e, "cannot tell the master about a kept copy");
     }
 }
 

@@ -8,6 +8,7 @@ use super::syncer::LapWait;
 use super::{decode_message, queue_dir_name, RecoverySummary, State, Storage, StorageError};
 use crate::broker::queue::IndexOp;
 use crate::broker::QueueHandle;
+use crate::mirror::digest::{self, CopyEntry, RangeSummary, SummaryBuilder, Verdict};
 use crate::store::msg_store::MsgId;
 use crate::store::queue_index::{IndexConfig, QueueIndex};
 use crate::store::Disk;
@@ -187,22 +188,18 @@ impl<D: Disk + Clone> Storage<D> {
         self.start_copy(vhost, queue, incarnation).map(|()| None)
     }
 
-    /// Compares a kept copy's seqs in `[lo, hi)` with the master's digest of that range
-    /// (`digest`, in seq order) and makes the copy match it: entries the master no longer
+    /// Compares a kept copy's seqs in the summary's range with the master's summary of it
+    /// ([`digest::compare`]) and makes the copy match it: entries the master no longer
     /// holds go, deliveries the copy missed are recorded, all fsynced. `false` (nothing
-    /// changed) when a message the master holds below `copy_next` (the copy's next seq at
-    /// the sync's start) is missing from the copy, is another message, or has lost its
-    /// body: the copy cannot take it any more (an index takes publishes in seq order), so
-    /// the caller starts the copy empty.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reconcile_copy(
+    /// changed) when the copy lacks a live message, holds another one at its seq or has
+    /// lost its body: the copy cannot take it any more (an index takes publishes in seq
+    /// order), so the caller starts the copy empty.
+    pub fn reconcile_summary(
         &self,
         vhost: &str,
         queue: &str,
         incarnation: u64,
-        (lo, hi): (u64, u64),
-        digest: &[(u64, u128, bool)],
-        copy_next: u64,
+        summary: &RangeSummary,
     ) -> Result<bool, StorageError> {
         let key = (vhost.to_string(), queue.to_string());
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -219,8 +216,8 @@ impl<D: Disk + Clone> Storage<D> {
             queue: format!("{vhost}/{queue}"),
             source,
         };
-        // The copy's live entries in the range, in seq order: (seq, id, size, delivered,
-        // body present).
+        let (lo, hi) = (summary.lo, summary.hi);
+        // The copy's live entries in the range, in seq order.
         let mut held = Vec::new();
         if let Some(index) = state.indexes.get(&key) {
             let per_segment = index.config().segment_entry_count.max(1);
@@ -233,45 +230,29 @@ impl<D: Disk + Clone> Storage<D> {
                     if p.seq < lo || p.seq >= hi {
                         continue;
                     }
-                    let body = p.embedded.is_some() || state.msg_store.contains(MsgId(p.msg_id));
-                    held.push((p.seq, p.msg_id, u64::from(p.size), e.delivered, body));
+                    held.push(CopyEntry {
+                        seq: p.seq,
+                        id: u128::from_be_bytes(p.msg_id),
+                        size: u64::from(p.size),
+                        delivered: e.delivered,
+                        body: p.embedded.is_some() || state.msg_store.contains(MsgId(p.msg_id)),
+                    });
                 }
             }
         }
-        // Both in seq order: one merge. A copy entry the digest lacks was acked on the
-        // master; a digest entry below `copy_next` the copy lacks (or holds otherwise)
-        // cannot be taken any more.
-        let ack = |(seq, mid, size, _, _): (u64, [u8; 16], u64, bool, bool)| IndexOp::Ack {
-            seq,
-            message_id: u128::from_be_bytes(mid),
-            size: size as usize,
-            persistent: true,
+        let Verdict::Matches { acks, delivers } = digest::compare(summary, held) else {
+            return Ok(false);
         };
-        let mut ops = Vec::new();
-        let mut copy = held.into_iter().peekable();
-        let mut last = None;
-        for &(seq, id, delivered) in digest {
-            if last.is_some_and(|l| seq <= l) {
-                // Not in seq order: not a digest this merge can trust.
-                return Ok(false);
-            }
-            last = Some(seq);
-            if seq >= copy_next {
-                continue;
-            }
-            while let Some(gone) = copy.next_if(|h| h.0 < seq) {
-                ops.push(ack(gone));
-            }
-            match copy.next_if(|h| h.0 == seq) {
-                Some((_, mid, _, was_delivered, true)) if u128::from_be_bytes(mid) == id => {
-                    if delivered && !was_delivered {
-                        ops.push(IndexOp::Deliver { seq });
-                    }
-                }
-                _ => return Ok(false),
-            }
-        }
-        ops.extend(copy.map(ack));
+        let mut ops: Vec<IndexOp> = delivers
+            .into_iter()
+            .map(|seq| IndexOp::Deliver { seq })
+            .collect();
+        ops.extend(acks.into_iter().map(|e| IndexOp::Ack {
+            seq: e.seq,
+            message_id: e.id,
+            size: e.size as usize,
+            persistent: true,
+        }));
         if ops.is_empty() {
             return Ok(true);
         }
@@ -411,52 +392,43 @@ impl<D: Disk + Clone> Storage<D> {
         (!index.is_empty()).then(|| index.bounds().0)
     }
 
-    /// A digest batch: the seq, id and delivered flag of up to `max` live messages of the
-    /// queue's persistent index with seq in `[from, below)`, in seq order, without their
-    /// bodies. `f` gets them and the seq to continue from (`None`: done) under the storage
+    /// A summary ([`RangeSummary`]) of the queue's persistent index over
+    /// `[from, min(below, from + span))`, read a segment at a time without bodies. `f`
+    /// gets it and the seq to continue from (`None`: `below` is reached) under the storage
     /// lock, as [`Storage::sync_batch`] does.
-    pub fn sync_digest<T>(
+    pub fn sync_summary<T>(
         &self,
         vhost: &str,
         queue: &str,
         from: u64,
         below: u64,
-        max: usize,
-        f: impl FnOnce(Vec<(u64, u128, bool)>, Option<u64>) -> T,
+        span: u64,
+        f: impl FnOnce(RangeSummary, Option<u64>) -> T,
     ) -> Result<T, StorageError> {
         let key = (vhost.to_string(), queue.to_string());
+        let hi = below.min(from.saturating_add(span.max(1))).max(from);
+        let next = (hi < below).then_some(hi);
+        let mut summary = SummaryBuilder::new(from, hi);
         let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
-            return Ok(f(Vec::new(), None));
+            return Ok(f(summary.finish(), next));
         };
         let wrap = |source| StorageError::Index {
             queue: format!("{vhost}/{queue}"),
             source,
         };
-        let mut out = Vec::new();
-        let mut next = None;
         let per_segment = index.config().segment_entry_count.max(1);
         let segments = index
             .segments()
             .into_iter()
-            .filter(|n| (n + 1) * per_segment > from && n * per_segment < below);
-        'segments: for n in segments {
+            .filter(|n| (n + 1) * per_segment > from && n * per_segment < hi);
+        for n in segments {
             for e in index.read_segment_light(n).map_err(wrap)? {
                 let p = &e.publish;
-                if p.seq < from {
-                    continue;
-                }
-                if p.seq >= below {
-                    break 'segments;
-                }
-                if out.len() == max.max(1) {
-                    next = Some(p.seq);
-                    break 'segments;
-                }
-                out.push((p.seq, u128::from_be_bytes(p.msg_id), e.delivered));
+                summary.add(p.seq, u128::from_be_bytes(p.msg_id), e.delivered);
             }
         }
-        Ok(f(out, next))
+        Ok(f(summary.finish(), next))
     }
 
     /// A sync batch: up to `max` live messages of the queue's persistent index (persistent

@@ -882,38 +882,33 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     mirror
         .begin_copy("/", "q", incarnation)
         .expect("the kept copy stays");
-    let digest = |from: u64| {
-        s.sync_digest("/", "q", from, from_seq, 7, |entries, next| (entries, next))
-            .expect("a digest batch")
-    };
     let copy_next = mirror
         .resume_copy("/", "q", incarnation, from_seq)
         .expect("resume")
         .expect("the copy kept from the last run is resumed");
     assert_eq!(copy_next, 30);
-    // Another message at a seq the copy holds: refused.
-    let (first, _) = digest(0);
-    let mut forged = first.clone();
-    forged[0].1 ^= 1;
+    // The master summarises what the copy may hold, [0, copy_next), in spans of seven.
+    let summary = |from: u64| {
+        s.sync_summary("/", "q", from, copy_next, 7, |summary, next| {
+            (summary, next)
+        })
+        .expect("a summary")
+    };
+    // Another message at a seq the copy holds (another hash): refused, nothing changed.
+    let (mut forged, _) = summary(0);
+    forged.hash[0] ^= 1;
     assert!(!mirror
-        .reconcile_copy(
-            "/",
-            "q",
-            incarnation,
-            (0, forged[6].0 + 1),
-            &forged,
-            copy_next
-        )
+        .reconcile_summary("/", "q", incarnation, &forged)
         .expect("compare"));
-    // The real digest, in batches of seven.
+    // The real summaries.
     let (mut lo, mut batches) = (0, 0);
     loop {
-        let (entries, next) = digest(lo);
-        let hi = next.unwrap_or(from_seq);
+        let (range, next) = summary(lo);
+        assert_eq!((range.lo, range.hi), (lo, next.unwrap_or(copy_next)));
         batches += 1;
         assert!(
             mirror
-                .reconcile_copy("/", "q", incarnation, (lo, hi), &entries, copy_next)
+                .reconcile_summary("/", "q", incarnation, &range)
                 .expect("compare"),
             "the copy holds everything the master holds below {copy_next}"
         );
@@ -922,7 +917,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
             None => break,
         }
     }
-    assert_eq!(batches, 35usize.div_ceil(7));
+    assert_eq!(batches, 30usize.div_ceil(7));
     // Only what the mirror missed is sent.
     let (ops, next) = s
         .sync_batch("/", "q", copy_next, from_seq, 1000, |ops, next| (ops, next))
@@ -949,7 +944,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
 
 /// A kept copy is resumed only by its own incarnation's sync, and only when it holds no
 /// seq the master has not given yet (the master restarted without rounds the copy has):
-/// otherwise the copy starts empty. A copy of an empty queue's digest is one empty batch.
+/// otherwise the copy starts empty. An empty queue's summary is one empty range.
 #[test]
 fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
     for case in ["past the start", "another incarnation"] {
@@ -995,19 +990,27 @@ fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
             None,
             "{case}: the copy starts empty"
         );
-        // Empty: the whole backlog fits from seq 0.
-        let digest = [(0u64, 1u128, false)];
+        // Empty: it matches a range with nothing live, and no range with a message.
+        let nothing = crate::mirror::digest::SummaryBuilder::new(0, 5).finish();
         assert!(
             mirror
-                .reconcile_copy("/", "q", inc, (0, 5), &digest, 0)
+                .reconcile_summary("/", "q", inc, &nothing)
                 .expect("compare"),
-            "{case}: nothing held below 0"
+            "{case}: nothing held"
+        );
+        let mut one = crate::mirror::digest::SummaryBuilder::new(0, 5);
+        one.add(0, 1, false);
+        assert!(
+            !mirror
+                .reconcile_summary("/", "q", inc, &one.finish())
+                .expect("compare"),
+            "{case}: a message the empty copy lacks"
         );
         assert_eq!(mirror.low_seq("/", "q"), None, "{case}: nothing kept");
     }
     let (_, _, s, _) = open(&MemDisk::new());
     assert!(s
-        .sync_digest("/", "q", 0, 1, 7, |entries, next| entries.is_empty()
+        .sync_summary("/", "q", 0, 1, 7, |summary, next| summary.live == vec![0]
             && next.is_none())
-        .expect("an empty queue's digest"));
+        .expect("an empty queue's summary"));
 }

@@ -1014,3 +1014,78 @@ fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
             && next.is_none())
         .expect("an empty queue's summary"));
 }
+
+/// A mirror promoted before its first sync after a restart (`ha-promote-on-failure:
+/// always`, or `force_promote_mirror`): the copy kept from its last run, left as it is by
+/// joining, is adopted as it is. It becomes the queue with every message it held, each
+/// flagged redelivered (any adoption does that); a kept copy emptied at the start would
+/// bring the queue up empty.
+#[test]
+fn a_kept_copy_promoted_before_its_first_sync_becomes_the_queue() {
+    let (master_disk, mirror_disk) = (MemDisk::new(), MemDisk::new());
+    let (b, _, s, _) = open(&master_disk);
+    let shipped = capture_rounds(&s);
+    let big = vec![9u8; 10_000];
+    let bodies = [b"a".to_vec(), big.clone(), b"c".to_vec()];
+    for body in &bodies {
+        publish(&b, body);
+    }
+    assert!(s.step());
+    let open_mirror = || {
+        let d = Arc::new(Durability::default());
+        let (mb, incarnation) = mirror_broker(&d, false);
+        let (storage, _) = Storage::open_with(
+            mirror_disk.clone(),
+            &mb,
+            d,
+            &data(),
+            &StorageConfig::default(),
+            Instant::default(),
+        )
+        .expect("open the mirror's storage");
+        (mb, storage, incarnation)
+    };
+    let (_, mirror, incarnation) = open_mirror();
+    mirror
+        .start_copy("/", "q", incarnation)
+        .expect("a copy starts");
+    for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
+        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
+        mirror
+            .apply_mirrored("/", "q", incarnation, ops)
+            .expect("the mirror writes");
+    }
+    mirror_disk.crash();
+
+    // Restarted: the copy is kept, and joining leaves it as it is.
+    let (mb, mirror, _) = open_mirror();
+    let key = ("/".to_string(), "q".to_string());
+    assert_eq!(mirror.kept_copies(), vec![(key, incarnation)]);
+    mirror
+        .begin_copy("/", "q", incarnation)
+        .expect("the kept copy stays");
+    // The master's node dies before any sync: this mirror is promoted.
+    let mut state = (*mb.snapshot()).clone();
+    state
+        .apply(&Command::PromoteMirror {
+            vhost: "/".into(),
+            queue: "q".into(),
+            expected_epoch: 0,
+            node: 1,
+        })
+        .expect("promote");
+    mb.follow(Arc::new(state), Instant::default());
+    let adopted = mb
+        .adopt_queue("/", "q", Instant::default(), |h| {
+            mirror.adopt(h, incarnation).map(|_| ())
+        })
+        .expect("the queue is this node's now");
+    adopted.expect("the kept copy is adopted");
+    mb.set_pager(mirror.clone());
+    let expected: Vec<(Vec<u8>, bool)> = bodies.iter().map(|b| (b.clone(), true)).collect();
+    assert_eq!(contents(&mb), expected, "the promoted copy is the queue");
+    assert!(
+        mirror.kept_copies().is_empty(),
+        "no longer kept once adopted"
+    );
+}

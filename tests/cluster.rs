@@ -1357,3 +1357,118 @@ async fn a_vhost_connection_limit_counts_the_connections_of_every_node() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `GET path` on node `id`'s management listener as guest: (status, body).
+async fn mgmt_get(cluster: &Cluster, id: u64, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = format!("{}:15672", cluster.node(id).ip);
+    let mut s = within(
+        "connect to the management listener",
+        tokio::net::TcpStream::connect(&addr),
+    )
+    .await
+    .expect("management listener");
+    // "guest:guest" in base64.
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("request");
+    let mut out = Vec::new();
+    within("the management answer", s.read_to_end(&mut out))
+        .await
+        .expect("answer");
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// Polls node `id`'s `check` until it answers `status` (bounded): its body then.
+async fn wait_check(cluster: &Cluster, id: u64, check: &str, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (got, body) = mgmt_get(cluster, id, &format!("/api/health/checks/{check}")).await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {id}'s {check} answers {got} ({body}), not {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// RabbitMQ's resource alarms are cluster-wide: an alarm on one node (here the disk alarm:
+/// node 2's free-space limit above what its disk has) blocks the publishers of every node
+/// (`connection.blocked`), and the `alarms` health check of every node names it, while
+/// `local-alarms` answers for the node itself. When it clears (node 2 started again with
+/// the default limit), the publishers elsewhere are unblocked. Before, an alarm blocked only
+/// its own node's publishers and only its own node reported it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_alarm_on_one_node_blocks_publishers_on_every_node() {
+    let mut cluster = Cluster::start("alarms").await;
+    wait_check(&cluster, 1, "alarms", 200).await;
+    // Node 2 again, asking for a petabyte free.
+    cluster.nodes[1].stop();
+    let config = std::fs::read_to_string(&cluster.nodes[1].config).expect("config");
+    let limited = config.replace(
+        "memory_high_watermark_bytes = 1073741824",
+        "memory_high_watermark_bytes = 1073741824\ndisk_free_limit_bytes = 1000000000000000",
+    );
+    assert_ne!(limited, config, "the limits section is in the config");
+    std::fs::write(&cluster.nodes[1].config, &limited).expect("config");
+    cluster.restart(2).await;
+    let body2 = wait_check(&cluster, 2, "local-alarms", 503).await;
+    assert!(
+        body2.contains("warren2@test") && body2.contains("disk space"),
+        "{body2}"
+    );
+
+    // Node 1 names node 2's alarm in `alarms`, not in `local-alarms`, and blocks its own
+    // publishers.
+    let body1 = wait_check(&cluster, 1, "alarms", 503).await;
+    assert!(
+        body1.contains("warren2@test") && body1.contains("disk space"),
+        "{body1}"
+    );
+    wait_check(&cluster, 1, "local-alarms", 200).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = c1.create_channel().await.expect("channel");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c1.status().blocked() {
+        assert!(
+            Instant::now() < deadline,
+            "node 1's publisher was never blocked"
+        );
+        let _ = ch1
+            .basic_publish(
+                "".into(),
+                "nowhere".into(),
+                Default::default(),
+                b"m",
+                Default::default(),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Node 2 starts again without the limit: the alarm clears everywhere, and node 1's
+    // publisher goes on.
+    cluster.nodes[1].stop();
+    std::fs::write(&cluster.nodes[1].config, &config).expect("config");
+    cluster.restart(2).await;
+    wait_check(&cluster, 1, "alarms", 200).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c1.status().blocked() {
+        assert!(
+            Instant::now() < deadline,
+            "node 1's publisher was never unblocked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

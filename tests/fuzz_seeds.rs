@@ -471,7 +471,8 @@ fn node_link_streams(gm: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
             payload: payload.clone(),
         }));
     }
-    dialler.extend(frame(&Envelope::Heartbeat));
+    dialler.extend(frame(&Envelope::Heartbeat { alarms: 0 }));
+    dialler.extend(frame(&Envelope::Heartbeat { alarms: 3 }));
     let mut acceptor = hello;
     acceptor.extend(frame(&Envelope::Response {
         id: 0,

@@ -6,6 +6,7 @@
 //! another queue is locked: routing results and dead letters are collected first and
 //! published after the lock is released.
 
+pub mod alarm;
 pub mod dead_letter;
 pub mod direct_reply;
 pub mod durability;
@@ -87,6 +88,8 @@ pub struct Broker {
     node_id: u64,
     /// Cluster nodes the failure detector considers down.
     down_nodes: RwLock<std::collections::BTreeSet<u64>>,
+    /// Other nodes' resource alarms ([`alarm`] bits), as their heartbeats said.
+    peer_alarms: RwLock<std::collections::BTreeMap<u64, u8>>,
     /// Reaches queues of other nodes; set once in cluster mode.
     remote: std::sync::OnceLock<Arc<dyn RemoteLink>>,
     /// Outcomes of publishes forwarded to other nodes.
@@ -151,6 +154,7 @@ impl Broker {
             epoch_unix_ms,
             node_id: 0,
             down_nodes: RwLock::new(Default::default()),
+            peer_alarms: RwLock::new(Default::default()),
             remote: std::sync::OnceLock::new(),
             remote_outcomes: RemoteOutcomes::default(),
             sessions: Arc::default(),
@@ -326,6 +330,40 @@ impl Broker {
     /// Whether memory use is above the high watermark (publishers must be blocked).
     pub fn memory_alarm(&self) -> bool {
         self.memory_used() > self.memory_high_watermark
+    }
+
+    /// This node's resource alarms ([`alarm`] bits).
+    pub fn local_alarms(&self) -> u8 {
+        let mut bits = 0;
+        if self.memory_alarm() {
+            bits |= alarm::MEMORY;
+        }
+        if self.disk_alarm() {
+            bits |= alarm::DISK;
+        }
+        bits
+    }
+
+    /// Records the other nodes' resource alarms (their last heartbeats').
+    pub fn set_peer_alarms(&self, alarms: std::collections::BTreeMap<u64, u8>) {
+        *self.peer_alarms.write().unwrap_or_else(|e| e.into_inner()) = alarms;
+    }
+
+    /// The alarms of other nodes that are up (a node recorded down no longer counts), by
+    /// node id; nodes without an alarm are left out.
+    pub fn peer_alarms(&self) -> std::collections::BTreeMap<u64, u8> {
+        let alarms = self.peer_alarms.read().unwrap_or_else(|e| e.into_inner());
+        alarms
+            .iter()
+            .filter(|(id, bits)| **bits != 0 && **id != self.node_id && !self.node_is_down(**id))
+            .map(|(id, bits)| (*id, *bits))
+            .collect()
+    }
+
+    /// Whether another node that is up has a resource alarm: as in RabbitMQ, publishers
+    /// on every node are blocked then (`rabbit_alarm` is cluster-wide).
+    pub fn remote_alarm(&self) -> bool {
+        !self.peer_alarms().is_empty()
     }
 
     /// A fresh salt for a password hash ([`User::hash_password`]), from the broker's

@@ -48,8 +48,8 @@ fn failed(reason: &str, extra: Value) -> Response {
 /// Answers `/api/health/checks/{check...}`; `None` for a check that does not exist.
 pub fn check(ctx: &Context<'_>, meta: &MetaState, check: &[&str]) -> Option<Response> {
     Some(match check {
-        ["alarms"] => alarms(ctx, "There are alarms in effect in the cluster"),
-        ["local-alarms"] => alarms(ctx, "There are alarms in effect on the node"),
+        ["alarms"] => alarms(ctx, meta, true, "There are alarms in effect in the cluster"),
+        ["local-alarms"] => alarms(ctx, meta, false, "There are alarms in effect on the node"),
         ["virtual-hosts"] => ok(json!({})),
         ["node-is-quorum-critical"] => quorum_critical(ctx, meta),
         ["node-is-mirror-sync-critical"] => mirror_sync_critical(ctx, meta),
@@ -74,13 +74,24 @@ fn certificate_expiration(within: &str, unit: &str) -> Response {
     ok(json!({}))
 }
 
-fn alarms(ctx: &Context<'_>, reason: &str) -> Response {
+/// This node's alarms, and with `cluster` those of the other nodes that are up (their
+/// heartbeats carry them), by node.
+fn alarms(ctx: &Context<'_>, meta: &MetaState, cluster: bool, reason: &str) -> Response {
     let mut alarms = Vec::new();
-    if ctx.broker.memory_alarm() {
-        alarms.push(json!({"node": ctx.node.name, "resource": "memory"}));
+    let mut by_node = vec![(ctx.node.name.clone(), ctx.broker.local_alarms())];
+    if cluster {
+        for (id, bits) in ctx.broker.peer_alarms() {
+            let name = meta
+                .nodes
+                .get(&id)
+                .map_or_else(|| format!("node {id}"), |n| n.name.clone());
+            by_node.push((name, bits));
+        }
     }
-    if ctx.broker.disk_alarm() {
-        alarms.push(json!({"node": ctx.node.name, "resource": "disk space"}));
+    for (node, bits) in by_node {
+        for resource in crate::broker::alarm::resources(bits) {
+            alarms.push(json!({"node": node, "resource": resource}));
+        }
     }
     if alarms.is_empty() {
         ok(json!({}))
@@ -282,6 +293,42 @@ mod tests {
                 }))
             );
         }
+    }
+
+    #[test]
+    fn alarms_names_the_alarms_of_other_nodes_that_are_up_and_local_alarms_does_not() {
+        use crate::broker::alarm::{DISK, MEMORY};
+        let b = node1(&[]);
+        let m = meta(3, &[2, 3]);
+        b.set_peer_alarms(std::collections::BTreeMap::from([
+            (2, MEMORY | DISK),
+            (3, 0),
+        ]));
+        let r = run(&b, &m, &["alarms"]);
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.body,
+            Some(json!({
+                "status": "failed",
+                "reason": "There are alarms in effect in the cluster",
+                "alarms": [
+                    {"node": "n2", "resource": "memory"},
+                    {"node": "n2", "resource": "disk space"},
+                ],
+            }))
+        );
+        assert!(b.remote_alarm());
+        assert_eq!(
+            run(&b, &m, &["local-alarms"]),
+            Response::ok(json!({"status": "ok"}))
+        );
+        // A node recorded down no longer counts.
+        b.set_down_nodes(BTreeSet::from([2]));
+        assert!(!b.remote_alarm());
+        assert_eq!(
+            run(&b, &m, &["alarms"]),
+            Response::ok(json!({"status": "ok"}))
+        );
     }
 
     #[test]

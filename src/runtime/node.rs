@@ -584,10 +584,12 @@ impl Node {
                         // A storage failure (full disk, failed fsync) blocks publishers too.
                         let memory = monitor_broker.memory_alarm();
                         let storage_failed = monitor_broker.durability().is_some_and(|d| d.has_failed());
-                        let on = memory || disk_low || storage_failed;
+                        // Another node's alarm blocks publishers here too, as in RabbitMQ.
+                        let remote = monitor_broker.remote_alarm();
+                        let on = memory || disk_low || storage_failed || remote;
                         if *alarm_tx.borrow() != on {
                             if on {
-                                tracing::warn!(memory, disk = disk_low, storage_failed, used = monitor_broker.memory_used(), "resource alarm set: blocking publishers");
+                                tracing::warn!(memory, disk = disk_low, storage_failed, remote = ?monitor_broker.peer_alarms(), used = monitor_broker.memory_used(), "resource alarm set: blocking publishers");
                             } else {
                                 tracing::info!(used = monitor_broker.memory_used(), "resource alarm cleared");
                             }

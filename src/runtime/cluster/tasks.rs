@@ -95,6 +95,9 @@ pub(super) async fn watch_nodes(
             |id| transport.peer_refused(id),
         );
         broker.set_down_nodes(verdict.down);
+        // Resource alarms are cluster-wide: ours go out with the heartbeats, theirs come in.
+        transport.set_local_alarms(broker.local_alarms());
+        broker.set_peer_alarms(transport.peer_alarms());
         if let Some(r) = relay.get() {
             for id in verdict.newly_down {
                 r.node_down(id);

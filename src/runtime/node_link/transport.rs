@@ -139,6 +139,10 @@ struct Shared {
     /// Peers whose address refused a connection since they were last heard from: nothing
     /// listens there, so the node is down (a killed process closes its port at once).
     refused: Mutex<BTreeMap<NodeId, Instant>>,
+    /// This node's resource alarms, sent with every heartbeat.
+    local_alarms: std::sync::atomic::AtomicU8,
+    /// Each peer's resource alarms, as its last heartbeat said.
+    peer_alarms: Mutex<BTreeMap<NodeId, u8>>,
     raft: Mutex<Option<RpcServer>>,
     broker: Mutex<Option<Arc<dyn BrokerService>>>,
     gm: Mutex<Option<GmService>>,
@@ -180,6 +184,8 @@ impl TcpTransport {
             dials: Mutex::new(BTreeMap::new()),
             last_seen: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            local_alarms: std::sync::atomic::AtomicU8::new(0),
+            peer_alarms: Mutex::new(BTreeMap::new()),
             raft: Mutex::new(None),
             broker: Mutex::new(None),
             gm: Mutex::new(None),
@@ -284,6 +290,20 @@ impl TcpTransport {
             && self.shared.live_link(node).is_none()
     }
 
+    /// Sets this node's resource alarms (`broker::alarm` bits), which every heartbeat
+    /// from now on carries.
+    pub fn set_local_alarms(&self, alarms: u8) {
+        self.shared
+            .local_alarms
+            .store(alarms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Each peer's resource alarms as its last heartbeat said (peers never heard from are
+    /// missing; whether a peer is still up is the failure detector's call).
+    pub fn peer_alarms(&self) -> BTreeMap<NodeId, u8> {
+        lock(&self.shared.peer_alarms).clone()
+    }
+
     /// Peers with an open link right now.
     pub fn connected_peers(&self) -> Vec<NodeId> {
         lock(&self.shared.links)
@@ -380,6 +400,10 @@ impl Shared {
     fn seen(&self, peer: NodeId) {
         lock(&self.last_seen).insert(peer, Instant::now());
         lock(&self.refused).remove(&peer);
+    }
+
+    fn alarms_of(&self, peer: NodeId, alarms: u8) {
+        lock(&self.peer_alarms).insert(peer, alarms);
     }
 
     /// Why `hello` is not acceptable, if it is not.

@@ -18,7 +18,8 @@ use super::LinkError;
 use crate::runtime::raft::NodeId;
 
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: heartbeats carry the sender's resource alarms.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded
 /// publishes and deliveries get their own variants so they share the one connection.
@@ -77,8 +78,13 @@ pub enum Envelope {
         #[serde(with = "reply_bytes")]
         result: Result<Vec<u8>, RemoteFailure>,
     },
-    /// Sent every heartbeat interval; any frame counts as a sign of life.
-    Heartbeat,
+    /// Sent every heartbeat interval; any frame counts as a sign of life. It carries the
+    /// sender's resource alarms (`broker::alarm` bits): as in RabbitMQ, an alarm on any
+    /// node blocks publishers on every node.
+    Heartbeat {
+        /// The sender's alarms when it sent this.
+        alarms: u8,
+    },
 }
 
 /// `Response::result` with its frame as bytes (see `Request::payload`).

@@ -25,7 +25,7 @@ pub(super) fn kind(env: &Envelope) -> &'static str {
         Envelope::Refused { .. } => "Refused",
         Envelope::Request { .. } => "Request",
         Envelope::Response { .. } => "Response",
-        Envelope::Heartbeat => "Heartbeat",
+        Envelope::Heartbeat { .. } => "Heartbeat",
     }
 }
 
@@ -340,7 +340,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: 
         };
         shared.seen(peer);
         match env {
-            Envelope::Heartbeat => {}
+            Envelope::Heartbeat { alarms } => shared.alarms_of(peer, alarms),
             Envelope::Request {
                 id,
                 service: Service::Raft,
@@ -441,11 +441,15 @@ pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
             _ = tick.tick() => {}
         }
         let peers: Vec<NodeId> = lock(&shared.peers).keys().copied().collect();
+        let alarms = shared
+            .local_alarms
+            .load(std::sync::atomic::Ordering::Relaxed);
         for peer in peers {
             match shared.live_link(peer) {
-                // A full queue means frames are flowing anyway; skipping is fine.
+                // A full queue means frames are flowing anyway; skipping is fine (the
+                // alarms go with a later heartbeat).
                 Some(link) => {
-                    let _ = link.out.try_send(Envelope::Heartbeat);
+                    let _ = link.out.try_send(Envelope::Heartbeat { alarms });
                 }
                 None => {
                     // Redial in the background (the backoff paces it) so a slow connect to

@@ -444,6 +444,34 @@ fn mirror_broker(d: &Arc<Durability>, promoted: bool) -> (Broker, u64) {
     (broker, state.mirror_sets[&key].incarnation)
 }
 
+/// A mirror node's broker and storage over `disk` (node 1: the queue's mirror, or with
+/// `promoted` its master), and the queue's incarnation.
+fn open_mirror(disk: &MemDisk, promoted: bool) -> (Broker, Arc<Storage<MemDisk>>, u64) {
+    let d = Arc::new(Durability::default());
+    let (mb, incarnation) = mirror_broker(&d, promoted);
+    let (storage, _) = Storage::open_with(
+        disk.clone(),
+        &mb,
+        d,
+        &data(),
+        &StorageConfig::default(),
+        Instant::default(),
+    )
+    .expect("open the mirror's storage");
+    (mb, storage, incarnation)
+}
+
+/// Writes every round the master shipped so far (and takes them) to the mirror's copy of
+/// `incarnation`.
+fn write_shipped(mirror: &Storage<MemDisk>, incarnation: u64, shipped: &Mutex<Vec<Vec<u8>>>) {
+    for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
+        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
+        mirror
+            .apply_mirrored("/", "q", incarnation, ops)
+            .expect("the mirror writes");
+    }
+}
+
 /// A mirror promoted while its node was down or catching up (the promotion commits
 /// before the node's restart re-registers it) finds itself the queue's master at start:
 /// storage recovers its copy as the queue, bodies included, if the copy is of the
@@ -831,30 +859,11 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
         publish(&b, &body(i));
     }
     assert!(s.step());
-    let open_mirror = |promoted: bool| {
-        let d = Arc::new(Durability::default());
-        let (mb, incarnation) = mirror_broker(&d, promoted);
-        let (storage, _) = Storage::open_with(
-            mirror_disk.clone(),
-            &mb,
-            d,
-            &data(),
-            &StorageConfig::default(),
-            Instant::default(),
-        )
-        .expect("open the mirror's storage");
-        (mb, storage, incarnation)
-    };
-    let (_, mirror, incarnation) = open_mirror(false);
+    let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
     mirror
         .start_copy("/", "q", incarnation)
         .expect("a copy starts");
-    for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
-        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
-        mirror
-            .apply_mirrored("/", "q", incarnation, ops)
-            .expect("the mirror writes");
-    }
+    write_shipped(&mirror, incarnation, &shipped);
     // The mirror's node dies; meanwhile the master delivers ten, acks five of them, and
     // takes ten more.
     mirror_disk.crash();
@@ -878,7 +887,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     assert_eq!(from_seq, 40);
 
     // Restarted: the copy is kept, joining leaves it as it is, and the sync resumes it.
-    let (_, mirror, _) = open_mirror(false);
+    let (_, mirror, _) = open_mirror(&mirror_disk, false);
     mirror
         .begin_copy("/", "q", incarnation)
         .expect("the kept copy stays");
@@ -935,7 +944,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
         .apply_mirrored("/", "q", incarnation, ops)
         .expect("the mirror writes");
     mirror_disk.crash();
-    let (promoted, storage, _) = open_mirror(true);
+    let (promoted, storage, _) = open_mirror(&mirror_disk, true);
     promoted.set_pager(storage);
     let got: Vec<Vec<u8>> = contents(&promoted).into_iter().map(|(b, _)| b).collect();
     let expected: Vec<Vec<u8>> = (5..40u32).map(body).collect();
@@ -955,32 +964,13 @@ fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
             publish(&b, &i.to_be_bytes());
         }
         assert!(s.step());
-        let open_mirror = || {
-            let d = Arc::new(Durability::default());
-            let (mb, incarnation) = mirror_broker(&d, false);
-            let (storage, _) = Storage::open_with(
-                mirror_disk.clone(),
-                &mb,
-                d,
-                &data(),
-                &StorageConfig::default(),
-                Instant::default(),
-            )
-            .expect("open the mirror's storage");
-            (storage, incarnation)
-        };
-        let (mirror, incarnation) = open_mirror();
+        let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
         mirror
             .start_copy("/", "q", incarnation)
             .expect("a copy starts");
-        for round in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let ops = crate::mirror::ops::decode(round).expect("a batch decodes");
-            mirror
-                .apply_mirrored("/", "q", incarnation, ops)
-                .expect("the mirror writes");
-        }
+        write_shipped(&mirror, incarnation, &shipped);
         mirror_disk.crash();
-        let (mirror, _) = open_mirror();
+        let (_, mirror, _) = open_mirror(&mirror_disk, false);
         let (inc, from_seq) = match case {
             "past the start" => (incarnation, 4),
             _ => (incarnation + 1, 5),
@@ -1031,34 +1021,15 @@ fn a_kept_copy_promoted_before_its_first_sync_becomes_the_queue() {
         publish(&b, body);
     }
     assert!(s.step());
-    let open_mirror = || {
-        let d = Arc::new(Durability::default());
-        let (mb, incarnation) = mirror_broker(&d, false);
-        let (storage, _) = Storage::open_with(
-            mirror_disk.clone(),
-            &mb,
-            d,
-            &data(),
-            &StorageConfig::default(),
-            Instant::default(),
-        )
-        .expect("open the mirror's storage");
-        (mb, storage, incarnation)
-    };
-    let (_, mirror, incarnation) = open_mirror();
+    let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
     mirror
         .start_copy("/", "q", incarnation)
         .expect("a copy starts");
-    for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
-        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
-        mirror
-            .apply_mirrored("/", "q", incarnation, ops)
-            .expect("the mirror writes");
-    }
+    write_shipped(&mirror, incarnation, &shipped);
     mirror_disk.crash();
 
     // Restarted: the copy is kept, and joining leaves it as it is.
-    let (mb, mirror, _) = open_mirror();
+    let (mb, mirror, _) = open_mirror(&mirror_disk, false);
     let key = ("/".to_string(), "q".to_string());
     assert_eq!(mirror.kept_copies(), vec![(key, incarnation)]);
     mirror

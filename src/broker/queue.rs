@@ -13,7 +13,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::durability::Durability;
@@ -33,7 +33,19 @@ pub struct QueueHandle {
     pub vhost: String,
     /// Name.
     pub name: String,
+    /// When the handle was made, in [`next_generation`]'s order: storage tells a queue
+    /// from a mirror copy of its name that is newer (a deposed master's handle) or older
+    /// (a stale copy a new queue replaces) by it.
+    pub generation: u64,
     state: Mutex<Queue>,
+}
+
+/// The process-wide order in which queue handles are made and mirror copies started.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// The next number in the order of queue handles and mirror copies (never 0).
+pub fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
 }
 
 impl QueueHandle {
@@ -46,6 +58,7 @@ impl QueueHandle {
             QueueHandle {
                 vhost: vhost.to_string(),
                 name: name.to_string(),
+                generation: next_generation(),
                 state: Mutex::new(queue),
             }
         })

@@ -265,6 +265,9 @@ struct Membership {
     /// metadata names another (the queue was deleted and declared again), this member
     /// belongs to a queue that is gone.
     incarnation: u64,
+    /// The generation the mirror took before it read the metadata that made it one: its
+    /// copy's (`Storage::start_copy`).
+    since: u64,
     /// The sync `(epoch, sync)` whose start made this mirror's copy the queue's (a natural
     /// sync's `SyncStart`, an active one's `SyncEnd`): its `SyncEnd` is acknowledged.
     synced_by: Option<(u64, u64)>,

@@ -95,6 +95,11 @@ struct State<D: Disk + Clone> {
     /// while a mirror of the old one still ran here) drops that copy before its first
     /// write.
     copies: HashMap<(String, String), u64>,
+    /// When each copy this run started was started, in the order of queue handles
+    /// ([`next_generation`](crate::broker::queue::next_generation)); none for a copy
+    /// found on disk, older than any handle. A handle older than its name's copy is a
+    /// deposed master's, which must not write over it (`Storage::write_round`).
+    started: HashMap<(String, String), u64>,
     /// Copies this run found on disk from an earlier one (a subset of `copies`), kept for
     /// the mirror's first active sync to compare with the master's queue instead of
     /// copying it whole (`docs/mirroring.md`, *Mirrors keep their data*).
@@ -335,6 +340,7 @@ impl<D: Disk + Clone> Storage<D> {
                 indexes,
                 transient_indexes: HashMap::new(),
                 copies,
+                started: HashMap::new(),
                 kept,
             })),
             durability,

@@ -145,7 +145,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 // Otherwise it serves from its disk, and what the mirrors were
                 // synchronised with is gone.
                 self.unsync_all(key, incarnation, epoch).await;
-                let Some(mut m) = self.join(key, incarnation).await else {
+                // A master starts no copy: no generation.
+                let Some(mut m) = self.join(key, incarnation, 0).await else {
                     return;
                 };
                 // The join committed after everything before it, and this node has applied

@@ -85,9 +85,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     }
 
     /// Starts an empty copy of incarnation `incarnation`; `false` if it cannot.
-    pub(super) async fn start_copy(&self, key: &Key, incarnation: u64) -> bool {
+    pub(super) async fn start_copy(&self, key: &Key, incarnation: u64, since: u64) -> bool {
         self.on_copy(key, "start a mirror copy", move |s, v, n| {
-            s.start_copy(v, n, incarnation)
+            s.start_copy(v, n, incarnation, since)
         })
         .await
         .is_some()
@@ -95,9 +95,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
     /// The copy before joining: the one kept from the last run stays (for the first active
     /// sync to compare), anything else starts empty; `false` if it cannot.
-    pub(super) async fn begin_copy(&self, key: &Key, incarnation: u64) -> bool {
+    pub(super) async fn begin_copy(&self, key: &Key, incarnation: u64, since: u64) -> bool {
         self.on_copy(key, "start a mirror copy", move |s, v, n| {
-            s.begin_copy(v, n, incarnation)
+            s.begin_copy(v, n, incarnation, since)
         })
         .await
         .is_some()
@@ -106,9 +106,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// The copy at an active sync's start: `Some(Some(next))` when the kept copy stays
     /// (it holds seqs below `next` only), `Some(None)` when it starts empty, `None` when
     /// neither could be done.
-    async fn resume_copy(&self, key: &Key, incarnation: u64, from_seq: u64) -> Option<Option<u64>> {
+    async fn resume_copy(
+        &self,
+        key: &Key,
+        incarnation: u64,
+        from_seq: u64,
+        since: u64,
+    ) -> Option<Option<u64>> {
         self.on_copy(key, "start a mirror copy", move |s, v, n| {
-            s.resume_copy(v, n, incarnation, from_seq)
+            s.resume_copy(v, n, incarnation, from_seq, since)
         })
         .await
     }
@@ -128,7 +134,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     async fn restart_copy(&self, key: &Key, m: &mut Membership, (epoch, sync): (u64, u64)) -> bool {
         tracing::info!(queue = %key.1, "the kept mirror copy differs from the master's queue: copying the whole backlog");
         m.delta = None;
-        if !self.start_copy(key, m.incarnation).await {
+        if !self.start_copy(key, m.incarnation, m.since).await {
             return false;
         }
         want_backlog(m, epoch, sync, 0);
@@ -162,7 +168,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 if active {
                     // A copy kept from the last run is compared with the master's digest
                     // first; otherwise the whole backlog is asked for at once.
-                    match self.resume_copy(key, m.incarnation, from_seq).await {
+                    match self
+                        .resume_copy(key, m.incarnation, from_seq, m.since)
+                        .await
+                    {
                         None => return false,
                         Some(Some(copy_next)) if copy_next > 0 => {
                             tracing::info!(queue = %key.1, from_seq, copy_next, "mirror sync starts with the copy kept from the last run");
@@ -181,7 +190,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     }
                 } else {
                     tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
-                    if !self.start_copy(key, m.incarnation).await {
+                    if !self.start_copy(key, m.incarnation, m.since).await {
                         return false;
                     }
                 }
@@ -410,7 +419,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
     }
 
-    pub(super) async fn join(&self, key: &Key, incarnation: u64) -> Option<Membership> {
+    pub(super) async fn join(&self, key: &Key, incarnation: u64, since: u64) -> Option<Membership> {
         match self
             .gm
             .join(&group_name(&key.0, &key.1, incarnation), true)
@@ -423,6 +432,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 master: 0,
                 master_member: None,
                 incarnation,
+                since,
                 synced_by: None,
                 delta: None,
             }),
@@ -437,6 +447,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// first sync compares it); every round written before it is released.
     /// Returns the membership when this node became the queue's home (a promotion).
     pub(super) async fn run_mirror(&self, key: &Key) -> Option<Membership> {
+        // Taken before the metadata is read: a queue handle of this name made before it is
+        // a deposed master's, whose last operations must not touch the copy
+        // (`Storage::start_copy`).
+        let since = crate::broker::queue::next_generation();
         let state = self.raft.snapshot();
         let incarnation = incarnation_of(&state, key);
         // The copy starts empty (or as kept from the last run, not yet compared), and a
@@ -459,10 +473,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if !self.begin_copy(key, incarnation).await {
+        if !self.begin_copy(key, incarnation, since).await {
             return None;
         }
-        let Some(mut m) = self.join(key, incarnation).await else {
+        let Some(mut m) = self.join(key, incarnation, since).await else {
             self.drop_copy(key, incarnation).await;
             return None;
         };

@@ -99,11 +99,18 @@ impl<D: Disk + Clone> Storage<D> {
     /// Starts an empty copy of incarnation `incarnation` of a queue this node mirrors:
     /// whatever the node held under that name goes first (an earlier copy, one left by an
     /// earlier run, or the local queue of a deposed master, which no longer serves).
+    ///
+    /// `since`: a [`next_generation`](crate::broker::queue::next_generation) the mirror
+    /// took before it read the metadata that made it one. A queue handle of the name made
+    /// before it is a deposed master's (or a deleted queue's), whose operations never touch
+    /// the copy; one made after it is a new queue of the name, which replaces the copy
+    /// (`Storage::write_round`).
     pub fn start_copy(
         &self,
         vhost: &str,
         queue: &str,
         incarnation: u64,
+        since: u64,
     ) -> Result<(), StorageError> {
         let key = (vhost.to_string(), queue.to_string());
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -121,7 +128,8 @@ impl<D: Disk + Clone> Storage<D> {
             .write_file(&marker, incarnation.to_string().as_bytes())?;
         self.disk.sync(&marker)?;
         self.disk.sync_dir(&dir)?;
-        state.copies.insert(key, incarnation);
+        state.copies.insert(key.clone(), incarnation);
+        state.started.insert(key, since);
         Ok(())
     }
 
@@ -142,19 +150,21 @@ impl<D: Disk + Clone> Storage<D> {
         vhost: &str,
         queue: &str,
         incarnation: u64,
+        since: u64,
     ) -> Result<(), StorageError> {
         let key = (vhost.to_string(), queue.to_string());
         {
-            let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(state) = guard.as_ref() {
+            let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(state) = guard.as_mut() {
                 if state.kept.get(&key) == Some(&incarnation)
                     && state.copies.get(&key) == Some(&incarnation)
                 {
+                    state.started.insert(key, since);
                     return Ok(());
                 }
             }
         }
-        self.start_copy(vhost, queue, incarnation)
+        self.start_copy(vhost, queue, incarnation, since)
     }
 
     /// A mirror's copy at an active sync's start (`from_seq`: the master's next seq):
@@ -169,6 +179,7 @@ impl<D: Disk + Clone> Storage<D> {
         queue: &str,
         incarnation: u64,
         from_seq: u64,
+        since: u64,
     ) -> Result<Option<u64>, StorageError> {
         let key = (vhost.to_string(), queue.to_string());
         {
@@ -185,7 +196,8 @@ impl<D: Disk + Clone> Storage<D> {
                 }
             }
         }
-        self.start_copy(vhost, queue, incarnation).map(|()| None)
+        self.start_copy(vhost, queue, incarnation, since)
+            .map(|()| None)
     }
 
     /// Compares a kept copy's seqs in the summary's range with the master's summary of it
@@ -293,6 +305,7 @@ impl<D: Disk + Clone> Storage<D> {
         key: &(String, String),
     ) -> Result<(), StorageError> {
         state.copies.remove(key);
+        state.started.remove(key);
         state.kept.remove(key);
         self.apply(state, key, vec![IndexOp::DeleteQueue], true)?;
         remove_index_dir(
@@ -321,6 +334,7 @@ impl<D: Disk + Clone> Storage<D> {
             return Ok(RecoverySummary::default());
         };
         state.kept.remove(&key);
+        state.started.remove(&key);
         if state.copies.remove(&key).is_some_and(|c| c != incarnation) {
             return Err(StorageError::NotOurCopy {
                 queue: format!("{}/{}", key.0, key.1),

@@ -269,18 +269,34 @@ impl<D: Disk + Clone> Storage<D> {
         };
         let mut touched = Vec::new();
         let tap = self.tap.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut laps = Vec::new();
+        let mut laps: Vec<LapWait> = Vec::new();
         for (handle, ops) in batches {
             let key = (handle.vhost.clone(), handle.name.clone());
+            if state.copies.contains_key(&key) {
+                if state
+                    .started
+                    .get(&key)
+                    .is_some_and(|&copy| copy > handle.generation)
+                {
+                    // The copy was started after this handle was made: the handle is a
+                    // deposed master's (or a deleted queue's), whose index the copy's
+                    // start removed, and these are its last operations. They must not
+                    // touch the copy, nor go to the queue's mirrors; the publishes among
+                    // them are refused, never confirmed (the queue lives elsewhere now).
+                    tracing::info!(queue = %key.1, ops = ops.len(), "a deposed master's last operations are dropped: a newer mirror copy holds its name");
+                    if ops.iter().any(|op| matches!(op, IndexOp::Publish { .. })) {
+                        laps.push(Box::pin(std::future::ready(false)));
+                    }
+                    continue;
+                }
+                // A stale mirror copy under this queue's name (see `State::copies`).
+                tracing::info!(queue = %key.1, "a new queue replaces a mirror copy of its name");
+                self.remove_copy(state, &key)?;
+            }
             // Shipped before the local write, so the mirrors' writes overlap this one;
             // under the storage lock, so the mirrors see rounds in the order written here.
             if let Some(wait) = tap.as_ref().and_then(|tap| tap(&key, &ops)) {
                 laps.push(wait);
-            }
-            if state.copies.contains_key(&key) {
-                // A stale mirror copy under this queue's name (see `State::copies`).
-                tracing::info!(queue = %key.1, "a new queue replaces a mirror copy of its name");
-                self.remove_copy(state, &key)?;
             }
             if self.apply(state, &key, ops, false)? {
                 touched.push(key);

@@ -3,6 +3,7 @@
 use super::syncer::block_on;
 use super::*;
 use crate::amqp::frame::encode_properties;
+use crate::broker::queue::next_generation;
 use crate::broker::PublishOutcome;
 use crate::config::Config;
 use crate::meta::args::QueueArgs;
@@ -43,6 +44,20 @@ fn declare(broker: &Broker, name: &str) {
             Instant::default(),
         )
         .expect("declare");
+}
+
+/// Deletes the queue `name` and declares it again: a new queue handle of the name.
+fn redeclare(broker: &Broker, name: &str) {
+    broker
+        .apply(
+            &Command::DeleteQueue {
+                vhost: "/".into(),
+                name: name.into(),
+            },
+            Instant::default(),
+        )
+        .expect("delete");
+    declare(broker, name);
 }
 
 fn publish(broker: &Broker, body: &[u8]) -> PublishOutcome {
@@ -288,7 +303,9 @@ fn a_mirror_fed_the_masters_operations_recovers_the_masters_queue() {
     let mut started = std::collections::BTreeSet::new();
     for (vhost, queue, bytes) in batches {
         if started.insert((vhost.clone(), queue.clone())) {
-            mirror.start_copy(&vhost, &queue, 1).expect("a copy starts");
+            mirror
+                .start_copy(&vhost, &queue, 1, next_generation())
+                .expect("a copy starts");
         }
         let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
         mirror
@@ -501,7 +518,9 @@ fn a_copy_promoted_while_its_node_was_starting_is_recovered_as_the_queue() {
         )
         .expect("open");
         let copy_of = if stale { incarnation + 1 } else { incarnation };
-        mirror.start_copy("/", "q", copy_of).expect("a copy starts");
+        mirror
+            .start_copy("/", "q", copy_of, next_generation())
+            .expect("a copy starts");
         for round in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let ops = crate::mirror::ops::decode(round).expect("a batch decodes");
             mirror
@@ -562,12 +581,16 @@ fn a_copy_is_its_incarnations_and_a_new_queue_of_its_name_replaces_it() {
         matches!(write(1), Err(StorageError::NotOurCopy { .. })),
         "no copy started"
     );
-    mirror.start_copy("/", "q", 1).expect("a copy starts");
+    mirror
+        .start_copy("/", "q", 1, next_generation())
+        .expect("a copy starts");
     write(1).expect("the copy's own incarnation writes");
     assert!(matches!(write(2), Err(StorageError::NotOurCopy { .. })));
     mirror.drop_copy("/", "q", 2).expect("drop");
     write(1).expect("another incarnation's drop left the copy alone");
-    // This node's own queue `q` (declared again here) writes: the stale copy goes.
+    // This node's own queue `q`, declared again here after the copy started, writes: the
+    // stale copy goes.
+    redeclare(&mirror_b, "q");
     publish(&mirror_b, b"new");
     assert!(mirror.step());
     assert!(
@@ -582,6 +605,50 @@ fn a_copy_is_its_incarnations_and_a_new_queue_of_its_name_replaces_it() {
         [b"new".to_vec()],
         "the new queue holds its own message, none of the old copy's"
     );
+}
+
+/// Bug 18 (chaos seed 2130, CI seed 16): a deposed master's queue handle still had
+/// operations waiting for a round (a delivery of a message written in an earlier round, and
+/// a publish) when its node started a copy as the new master's mirror. The round took them
+/// for a new queue replacing a stale copy: it removed the copy, applied the delivery to an
+/// empty index, failed, and the node stopped (code 74). They are the old queue's: they
+/// must leave the copy alone, and the publish among them is refused, never confirmed.
+/// Both orders: the handle closed (moved away) before the copy started, and still open
+/// (the broker has not applied the move yet).
+#[test]
+fn a_deposed_masters_last_operations_leave_its_nodes_new_mirror_copy_alone() {
+    for moved_away in [true, false] {
+        let (master_disk, disk) = (MemDisk::new(), MemDisk::new());
+        let (b, d, s, _) = open(&disk);
+        for body in [b"a", b"b"] {
+            publish(&b, body);
+        }
+        assert!(s.step());
+        // Waiting for the next round: a delivery of "a" and a new publish.
+        let q = b.queue("/", "q").expect("queue");
+        let mut dead = Vec::new();
+        assert!(q.lock().get(Instant::default(), false, &mut dead).is_some());
+        let late = publish(&b, b"c").ticket;
+        assert!(late > 0 && !d.is_durable(late));
+        if moved_away {
+            q.lock().move_away(&q);
+        }
+        // This node now mirrors the queue (its new master is elsewhere).
+        s.start_copy("/", "q", 1, next_generation())
+            .expect("a copy starts");
+        assert!(s.step(), "storage still works (moved away: {moved_away})");
+        assert!(
+            d.is_refused(late),
+            "the deposed master's late publish is nacked (moved away: {moved_away})"
+        );
+        // The copy is intact: the new master's rounds go on being written to it.
+        let (mb, _, ms, _) = open(&master_disk);
+        let shipped = capture_rounds(&ms);
+        publish(&mb, b"x");
+        assert!(ms.step());
+        write_shipped(&s, 1, &shipped);
+        assert!(s.step());
+    }
 }
 
 #[test]
@@ -619,7 +686,9 @@ fn a_mirrored_queues_transient_messages_reach_its_mirror_and_a_promoted_copy_kee
     publish_as(&b, b"t2", 1);
     assert!(!q.lock().holds_unindexed());
     assert!(s.step());
-    mirror.start_copy("/", "q", 1).expect("a copy starts");
+    mirror
+        .start_copy("/", "q", 1, next_generation())
+        .expect("a copy starts");
     for bytes in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
         let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
         mirror
@@ -861,7 +930,7 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     assert!(s.step());
     let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
     mirror
-        .start_copy("/", "q", incarnation)
+        .start_copy("/", "q", incarnation, next_generation())
         .expect("a copy starts");
     write_shipped(&mirror, incarnation, &shipped);
     // The mirror's node dies; meanwhile the master delivers ten, acks five of them, and
@@ -889,10 +958,10 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     // Restarted: the copy is kept, joining leaves it as it is, and the sync resumes it.
     let (_, mirror, _) = open_mirror(&mirror_disk, false);
     mirror
-        .begin_copy("/", "q", incarnation)
+        .begin_copy("/", "q", incarnation, next_generation())
         .expect("the kept copy stays");
     let copy_next = mirror
-        .resume_copy("/", "q", incarnation, from_seq)
+        .resume_copy("/", "q", incarnation, from_seq, next_generation())
         .expect("resume")
         .expect("the copy kept from the last run is resumed");
     assert_eq!(copy_next, 30);
@@ -966,7 +1035,7 @@ fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
         assert!(s.step());
         let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
         mirror
-            .start_copy("/", "q", incarnation)
+            .start_copy("/", "q", incarnation, next_generation())
             .expect("a copy starts");
         write_shipped(&mirror, incarnation, &shipped);
         mirror_disk.crash();
@@ -976,7 +1045,9 @@ fn a_kept_copy_past_the_masters_start_or_of_another_incarnation_starts_empty() {
             _ => (incarnation + 1, 5),
         };
         assert_eq!(
-            mirror.resume_copy("/", "q", inc, from_seq).expect("resume"),
+            mirror
+                .resume_copy("/", "q", inc, from_seq, next_generation())
+                .expect("resume"),
             None,
             "{case}: the copy starts empty"
         );
@@ -1023,7 +1094,7 @@ fn a_kept_copy_promoted_before_its_first_sync_becomes_the_queue() {
     assert!(s.step());
     let (_, mirror, incarnation) = open_mirror(&mirror_disk, false);
     mirror
-        .start_copy("/", "q", incarnation)
+        .start_copy("/", "q", incarnation, next_generation())
         .expect("a copy starts");
     write_shipped(&mirror, incarnation, &shipped);
     mirror_disk.crash();
@@ -1033,7 +1104,7 @@ fn a_kept_copy_promoted_before_its_first_sync_becomes_the_queue() {
     let key = ("/".to_string(), "q".to_string());
     assert_eq!(mirror.kept_copies(), vec![(key, incarnation)]);
     mirror
-        .begin_copy("/", "q", incarnation)
+        .begin_copy("/", "q", incarnation, next_generation())
         .expect("the kept copy stays");
     // The master's node dies before any sync: this mirror is promoted.
     let mut state = (*mb.snapshot()).clone();

@@ -216,8 +216,30 @@ async fn campaign(
         }
     }
     let node_failed = failed_step.is_some();
+    // Whether the queues can still be drained: after a node stopped on its own it is
+    // started again on its data, so the run still says whether anything confirmed was lost
+    // (without the drain, every confirmed message no consumer had taken would count as lost).
+    let mut drainable = true;
     if let Some(f) = failed_step {
         reasons.push(f);
+        let stopped: Vec<usize> = (0..runner.cluster.nodes.len())
+            .filter(|&i| {
+                let node = &mut runner.cluster.nodes[i];
+                node.exited().is_some() || !node.running()
+            })
+            .collect();
+        if !stopped.is_empty() {
+            match runner.cluster.start(&stopped).await {
+                Ok(()) => println!(
+                    "  {:>6.1}s restarted {stopped:?} (0-based) after the failure, to drain",
+                    started.elapsed().as_secs_f64()
+                ),
+                Err(e) => {
+                    reasons.push(format!("restart after the failure: {e:#}"));
+                    drainable = false;
+                }
+            }
+        }
     } else {
         history.lock().faults_end = Some(Instant::now());
         println!(
@@ -248,7 +270,7 @@ async fn campaign(
     }
     // A hung client is a failure by itself, but the queues are still drained: what the
     // others had confirmed and no consumer took yet must be found there, or it is lost.
-    if node_failed {
+    if !drainable {
         return Ok(());
     }
     reasons.extend(copies::check(cluster, history).await);

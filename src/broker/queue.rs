@@ -580,6 +580,17 @@ impl Queue {
         self.suspect_below = self.next_seq;
     }
 
+    /// Messages below seq `below` leave flagged `redelivered` (a bound storage kept from an
+    /// earlier run, see [`mark_restored_suspect`](Self::mark_restored_suspect)).
+    pub fn mark_suspect_below(&mut self, below: u64) {
+        self.suspect_below = self.suspect_below.max(below);
+    }
+
+    /// Messages below this seq leave flagged `redelivered` (0: none).
+    pub fn suspect_below(&self) -> u64 {
+        self.suspect_below
+    }
+
     /// Puts back messages recovered from disk (in sequence order), without recording them.
     /// `rest` are more recovered messages left on disk after these (read back as delta);
     /// `next_seq` is the index's next seq, which new messages must not go below.

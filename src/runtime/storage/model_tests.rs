@@ -60,7 +60,7 @@ struct Msg {
     persistent: bool,
     redelivered: bool,
     /// Restored after an unclean stop: it leaves flagged `redelivered` (it may have gone
-    /// out unrecorded), until a clean restart, which does not keep the suspicion.
+    /// out unrecorded), across later clean restarts too (storage keeps the suspicion).
     suspect: bool,
 }
 
@@ -274,9 +274,10 @@ fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> Seen {
                     model.ready.insert(n, m);
                 }
                 model.ready.retain(|_, m| m.persistent);
-                // After an unclean stop any of them may have gone out unrecorded.
+                // After an unclean stop any of them may have gone out unrecorded; a clean
+                // stop does not clear that.
                 for m in model.ready.values_mut() {
-                    m.suspect = crash;
+                    m.suspect |= crash;
                 }
             }
         }

@@ -16,6 +16,17 @@ use crate::store::Disk;
 /// The file in a mirror copy's index folder that names the queue incarnation it copies.
 pub(super) const COPY_INCARNATION_FILE: &str = "copy.incarnation";
 
+/// The file in a queue's index folder that says below which seq its messages may have
+/// been delivered without a record of it (`Queue::mark_restored_suspect`): kept on disk,
+/// so a clean restart after a crash or a promotion still flags them `redelivered`.
+pub(super) const SUSPECT_FILE: &str = "suspect.below";
+
+/// The seq below which the queue in `dir` holds suspect messages (`None`: none recorded).
+fn read_suspect_below<D: Disk>(disk: &D, dir: &Path) -> Option<u64> {
+    let bytes = disk.read(&dir.join(SUSPECT_FILE)).ok()?;
+    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+}
+
 /// The incarnation a mirror copy in `dir` is of (None: not a copy, or unreadable).
 pub(super) fn read_copy_incarnation<D: Disk>(disk: &D, dir: &Path) -> Option<u64> {
     let bytes = disk.read(&dir.join(COPY_INCARNATION_FILE)).ok()?;
@@ -157,6 +168,7 @@ pub(super) fn recover_queue<D: Disk + Clone>(
             OnDisk::Persistent,
         ));
     }
+    let holds = !entries.is_empty() || rest > 0;
     summary.messages += entries.len() + rest as usize;
     summary.queues += 1;
     let next_seq = index.bounds().1;
@@ -166,11 +178,27 @@ pub(super) fn recover_queue<D: Disk + Clone>(
         count: rest,
         bytes: recovered.rest_bytes,
     });
+    let kept = read_suspect_below(disk, dir);
+    // A mirror's copy recovered as the node's own queue for the first time (promoted here
+    // while the node was stopping or down) is suspect as any promoted copy is, clean stop
+    // or not.
+    let copy = kept.is_none() && disk.read(&dir.join(COPY_INCARNATION_FILE)).is_ok();
+    // An empty queue has nothing suspect, and its index may number from 0 again.
+    let below = if !holds {
+        0
+    } else if suspect || !recovered.clean || copy {
+        next_seq
+    } else {
+        kept.unwrap_or(0).min(next_seq)
+    };
+    if kept != Some(below) && (below > 0 || kept.is_some() || copy) {
+        let path = dir.join(SUSPECT_FILE);
+        disk.write_file(&path, below.to_string().as_bytes())?;
+        disk.sync(&path)?;
+    }
     let mut queue = handle.lock();
     queue.restore(entries, rest, next_seq);
-    if suspect || !recovered.clean {
-        queue.mark_restored_suspect();
-    }
+    queue.mark_suspect_below(below);
     drop(queue);
     Ok((index, store_refs))
 }

@@ -405,9 +405,48 @@ fn capture_rounds(s: &Storage<MemDisk>) -> Arc<Mutex<Vec<Vec<u8>>>> {
 /// on node 1, synchronised; with `promoted`, node 1's mirror was then promoted (the
 /// broker leaves the queue to be adopted). The set's incarnation too.
 fn mirror_broker(d: &Arc<Durability>, promoted: bool) -> (Broker, u64) {
-    let broker = Broker::new(&Config::default(), 1, 1 << 30, 0)
+    let broker = node1_broker(d);
+    let mut state = mirror_state(&broker);
+    broker.follow(Arc::new(state.clone()), Instant::default());
+    if promoted {
+        promote(&mut state);
+        broker.follow(Arc::new(state.clone()), Instant::default());
+    }
+    assert!(broker.queue("/", "q").is_none(), "no queue of its own here");
+    let key = ("/".to_string(), "q".to_string());
+    (broker, state.mirror_sets[&key].incarnation)
+}
+
+/// A broker on node 1 that starts from metadata in which node 1's mirror of `q` was
+/// promoted already (as a node restarting after the promotion committed): it runs `q`.
+fn restarted_master_broker(d: &Arc<Durability>) -> Broker {
+    let broker = node1_broker(d);
+    let mut state = mirror_state(&broker);
+    promote(&mut state);
+    broker.follow(Arc::new(state), Instant::default());
+    assert!(broker.queue("/", "q").is_some(), "the queue runs here");
+    broker
+}
+
+fn node1_broker(d: &Arc<Durability>) -> Broker {
+    Broker::new(&Config::default(), 1, 1 << 30, 0)
         .with_node_id(1)
-        .with_durability(d.clone());
+        .with_durability(d.clone())
+}
+
+fn promote(state: &mut crate::meta::MetaState) {
+    state
+        .apply(&Command::PromoteMirror {
+            vhost: "/".into(),
+            queue: "q".into(),
+            expected_epoch: 0,
+            node: 1,
+        })
+        .expect("promote");
+}
+
+/// `broker`'s metadata with `q` (durable, home node 2) mirrored on node 1, synchronised.
+fn mirror_state(broker: &Broker) -> crate::meta::MetaState {
     let mut state = (*broker.snapshot()).clone();
     let node = |id| {
         Command::RegisterNode(crate::meta::NodeRecord {
@@ -444,21 +483,7 @@ fn mirror_broker(d: &Arc<Durability>, promoted: bool) -> (Broker, u64) {
     ] {
         state.apply(&c).expect("metadata");
     }
-    broker.follow(Arc::new(state.clone()), Instant::default());
-    if promoted {
-        state
-            .apply(&Command::PromoteMirror {
-                vhost: "/".into(),
-                queue: "q".into(),
-                expected_epoch: 0,
-                node: 1,
-            })
-            .expect("promote");
-        broker.follow(Arc::new(state.clone()), Instant::default());
-    }
-    assert!(broker.queue("/", "q").is_none(), "no queue of its own here");
-    let key = ("/".to_string(), "q".to_string());
-    (broker, state.mirror_sets[&key].incarnation)
+    state
 }
 
 /// A mirror node's broker and storage over `disk` (node 1: the queue's mirror, or with
@@ -649,6 +674,81 @@ fn a_deposed_masters_last_operations_leave_its_nodes_new_mirror_copy_alone() {
         write_shipped(&s, 1, &shipped);
         assert!(s.step());
     }
+}
+
+/// Bug 19 (chaos seed 2220): a mirror's node stopped cleanly just after the queue was
+/// handed over to it, before it adopted its copy; it started again as the queue's home and
+/// recovered the copy as its own queue, clean, so messages the old master had delivered
+/// unrecorded came back without `redelivered`. A copy recovered as the queue is suspect
+/// as at any promotion, and that stays on disk: a second clean restart still flags those
+/// messages, and only those (one published after the first restart is not).
+#[test]
+fn a_copy_recovered_as_its_nodes_queue_after_a_clean_stop_flags_its_messages() {
+    let (master_disk, disk) = (MemDisk::new(), MemDisk::new());
+    let (b, _, s, _) = open(&master_disk);
+    let shipped = capture_rounds(&s);
+    for body in [b"a", b"b"] {
+        publish(&b, body);
+    }
+    assert!(s.step());
+    let (_mb, mirror, incarnation) = open_mirror(&disk, false);
+    mirror
+        .start_copy("/", "q", incarnation, next_generation())
+        .expect("a copy starts");
+    write_shipped(&mirror, incarnation, &shipped);
+    mirror.close();
+    let reopen = || {
+        let d = Arc::new(Durability::default());
+        let broker = restarted_master_broker(&d);
+        let (storage, summary) = Storage::open_with(
+            disk.clone(),
+            &broker,
+            d,
+            &data(),
+            &StorageConfig::default(),
+            Instant::default(),
+        )
+        .expect("reopen");
+        broker.set_pager(storage.clone());
+        (broker, storage, summary)
+    };
+    let (broker, storage, summary) = reopen();
+    assert!(summary.clean && summary.messages == 2, "{summary:?}");
+    publish(&broker, b"c");
+    assert!(storage.step());
+    storage.close();
+    let (broker, _, summary) = reopen();
+    assert!(summary.clean && summary.messages == 3, "{summary:?}");
+    assert_eq!(
+        contents(&broker),
+        [
+            (b"a".to_vec(), true),
+            (b"b".to_vec(), true),
+            (b"c".to_vec(), false)
+        ]
+    );
+}
+
+/// After an unclean stop every recovered message is suspect; a clean restart after that
+/// one must not forget it.
+#[test]
+fn messages_suspect_after_a_crash_stay_flagged_across_a_clean_restart() {
+    let disk = MemDisk::new();
+    let (b, _, s, _) = open(&disk);
+    publish(&b, b"a");
+    assert!(s.step());
+    disk.crash();
+    let (b, _, s, summary) = open(&disk);
+    assert!(!summary.clean);
+    publish(&b, b"b");
+    assert!(s.step());
+    s.close();
+    let (b, _, _, summary) = open(&disk);
+    assert!(summary.clean);
+    assert_eq!(
+        contents(&b),
+        [(b"a".to_vec(), true), (b"b".to_vec(), false)]
+    );
 }
 
 #[test]

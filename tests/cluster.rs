@@ -1472,3 +1472,76 @@ async fn a_resource_alarm_on_one_node_blocks_publishers_on_every_node() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A definitions import of 1,500 queues through a follower: its commands go through Raft
+/// a batch at a time (one log entry for a thousand commands), every node then lists every
+/// queue, and the queues serve publishes and gets through the other nodes. `warrenctl import_definitions` and `POST /api/definitions`
+/// share this path, as does `[definitions] load_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definitions_import_through_a_follower_reaches_every_node_in_batches() {
+    let cluster = Cluster::start("import").await;
+    let names: Vec<String> = (0..1500).map(|i| format!("imp.{i:04}")).collect();
+    let queues: Vec<String> = names
+        .iter()
+        .map(|n| {
+            format!(
+                r#"{{"name":"{n}","vhost":"/","durable":true,"auto_delete":false,"arguments":{{}}}}"#
+            )
+        })
+        .collect();
+    let json = format!(r#"{{"queues":[{}]}}"#, queues.join(","));
+    let file = std::env::temp_dir().join(format!("warren-import-{}.json", std::process::id()));
+    std::fs::write(&file, json).expect("write the definitions file");
+    let path = file.to_string_lossy().into_owned();
+    let out = cluster.ctl(2, &["import_definitions", &path]).await;
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "{out:?}");
+    let mut homes = BTreeSet::new();
+    for id in 1..=3 {
+        let rows = cluster.ctl_rows(id, &["list_queues", "name", "node"]).await;
+        let listed: BTreeSet<&str> = rows
+            .iter()
+            .filter(|r| r[0].starts_with("imp."))
+            .map(|r| r[0].as_str())
+            .collect();
+        assert_eq!(listed.len(), names.len(), "node {id} lists every queue");
+        homes.extend(
+            rows.iter()
+                .filter(|r| r[0].starts_with("imp."))
+                .map(|r| r[1].clone()),
+        );
+    }
+    // Placed as declared queues are, by the default locator (client-local): on the node
+    // that imported them, as RabbitMQ's import does.
+    assert_eq!(
+        homes.into_iter().collect::<Vec<_>>(),
+        ["warren2@test".to_string()],
+        "every queue runs on the importing node"
+    );
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    within(
+        "confirm.select",
+        ch3.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    for n in names.iter().step_by(97) {
+        assert!(
+            publish_acked(&ch3, "", n, n.as_bytes()).await,
+            "{n} confirms"
+        );
+        let got = within(
+            "basic.get",
+            ch1.basic_get(n.as_str().into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("{n} holds the message"));
+        assert_eq!(got.delivery.data, n.as_bytes());
+    }
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c3.close(200, "bye".into()).await;
+}

@@ -443,8 +443,18 @@ impl Broker {
         }
         {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
-            if let Command::DeclareQueue(def) = command {
-                if applied.created {
+            for part in command.parts() {
+                let Command::DeclareQueue(def) = part else {
+                    continue;
+                };
+                // New here, and not deleted again later in the same batch.
+                let exists = meta
+                    .vhost(&def.vhost)
+                    .is_some_and(|v| v.queues.contains_key(&def.name));
+                let runs = queues
+                    .get(&def.vhost)
+                    .is_some_and(|m| m.contains_key(&def.name));
+                if exists && !runs {
                     let args = match meta.vhost(&def.vhost) {
                         Some(v) => def.effective_args(v)?,
                         None => def.args()?,
@@ -462,12 +472,20 @@ impl Broker {
                 }
             }
             // A policy change reshapes every live queue of its vhost.
-            let policy_vhost = match command {
-                Command::SetPolicy { policy, .. } => Some(policy.vhost.as_str()),
-                Command::ClearPolicy { vhost, .. } => Some(vhost.as_str()),
-                _ => None,
-            };
-            if let (Some(vname), Some(v)) = (policy_vhost, policy_vhost.and_then(|n| meta.vhost(n)))
+            let mut policy_vhosts: Vec<&str> = command
+                .parts()
+                .iter()
+                .filter_map(|part| match part {
+                    Command::SetPolicy { policy, .. } => Some(policy.vhost.as_str()),
+                    Command::ClearPolicy { vhost, .. } => Some(vhost.as_str()),
+                    _ => None,
+                })
+                .collect();
+            policy_vhosts.sort_unstable();
+            policy_vhosts.dedup();
+            for (vname, v) in policy_vhosts
+                .into_iter()
+                .filter_map(|n| meta.vhost(n).map(|v| (n, v)))
             {
                 for (name, def) in &v.queues {
                     let Some(h) = queues.get(vname).and_then(|m| m.get(name)) else {
@@ -912,6 +930,7 @@ pub fn config_commands(config: &Config) -> Vec<Command> {
 /// Whether applying `command` can change the durable definitions.
 fn may_touch_durable(command: &Command) -> bool {
     match command {
+        Command::Batch(commands) => commands.iter().any(may_touch_durable),
         Command::DeclareQueue(def) => def.durable && def.exclusive_owner.is_none(),
         Command::DeclareExchange(def) => def.durable,
         Command::DeleteExclusiveQueues { .. } => false,
@@ -1079,6 +1098,54 @@ mod tests {
             "the refused declare left no trace"
         );
         assert!(broker.queue("/", "lost").is_none());
+    }
+
+    /// A definitions import's batch: every queue runs, the policy in it shapes them, the
+    /// durable definitions are written once; a batch with a refused command leaves no
+    /// trace of any of its commands.
+    #[test]
+    fn a_batch_applies_as_one_command_or_not_at_all() {
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let w = writes.clone();
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0).with_definitions_sink(
+            Box::new(move |_| {
+                w.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        );
+        let batch = Command::Batch(vec![
+            durable_queue("capped.a"),
+            max_length_policy(2),
+            durable_queue("capped.b"),
+            durable_queue("gone"),
+            Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "gone".into(),
+            },
+        ]);
+        let applied = broker.apply(&batch, Instant::default()).unwrap();
+        assert!(applied.created);
+        assert_eq!(writes.load(Ordering::SeqCst), 1, "one definitions write");
+        for q in ["capped.a", "capped.b"] {
+            publish_n(&broker, q, 5);
+            let h = broker.queue("/", q).expect("the queue runs");
+            assert_eq!(h.lock().message_count(), 2, "{q} has the batch's policy");
+        }
+        assert!(broker.queue("/", "gone").is_none());
+        let version = broker.snapshot().version;
+        let refused = Command::Batch(vec![
+            durable_queue("never"),
+            Command::DeleteQueue {
+                vhost: "/".into(),
+                name: "no-such-queue".into(),
+            },
+        ]);
+        assert!(broker.apply(&refused, Instant::default()).is_err());
+        let snap = broker.snapshot();
+        assert_eq!(snap.version, version, "nothing applied");
+        assert!(!snap.vhost("/").unwrap().queues.contains_key("never"));
+        assert!(broker.queue("/", "never").is_none());
+        assert_eq!(writes.load(Ordering::SeqCst), 1);
     }
 
     /// A mirrored queue promoted to this node is not created empty (the mirror runtime

@@ -181,9 +181,20 @@ pub enum Command {
         /// The limit; `None`: all of them.
         name: Option<String>,
     },
+    /// Several commands applied in order as one: all of them or, when one is refused, none
+    /// (a definitions import: one log entry and one definitions write for many commands).
+    Batch(Vec<Command>),
 }
 
 impl Command {
+    /// The commands this one applies: a batch's, in order, or itself.
+    pub fn parts(&self) -> &[Command] {
+        match self {
+            Command::Batch(commands) => commands,
+            other => std::slice::from_ref(other),
+        }
+    }
+
     /// The command that promotes `node`'s mirror of `vhost`/`queue`, decided on `set`: one
     /// that re-checks at commit that the mirror is still synchronised if it was when
     /// decided (a deliberate promotion of an unsynchronised mirror, `ha-promote-on-*:

@@ -664,6 +664,17 @@ impl MetaState {
     fn apply_inner(&mut self, command: &Command) -> Result<Applied, MetaError> {
         let mut applied = Applied::default();
         match command {
+            Command::Batch(commands) => {
+                // On a copy: a refused command leaves the state as it was.
+                let mut next = self.clone();
+                for c in commands {
+                    let a = next.apply(c)?;
+                    applied.created |= a.created;
+                    applied.removed.queues.extend(a.removed.queues);
+                    applied.removed.exchanges.extend(a.removed.exchanges);
+                }
+                *self = next;
+            }
             Command::AddVhost { name } => {
                 if !self.vhosts.contains_key(name) {
                     self.vhosts.insert(name.clone(), Arc::new(Vhost::new(name)));

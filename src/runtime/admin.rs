@@ -196,15 +196,27 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
     }
 }
 
-/// Plans a definitions file and commits its commands in order; the first refusal stops it.
+/// How many of an import's commands go in one [`crate::meta::Command::Batch`]: one log entry and one
+/// definitions write each, and a Raft entry of a few hundred KiB at most.
+const IMPORT_BATCH: usize = 1000;
+
+/// Plans a definitions file and commits its commands in order, [`IMPORT_BATCH`] at a time;
+/// a refusal stops it (the batch it is in applies none of its commands, the batches
+/// before it stay, as RabbitMQ's import keeps what it did before an error).
 pub(crate) async fn import_definitions(ctx: &AdminContext, json: &[u8]) -> Response {
-    let commands = match crate::mgmt::definitions::plan_json(&ctx.broker, &ctx.node, json) {
+    let mut commands = match crate::mgmt::definitions::plan_json(&ctx.broker, &ctx.node, json) {
         Ok(c) => c,
         Err(e) => return Response::refused(e),
     };
     let n = commands.len();
-    for c in commands {
-        if let Err(e) = ctx.meta.commit(c, ctx.clock.now()).await {
+    while !commands.is_empty() {
+        let rest = commands.split_off(commands.len().min(IMPORT_BATCH));
+        let batch = std::mem::replace(&mut commands, rest);
+        let command = match <[crate::meta::Command; 1]>::try_from(batch) {
+            Ok([one]) => one,
+            Err(batch) => crate::meta::Command::Batch(batch),
+        };
+        if let Err(e) = ctx.meta.commit(command, ctx.clock.now()).await {
             return Response::refused(e.to_string());
         }
     }

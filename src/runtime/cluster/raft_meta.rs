@@ -133,17 +133,28 @@ impl RaftMeta {
 
 impl MetaCommit for RaftMeta {
     fn commit(&self, mut command: Command, _now: Instant) -> MetaFuture {
-        if let Command::DeclareQueue(def) = &mut command {
+        let declares: Vec<&mut QueueDef> = match &mut command {
+            Command::DeclareQueue(def) => vec![def],
+            Command::Batch(commands) => commands
+                .iter_mut()
+                .filter_map(|c| match c {
+                    Command::DeclareQueue(def) => Some(def),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        // A queue created on another node must exist there before declare-ok: the client
+        // may publish to it or consume from it at once.
+        let mut remote_homes = Vec::new();
+        for def in declares {
             if def.home == 0 {
                 def.home = self.place(def);
             }
+            if def.home != self.broker.node_id() && !remote_homes.contains(&def.home) {
+                remote_homes.push(def.home);
+            }
         }
-        // A queue created on another node must exist there before declare-ok: the client
-        // may publish to it or consume from it at once.
-        let remote_home = match &command {
-            Command::DeclareQueue(def) if def.home != self.broker.node_id() => Some(def.home),
-            _ => None,
-        };
         let relay = self.relay.get().cloned();
         let raft = self.raft.clone();
         let mut applied = self.applied.clone();
@@ -159,10 +170,11 @@ impl MetaCommit for RaftMeta {
             // This node's broker follows the entry before the session reads it (declare-ok
             // counts, the consumer a basic.consume adds to the new queue).
             let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
-            if let (Some(home), Some(relay), true) = (remote_home, relay, response.outcome.is_ok())
-            {
-                if !relay.barrier(home, response.index).await {
-                    tracing::warn!(node = home, "the queue's node did not confirm the declare");
+            if let (Some(relay), true) = (relay, response.outcome.is_ok()) {
+                for home in remote_homes {
+                    if !relay.barrier(home, response.index).await {
+                        tracing::warn!(node = home, "the queue's node did not confirm the declare");
+                    }
                 }
             }
             match response.outcome {

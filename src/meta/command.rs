@@ -186,7 +186,28 @@ pub enum Command {
     Batch(Vec<Command>),
 }
 
+/// How many commands one [`Command::Batch`] made by [`Command::batched`] holds at most: a
+/// Raft entry of a few hundred KiB for a definitions import.
+pub const BATCH_MAX: usize = 1000;
+
 impl Command {
+    /// `commands` in order as few commands as can carry them: [`BATCH_MAX`] at a time in a
+    /// [`Command::Batch`] (one log entry and one definitions write each), a lone command as
+    /// itself.
+    pub fn batched(mut commands: Vec<Command>) -> Vec<Command> {
+        let mut out = Vec::new();
+        while !commands.is_empty() {
+            let rest = commands.split_off(commands.len().min(BATCH_MAX));
+            let mut batch = std::mem::replace(&mut commands, rest);
+            out.push(if batch.len() == 1 {
+                batch.remove(0)
+            } else {
+                Command::Batch(batch)
+            });
+        }
+        out
+    }
+
     /// The commands this one applies: a batch's, in order, or itself.
     pub fn parts(&self) -> &[Command] {
         match self {

@@ -421,7 +421,7 @@ pub fn handle(ctx: &Context<'_>, req: &Request, now: Instant) -> Response {
     match plan(ctx, req) {
         Handled::Reply(r) => r,
         Handled::Commit { commands, ok } => {
-            for c in &commands {
+            for c in &Command::batched(commands) {
                 if let Err(e) = ctx.broker.apply(c, now) {
                     return Response::bad_request(e.to_string());
                 }

@@ -25,6 +25,7 @@ use super::conn_task::MetaCommit;
 use crate::admin::{self, Auth, FrameError, Handled, NodeInfo, Request, Response};
 use crate::broker::remote::{QueueCall, QueueReply};
 use crate::broker::Broker;
+use crate::meta::Command;
 
 /// How long the first frame (authentication) may take to arrive.
 const AUTH_DEADLINE: Duration = Duration::from_secs(10);
@@ -196,26 +197,17 @@ async fn answer(ctx: &AdminContext, auth: &Auth, request: &Request) -> Response 
     }
 }
 
-/// How many of an import's commands go in one [`crate::meta::Command::Batch`]: one log entry and one
-/// definitions write each, and a Raft entry of a few hundred KiB at most.
-const IMPORT_BATCH: usize = 1000;
-
-/// Plans a definitions file and commits its commands in order, [`IMPORT_BATCH`] at a time;
-/// a refusal stops it (the batch it is in applies none of its commands, the batches
-/// before it stay, as RabbitMQ's import keeps what it did before an error).
+/// Plans a definitions file and commits its commands in order, in batches
+/// ([`Command::batched`]); a refusal stops it (the batch it is in applies none of its
+/// commands, the batches before it stay, as RabbitMQ's import keeps what it did before an
+/// error).
 pub(crate) async fn import_definitions(ctx: &AdminContext, json: &[u8]) -> Response {
-    let mut commands = match crate::mgmt::definitions::plan_json(&ctx.broker, &ctx.node, json) {
+    let commands = match crate::mgmt::definitions::plan_json(&ctx.broker, &ctx.node, json) {
         Ok(c) => c,
         Err(e) => return Response::refused(e),
     };
     let n = commands.len();
-    while !commands.is_empty() {
-        let rest = commands.split_off(commands.len().min(IMPORT_BATCH));
-        let batch = std::mem::replace(&mut commands, rest);
-        let command = match <[crate::meta::Command; 1]>::try_from(batch) {
-            Ok([one]) => one,
-            Err(batch) => crate::meta::Command::Batch(batch),
-        };
+    for command in Command::batched(commands) {
         if let Err(e) = ctx.meta.commit(command, ctx.clock.now()).await {
             return Response::refused(e.to_string());
         }

@@ -20,6 +20,7 @@ use super::conn_task::MetaCommit;
 use crate::admin::NodeInfo;
 use crate::broker::remote::{NodeCall, NodeReply};
 use crate::broker::Broker;
+use crate::meta::Command;
 use crate::mgmt::{
     self, Context, Handled, Method, NodeSessions, RemoteCountsByVhost, Request, Response,
 };
@@ -127,7 +128,9 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
     match planned {
         Handled::Reply(r) => r,
         Handled::Commit { commands, ok } => {
-            for c in commands {
+            // A definitions import's many commands go in batches: one log entry and one
+            // definitions write per batch.
+            for c in Command::batched(commands) {
                 if let Err(e) = ctx.meta.commit(c, ctx.clock.now()).await {
                     return Response::bad_request(e.to_string());
                 }

@@ -543,6 +543,16 @@ impl Connection {
                     return Err(channel_error("expected 'channel.open'"));
                 }
                 chm::AMQPMethod::Close(_) => {
+                    // A close that crossed ours (the channel is closing, torn down already):
+                    // as RabbitMQ, answer close-ok and keep waiting for the close-ok to ours,
+                    // which must not then find the channel gone (504).
+                    if self.channels.get(&ch).is_some_and(|c| c.is_closing()) {
+                        self.send_method(
+                            ch,
+                            AMQPClass::Channel(chm::AMQPMethod::CloseOk(chm::CloseOk {})),
+                        );
+                        return Ok(());
+                    }
                     let Some(mut c) = self.channels.remove(&ch) else {
                         return Err(channel_error(format!("channel {ch} is not open")));
                     };

@@ -1,6 +1,6 @@
 //! Vhost and user limits driven through the sans-IO session: raw frames in, the close
 //! frames out, several sessions sharing one broker. Texts are RabbitMQ 3.10's
-//! (`rabbit_reader`, `rabbit_channel`).
+//! (`rabbit_reader`, `rabbit_channel`). close_tests uses the helpers too.
 
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ fn now() -> Instant {
     Instant::from_millis(0)
 }
 
-fn broker() -> Arc<Broker> {
+pub(super) fn broker() -> Arc<Broker> {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
     let b = Arc::new(Broker::new(&config, 7, 1 << 30, 0));
     b.apply(
@@ -46,13 +46,13 @@ fn limit(b: &Broker, scope: LimitScope, name: &str, value: i64) {
     b.apply(&c, now()).expect("limit");
 }
 
-fn method(ch: u16, m: AMQPClass) -> Vec<u8> {
+pub(super) fn method(ch: u16, m: AMQPClass) -> Vec<u8> {
     let mut out = Vec::new();
     frame::encode_method(&mut out, ch, &m);
     out
 }
 
-fn channel_open(ch: u16) -> Vec<u8> {
+pub(super) fn channel_open(ch: u16) -> Vec<u8> {
     method(
         ch,
         AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
@@ -75,7 +75,12 @@ fn declare(ch: u16, name: &str) -> Vec<u8> {
 }
 
 /// A session of `user` (password `guest` or `pw`) through connection.open of `vhost`.
-fn open(b: &Arc<Broker>, user: &str, password: &str, vhost: &str) -> (Connection, Vec<AMQPClass>) {
+pub(super) fn open(
+    b: &Arc<Broker>,
+    user: &str,
+    password: &str,
+    vhost: &str,
+) -> (Connection, Vec<AMQPClass>) {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
     let mut s = Connection::new(
         b.clone(),
@@ -116,7 +121,7 @@ fn open(b: &Arc<Broker>, user: &str, password: &str, vhost: &str) -> (Connection
 }
 
 /// Feeds `bytes`, commits what they emit as a single node does, returns the methods written.
-fn send(b: &Broker, s: &mut Connection, bytes: &[u8]) -> Vec<AMQPClass> {
+pub(super) fn send(b: &Broker, s: &mut Connection, bytes: &[u8]) -> Vec<AMQPClass> {
     s.handle_bytes(bytes, now());
     while let Some((token, command)) = s.poll_meta() {
         let result = b.apply(&command, now());
@@ -134,7 +139,7 @@ fn send(b: &Broker, s: &mut Connection, bytes: &[u8]) -> Vec<AMQPClass> {
     out
 }
 
-fn connection_close(out: &[AMQPClass]) -> Option<(u16, String)> {
+pub(super) fn connection_close(out: &[AMQPClass]) -> Option<(u16, String)> {
     out.iter().find_map(|m| match m {
         AMQPClass::Connection(connection::AMQPMethod::Close(c)) => {
             Some((c.reply_code, c.reply_text.to_string()))
@@ -143,7 +148,7 @@ fn connection_close(out: &[AMQPClass]) -> Option<(u16, String)> {
     })
 }
 
-fn channel_close(out: &[AMQPClass]) -> Option<(u16, String)> {
+pub(super) fn channel_close(out: &[AMQPClass]) -> Option<(u16, String)> {
     out.iter().find_map(|m| match m {
         AMQPClass::Channel(channel::AMQPMethod::Close(c)) => {
             Some((c.reply_code, c.reply_text.to_string()))

@@ -18,6 +18,8 @@ pub mod permissions;
 pub use connection::{Connection, PeerInfo, SessionConfig};
 
 #[cfg(test)]
+mod close_tests;
+#[cfg(test)]
 mod limits_tests;
 pub use external::{PeerCert, TlsPeer};
 pub use meta::{MetaResult, MetaToken};

@@ -486,20 +486,29 @@ fn mirror_state(broker: &Broker) -> crate::meta::MetaState {
     state
 }
 
-/// A mirror node's broker and storage over `disk` (node 1: the queue's mirror, or with
-/// `promoted` its master), and the queue's incarnation.
-fn open_mirror(disk: &MemDisk, promoted: bool) -> (Broker, Arc<Storage<MemDisk>>, u64) {
-    let d = Arc::new(Durability::default());
-    let (mb, incarnation) = mirror_broker(&d, promoted);
-    let (storage, _) = Storage::open_with(
+/// Storage over `disk` for `broker`, with the default config.
+fn open_for(
+    disk: &MemDisk,
+    broker: &Broker,
+    d: Arc<Durability>,
+) -> (Arc<Storage<MemDisk>>, RecoverySummary) {
+    Storage::open_with(
         disk.clone(),
-        &mb,
+        broker,
         d,
         &data(),
         &StorageConfig::default(),
         Instant::default(),
     )
-    .expect("open the mirror's storage");
+    .expect("open storage")
+}
+
+/// A mirror node's broker and storage over `disk` (node 1: the queue's mirror, or with
+/// `promoted` its master), and the queue's incarnation.
+fn open_mirror(disk: &MemDisk, promoted: bool) -> (Broker, Arc<Storage<MemDisk>>, u64) {
+    let d = Arc::new(Durability::default());
+    let (mb, incarnation) = mirror_broker(&d, promoted);
+    let (storage, _) = open_for(disk, &mb, d);
     (mb, storage, incarnation)
 }
 
@@ -533,15 +542,7 @@ fn a_copy_promoted_while_its_node_was_starting_is_recovered_as_the_queue() {
         assert!(s.step());
         let d = Arc::new(Durability::default());
         let (mirror_b, incarnation) = mirror_broker(&d, false);
-        let (mirror, _) = Storage::open_with(
-            mirror_disk.clone(),
-            &mirror_b,
-            d,
-            &data(),
-            &StorageConfig::default(),
-            Instant::default(),
-        )
-        .expect("open");
+        let (mirror, _) = open_for(&mirror_disk, &mirror_b, d);
         let copy_of = if stale { incarnation + 1 } else { incarnation };
         mirror
             .start_copy("/", "q", copy_of, next_generation())
@@ -555,15 +556,7 @@ fn a_copy_promoted_while_its_node_was_starting_is_recovered_as_the_queue() {
         mirror_disk.crash();
         let d = Arc::new(Durability::default());
         let (promoted, _) = mirror_broker(&d, true);
-        let (storage, summary) = Storage::open_with(
-            mirror_disk.clone(),
-            &promoted,
-            d,
-            &data(),
-            &StorageConfig::default(),
-            Instant::default(),
-        )
-        .expect("reopen");
+        let (storage, summary) = open_for(&mirror_disk, &promoted, d);
         if stale {
             assert!(
                 promoted.queue("/", "q").is_none(),
@@ -700,15 +693,7 @@ fn a_copy_recovered_as_its_nodes_queue_after_a_clean_stop_flags_its_messages() {
     let reopen = || {
         let d = Arc::new(Durability::default());
         let broker = restarted_master_broker(&d);
-        let (storage, summary) = Storage::open_with(
-            disk.clone(),
-            &broker,
-            d,
-            &data(),
-            &StorageConfig::default(),
-            Instant::default(),
-        )
-        .expect("reopen");
+        let (storage, summary) = open_for(&disk, &broker, d);
         broker.set_pager(storage.clone());
         (broker, storage, summary)
     };

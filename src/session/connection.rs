@@ -130,6 +130,41 @@ enum State {
 
 /// Time allowed for the peer's close-ok after we close.
 const CLOSE_TIMEOUT_MS: u64 = 3_000;
+
+/// RabbitMQ's name for the connection's state, in "unexpected method" errors.
+fn state_name(state: State, blocked: bool) -> &'static str {
+    match state {
+        State::AwaitHeader | State::AwaitStartOk => "starting",
+        State::AwaitTuneOk => "tuning",
+        State::AwaitOpen => "opening",
+        State::Open if blocked => "blocked",
+        State::Open => "running",
+        State::Closing => "closing",
+        State::ClosedByPeer | State::Finished => "closed",
+    }
+}
+
+/// RabbitMQ's text for a frame it did not expect: the type and the payload's first 16
+/// octets (all of them when there are no more).
+fn unexpected_frame_text(kind: FrameKind, payload: &[u8]) -> String {
+    let kind = match kind {
+        FrameKind::Method => 1,
+        FrameKind::Header => 2,
+        FrameKind::Body => 3,
+        FrameKind::Heartbeat => 8,
+    };
+    if payload.len() <= 16 {
+        format!(
+            "type {kind}, all octets = {}",
+            frame::erlang_binary(payload)
+        )
+    } else {
+        format!(
+            "type {kind}, first 16 octets = {}",
+            frame::erlang_binary(&payload[..16])
+        )
+    }
+}
 /// Outbound bytes above which deliveries wait in the outbox.
 const OUT_HIGH_BYTES: usize = 1 << 20;
 
@@ -346,14 +381,21 @@ impl Connection {
             }
             return;
         }
+        if self.state != State::Open
+            && f.kind != FrameKind::Heartbeat
+            && (f.kind != FrameKind::Method || f.channel != 0)
+        {
+            // Before open-ok only channel 0's methods mean anything (RabbitMQ's reader
+            // calls anything else an unexpected frame, whatever the channel).
+            let e = unexpected_frame(unexpected_frame_text(f.kind, f.payload));
+            self.close_connection(e, now);
+            return;
+        }
         let result = match f.kind {
             FrameKind::Heartbeat => {
                 if f.channel != 0 {
                     // RabbitMQ's text for it, as odd as it is.
-                    Err(unexpected_frame(format!(
-                        "type 8, all octets = {}",
-                        frame::erlang_binary(f.payload)
-                    )))
+                    Err(unexpected_frame(unexpected_frame_text(f.kind, f.payload)))
                 } else {
                     Ok(())
                 }
@@ -368,7 +410,7 @@ impl Connection {
 
     /// Routes an error to the right scope.
     pub(crate) fn fail(&mut self, channel: u16, e: AmqpError, now: Instant) {
-        if e.is_hard() || channel == 0 {
+        if e.is_hard() || channel == 0 || self.state != State::Open {
             self.close_connection(e, now);
         } else {
             self.close_channel_with_error(channel, e, now);
@@ -404,9 +446,6 @@ impl Connection {
                 )));
             };
             return self.handle_connection_method(m, now).map_err(at);
-        }
-        if self.state != State::Open {
-            return Err(at(channel_error("channel used before connection.open")));
         }
         if matches!(method, AMQPClass::Connection(_)) {
             return Err(at(command_invalid(
@@ -445,7 +484,7 @@ impl Connection {
                 tracing::info!(conn = self.id, peer = %self.peer.addr, user = %self.user, vhost = %self.vhost, "connection opened");
                 Ok(())
             }
-            (_, conn::AMQPMethod::Close(c)) => {
+            (State::Open, conn::AMQPMethod::Close(c)) => {
                 tracing::debug!(conn = self.id, code = c.reply_code, text = %c.reply_text, "client closed connection");
                 if self.meta.any_parked() {
                     // Parked channels first finish what the client sent before the close.
@@ -455,15 +494,6 @@ impl Connection {
                 }
                 self.finish_peer_close(now);
                 Ok(())
-            }
-            (_, conn::AMQPMethod::CloseOk(_)) => {
-                // A close-ok we did not ask for: RabbitMQ treats it as the end.
-                self.teardown(now);
-                self.state = State::Finished;
-                Ok(())
-            }
-            (State::Open, conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_)) => {
-                Err(command_invalid("connection.blocked is sent by the server"))
             }
             (State::Open, conn::AMQPMethod::UpdateSecret(_)) => {
                 // Passwords are static; accept the refresh as RabbitMQ does for internal users.
@@ -475,9 +505,11 @@ impl Connection {
                 );
                 Ok(())
             }
-            (_, m) => Err(command_invalid(format!(
-                "unexpected method connection.{} in this state",
-                handshake::connection_method_name(&m)
+            // A close-ok nobody asked for, methods only a server sends, the handshake's
+            // methods again or out of order: RabbitMQ's one answer.
+            (state, _) => Err(channel_error(format!(
+                "unexpected method in connection state {}",
+                state_name(state, self.blocked)
             ))),
         }
     }
@@ -631,6 +663,23 @@ impl Connection {
             tracing::info!(conn = self.id, code = e.code.code(), text = %e.text, "closing connection on error");
         }
         self.teardown(now);
+        let mut e = e;
+        match self.state {
+            // A refused login: connection.close only for a client that asked for one (the
+            // `authentication_failure_close` capability), naming no method, as RabbitMQ.
+            State::AwaitStartOk
+                if e.code == ReplyCode::AccessRefused && self.caps.authentication_failure_close =>
+            {
+                (e.class_id, e.method_id) = (0, 0);
+            }
+            // Before tune-ok RabbitMQ trusts nothing the client sent and closes the socket
+            // without a method, whatever the error (RabbitMQ also waits 3 s first).
+            State::AwaitHeader | State::AwaitStartOk | State::AwaitTuneOk => {
+                self.state = State::Finished;
+                return;
+            }
+            _ => {}
+        }
         self.send_method(
             0,
             AMQPClass::Connection(conn::AMQPMethod::Close(conn::Close {

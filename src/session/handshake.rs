@@ -21,12 +21,21 @@ pub struct ClientCapabilities {
     pub consumer_cancel_notify: bool,
     /// Understands connection.blocked / unblocked.
     pub connection_blocked: bool,
+    /// Wants connection.close (403) on a refused login rather than a closed socket.
+    pub authentication_failure_close: bool,
 }
 
-/// `None`: need more bytes; `Some(Ok)`: a 0-9-1 header; `Some(Err)`: anything else.
+/// AMQP 0-9's header, which RabbitMQ answers as 0-9-1 (the two differ in nothing a
+/// 0-9 client relies on).
+const PROTOCOL_HEADER_0_9: &[u8; 8] = b"AMQP\x01\x01\x00\x09";
+
+/// `None`: need more bytes; `Some(Ok)`: a 0-9-1 or 0-9 header (both 8 bytes); `Some(Err)`:
+/// anything else, 0-8 included (RabbitMQ speaks 0-8 too; Warren answers with the header it
+/// speaks and closes, as the spec asks).
 pub fn check_protocol_header(data: &[u8]) -> Option<Result<(), ()>> {
     let n = data.len().min(PROTOCOL_HEADER.len());
-    if data[..n] != PROTOCOL_HEADER[..n] {
+    let known = [PROTOCOL_HEADER, PROTOCOL_HEADER_0_9];
+    if !known.iter().any(|h| data[..n] == h[..n]) {
         return Some(Err(()));
     }
     if n < PROTOCOL_HEADER.len() {
@@ -132,6 +141,7 @@ pub fn handle_start_ok(
         let flag = |k: &str| matches!(caps.inner().get(k), Some(AMQPValue::Boolean(true)));
         c.caps.consumer_cancel_notify = flag("consumer_cancel_notify");
         c.caps.connection_blocked = flag("connection.blocked");
+        c.caps.authentication_failure_close = flag("authentication_failure_close");
     }
     let mechanism = s.mechanism.as_str().to_string();
     let refused = || {
@@ -183,9 +193,9 @@ pub fn handle_start_ok(
         return Err(refused());
     }
     if c.cfg.loopback_users.iter().any(|u| u == &user) && !c.peer().is_loopback {
-        return Err(access_refused(format!(
-            "user '{user}' can only connect via localhost"
-        )));
+        // RabbitMQ refuses it as a failed login, with the same words to the client.
+        tracing::warn!(conn = c.id, user = %user, source = %source, "login refused: user '{user}' can only connect via localhost");
+        return Err(refused());
     }
     c.user = user;
     c.auth_mechanism = mechanism;
@@ -201,37 +211,33 @@ pub fn handle_start_ok(
     Ok(())
 }
 
-/// RabbitMQ's tune-ok rules: 0 means "no limit" and takes the server's value; a client may
-/// ask for less but not more than the server offered.
+/// RabbitMQ's tune-ok rules: a client may ask for less than the server offered but not
+/// more, and not below the minimum (4096 octets, 1 channel). 0 means "no limit", which a
+/// server with a limit refuses. A refusal closes the socket (see `Connection`).
 pub fn negotiate_tune(cfg: &SessionConfig, t: &conn::TuneOk) -> Result<(u16, u32, u16), AmqpError> {
-    let channel_max = if t.channel_max == 0 {
-        cfg.channel_max
-    } else {
-        t.channel_max
-    };
-    if cfg.channel_max != 0 && channel_max > cfg.channel_max {
+    negotiated("frame_max", FRAME_MIN_SIZE, cfg.frame_max, t.frame_max)?;
+    negotiated(
+        "channel_max",
+        1,
+        cfg.channel_max as u32,
+        t.channel_max as u32,
+    )?;
+    Ok((t.channel_max, t.frame_max, t.heartbeat))
+}
+
+/// RabbitMQ's `validate_negotiated_integer_value`, with its words.
+fn negotiated(field: &str, min: u32, server: u32, client: u32) -> Result<(), AmqpError> {
+    if client != 0 && client < min {
         return Err(not_allowed(format!(
-            "negotiated channel_max = {channel_max} is higher than the maximum allowed value ({})",
-            cfg.channel_max
+            "negotiated {field} = {client} is lower than the minimum allowed value ({min})"
         )));
     }
-    let frame_max = if t.frame_max == 0 {
-        cfg.frame_max
-    } else {
-        t.frame_max
-    };
-    if cfg.frame_max != 0 && frame_max > cfg.frame_max {
+    if server != 0 && (client == 0 || client > server) {
         return Err(not_allowed(format!(
-            "frame_max={frame_max} > {} max size",
-            cfg.frame_max
+            "negotiated {field} = {client} is higher than the maximum allowed value ({server})"
         )));
     }
-    if frame_max != 0 && frame_max < FRAME_MIN_SIZE {
-        return Err(not_allowed(format!(
-            "frame_max={frame_max} < {FRAME_MIN_SIZE} min size"
-        )));
-    }
-    Ok((channel_max, frame_max, t.heartbeat))
+    Ok(())
 }
 
 /// connection.open: the vhost must exist, its and the user's `max-connections` must leave

@@ -18,7 +18,7 @@ use crate::time::Instant;
 
 const FRAME_MAX: u32 = 131_072;
 
-fn now() -> Instant {
+pub(super) fn now() -> Instant {
     Instant::from_millis(0)
 }
 
@@ -81,22 +81,7 @@ pub(super) fn open(
     password: &str,
     vhost: &str,
 ) -> (Connection, Vec<AMQPClass>) {
-    let config = Config::for_tests(std::path::Path::new("/nonexistent"));
-    let mut s = Connection::new(
-        b.clone(),
-        SessionConfig::from_config(&config),
-        PeerInfo {
-            addr: "test".into(),
-            is_loopback: true,
-            host: "127.0.0.1".into(),
-            port: 40000,
-            local_host: "127.0.0.1".into(),
-            local_port: 5672,
-            tls: None,
-        },
-        Arc::new(Outbox::new(1 << 20, Box::new(|| {}))),
-        now(),
-    );
+    let mut s = session(b);
     let mut hello = PROTOCOL_HEADER.to_vec();
     for m in [
         connection::AMQPMethod::StartOk(connection::StartOk {
@@ -118,6 +103,26 @@ pub(super) fn open(
     }
     let out = send(b, &mut s, &hello);
     (s, out)
+}
+
+/// A session that has read nothing yet, from a loopback peer.
+pub(super) fn session(b: &Arc<Broker>) -> Connection {
+    let config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    Connection::new(
+        b.clone(),
+        SessionConfig::from_config(&config),
+        PeerInfo {
+            addr: "test".into(),
+            is_loopback: true,
+            host: "127.0.0.1".into(),
+            port: 40000,
+            local_host: "127.0.0.1".into(),
+            local_port: 5672,
+            tls: None,
+        },
+        Arc::new(Outbox::new(1 << 20, Box::new(|| {}))),
+        now(),
+    )
 }
 
 /// Feeds `bytes`, commits what they emit as a single node does, returns the methods written.

@@ -867,18 +867,34 @@ impl RawClient {
             .map_err(|_| ())
     }
 
+    /// Reads one frame, or the protocol header a server sends to refuse a client's header,
+    /// or `Err(())` if nothing starts within `d`. `Ok(None)` on EOF or reset.
+    pub async fn read_frame_or_header_for(
+        &mut self,
+        d: Duration,
+    ) -> Result<Option<Result<AMQPFrame, [u8; 8]>>, ()> {
+        tokio::time::timeout(d, self.read_item_inner())
+            .await
+            .map_err(|_| ())
+    }
+
     async fn read_frame_inner(&mut self) -> Option<AMQPFrame> {
+        match self.read_item_inner().await? {
+            Ok(frame) => Some(frame),
+            Err(header) => panic!("server sent a protocol header mid-connection: {header:?}"),
+        }
+    }
+
+    async fn read_item_inner(&mut self) -> Option<Result<AMQPFrame, [u8; 8]>> {
         let mut head = [0u8; 7];
         if self.stream.read_exact(&mut head).await.is_err() {
             return None;
         }
         if &head[..4] == b"AMQP" {
-            let mut rest = [0u8; 1];
-            self.stream.read_exact(&mut rest).await.ok()?;
-            panic!(
-                "server sent a protocol header mid-connection: {:?}",
-                [&head[..], &rest[..]].concat()
-            );
+            let mut header = [0u8; 8];
+            header[..7].copy_from_slice(&head);
+            self.stream.read_exact(&mut header[7..]).await.ok()?;
+            return Some(Err(header));
         }
         let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
         let mut rest = vec![0u8; size + 1];
@@ -888,7 +904,7 @@ impl RawClient {
         let mut full = head.to_vec();
         full.extend_from_slice(&rest);
         match parse_frame(&full[..]) {
-            Ok((_, frame)) => Some(frame),
+            Ok((_, frame)) => Some(Ok(frame)),
             Err(e) => panic!("cannot parse frame from server {full:?}: {e:?}"),
         }
     }

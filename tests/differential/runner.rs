@@ -53,6 +53,10 @@ pub enum Step {
     /// Raw bytes on the socket (what no client library sends), then reads until the
     /// broker answers something or closes.
     Raw { conn: usize, bytes: Vec<u8> },
+    /// As [`Step::Raw`], on a connection that has not shaken hands: a connection whose
+    /// first step is a `Hello` starts with nothing sent, so the scenario writes the
+    /// protocol header and the handshake's methods itself.
+    Hello { conn: usize, bytes: Vec<u8> },
 }
 
 struct Conn {
@@ -74,13 +78,21 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
             | Step::Cast { conn, .. }
             | Step::Publish { conn, .. }
             | Step::Await { conn, .. }
-            | Step::Raw { conn, .. } => *conn,
+            | Step::Raw { conn, .. }
+            | Step::Hello { conn, .. } => *conn,
         };
         if conns.len() <= k {
             conns.resize_with(k + 1, || None);
         }
         if conns[k].is_none() {
-            conns[k] = Some(open(addr).await);
+            conns[k] = Some(match step {
+                Step::Hello { .. } => Conn {
+                    client: RawClient::connect(addr).await,
+                    gone: false,
+                    closed: Vec::new(),
+                },
+                _ => open(addr).await,
+            });
         }
         let c = conns[k].as_mut().expect("opened above");
         if c.gone {
@@ -93,7 +105,7 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
             | Step::Cast { ch, .. }
             | Step::Publish { ch, .. }
             | Step::Await { ch, .. } => Some(*ch),
-            Step::Raw { .. } => None,
+            Step::Raw { .. } | Step::Hello { .. } => None,
         };
         if let Some(ch) = ch.filter(|ch| c.closed.contains(ch)) {
             c.closed.retain(|x| *x != ch);
@@ -146,7 +158,7 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
             Step::Await { ch, n, .. } => {
                 read(c, *ch, Until::Async(*n), &mut lines).await;
             }
-            Step::Raw { bytes, .. } => {
+            Step::Raw { bytes, .. } | Step::Hello { bytes, .. } => {
                 let _ = c.client.try_write_bytes(bytes).await;
                 read(c, 0, Until::Anything, &mut lines).await;
             }
@@ -240,7 +252,7 @@ async fn read(c: &mut Conn, ch: u16, until: Until, lines: &mut Vec<String>) {
                 return;
             }
         }
-        let frame = match c.client.read_frame_for(ANSWER).await {
+        let frame = match c.client.read_frame_or_header_for(ANSWER).await {
             Err(()) => {
                 lines.push("(no answer)".to_string());
                 return;
@@ -250,10 +262,20 @@ async fn read(c: &mut Conn, ch: u16, until: Until, lines: &mut Vec<String>) {
                 c.gone = true;
                 return;
             }
-            Ok(Some(f)) => f,
+            Ok(Some(Err(header))) => {
+                // A refused protocol header: the broker names the one it speaks, and
+                // whether it then closes is the next line.
+                lines.push(format!("(protocol header {header:?})"));
+                continue;
+            }
+            Ok(Some(Ok(f))) => f,
         };
         match frame {
             AMQPFrame::Heartbeat => continue,
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(start))) => {
+                lines.push(start_line(&start));
+                return;
+            }
             AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) => {
                 lines.push(normalize(&format!("0 connection.close {close:?}")));
                 let ok =
@@ -314,6 +336,29 @@ async fn read(c: &mut Conn, ch: u16, until: Until, lines: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// connection.start without what names the broker (product, version, platform, texts):
+/// the protocol version, mechanisms, locales, which properties there are and the
+/// capabilities with their values.
+fn start_line(start: &connection::Start) -> String {
+    let props = start.server_properties.inner();
+    let keys: Vec<String> = props.keys().map(|k| k.to_string()).collect();
+    let caps: Vec<String> = match props.get("capabilities") {
+        Some(amq_protocol::types::AMQPValue::FieldTable(t)) => t
+            .inner()
+            .iter()
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect(),
+        _ => Vec::new(),
+    };
+    format!(
+        "0 connection.start {}-{} mechanisms={:?} locales={:?} properties={keys:?} capabilities={caps:?}",
+        start.version_major,
+        start.version_minor,
+        String::from_utf8_lossy(start.mechanisms.as_bytes()),
+        String::from_utf8_lossy(start.locales.as_bytes()),
+    )
 }
 
 fn carries_content(m: &AMQPClass) -> bool {

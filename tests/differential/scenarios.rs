@@ -319,6 +319,7 @@ pub fn all() -> Vec<Scenario> {
     tx_and_confirms(&mut out);
     message_behaviour(&mut out);
     frames(&mut out);
+    handshakes(&mut out);
     out
 }
 
@@ -2087,5 +2088,313 @@ fn frames(out: &mut Vec<Scenario>) {
     });
     sc(out, "frame/protocol-header-mid-connection", |_| {
         vec![raw(b"AMQP\x00\x00\x09\x01".to_vec())]
+    });
+}
+
+fn hello(bytes: Vec<u8>) -> Step {
+    Step::Hello { conn: 0, bytes }
+}
+
+fn method0(m: connection::AMQPMethod) -> Vec<u8> {
+    super::common::encode(&AMQPFrame::Method(0, AMQPClass::Connection(m)))
+}
+
+/// start-ok with `mechanism` and `response`; `close_on_refusal` sets the client capability
+/// `authentication_failure_close`.
+fn start_ok(mechanism: &str, response: &[u8], close_on_refusal: bool) -> Vec<u8> {
+    let caps = table(vec![(
+        "authentication_failure_close",
+        AMQPValue::Boolean(close_on_refusal),
+    )]);
+    method0(connection::AMQPMethod::StartOk(connection::StartOk {
+        client_properties: table(vec![
+            ("product", s("warren-differential")),
+            ("capabilities", AMQPValue::FieldTable(caps)),
+        ]),
+        mechanism: mechanism.into(),
+        response: LongString::from(response.to_vec()),
+        locale: "en_US".into(),
+    }))
+}
+
+fn plain(user: &str, password: &str) -> Vec<u8> {
+    start_ok("PLAIN", format!("\0{user}\0{password}").as_bytes(), true)
+}
+
+fn tune_ok(channel_max: u16, frame_max: u32, heartbeat: u16) -> Vec<u8> {
+    method0(connection::AMQPMethod::TuneOk(connection::TuneOk {
+        channel_max,
+        frame_max,
+        heartbeat,
+    }))
+}
+
+fn open_vhost(vhost: &str) -> Vec<u8> {
+    method0(connection::AMQPMethod::Open(connection::Open {
+        virtual_host: vhost.into(),
+    }))
+}
+
+/// The server's defaults, as RabbitMQ's and Warren's tune propose them.
+const CHANNEL_MAX: u16 = 2047;
+const FRAME_MAX: u32 = 131_072;
+
+/// The connection handshake (what clients get wrong, or old and other protocols send):
+/// protocol headers, mechanisms and credentials, tune-ok values, methods out of order.
+/// RabbitMQ answers some with connection.close and closes others without a method.
+fn handshakes(out: &mut Vec<Scenario>) {
+    let header = || b"AMQP\x00\x00\x09\x01".to_vec();
+    let headers: Vec<(&str, &[u8])> = vec![
+        ("0-9-1", b"AMQP\x00\x00\x09\x01"),
+        ("0-9", b"AMQP\x01\x01\x00\x09"),
+        ("0-8", b"AMQP\x01\x01\x08\x00"),
+        ("0-8-as-published", b"AMQP\x01\x01\x09\x01"),
+        ("0-10", b"AMQP\x01\x01\x00\x0a"),
+        ("1-0", b"AMQP\x00\x01\x00\x00"),
+        ("1-0-sasl", b"AMQP\x03\x01\x00\x00"),
+        ("0-9-2", b"AMQP\x00\x00\x09\x02"),
+        ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+        ("lowercase", b"amqp\x00\x00\x09\x01"),
+    ];
+    for (name, bytes) in headers {
+        sc(out, format!("handshake/header-{name}"), |_| {
+            vec![hello(bytes.to_vec())]
+        });
+    }
+    sc(out, "handshake/method-before-header", |_| {
+        vec![hello(plain("guest", "guest"))]
+    });
+
+    // Complete handshakes, then a channel to show the connection works.
+    let works = || call(1, AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})));
+    sc(out, "handshake/plain", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open_vhost("/")].concat()),
+            works(),
+        ]
+    });
+    sc(out, "handshake/amqplain", |_| {
+        // AMQPLAIN's response is a field table without its length.
+        let t = table(vec![("LOGIN", s("guest")), ("PASSWORD", s("guest"))]);
+        let encoded = amq_protocol::types::generation::gen_field_table(&t)(
+            amq_protocol::frame::WriteContext::from(Vec::new()),
+        )
+        .expect("encode a table")
+        .write;
+        vec![
+            hello(header()),
+            hello(start_ok("AMQPLAIN", &encoded[4..], true)),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open_vhost("/")].concat()),
+            works(),
+        ]
+    });
+    // Tune-ok values: 0 means "no limit", which the server's own limit refuses.
+    let tunes: Vec<(&str, u16, u32, u16)> = vec![
+        ("as-proposed", CHANNEL_MAX, FRAME_MAX, 60),
+        ("smaller", 10, 8192, 5),
+        ("frame-max-minimum", CHANNEL_MAX, 4096, 0),
+        ("frame-max-below-minimum", CHANNEL_MAX, 4095, 0),
+        ("frame-max-above-server", CHANNEL_MAX, FRAME_MAX + 1, 0),
+        ("frame-max-zero", CHANNEL_MAX, 0, 0),
+        ("channel-max-above-server", CHANNEL_MAX + 1, FRAME_MAX, 0),
+        ("channel-max-zero", 0, FRAME_MAX, 0),
+        ("channel-max-one", 1, FRAME_MAX, 0),
+        ("heartbeat-largest", CHANNEL_MAX, FRAME_MAX, u16::MAX),
+    ];
+    for (name, channel_max, frame_max, heartbeat) in tunes {
+        sc(out, format!("handshake/tune-{name}"), |_| {
+            vec![
+                hello(header()),
+                hello(plain("guest", "guest")),
+                hello([tune_ok(channel_max, frame_max, heartbeat), open_vhost("/")].concat()),
+                works(),
+            ]
+        });
+    }
+    // Mechanisms and credentials.
+    let logins: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "unknown-mechanism",
+            start_ok("FOO", b"\0guest\0guest", true),
+        ),
+        (
+            "mechanism-lowercase",
+            start_ok("plain", b"\0guest\0guest", true),
+        ),
+        ("external-without-tls", start_ok("EXTERNAL", b"", true)),
+        ("wrong-password", plain("guest", "nope")),
+        ("unknown-user", plain("nobody", "guest")),
+        (
+            "wrong-password-no-close-capability",
+            start_ok("PLAIN", b"\0guest\0nope", false),
+        ),
+        ("plain-malformed", start_ok("PLAIN", b"guest", true)),
+        ("plain-empty", start_ok("PLAIN", b"", true)),
+        (
+            "amqplain-malformed",
+            start_ok("AMQPLAIN", b"\x05LOGIN", true),
+        ),
+    ];
+    for (name, bytes) in logins {
+        sc(out, format!("handshake/login-{name}"), |_| {
+            vec![hello(header()), hello(bytes)]
+        });
+    }
+    sc(out, "handshake/open-unknown-vhost", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open_vhost("nope")].concat()),
+        ]
+    });
+    // Methods out of order, and frames a handshake does not expect.
+    sc(out, "handshake/tune-ok-before-start-ok", |_| {
+        vec![hello(header()), hello(tune_ok(CHANNEL_MAX, FRAME_MAX, 0))]
+    });
+    sc(out, "handshake/open-before-start-ok", |_| {
+        vec![hello(header()), hello(open_vhost("/"))]
+    });
+    sc(out, "handshake/open-before-tune-ok", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello(open_vhost("/")),
+        ]
+    });
+    sc(out, "handshake/start-ok-twice", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello(plain("guest", "guest")),
+        ]
+    });
+    sc(out, "handshake/open-twice", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open_vhost("/")].concat()),
+            hello(open_vhost("/")),
+        ]
+    });
+    sc(out, "handshake/tune-ok-twice", |_| {
+        let tune = tune_ok(CHANNEL_MAX, FRAME_MAX, 0);
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune.clone(), tune].concat()),
+        ]
+    });
+    sc(out, "handshake/close-while-opening", |_| {
+        let close = method0(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        }));
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), close].concat()),
+        ]
+    });
+    // Handshake methods, and methods only a server sends, on an open connection.
+    let late: Vec<(&str, Vec<u8>)> = vec![
+        ("start-ok", plain("guest", "guest")),
+        ("tune-ok", tune_ok(CHANNEL_MAX, FRAME_MAX, 0)),
+        (
+            "blocked",
+            method0(connection::AMQPMethod::Blocked(connection::Blocked {
+                reason: "client".into(),
+            })),
+        ),
+        (
+            "unblocked",
+            method0(connection::AMQPMethod::Unblocked(connection::Unblocked {})),
+        ),
+        (
+            "close-ok-unasked",
+            method0(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+        ),
+    ];
+    for (name, bytes) in late {
+        sc(out, format!("handshake/{name}-when-open"), |_| {
+            vec![
+                hello(header()),
+                hello(plain("guest", "guest")),
+                hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open_vhost("/")].concat()),
+                hello(bytes),
+            ]
+        });
+    }
+    sc(out, "handshake/close-before-open", |_| {
+        let close = method0(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        }));
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello(close),
+        ]
+    });
+    sc(out, "handshake/channel-open-before-open", |_| {
+        let open = super::common::encode(&AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})),
+        ));
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello([tune_ok(CHANNEL_MAX, FRAME_MAX, 0), open].concat()),
+        ]
+    });
+    sc(out, "handshake/channel-open-before-start-ok", |_| {
+        let open = super::common::encode(&AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})),
+        ));
+        vec![hello(header()), hello(open)]
+    });
+    sc(out, "handshake/heartbeat-before-start-ok", |_| {
+        vec![
+            hello(header()),
+            hello([raw_frame(8, 0, b"", 0xCE), plain("guest", "guest")].concat()),
+        ]
+    });
+    sc(out, "handshake/update-secret-before-open", |_| {
+        let update = method0(connection::AMQPMethod::UpdateSecret(
+            connection::UpdateSecret {
+                new_secret: LongString::from(b"guest".to_vec()),
+                reason: "rotation".into(),
+            },
+        ));
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello(update),
+        ]
+    });
+    sc(out, "handshake/bad-end-octet-before-start-ok", |_| {
+        let ok = plain("guest", "guest");
+        let mut bad = ok.clone();
+        *bad.last_mut().expect("a frame") = 0;
+        vec![hello(header()), hello(bad)]
+    });
+    sc(out, "handshake/body-frame-before-open", |_| {
+        vec![
+            hello(header()),
+            hello(plain("guest", "guest")),
+            hello(
+                [
+                    tune_ok(CHANNEL_MAX, FRAME_MAX, 0),
+                    raw_frame(3, 1, b"x", 0xCE),
+                ]
+                .concat(),
+            ),
+        ]
     });
 }

@@ -8,8 +8,8 @@ fails (a node that does not start, an import refused, a listing with the wrong c
 Starts a release `warren` (single node, storage on, a fresh folder under /tmp) with its
 management listener on a free loopback port, imports N durable queues in one
 `POST /api/definitions`, then times (wall clock of the whole HTTP exchange, body read)
-`GET /api/queues`, `GET /api/queues/%2F`, a page of 100 sorted by name, and a `columns`
-projection, RUNS times each; prints min / median / p90 / max in ms and the body size.
+`GET /api/queues`, `GET /api/queues/%2F`, a page of 100 sorted by name, a `columns`
+projection and one queue's page, RUNS times each; prints min / median / p90 / max in ms and the body size.
 """
 import argparse
 import base64
@@ -90,6 +90,7 @@ def main():
             ("GET /api/queues/%2F", "/api/queues/%2F", a.queues),
             ("GET page 1 of 100, sorted", "/api/queues?page=1&page_size=100&sort=name", None),
             ("GET columns=name,messages", "/api/queues?columns=name,messages", a.queues),
+            ("GET one queue", f"/api/queues/%2F/q{a.queues // 2:05}", None),
         ]
         print(f"{'request':32} {'min':>7} {'median':>7} {'p90':>7} {'max':>7}   body")
         for name, path, count in cases:
@@ -102,6 +103,10 @@ def main():
                 size = len(body)
                 got = json.loads(body)
                 n = len(got) if isinstance(got, list) else got.get("total_count")
+                one = path.rsplit("/", 1)[-1]
+                if isinstance(got, dict) and "name" in got and got["name"] != one:
+                    print(f"FAIL: {name}: answered for {got['name']}", file=sys.stderr)
+                    failed = True
                 if status != 200 or (count is not None and n != count):
                     print(f"FAIL: {name}: HTTP {status}, {n} items", file=sys.stderr)
                     failed = True

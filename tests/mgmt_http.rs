@@ -553,6 +553,17 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     assert_eq!(s, 200);
     assert_eq!(q["node"], "warren1@test");
     assert_eq!(q["messages"], 3);
+    // And so does its listing of the vhost (counts fetched for that vhost alone).
+    let (s, list) = api(3).call("GET", "/api/queues/%2F", None).await;
+    assert_eq!(s, 200);
+    let on1: Vec<&Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| q["name"] == "on1")
+        .collect();
+    assert_eq!(on1.len(), 1, "{list}");
+    assert_eq!(on1[0]["messages"], 3, "{list}");
     // Published through node 3's API, fetched through node 2's: both relayed to node 1.
     let (s, r) = api(3)
         .call(

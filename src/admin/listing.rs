@@ -283,6 +283,95 @@ fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// One queue's row of `list_queues` (`vhost` is the queue's vhost in `meta`).
+fn queue_row(
+    broker: &Broker,
+    node: &NodeInfo,
+    meta: &crate::meta::MetaState,
+    v: &crate::meta::state::Vhost,
+    q: &crate::meta::state::QueueDef,
+    remote_counts: &RemoteCounts,
+) -> BTreeMap<&'static str, String> {
+    let vhost = v.name.as_str();
+    let (ready, unacked, consumers, paged) = match broker.queue(vhost, &q.name) {
+        Some(h) => {
+            let g = h.lock();
+            (
+                g.message_count(),
+                g.unacked_count(),
+                g.consumer_count(),
+                g.paged_count() + g.beta_count(),
+            )
+        }
+        // Another node's queue: the counts its node gave the caller, if any.
+        None => match remote_counts.get(&q.name) {
+            Some(&(ready, unacked, consumers)) => (ready, unacked, consumers, 0),
+            None => (0, 0, 0, 0),
+        },
+    };
+    let total = ready as u64 + unacked as u64;
+    let home = meta
+        .nodes
+        .get(&q.home)
+        .map_or_else(|| node.name.clone(), |n| n.name.clone());
+    let eff = v.effective_policy(&q.name, true);
+    let m = mirrors::columns(meta, vhost, &q.name);
+    BTreeMap::from([
+        ("name", q.name.clone()),
+        ("messages", total.to_string()),
+        ("messages_ready", ready.to_string()),
+        ("messages_unacknowledged", unacked.to_string()),
+        ("messages_ram", total.saturating_sub(paged).to_string()),
+        ("messages_paged_out", paged.to_string()),
+        ("consumers", consumers.to_string()),
+        // The node the queue runs on (RabbitMQ prints the queue process's pid,
+        // whose node part this is).
+        ("pid", home.clone()),
+        ("node", home),
+        // RabbitMQ 3.x names, and the aliases it introduced for them.
+        ("slave_pids", m.slave_pids.clone()),
+        ("mirror_pids", m.slave_pids),
+        ("synchronised_slave_pids", m.synchronised_slave_pids.clone()),
+        ("synchronised_mirror_pids", m.synchronised_slave_pids),
+        ("mirror_epoch", m.mirror_epoch),
+        ("mirrors", m.mirrors),
+        ("policy", eff.policy.clone().unwrap_or_default()),
+        (
+            "operator_policy",
+            eff.operator_policy.clone().unwrap_or_default(),
+        ),
+        (
+            "effective_policy_definition",
+            json::write_definition(&eff.definition),
+        ),
+        ("durable", q.durable.to_string()),
+        ("auto_delete", q.auto_delete.to_string()),
+        ("exclusive", q.exclusive_owner.is_some().to_string()),
+        ("arguments", format_table(&q.arguments)),
+    ])
+}
+
+/// `list_queues` of one queue: the same row as in the listing, built for that queue alone
+/// (a single-queue page of the management API). Refused for an unknown vhost or queue.
+pub fn list_one_queue(
+    broker: &Broker,
+    node: &NodeInfo,
+    vhost: &str,
+    name: &str,
+    columns: &[String],
+    remote_counts: &RemoteCounts,
+) -> Response {
+    let meta = broker.snapshot();
+    let Some(v) = meta.vhost(vhost) else {
+        return Response::refused(format!("no vhost '{vhost}'"));
+    };
+    let Some(q) = v.queues.get(name) else {
+        return Response::refused(format!("no queue '{name}' in vhost '{vhost}'"));
+    };
+    let row = queue_row(broker, node, &meta, v, q, remote_counts);
+    select(QUEUE_COLUMNS, &["name", "messages"], columns, vec![row])
+}
+
 /// Answers a listing request (the planner sends only those here).
 pub(super) fn answer(
     broker: &Broker,
@@ -299,64 +388,7 @@ pub(super) fn answer(
             let rows = v
                 .queues
                 .values()
-                .map(|q| {
-                    let (ready, unacked, consumers, paged) = match broker.queue(vhost, &q.name) {
-                        Some(h) => {
-                            let g = h.lock();
-                            (
-                                g.message_count(),
-                                g.unacked_count(),
-                                g.consumer_count(),
-                                g.paged_count() + g.beta_count(),
-                            )
-                        }
-                        // Another node's queue: the counts its node gave the caller, if any.
-                        None => match remote_counts.get(&q.name) {
-                            Some(&(ready, unacked, consumers)) => (ready, unacked, consumers, 0),
-                            None => (0, 0, 0, 0),
-                        },
-                    };
-                    let total = ready as u64 + unacked as u64;
-                    let home = meta
-                        .nodes
-                        .get(&q.home)
-                        .map_or_else(|| node.name.clone(), |n| n.name.clone());
-                    let eff = v.effective_policy(&q.name, true);
-                    let m = mirrors::columns(&meta, vhost, &q.name);
-                    BTreeMap::from([
-                        ("name", q.name.clone()),
-                        ("messages", total.to_string()),
-                        ("messages_ready", ready.to_string()),
-                        ("messages_unacknowledged", unacked.to_string()),
-                        ("messages_ram", total.saturating_sub(paged).to_string()),
-                        ("messages_paged_out", paged.to_string()),
-                        ("consumers", consumers.to_string()),
-                        // The node the queue runs on (RabbitMQ prints the queue process's pid,
-                        // whose node part this is).
-                        ("pid", home.clone()),
-                        ("node", home),
-                        // RabbitMQ 3.x names, and the aliases it introduced for them.
-                        ("slave_pids", m.slave_pids.clone()),
-                        ("mirror_pids", m.slave_pids),
-                        ("synchronised_slave_pids", m.synchronised_slave_pids.clone()),
-                        ("synchronised_mirror_pids", m.synchronised_slave_pids),
-                        ("mirror_epoch", m.mirror_epoch),
-                        ("mirrors", m.mirrors),
-                        ("policy", eff.policy.clone().unwrap_or_default()),
-                        (
-                            "operator_policy",
-                            eff.operator_policy.clone().unwrap_or_default(),
-                        ),
-                        (
-                            "effective_policy_definition",
-                            json::write_definition(&eff.definition),
-                        ),
-                        ("durable", q.durable.to_string()),
-                        ("auto_delete", q.auto_delete.to_string()),
-                        ("exclusive", q.exclusive_owner.is_some().to_string()),
-                        ("arguments", format_table(&q.arguments)),
-                    ])
-                })
+                .map(|q| queue_row(broker, node, &meta, v, q, remote_counts))
                 .collect();
             select(QUEUE_COLUMNS, &["name", "messages"], columns, rows)
         }

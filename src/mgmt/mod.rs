@@ -360,15 +360,28 @@ fn parse_basic(header: &str) -> Option<(String, String)> {
     Some((user.to_string(), password.to_string()))
 }
 
-/// Whether a GET of `path` shows queue counts (queues, the overview, vhosts), so the
-/// driver fetches other nodes' counts first ([`Context::remote_counts`]).
-pub fn counts_queues(path: &str) -> bool {
-    let p = path.trim_end_matches('/');
-    p.starts_with("/api/queues")
-        || p == "/api/overview"
-        || p == "/api/vhosts"
-        || p.strip_prefix("/api/vhosts/")
-            .is_some_and(|v| !v.contains('/'))
+/// Whose queue counts a GET shows, so the driver fetches those of other nodes' queues
+/// first ([`Context::remote_counts`]), and only those.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CountsScope {
+    /// Every vhost's queues (the queue listing, the overview, the vhost listing).
+    All,
+    /// One vhost's queues (its queue listing, its vhost page).
+    Vhost(String),
+    /// One queue (its page): vhost, name.
+    Queue(String, String),
+}
+
+/// The queue counts a GET of `path` shows, if any.
+pub fn counts_scope(path: &str) -> Option<CountsScope> {
+    let rest = path.trim_end_matches('/').strip_prefix("/api/")?;
+    let segments: Vec<String> = rest.split('/').map(decode).collect();
+    match segments.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["queues"] | ["overview"] | ["vhosts"] => Some(CountsScope::All),
+        ["queues", vhost] | ["vhosts", vhost] => Some(CountsScope::Vhost(vhost.to_string())),
+        ["queues", vhost, name] => Some(CountsScope::Queue(vhost.to_string(), name.to_string())),
+        _ => None,
+    }
 }
 
 /// Percent-decodes one path segment or query value.

@@ -1097,11 +1097,26 @@ fn queues(
     };
     let mut list = Vec::new();
     for v in vhosts {
-        let request = AdminRequest::ListQueues {
-            vhost: v.clone(),
-            columns: convert::columns(QUEUE_FIELDS),
+        let table = match one {
+            // One queue's page: its row alone, not the vhost's listing filtered.
+            Some(name) => {
+                let empty = admin::RemoteCounts::new();
+                let counts = ctx.remote_counts.get(&v).unwrap_or(&empty);
+                let columns = convert::columns(QUEUE_FIELDS);
+                let r = admin::listing::list_one_queue(
+                    ctx.broker, ctx.node, &v, name, &columns, counts,
+                );
+                Some(r).filter(|r| r.ok)
+            }
+            None => {
+                let request = AdminRequest::ListQueues {
+                    vhost: v.clone(),
+                    columns: convert::columns(QUEUE_FIELDS),
+                };
+                admin_table(ctx, &request).ok()
+            }
         };
-        if let Ok(t) = admin_table(ctx, &request) {
+        if let Some(t) = table {
             let extra = [
                 ("vhost", json!(v)),
                 ("state", json!("running")),

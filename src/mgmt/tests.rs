@@ -1683,3 +1683,55 @@ fn definitions_import_limits_after_the_queues_they_cover() {
     assert_eq!(meta.vhost_limit("lv", "max-queues"), Some(1));
     assert_eq!(meta.user_limit("lim", "max-channels"), Some(1));
 }
+
+#[test]
+fn a_get_fetches_other_nodes_counts_for_the_queues_it_shows_only() {
+    let q = |v: &str, n: &str| Some(CountsScope::Queue(v.into(), n.into()));
+    assert_eq!(counts_scope("/api/queues"), Some(CountsScope::All));
+    assert_eq!(counts_scope("/api/overview"), Some(CountsScope::All));
+    assert_eq!(counts_scope("/api/vhosts/"), Some(CountsScope::All));
+    assert_eq!(
+        counts_scope("/api/queues/%2F"),
+        Some(CountsScope::Vhost("/".into()))
+    );
+    assert_eq!(
+        counts_scope("/api/vhosts/v1"),
+        Some(CountsScope::Vhost("v1".into()))
+    );
+    assert_eq!(counts_scope("/api/queues/%2F/a%2Fb"), q("/", "a/b"));
+    assert_eq!(counts_scope("/api/queues/%2F/q/bindings"), None);
+    assert_eq!(counts_scope("/api/exchanges"), None);
+    assert_eq!(counts_scope("/metrics"), None);
+}
+
+#[test]
+fn a_single_queue_page_is_the_queues_row_of_the_listing() {
+    let b = broker();
+    for name in ["a", "b", "c"] {
+        assert_eq!(
+            call(
+                &b,
+                "admin",
+                Method::Put,
+                &format!("/api/queues/%2F/{name}"),
+                "{}"
+            )
+            .status,
+            201
+        );
+    }
+    let listing = get(&b, "admin", "/api/queues/%2F").body.expect("listing");
+    let b_row = listing
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|q| q["name"] == "b")
+        .cloned()
+        .expect("b listed");
+    let page = get(&b, "admin", "/api/queues/%2F/b").body.expect("page");
+    // The page adds Warren's ring fields to the listing's row.
+    for (k, v) in b_row.as_object().expect("object") {
+        assert_eq!(&page[k], v, "field {k}");
+    }
+    assert_eq!(get(&b, "admin", "/api/queues/%2F/nope").status, 404);
+}

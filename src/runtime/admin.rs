@@ -218,6 +218,15 @@ pub(crate) async fn import_definitions(ctx: &AdminContext, json: &[u8]) -> Respo
 /// The counts of `vhost`'s queues that other nodes run, asked of those nodes at once (a
 /// node that does not answer leaves its queues out: they list as 0).
 pub(crate) async fn remote_counts(broker: &Broker, vhost: &str) -> admin::RemoteCounts {
+    remote_counts_of(broker, vhost, None).await
+}
+
+/// As [`remote_counts`], of the queue named `only` alone when given (a single-queue page).
+pub(crate) async fn remote_counts_of(
+    broker: &Broker,
+    vhost: &str,
+    only: Option<&str>,
+) -> admin::RemoteCounts {
     let snapshot = broker.snapshot();
     let Some(v) = snapshot.vhost(vhost) else {
         return admin::RemoteCounts::new();
@@ -225,6 +234,7 @@ pub(crate) async fn remote_counts(broker: &Broker, vhost: &str) -> admin::Remote
     let calls: Vec<_> = v
         .queues
         .keys()
+        .filter(|name| only.is_none_or(|o| o == name.as_str()))
         .filter(|name| broker.queue(vhost, name).is_none())
         .filter_map(|name| broker.remote_queue(vhost, name))
         .map(|q| {

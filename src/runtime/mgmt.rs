@@ -22,7 +22,8 @@ use crate::broker::remote::{NodeCall, NodeReply};
 use crate::broker::Broker;
 use crate::meta::Command;
 use crate::mgmt::{
-    self, Context, Handled, Method, NodeSessions, RemoteCountsByVhost, Request, Response,
+    self, Context, CountsScope, Handled, Method, NodeSessions, RemoteCountsByVhost, Request,
+    Response,
 };
 
 /// What every management request shares.
@@ -103,13 +104,27 @@ async fn handler(
 
 async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
     let mut counts = RemoteCountsByVhost::new();
-    if req.method == Method::Get && mgmt::counts_queues(&req.path) {
-        for vhost in ctx.broker.snapshot().vhosts.keys() {
-            counts.insert(
-                vhost.clone(),
-                super::admin::remote_counts(&ctx.broker, vhost).await,
-            );
+    let scope = (req.method == Method::Get)
+        .then(|| mgmt::counts_scope(&req.path))
+        .flatten();
+    match scope {
+        Some(CountsScope::All) => {
+            for vhost in ctx.broker.snapshot().vhosts.keys() {
+                counts.insert(
+                    vhost.clone(),
+                    super::admin::remote_counts(&ctx.broker, vhost).await,
+                );
+            }
         }
+        Some(CountsScope::Vhost(vhost)) => {
+            let c = super::admin::remote_counts(&ctx.broker, &vhost).await;
+            counts.insert(vhost, c);
+        }
+        Some(CountsScope::Queue(vhost, name)) => {
+            let c = super::admin::remote_counts_of(&ctx.broker, &vhost, Some(&name)).await;
+            counts.insert(vhost, c);
+        }
+        None => {}
     }
     let sessions = if live_path(&req.path) {
         remote_sessions(&ctx.broker).await

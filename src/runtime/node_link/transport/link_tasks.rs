@@ -311,13 +311,29 @@ pub(super) async fn write_loop(
                 None => return,
             },
         };
-        if let Err(e) = writer.send(&env).await {
+        // What else is already queued goes out in the same write (up to WRITE_BATCH_BYTES):
+        // nothing waits for more, so a lone frame leaves at once, as before.
+        let mut result = writer.push(&env);
+        while result.is_ok() && writer.pushed() < WRITE_BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(env) => result = writer.push(&env),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = match result {
+            Ok(()) => writer.write_pushed().await,
+            Err(e) => Err(e),
+        } {
             tracing::warn!(peer = link.peer, "link write failed, closing: {e}");
             link.close();
             return;
         }
     }
 }
+
+/// Bytes of queued envelopes a link writes at once, at most (a frame bigger than that goes
+/// alone).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 pub(super) async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: FrameReader) {
     let me = shared.cfg.node_id;

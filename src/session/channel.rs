@@ -295,7 +295,8 @@ impl Channel {
                 }
                 Ok(())
             }
-            AMQPClass::Channel(chm::AMQPMethod::FlowOk(_)) => Ok(()),
+            // Neither Warren nor RabbitMQ sends channel.flow, so a flow-ok answers nothing.
+            AMQPClass::Channel(chm::AMQPMethod::FlowOk(_)) => Err(unimplemented_method()),
             AMQPClass::Access(access::AMQPMethod::Request(_)) => {
                 c.send_method(
                     ch,

@@ -1479,6 +1479,99 @@ fn channels(out: &mut Vec<Scenario>) {
             })),
         )]
     });
+    // Methods only a server sends, sent by the client (with no content for those that
+    // carry one would: that is a frame-level scenario).
+    let server_methods: Vec<(&str, AMQPClass)> = vec![
+        (
+            "channel.open-ok",
+            AMQPClass::Channel(chan::AMQPMethod::OpenOk(chan::OpenOk {})),
+        ),
+        (
+            "channel.flow-ok",
+            AMQPClass::Channel(chan::AMQPMethod::FlowOk(chan::FlowOk { active: true })),
+        ),
+        (
+            "exchange.declare-ok",
+            AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
+        ),
+        (
+            "exchange.delete-ok",
+            AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+        ),
+        (
+            "exchange.bind-ok",
+            AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+        ),
+        (
+            "exchange.unbind-ok",
+            AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+        ),
+        (
+            "queue.bind-ok",
+            AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+        ),
+        (
+            "queue.purge-ok",
+            AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                message_count: 0,
+            })),
+        ),
+        (
+            "queue.delete-ok",
+            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                message_count: 0,
+            })),
+        ),
+        (
+            "queue.unbind-ok",
+            AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
+        ),
+        (
+            "basic.qos-ok",
+            AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+        ),
+        (
+            "basic.consume-ok",
+            AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                consumer_tag: "ctag".into(),
+            })),
+        ),
+        (
+            "basic.cancel-ok",
+            AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                consumer_tag: "ctag".into(),
+            })),
+        ),
+        (
+            "basic.get-empty",
+            AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+        ),
+        (
+            "basic.recover-ok",
+            AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+        ),
+        (
+            "tx.select-ok",
+            AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
+        ),
+        (
+            "tx.commit-ok",
+            AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+        ),
+        (
+            "tx.rollback-ok",
+            AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+        ),
+        (
+            "confirm.select-ok",
+            AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+        ),
+    ];
+    for (name, m) in server_methods {
+        sc(out, format!("channel/{name}-from-client"), |_| {
+            vec![cast(1, m)]
+        });
+    }
     sc(out, "channel/id-zero", |p| {
         vec![call(0, q(&format!("{p}.q")))]
     });
@@ -2303,6 +2396,12 @@ fn handshakes(out: &mut Vec<Scenario>) {
     let late: Vec<(&str, Vec<u8>)> = vec![
         ("start-ok", plain("guest", "guest")),
         ("tune-ok", tune_ok(CHANNEL_MAX, FRAME_MAX, 0)),
+        (
+            "secure-ok",
+            method0(connection::AMQPMethod::SecureOk(connection::SecureOk {
+                response: LongString::from(b"x".to_vec()),
+            })),
+        ),
         (
             "blocked",
             method0(connection::AMQPMethod::Blocked(connection::Blocked {

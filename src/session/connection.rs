@@ -131,6 +131,9 @@ enum State {
 /// Time allowed for the peer's close-ok after we close.
 const CLOSE_TIMEOUT_MS: u64 = 3_000;
 
+/// Outbound bytes above which deliveries wait in the outbox.
+const OUT_HIGH_BYTES: usize = 1 << 20;
+
 /// RabbitMQ's name for the connection's state, in "unexpected method" errors.
 fn state_name(state: State, blocked: bool) -> &'static str {
     match state {
@@ -165,8 +168,6 @@ fn unexpected_frame_text(kind: FrameKind, payload: &[u8]) -> String {
         )
     }
 }
-/// Outbound bytes above which deliveries wait in the outbox.
-const OUT_HIGH_BYTES: usize = 1 << 20;
 
 /// One client connection.
 pub struct Connection {

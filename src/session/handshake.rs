@@ -280,23 +280,3 @@ pub fn handle_open(c: &mut Connection, snapshot: &MetaState, vhost: &str) -> Res
     );
     Ok(())
 }
-
-/// A connection method's name for error texts.
-pub fn connection_method_name(m: &conn::AMQPMethod) -> &'static str {
-    match m {
-        conn::AMQPMethod::Start(_) => "start",
-        conn::AMQPMethod::StartOk(_) => "start_ok",
-        conn::AMQPMethod::Secure(_) => "secure",
-        conn::AMQPMethod::SecureOk(_) => "secure_ok",
-        conn::AMQPMethod::Tune(_) => "tune",
-        conn::AMQPMethod::TuneOk(_) => "tune_ok",
-        conn::AMQPMethod::Open(_) => "open",
-        conn::AMQPMethod::OpenOk(_) => "open_ok",
-        conn::AMQPMethod::Close(_) => "close",
-        conn::AMQPMethod::CloseOk(_) => "close_ok",
-        conn::AMQPMethod::Blocked(_) => "blocked",
-        conn::AMQPMethod::Unblocked(_) => "unblocked",
-        conn::AMQPMethod::UpdateSecret(_) => "update_secret",
-        conn::AMQPMethod::UpdateSecretOk(_) => "update_secret_ok",
-    }
-}

@@ -6,7 +6,7 @@
 use amq_protocol::protocol::{connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 
-use super::limits_tests::{broker, channel_open, method, now, send, session};
+use super::limits_tests::{broker, channel_open, method, now, send, session, session_from};
 use crate::amqp::frame::PROTOCOL_HEADER;
 
 fn start_ok(password: &str, close_on_refusal: bool) -> Vec<u8> {
@@ -98,6 +98,34 @@ fn a_refused_login_gets_a_close_naming_no_method_only_when_the_client_asked_for_
     let out = send(&b, &mut s, &start_ok("wrong", false));
     assert!(out.is_empty(), "nothing sent, got {out:?}");
     assert!(s.is_finished(), "the socket closes");
+}
+
+#[test]
+fn a_loopback_only_user_from_afar_is_refused_as_a_failed_login() {
+    let b = broker();
+    // guest is in the default `loopback_users`; its password is right.
+    let mut s = session_from(&b, false);
+    send(&b, &mut s, PROTOCOL_HEADER);
+    let out = send(&b, &mut s, &start_ok("guest", true));
+    assert_eq!(
+        close_of(&out),
+        Some((
+            403,
+            "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile.".into(),
+            0,
+            0
+        ))
+    );
+    let mut s = session_from(&b, true);
+    send(&b, &mut s, PROTOCOL_HEADER);
+    let out = send(&b, &mut s, &start_ok("guest", true));
+    assert!(
+        matches!(
+            out.as_slice(),
+            [AMQPClass::Connection(connection::AMQPMethod::Tune(_))]
+        ),
+        "from loopback: tune, got {out:?}"
+    );
 }
 
 #[test]

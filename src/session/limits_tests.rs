@@ -107,13 +107,18 @@ pub(super) fn open(
 
 /// A session that has read nothing yet, from a loopback peer.
 pub(super) fn session(b: &Arc<Broker>) -> Connection {
+    session_from(b, true)
+}
+
+/// A session that has read nothing yet, from a loopback peer or from afar.
+pub(super) fn session_from(b: &Arc<Broker>, is_loopback: bool) -> Connection {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
     Connection::new(
         b.clone(),
         SessionConfig::from_config(&config),
         PeerInfo {
             addr: "test".into(),
-            is_loopback: true,
+            is_loopback,
             host: "127.0.0.1".into(),
             port: 40000,
             local_host: "127.0.0.1".into(),

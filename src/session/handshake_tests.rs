@@ -60,6 +60,30 @@ fn close_of(out: &[AMQPClass]) -> Option<(u16, String, u16, u16)> {
     })
 }
 
+/// The close a refused login gets from a client that asked for one.
+fn refused() -> Option<(u16, String, u16, u16)> {
+    Some((
+        403,
+        "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile.".into(),
+        0,
+        0,
+    ))
+}
+
+/// A session (from loopback or afar) after the protocol header and guest's start-ok with
+/// `password`; what the start-ok brought.
+fn started(
+    b: &std::sync::Arc<crate::broker::Broker>,
+    is_loopback: bool,
+    password: &str,
+    close_on_refusal: bool,
+) -> (crate::session::Connection, Vec<AMQPClass>) {
+    let mut s = session_from(b, is_loopback);
+    send(b, &mut s, PROTOCOL_HEADER);
+    let out = send(b, &mut s, &start_ok(password, close_on_refusal));
+    (s, out)
+}
+
 #[test]
 fn a_0_9_header_is_answered_as_0_9_1_and_a_0_8_header_with_warrens_own() {
     let b = broker();
@@ -81,21 +105,9 @@ fn a_0_9_header_is_answered_as_0_9_1_and_a_0_8_header_with_warrens_own() {
 #[test]
 fn a_refused_login_gets_a_close_naming_no_method_only_when_the_client_asked_for_one() {
     let b = broker();
-    let mut s = session(&b);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    let out = send(&b, &mut s, &start_ok("wrong", true));
-    assert_eq!(
-        close_of(&out),
-        Some((
-            403,
-            "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile.".into(),
-            0,
-            0
-        ))
-    );
-    let mut s = session(&b);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    let out = send(&b, &mut s, &start_ok("wrong", false));
+    let (_, out) = started(&b, true, "wrong", true);
+    assert_eq!(close_of(&out), refused());
+    let (s, out) = started(&b, true, "wrong", false);
     assert!(out.is_empty(), "nothing sent, got {out:?}");
     assert!(s.is_finished(), "the socket closes");
 }
@@ -104,21 +116,9 @@ fn a_refused_login_gets_a_close_naming_no_method_only_when_the_client_asked_for_
 fn a_loopback_only_user_from_afar_is_refused_as_a_failed_login() {
     let b = broker();
     // guest is in the default `loopback_users`; its password is right.
-    let mut s = session_from(&b, false);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    let out = send(&b, &mut s, &start_ok("guest", true));
-    assert_eq!(
-        close_of(&out),
-        Some((
-            403,
-            "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile.".into(),
-            0,
-            0
-        ))
-    );
-    let mut s = session_from(&b, true);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    let out = send(&b, &mut s, &start_ok("guest", true));
+    let (_, out) = started(&b, false, "guest", true);
+    assert_eq!(close_of(&out), refused());
+    let (_, out) = started(&b, true, "guest", true);
     assert!(
         matches!(
             out.as_slice(),
@@ -134,9 +134,7 @@ fn errors_before_tune_ok_close_the_socket_without_a_method() {
     // tune-ok values RabbitMQ refuses: 0 ("no limit") against a server limit, above the
     // server's, below the minimum.
     for (channel_max, frame_max) in [(0, 131_072), (2047, 0), (2048, 131_072), (2047, 4095)] {
-        let mut s = session(&b);
-        send(&b, &mut s, PROTOCOL_HEADER);
-        send(&b, &mut s, &start_ok("guest", true));
+        let (mut s, _) = started(&b, true, "guest", true);
         let out = send(&b, &mut s, &tune_ok(channel_max, frame_max));
         assert!(out.is_empty(), "{channel_max}/{frame_max}: got {out:?}");
         assert!(
@@ -154,9 +152,7 @@ fn errors_before_tune_ok_close_the_socket_without_a_method() {
 #[test]
 fn after_tune_ok_errors_get_rabbitmqs_close_with_the_culprit() {
     let b = broker();
-    let mut s = session(&b);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    send(&b, &mut s, &start_ok("guest", true));
+    let (mut s, _) = started(&b, true, "guest", true);
     let out = send(
         &b,
         &mut s,
@@ -172,9 +168,7 @@ fn after_tune_ok_errors_get_rabbitmqs_close_with_the_culprit() {
         ))
     );
     // A channel's frame before open-ok: an unexpected frame, no culprit.
-    let mut s = session(&b);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    send(&b, &mut s, &start_ok("guest", true));
+    let (mut s, _) = started(&b, true, "guest", true);
     let out = send(
         &b,
         &mut s,
@@ -190,9 +184,7 @@ fn after_tune_ok_errors_get_rabbitmqs_close_with_the_culprit() {
         ))
     );
     // Once open, the handshake's methods and the server's own are unexpected there too.
-    let mut s = session(&b);
-    send(&b, &mut s, PROTOCOL_HEADER);
-    send(&b, &mut s, &start_ok("guest", true));
+    let (mut s, _) = started(&b, true, "guest", true);
     send(&b, &mut s, &[tune_ok(2047, 131_072), open_vhost()].concat());
     let blocked = method(
         0,

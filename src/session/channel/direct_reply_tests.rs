@@ -10,9 +10,9 @@ use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 
 use crate::amqp::frame::{self, FrameKind, PROTOCOL_HEADER};
 use crate::broker::direct_reply::{REPLY_PREFIX, REPLY_QUEUE};
-use crate::broker::{Broker, Outbox};
+use crate::broker::Broker;
 use crate::config::Config;
-use crate::session::{Connection, PeerInfo, SessionConfig};
+use crate::session::Connection;
 use crate::time::Instant;
 
 const FRAME_MAX: u32 = 131_072;
@@ -109,23 +109,7 @@ struct Client {
 
 impl Client {
     fn new(broker: &Arc<Broker>) -> Client {
-        let config = Config::for_tests(std::path::Path::new("/nonexistent"));
-        let now = Instant::from_millis(0);
-        let s = Connection::new(
-            broker.clone(),
-            SessionConfig::from_config(&config),
-            PeerInfo {
-                addr: "test".into(),
-                is_loopback: true,
-                host: "127.0.0.1".into(),
-                port: 40000,
-                local_host: "127.0.0.1".into(),
-                local_port: 5672,
-                tls: None,
-            },
-            Arc::new(Outbox::new(1 << 20, Box::new(|| {}))),
-            now,
-        );
+        let s = crate::session::limits_tests::session(broker);
         let mut c = Client {
             s,
             broker: broker.clone(),

@@ -348,6 +348,7 @@ fn ha_policy(mode: &str) -> Command {
             vhost: VHOST.into(),
             name: "ha".into(),
             pattern: "^ha\\.".into(),
+            compiled: Default::default(),
             apply_to: ApplyTo::Queues,
             priority: 0,
             definition,

@@ -281,6 +281,7 @@ fn plan_inner(
                 vhost: vhost.clone(),
                 name: name.clone(),
                 pattern: pattern.clone(),
+                compiled: Default::default(),
                 apply_to,
                 priority: *priority,
                 definition,

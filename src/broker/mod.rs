@@ -964,6 +964,7 @@ mod tests {
                 vhost: "/".into(),
                 name: "cap".into(),
                 pattern: "^capped".into(),
+                compiled: Default::default(),
                 apply_to: ApplyTo::Queues,
                 priority: 1,
                 definition: [("max-length".to_string(), PolicyValue::Int(n))].into(),

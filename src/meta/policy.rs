@@ -70,6 +70,30 @@ pub struct Policy {
     pub priority: i64,
     /// Keys and values.
     pub definition: BTreeMap<String, PolicyValue>,
+    /// `pattern` compiled on first use: every declare, policy change and listing matches
+    /// each policy against names, and compiling per match made a policy change over a few
+    /// hundred queues take seconds.
+    #[serde(skip)]
+    pub compiled: CompiledPattern,
+}
+
+/// A policy's pattern, compiled once (`None`: it does not compile, and matches nothing).
+/// Not part of the policy's value: equal policies may differ in whether it is filled yet.
+#[derive(Clone, Default)]
+pub struct CompiledPattern(std::sync::OnceLock<Option<regex::Regex>>);
+
+impl PartialEq for CompiledPattern {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for CompiledPattern {}
+
+impl std::fmt::Debug for CompiledPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompiledPattern")
+    }
 }
 
 /// Keys whose lower value wins when a policy and an operator policy (or a queue argument)
@@ -171,7 +195,12 @@ impl Policy {
     fn matches(&self, name: &str, queue: bool) -> bool {
         // Validated at set time; a pattern that no longer compiles matches nothing.
         self.apply_to.covers(queue)
-            && regex::Regex::new(&self.pattern).is_ok_and(|r| r.is_match(name))
+            && self
+                .compiled
+                .0
+                .get_or_init(|| regex::Regex::new(&self.pattern).ok())
+                .as_ref()
+                .is_some_and(|r| r.is_match(name))
     }
 }
 
@@ -249,6 +278,7 @@ mod tests {
             vhost: "/".into(),
             name: name.into(),
             pattern: pattern.into(),
+            compiled: Default::default(),
             apply_to: ApplyTo::Queues,
             priority,
             definition: defs

@@ -1914,6 +1914,7 @@ mod tests {
                 vhost: "/".into(),
                 name: "ha".into(),
                 pattern: "^m".into(),
+                compiled: Default::default(),
                 apply_to: crate::meta::policy::ApplyTo::Queues,
                 priority: 0,
                 definition: [(

@@ -158,6 +158,7 @@ mod tests {
                 vhost: "/".into(),
                 name: "ha".into(),
                 pattern: "^ha\\.".into(),
+                compiled: Default::default(),
                 apply_to: ApplyTo::Queues,
                 priority: 0,
                 definition: defs

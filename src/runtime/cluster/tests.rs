@@ -69,6 +69,7 @@ fn the_locator_comes_from_the_argument_then_the_policy() {
             vhost: "/".into(),
             name: "spread".into(),
             pattern: "^spread".into(),
+            compiled: Default::default(),
             apply_to: crate::meta::policy::ApplyTo::Queues,
             priority: 0,
             definition: [(

@@ -100,6 +100,15 @@ impl std::fmt::Debug for CompiledPattern {
 /// both set them.
 pub const LIMIT_KEYS: &[&str] = &["expires", "message-ttl", "max-length", "max-length-bytes"];
 
+/// The HA keys that need `ha-mode` beside them.
+const HA_KEYS: &[&str] = &[
+    "ha-params",
+    "ha-sync-mode",
+    "ha-sync-batch-size",
+    "ha-promote-on-shutdown",
+    "ha-promote-on-failure",
+];
+
 fn invalid(msg: String) -> MetaError {
     MetaError::Invalid(format!("Validation failed: {msg}"))
 }
@@ -186,8 +195,16 @@ impl Policy {
                 }
             },
             (Some(_), Some(_)) => return Err(invalid("ha-mode all takes no ha-params".into())),
-            (None, Some(_)) => return Err(invalid("ha-params without ha-mode".into())),
             _ => {}
+        }
+        // RabbitMQ's `rabbit_mirror_queue_misc:validate_policy`: the other HA keys only
+        // beside `ha-mode`.
+        if !self.definition.contains_key("ha-mode") {
+            if let Some(key) = HA_KEYS.iter().find(|k| self.definition.contains_key(**k)) {
+                return Err(invalid(format!(
+                    "ha-mode must be specified to specify {key}"
+                )));
+            }
         }
         Ok(())
     }
@@ -371,6 +388,20 @@ mod tests {
             policy("x", ".*", 0, &[("max-length", PolicyValue::Int(-1))]),
             policy("x", "(", 0, &[("max-length", PolicyValue::Int(1))]),
             policy("x", ".*", 0, &[]),
+            policy("x", ".*", 0, &[("ha-params", PolicyValue::Int(2))]),
+            policy(
+                "x",
+                ".*",
+                0,
+                &[("ha-sync-mode", PolicyValue::Str("automatic".into()))],
+            ),
+            policy("x", ".*", 0, &[("ha-sync-batch-size", PolicyValue::Int(5))]),
+            policy(
+                "x",
+                ".*",
+                0,
+                &[("ha-promote-on-failure", PolicyValue::Str("always".into()))],
+            ),
         ] {
             assert!(bad.validate(false).is_err(), "{bad:?}");
         }

@@ -80,10 +80,18 @@ pub fn route(
         if !queues.is_empty() {
             break;
         }
+        // The argument wins over a policy's `alternate-exchange`, as in RabbitMQ.
         current = vhost
             .exchanges
             .get(&name)
-            .and_then(|e| e.alternate_exchange())
+            .and_then(|e| {
+                e.alternate_exchange().or_else(|| {
+                    vhost
+                        .effective_policy(&name, false)
+                        .str("alternate-exchange")
+                        .map(String::from)
+                })
+            })
             .filter(|ae| !visited.contains(ae) && vhost.exchanges.contains_key(ae));
     }
     queues.into_iter().collect()
@@ -331,5 +339,95 @@ mod sender_selected_tests {
         let mut bad = FieldTable::default();
         bad.insert("CC".into(), AMQPValue::LongString("b".into()));
         assert_eq!(sender_selected_keys(Some(&bad)), Err(("CC", "longstr")));
+    }
+}
+
+#[cfg(test)]
+mod alternate_exchange_tests {
+    use super::*;
+    use crate::meta::policy::{ApplyTo, Policy, PolicyValue};
+    use crate::meta::{Command, ExchangeDef, MetaState, QueueDef};
+
+    fn exchange(name: &str, kind: ExchangeKind, ae: Option<&str>) -> Command {
+        let mut arguments = FieldTable::default();
+        if let Some(ae) = ae {
+            arguments.insert(
+                "alternate-exchange".into(),
+                AMQPValue::LongString(ae.into()),
+            );
+        }
+        Command::DeclareExchange(ExchangeDef {
+            vhost: "/".into(),
+            name: name.into(),
+            kind,
+            durable: false,
+            auto_delete: false,
+            internal: false,
+            arguments,
+        })
+    }
+
+    /// `x` (direct, no bindings), fanouts `ae1` -> `q1` and `ae2` -> `q2`, and a policy
+    /// naming `ae1` for exchanges matching `^x`.
+    fn state(argument: Option<&str>) -> MetaState {
+        let mut s = MetaState::default();
+        let mut cmds = vec![
+            Command::AddVhost { name: "/".into() },
+            exchange("x", ExchangeKind::Direct, argument),
+            exchange("ae1", ExchangeKind::Fanout, None),
+            exchange("ae2", ExchangeKind::Fanout, None),
+        ];
+        for (q, x) in [("q1", "ae1"), ("q2", "ae2")] {
+            cmds.push(Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: q.into(),
+                durable: false,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments: FieldTable::default(),
+                home: 0,
+            }));
+            cmds.push(Command::Bind(crate::meta::Binding {
+                vhost: "/".into(),
+                source: x.into(),
+                destination: Destination::Queue(q.into()),
+                routing_key: String::new(),
+                arguments: FieldTable::default(),
+            }));
+        }
+        cmds.push(Command::SetPolicy {
+            policy: Policy {
+                vhost: "/".into(),
+                name: "ae".into(),
+                pattern: "^x".into(),
+                compiled: Default::default(),
+                apply_to: ApplyTo::Exchanges,
+                priority: 0,
+                definition: [(
+                    "alternate-exchange".to_string(),
+                    PolicyValue::Str("ae1".into()),
+                )]
+                .into(),
+            },
+            operator: false,
+        });
+        for c in cmds {
+            s.apply(&c).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn a_policy_names_the_alternate_exchange_and_the_argument_wins_over_it() {
+        let s = state(None);
+        let v = s.vhost("/").unwrap();
+        assert_eq!(route(v, "x", "nowhere", None, &[]), ["q1"]);
+        // The policy names no AE for the fanout it routes to, and ae1 routes anyway.
+        assert_eq!(route(v, "ae1", "k", None, &[]), ["q1"]);
+        let s = state(Some("ae2"));
+        assert_eq!(
+            route(s.vhost("/").unwrap(), "x", "nowhere", None, &[]),
+            ["q2"]
+        );
     }
 }

@@ -441,6 +441,7 @@ impl Broker {
                 *saved = Some(defs);
             }
         }
+        let mut dead = Vec::new();
         {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
             for part in command.parts() {
@@ -492,7 +493,13 @@ impl Broker {
                         continue;
                     };
                     match def.effective_args(v) {
-                        Ok(args) => h.lock().set_args(args),
+                        Ok(args) => {
+                            let mut letters = Vec::new();
+                            h.lock().set_args(args, &mut letters);
+                            if !letters.is_empty() {
+                                dead.push((h.clone(), letters));
+                            }
+                        }
                         Err(e) => tracing::warn!(queue = %name, error = %e, "policy not applied"),
                     }
                 }
@@ -500,7 +507,12 @@ impl Broker {
         }
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(meta.clone());
         self.version.store(meta.version, Ordering::Release);
+        drop(meta);
         self.changed();
+        // Messages a new length limit dropped, routed through the new metadata.
+        for (handle, letters) in dead {
+            self.dead_letter(&handle, letters, now);
+        }
         Ok(applied)
     }
 
@@ -537,6 +549,7 @@ impl Broker {
         let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::mem::replace(&mut *meta, (*state).clone());
         let home = self.node_id;
+        let mut dead = Vec::new();
         {
             let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
             // Vhosts that went, with every queue in them.
@@ -625,7 +638,11 @@ impl Broker {
                 if reshaped && before.is_some() {
                     for (name, h) in local.iter() {
                         if let Some(args) = v.queues.get(name).and_then(|d| args_of(name, d)) {
-                            h.lock().set_args(args);
+                            let mut letters = Vec::new();
+                            h.lock().set_args(args, &mut letters);
+                            if !letters.is_empty() {
+                                dead.push((h.clone(), letters));
+                            }
                         }
                     }
                 }
@@ -633,7 +650,12 @@ impl Broker {
         }
         self.version.store(meta.version, Ordering::Release);
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = state;
+        drop(meta);
         self.changed();
+        // Messages a new length limit dropped, routed through the new metadata.
+        for (handle, letters) in dead {
+            self.dead_letter(&handle, letters, now);
+        }
     }
 
     /// Calls `f` once, at the next change of the metadata snapshot or of the queues running
@@ -973,6 +995,27 @@ mod tests {
         }
     }
 
+    /// A policy `max-length: 1` with `overflow` for the queues matching `pattern`.
+    fn x_overflow_policy(overflow: &str, pattern: &str) -> Command {
+        use crate::meta::policy::{ApplyTo, Policy, PolicyValue};
+        Command::SetPolicy {
+            policy: Policy {
+                vhost: "/".into(),
+                name: "overflow".into(),
+                pattern: pattern.into(),
+                compiled: Default::default(),
+                apply_to: ApplyTo::Queues,
+                priority: 2,
+                definition: [
+                    ("max-length".to_string(), PolicyValue::Int(1)),
+                    ("overflow".to_string(), PolicyValue::Str(overflow.into())),
+                ]
+                .into(),
+            },
+            operator: false,
+        }
+    }
+
     fn publish_n(broker: &Broker, queue: &str, n: usize) {
         use amq_protocol::protocol::basic::AMQPProperties;
         for i in 0..n {
@@ -1027,6 +1070,72 @@ mod tests {
             .unwrap();
         publish_n(&broker, "capped.q", 3);
         assert_eq!(count("capped.q"), 5, "the limit went with the policy");
+    }
+
+    /// As RabbitMQ's `init_max_length`: a new drop-head limit drops the oldest messages at
+    /// once, and they are dead-lettered; a reject-publish limit keeps what is there.
+    #[test]
+    fn a_new_length_limit_drops_from_the_head_at_once_and_dead_letters() {
+        let broker = Broker::new(&Config::default(), 1, 1 << 30, 0);
+        let mut args = FieldTable::default();
+        for (k, v) in [
+            ("x-dead-letter-exchange", ""),
+            ("x-dead-letter-routing-key", "dlq"),
+        ] {
+            args.insert(
+                k.into(),
+                amq_protocol::types::AMQPValue::LongString(v.into()),
+            );
+        }
+        for (name, arguments) in [
+            ("dlq", FieldTable::default()),
+            ("capped.q", args),
+            ("capped.r", FieldTable::default()),
+        ] {
+            let declare = Command::DeclareQueue(QueueDef {
+                vhost: "/".into(),
+                name: name.into(),
+                durable: false,
+                exclusive_owner: None,
+                auto_delete: false,
+                arguments,
+                home: 0,
+            });
+            broker.apply(&declare, Instant::default()).unwrap();
+        }
+        publish_n(&broker, "capped.q", 5);
+        let mut reject = x_overflow_policy("reject-publish", "^capped\\.r");
+        publish_n(&broker, "capped.r", 5);
+        broker.apply(&reject, Instant::default()).unwrap();
+        broker
+            .apply(&max_length_policy(2), Instant::default())
+            .unwrap();
+        let count = |q: &str| broker.queue("/", q).unwrap().lock().message_count();
+        assert_eq!(
+            (count("capped.q"), count("dlq"), count("capped.r")),
+            (2, 3, 5),
+            "drop-head trims and dead-letters; reject-publish keeps"
+        );
+        let mut dead = Vec::new();
+        let first =
+            broker
+                .queue("/", "dlq")
+                .unwrap()
+                .lock()
+                .get(Instant::default(), true, &mut dead);
+        assert_eq!(
+            first.map(|(e, _)| e.message.body.clone()),
+            Some(bytes::Bytes::from("m0"))
+        );
+        // The policy's own drop-head applies as its limit rises and falls.
+        if let Command::SetPolicy { policy, .. } = &mut reject {
+            policy.definition.insert(
+                "overflow".into(),
+                crate::meta::policy::PolicyValue::Str("drop-head".into()),
+            );
+        }
+        broker.apply(&reject, Instant::default()).unwrap();
+        assert_eq!(count("capped.r"), 1);
     }
 
     #[test]

@@ -372,9 +372,15 @@ impl Queue {
 
     /// Replaces the arguments after a policy change. The priority lanes stay as declared
     /// (`x-max-priority` is not a policy key).
-    pub fn set_args(&mut self, mut args: QueueArgs) {
+    /// New arguments, from a policy change. As RabbitMQ's `init_max_length`, a queue over a
+    /// new drop-head limit drops from its head at once (dead-lettered as `maxlen`); the
+    /// reject modes refuse only later publishes.
+    pub fn set_args(&mut self, mut args: QueueArgs, dead: &mut Vec<DeadLetter>) {
         args.max_priority = self.args.max_priority;
         self.args = args;
+        if self.args.overflow == Overflow::DropHead {
+            self.drop_over_limit(dead);
+        }
     }
 
     /// The validated arguments.
@@ -646,15 +652,7 @@ impl Queue {
         self.expire_head(now, &mut result.dead);
         let len = self.message_count() as u64;
         let body = message.body.len() as u64;
-        let over = |q: &Queue, extra_len: u64, extra_bytes: u64| {
-            q.args
-                .max_length
-                .is_some_and(|m| q.message_count() as u64 + extra_len > m)
-                || q.args
-                    .max_length_bytes
-                    .is_some_and(|m| q.ready_bytes + q.paged_bytes() + extra_bytes > m)
-        };
-        if over(self, 1, body) {
+        if self.over_limit(1, body) {
             match self.args.overflow {
                 Overflow::RejectPublish | Overflow::RejectPublishDlx => {
                     if self.args.overflow == Overflow::RejectPublishDlx {
@@ -665,7 +663,7 @@ impl Queue {
                 Overflow::DropHead => {
                     // Make room from the head; a zero limit means the message itself goes
                     // unless a consumer takes it right now.
-                    while len > 0 && over(self, 1, body) {
+                    while len > 0 && self.over_limit(1, body) {
                         let Some(e) = self.pop_next() else { break };
                         self.drop_entry(&e);
                         self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
@@ -713,14 +711,30 @@ impl Queue {
         self.deliver(me, now, &mut result.dead);
         // A message that still exceeds a zero-length limit after delivery is dropped.
         if self.args.overflow == Overflow::DropHead {
-            while over(self, 0, 0) {
-                let Some(e) = self.pop_next() else { break };
-                self.drop_entry(&e);
-                self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
-            }
+            self.drop_over_limit(&mut result.dead);
         }
         self.page();
         result
+    }
+
+    /// Whether `extra_len` more messages of `extra_bytes` would exceed a length limit.
+    fn over_limit(&self, extra_len: u64, extra_bytes: u64) -> bool {
+        self.args
+            .max_length
+            .is_some_and(|m| self.message_count() as u64 + extra_len > m)
+            || self
+                .args
+                .max_length_bytes
+                .is_some_and(|m| self.ready_bytes + self.paged_bytes() + extra_bytes > m)
+    }
+
+    /// Drops (and dead-letters) from the head while the queue exceeds its limits.
+    fn drop_over_limit(&mut self, dead: &mut Vec<DeadLetter>) {
+        while self.over_limit(0, 0) {
+            let Some(e) = self.pop_next() else { break };
+            self.drop_entry(&e);
+            self.dead_letter(e.message, DeathReason::Maxlen, dead);
+        }
     }
 
     fn pick_consumer(&mut self) -> Option<usize> {

@@ -752,7 +752,7 @@ fn a_mirrored_queues_transient_messages_reach_its_mirror_and_a_promoted_copy_kee
         mirrored: true,
         ..q.lock().args().clone()
     };
-    q.lock().set_args(args);
+    q.lock().set_args(args, &mut dead);
     let big = vec![7u8; 10_000];
     assert_ne!(
         publish_as(&b, b"t1", 1).ticket,

@@ -113,9 +113,10 @@ impl Entry {
         self.beta.unwrap_or(self.message.body.len() as u64)
     }
 
-    fn expired(&self, now: Instant) -> bool {
-        // Strictly after: a message with TTL 0 can still go to a consumer that is ready now.
-        now.as_millis() > self.expires_at_ms
+    /// Past its expiry; `at_expiry`: also at it. Only strictly after while a publish tries
+    /// its consumers, so a message with TTL 0 still goes to one that is ready now.
+    fn expired(&self, now: Instant, at_expiry: bool) -> bool {
+        now.as_millis() > self.expires_at_ms || (at_expiry && now.as_millis() == self.expires_at_ms)
     }
 }
 
@@ -623,8 +624,12 @@ impl Queue {
 
     /// Drops expired messages at the head (RabbitMQ expires from the head only).
     fn expire_head(&mut self, now: Instant, dead: &mut Vec<DeadLetter>) {
+        self.expire_head_from(now, false, dead);
+    }
+
+    fn expire_head_from(&mut self, now: Instant, at_expiry: bool, dead: &mut Vec<DeadLetter>) {
         self.fill_front();
-        while self.peek_next().is_some_and(|e| e.expired(now)) {
+        while self.peek_next().is_some_and(|e| e.expired(now, at_expiry)) {
             if let Some(e) = self.pop_next() {
                 self.drop_entry(&e);
                 self.dead_letter(e.message, DeathReason::Expired, dead);
@@ -709,6 +714,10 @@ impl Queue {
         }
         result.accepted = true;
         self.deliver(me, now, &mut result.dead);
+        // What no consumer took and expires now goes now, as RabbitMQ's
+        // `drop_expired_msgs` after a publish drops a TTL 0 message (its clock is finer:
+        // the same millisecond is already past). A basic.get must not find it.
+        self.expire_head_from(now, true, &mut result.dead);
         // A message that still exceeds a zero-length limit after delivery is dropped.
         if self.args.overflow == Overflow::DropHead {
             self.drop_over_limit(&mut result.dead);
@@ -1270,6 +1279,24 @@ mod tests {
             0,
             "memory accounting returns to zero"
         );
+    }
+
+    /// RabbitMQ drops a TTL 0 message no consumer took at its publish: a basic.get in the
+    /// same millisecond must not find it.
+    #[test]
+    fn a_ttl_zero_message_no_consumer_takes_is_gone_at_once() {
+        let (h, _) = queue(QueueArgs {
+            message_ttl_ms: Some(0),
+            dead_letter_exchange: Some("dlx".into()),
+            ..QueueArgs::default()
+        });
+        let now = Instant::from_millis(7);
+        let r = h.lock().publish(&h, msg("a"), now);
+        assert!(r.accepted);
+        assert_eq!(r.dead.len(), 1, "dead-lettered as expired");
+        let mut dead = Vec::new();
+        assert!(h.lock().get(now, true, &mut dead).is_none());
+        assert_eq!(h.lock().message_count(), 0);
     }
 
     fn msg_with_priority(body: &str, p: u8) -> Arc<Message> {

@@ -1111,6 +1111,13 @@ impl Channel {
             // Once per flush, not per publish: the count as of the end of the last read batch.
             self.listed.set_unconfirmed(self.confirms.pending.len());
         }
+        // RabbitMQ's `coalesce_and_send` (3.10.8 `rabbit_channel`): of one batch, the nacks
+        // below its first ack go as one `multiple` nack (even one alone), and the acks
+        // below its first nack as one `multiple` ack (one alone: single); what follows
+        // the other kind in the batch goes single. `requeue` keeps the record's default.
+        let mut acked = false;
+        let mut nacked = false;
+        let nack = |w: &Waiting| matches!(w, Waiting::Confirm { ack, ticket, .. } if !*ack || refused(*ticket));
         let mut i = 0;
         while i < emit.len() {
             match emit[i] {
@@ -1128,27 +1135,35 @@ impl Channel {
                     );
                     i += 1;
                 }
-                Waiting::Confirm {
-                    seq, ack, ticket, ..
-                } if !ack || refused(ticket) => {
+                Waiting::Confirm { .. } if nack(&emit[i]) => {
                     // Refused by a queue, storage failed before it was durable, or a
                     // mirrored queue's master was deposed before its mirrors had it: the
                     // publisher must not believe it safe.
+                    let mut j = i;
+                    while !acked && j + 1 < emit.len() && nack(&emit[j + 1]) {
+                        j += 1;
+                    }
+                    let Waiting::Confirm { seq, .. } = emit[j] else {
+                        unreachable!("matched above")
+                    };
                     frame::encode_method(
                         out,
                         self.id,
                         &AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
                             delivery_tag: seq,
-                            multiple: false,
-                            requeue: false,
+                            multiple: !acked,
+                            requeue: true,
                         })),
                     );
-                    i += 1;
+                    nacked = true;
+                    i = j + 1;
                 }
                 Waiting::Confirm { .. } => {
                     let mut j = i;
-                    while j + 1 < emit.len()
-                        && matches!(emit[j + 1], Waiting::Confirm { ack: true, ticket, .. } if !refused(ticket))
+                    while !nacked
+                        && j + 1 < emit.len()
+                        && matches!(emit[j + 1], Waiting::Confirm { .. })
+                        && !nack(&emit[j + 1])
                     {
                         j += 1;
                     }
@@ -1164,6 +1179,7 @@ impl Channel {
                     }
                     // Everything before `seq` is already confirmed, so `multiple` covers the run.
                     frame::encode_basic_ack(out, self.id, seq, j > i);
+                    acked = true;
                     i = j + 1;
                 }
             }

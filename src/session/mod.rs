@@ -20,6 +20,8 @@ pub use connection::{Connection, PeerInfo, SessionConfig};
 #[cfg(test)]
 mod close_tests;
 #[cfg(test)]
+mod confirm_tests;
+#[cfg(test)]
 mod handshake_tests;
 #[cfg(test)]
 mod limits_tests;

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Records RabbitMQ 3.10's answers to the differential suite's scenarios
 # (tests/differential.rs) into tests/differential/rabbitmq-3.10.8.json: starts a fresh
-# RabbitMQ (Debian's rabbitmq-server, installed when missing) on its own ports and folders,
-# runs every scenario once against it, and stops it, also on failure. The scenarios name
-# their queues from their ids, so the broker must start empty: this script always starts
-# a new one.
+# RabbitMQ (Debian's rabbitmq-server, installed when missing) with its management plugin
+# (the policy scenarios use its HTTP API) on its own ports and folders, runs every
+# scenario once against it, and stops it, also on failure. The scenarios name their
+# queues from their ids, so the broker must start empty: this script always starts a new
+# one.
 #
 #   bash .ci/differential-record.sh
 #
@@ -33,6 +34,7 @@ EOF
 RMQ_AMQP="$(pick_port 21000)"
 RMQ_DIST="$(pick_port $((RMQ_AMQP + 1)))"
 RMQ_EPMD="$(pick_port $((RMQ_DIST + 1)))"
+RMQ_HTTP="$(pick_port $((RMQ_EPMD + 1)))"
 
 rmq() {
     local tool="$1"
@@ -68,16 +70,19 @@ if [[ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]]; then
 fi
 cat >"$RMQ_DIR/rabbitmq.conf" <<EOF
 listeners.tcp.default = $RMQ_AMQP
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $RMQ_HTTP
 EOF
-echo '[].' >"$RMQ_DIR/enabled_plugins"
+echo '[rabbitmq_management].' >"$RMQ_DIR/enabled_plugins"
 epmd -port "$RMQ_EPMD" -daemon -relaxed_command_check
 rmq rabbitmq-server -detached
 for _ in $(seq 1 120); do
-    if (echo >"/dev/tcp/127.0.0.1/$RMQ_AMQP") 2>/dev/null; then
+    if (echo >"/dev/tcp/127.0.0.1/$RMQ_AMQP") 2>/dev/null &&
+        (echo >"/dev/tcp/127.0.0.1/$RMQ_HTTP") 2>/dev/null; then
         break
     fi
     sleep 1
 done
-echo "differential-record: RabbitMQ $(rmq rabbitmqctl -n "$RMQ_NODE" version) on port $RMQ_AMQP"
+echo "differential-record: RabbitMQ $(rmq rabbitmqctl -n "$RMQ_NODE" version) on port $RMQ_AMQP, management on $RMQ_HTTP"
 cd "$ROOT"
-DIFF_RECORD="127.0.0.1:$RMQ_AMQP" cargo test --test differential -- --ignored record --nocapture
+DIFF_RECORD="127.0.0.1:$RMQ_AMQP" DIFF_RECORD_HTTP="127.0.0.1:$RMQ_HTTP" cargo test --test differential -- --ignored record --nocapture

@@ -5,12 +5,16 @@
 //! `differential/differences.json`; an entry that no longer differs fails too, so the list
 //! stays true.
 //!
-//! Recording is a separate command, against a RabbitMQ 3.10 whose `guest` may log in from
-//! loopback (`loopback_users = none` is not needed on 127.0.0.1):
+//! Recording is a separate command (`.ci/differential-record.sh` starts a fresh one),
+//! against a RabbitMQ 3.10 with its management plugin, whose `guest` may log in from
+//! loopback:
 //!
 //! ```sh
-//! DIFF_RECORD=127.0.0.1:5672 cargo test --test differential -- --ignored record
+//! DIFF_RECORD=127.0.0.1:5672 DIFF_RECORD_HTTP=127.0.0.1:15672 \
+//!     cargo test --test differential -- --ignored record
 //! ```
+//!
+//! `DIFF_ONLY=<regex>` replays only the scenarios whose ids match it.
 
 mod common;
 #[path = "differential/runner.rs"]
@@ -32,10 +36,21 @@ fn dir() -> PathBuf {
 const RECORDING: &str = "rabbitmq-3.10.8.json";
 const DIFFERENCES: &str = "differences.json";
 
-async fn run_all(addr: std::net::SocketAddr) -> Outcomes {
+/// `DIFF_ONLY`, a regex over scenario ids: the replay runs only those (while working on
+/// some); the recording always runs all.
+fn only() -> Option<regex::Regex> {
+    std::env::var("DIFF_ONLY")
+        .ok()
+        .map(|re| regex::Regex::new(&re).expect("DIFF_ONLY is a regex"))
+}
+
+async fn run_all(target: runner::Target, only: Option<&regex::Regex>) -> Outcomes {
     let mut out = Outcomes::new();
-    for s in scenarios::all() {
-        let outcome = runner::run(addr, &s.steps).await;
+    for s in scenarios::all()
+        .into_iter()
+        .filter(|s| only.is_none_or(|re| re.is_match(&s.id)))
+    {
+        let outcome = runner::run(target, &s.steps).await;
         assert!(
             out.insert(s.id.clone(), outcome).is_none(),
             "two scenarios named {}",
@@ -48,11 +63,24 @@ async fn run_all(addr: std::net::SocketAddr) -> Outcomes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "records RabbitMQ's answers: needs DIFF_RECORD=host:port of a RabbitMQ 3.10"]
 async fn record() {
-    let addr: std::net::SocketAddr = std::env::var("DIFF_RECORD")
-        .expect("DIFF_RECORD=host:port")
-        .parse()
-        .expect("DIFF_RECORD is host:port");
-    let outcomes = run_all(addr).await;
+    let addr = |var: &str| -> std::net::SocketAddr {
+        std::env::var(var)
+            .unwrap_or_else(|_| panic!("{var}=host:port"))
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} is host:port"))
+    };
+    assert!(
+        only().is_none(),
+        "the recording runs every scenario: unset DIFF_ONLY"
+    );
+    let outcomes = run_all(
+        runner::Target {
+            amqp: addr("DIFF_RECORD"),
+            http: addr("DIFF_RECORD_HTTP"),
+        },
+        None,
+    )
+    .await;
     let text = serde_json::to_string_pretty(&outcomes).expect("json");
     std::fs::write(dir().join(RECORDING), text + "\n").expect("write the recording");
     println!("recorded {} scenarios", outcomes.len());
@@ -69,7 +97,15 @@ async fn warren_answers_as_rabbitmq_3_10_does() {
     )
     .expect("the differences are json");
     let node = TestNode::start().await;
-    let got = run_all(node.addr).await;
+    let only = only();
+    let got = run_all(
+        runner::Target {
+            amqp: node.addr,
+            http: node.mgmt_addr(),
+        },
+        only.as_ref(),
+    )
+    .await;
     node.shutdown().await;
 
     let mut failures = Vec::new();
@@ -103,7 +139,10 @@ async fn warren_answers_as_rabbitmq_3_10_does() {
             _ => {}
         }
     }
-    for id in allowed.keys().filter(|id| !got.contains_key(*id)) {
+    for id in allowed
+        .keys()
+        .filter(|id| only.as_ref().is_none_or(|re| re.is_match(id)) && !got.contains_key(*id))
+    {
         failures.push(format!(
             "{id}: listed in {DIFFERENCES} but no such scenario"
         ));

@@ -57,6 +57,21 @@ pub enum Step {
     /// first step is a `Hello` starts with nothing sent, so the scenario writes the
     /// protocol header and the handshake's methods itself.
     Hello { conn: usize, bytes: Vec<u8> },
+    /// A request to the management HTTP API as `guest` (policies, operator policies): the
+    /// status and the body's `error` field are written down, not the reason's words, which
+    /// are Erlang terms in RabbitMQ's.
+    Http {
+        method: &'static str,
+        path: String,
+        body: Option<String>,
+    },
+}
+
+/// Where a broker listens: AMQP, and the management HTTP API for [`Step::Http`].
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub amqp: SocketAddr,
+    pub http: SocketAddr,
 }
 
 struct Conn {
@@ -68,11 +83,16 @@ struct Conn {
     closed: Vec<u16>,
 }
 
-/// Runs `steps` against `addr`; each step's frames, formatted.
-pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
+/// Runs `steps` against `target`; each step's frames, formatted.
+pub async fn run(target: Target, steps: &[Step]) -> Vec<Vec<String>> {
+    let addr = target.amqp;
     let mut conns: Vec<Option<Conn>> = Vec::new();
     let mut out = Vec::new();
     for step in steps {
+        if let Step::Http { method, path, body } = step {
+            out.push(vec![http(target.http, method, path, body.clone()).await]);
+            continue;
+        }
         let k = match step {
             Step::Call { conn, .. }
             | Step::Cast { conn, .. }
@@ -80,6 +100,7 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
             | Step::Await { conn, .. }
             | Step::Raw { conn, .. }
             | Step::Hello { conn, .. } => *conn,
+            Step::Http { .. } => unreachable!("answered above"),
         };
         if conns.len() <= k {
             conns.resize_with(k + 1, || None);
@@ -105,7 +126,7 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
             | Step::Cast { ch, .. }
             | Step::Publish { ch, .. }
             | Step::Await { ch, .. } => Some(*ch),
-            Step::Raw { .. } | Step::Hello { .. } => None,
+            Step::Raw { .. } | Step::Hello { .. } | Step::Http { .. } => None,
         };
         if let Some(ch) = ch.filter(|ch| c.closed.contains(ch)) {
             c.closed.retain(|x| *x != ch);
@@ -162,10 +183,41 @@ pub async fn run(addr: SocketAddr, steps: &[Step]) -> Vec<Vec<String>> {
                 let _ = c.client.try_write_bytes(bytes).await;
                 read(c, 0, Until::Anything, &mut lines).await;
             }
+            Step::Http { .. } => unreachable!("answered above"),
         }
         out.push(lines);
     }
     out
+}
+
+/// One management API request: `http STATUS`, and the body's `error` when it has one.
+async fn http(addr: SocketAddr, method: &'static str, path: &str, body: Option<String>) -> String {
+    let url = format!("http://{addr}/api{path}");
+    tokio::task::spawn_blocking(move || {
+        let req = ureq::request(method, &url)
+            .set("Authorization", &warren::mgmt::basic_auth("guest", "guest"))
+            .timeout(ANSWER);
+        let result = match &body {
+            Some(b) => req.set("Content-Type", "application/json").send_string(b),
+            None => req.call(),
+        };
+        let resp = match result {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => return format!("(http failed: {e})"),
+        };
+        let status = resp.status();
+        let error = resp
+            .into_string()
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from));
+        match error {
+            Some(e) => format!("http {status} {e}"),
+            None => format!("http {status}"),
+        }
+    })
+    .await
+    .expect("http task")
 }
 
 async fn open(addr: SocketAddr) -> Conn {

@@ -11,6 +11,9 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 
 use super::runner::{Step, Then};
 
+#[path = "policies.rs"]
+mod policies;
+
 pub struct Scenario {
     pub id: String,
     pub steps: Vec<Step>,
@@ -320,6 +323,7 @@ pub fn all() -> Vec<Scenario> {
     message_behaviour(&mut out);
     frames(&mut out);
     handshakes(&mut out);
+    policies::policies(&mut out);
     out
 }
 

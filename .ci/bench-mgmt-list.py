@@ -10,6 +10,10 @@ management listener on a free loopback port, imports N durable queues in one
 `POST /api/definitions`, then times (wall clock of the whole HTTP exchange, body read)
 `GET /api/queues`, `GET /api/queues/%2F`, a page of 100 sorted by name, a `columns`
 projection and one queue's page, RUNS times each; prints min / median / p90 / max in ms and the body size.
+With `--policies P` (default 10) the import also carries P policies that match no queue,
+so every listed queue is matched against them, and a policy set and cleared on one queue
+(`PUT` and `DELETE /api/policies/%2F/bench`, which reshape every live queue of the vhost)
+is timed too.
 """
 import argparse
 import base64
@@ -42,11 +46,19 @@ def call(base, method, path, body=None, timeout=120):
         return r.status, r.read()
 
 
+def report(name, times, note):
+    times = sorted(times)
+    p90 = times[min(len(times) - 1, int(len(times) * 0.9))]
+    print(f"{name:32} {times[0]:7.1f} {statistics.median(times):7.1f} "
+          f"{p90:7.1f} {times[-1]:7.1f}   {note}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--warren", default="target/release/warren")
     ap.add_argument("--queues", type=int, default=10000)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--policies", type=int, default=10)
     a = ap.parse_args()
     data = tempfile.mkdtemp(prefix="bench-mgmt-")
     amqp, admin, mgmt = free_port(), free_port(), free_port()
@@ -77,12 +89,18 @@ def main():
                 {"name": f"q{i:05}", "vhost": "/", "durable": True,
                  "auto_delete": False, "arguments": {}}
                 for i in range(a.queues)
-            ]
+            ],
+            "policies": [
+                {"name": f"p{k}", "vhost": "/", "pattern": f"^p{k}\\.", "apply-to": "queues",
+                 "definition": {"max-length": 1000 + k}, "priority": 0}
+                for k in range(a.policies)
+            ],
         }
         t0 = time.perf_counter()
         status, _ = call(base, "POST", "/api/definitions", json.dumps(defs).encode())
         took = time.perf_counter() - t0
-        print(f"import of {a.queues} durable queues: HTTP {status} in {took * 1000:.0f} ms")
+        print(f"import of {a.queues} durable queues and {a.policies} policies: "
+              f"HTTP {status} in {took * 1000:.0f} ms")
         if status != 204:
             return 1
         cases = [
@@ -110,10 +128,21 @@ def main():
                 if status != 200 or (count is not None and n != count):
                     print(f"FAIL: {name}: HTTP {status}, {n} items", file=sys.stderr)
                     failed = True
-            times.sort()
-            p90 = times[min(len(times) - 1, int(len(times) * 0.9))]
-            print(f"{name:32} {times[0]:7.1f} {statistics.median(times):7.1f} "
-                  f"{p90:7.1f} {times[-1]:7.1f}   {size / 1e6:.2f} MB")
+            report(name, times, f"{size / 1e6:.2f} MB")
+        policy = json.dumps({"pattern": f"^q{a.queues // 2:05}$", "apply-to": "queues",
+                             "definition": {"max-length": 5}}).encode()
+        times = {"PUT": [], "DELETE": []}
+        for _ in range(a.runs):
+            for method, body, want in (("PUT", policy, (201, 204)), ("DELETE", None, (204,))):
+                t0 = time.perf_counter()
+                status, _ = call(base, method, "/api/policies/%2F/bench", body)
+                times[method].append((time.perf_counter() - t0) * 1000)
+                if status not in want:
+                    print(f"FAIL: {method} /api/policies/%2F/bench: HTTP {status}",
+                          file=sys.stderr)
+                    failed = True
+        report("PUT /api/policies/%2F/bench", times["PUT"], "")
+        report("DELETE /api/policies/%2F/bench", times["DELETE"], "")
         return 1 if failed else 0
     finally:
         node.terminate()

@@ -203,39 +203,58 @@ fn definitions(out: &mut Vec<Scenario>) {
     });
 }
 
+/// A policy on `apply_to`, then a queue declared, `bodies` published and `gets` basic.gets.
+fn policy_then_queue(
+    p: &str,
+    apply_to: &str,
+    definition: Value,
+    bodies: &[&str],
+    gets: usize,
+) -> Vec<Step> {
+    let name = format!("{p}.q");
+    let mut steps = vec![policy(p, apply_to, definition), call(1, q(&name))];
+    steps.extend(bodies.iter().map(|b| publish(1, "", &name, b)));
+    steps.extend((0..gets).map(|_| call(1, get(&name, true))));
+    steps
+}
+
 /// A queue (or exchange) declared after its policy, then used.
 fn effects(out: &mut Vec<Scenario>) {
-    sc(out, "policy/effect/message-ttl-0", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "queues", json!({"message-ttl": 0})),
-            call(1, q(&name)),
-            publish(1, "", &name, "m"),
-            call(1, get(&name, true)),
-        ]
-    });
-    sc(out, "policy/effect/max-length-1", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "queues", json!({"max-length": 1})),
-            call(1, q(&name)),
-            publish(1, "", &name, "a"),
-            publish(1, "", &name, "b"),
-            call(1, get(&name, true)),
-            call(1, get(&name, true)),
-        ]
-    });
-    sc(out, "policy/effect/max-length-bytes-4", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "queues", json!({"max-length-bytes": 4})),
-            call(1, q(&name)),
-            publish(1, "", &name, "aaa"),
-            publish(1, "", &name, "bbb"),
-            call(1, get(&name, true)),
-            call(1, get(&name, true)),
-        ]
-    });
+    let cases: [(&str, &str, Value, &[&str], usize); 4] = [
+        (
+            "message-ttl-0",
+            "queues",
+            json!({"message-ttl": 0}),
+            &["m"],
+            1,
+        ),
+        (
+            "max-length-1",
+            "queues",
+            json!({"max-length": 1}),
+            &["a", "b"],
+            2,
+        ),
+        (
+            "max-length-bytes-4",
+            "queues",
+            json!({"max-length-bytes": 4}),
+            &["aaa", "bbb"],
+            2,
+        ),
+        (
+            "apply-to-exchanges-skips-queues",
+            "exchanges",
+            json!({"max-length": 1}),
+            &["a", "b"],
+            2,
+        ),
+    ];
+    for (label, apply_to, definition, bodies, gets) in cases {
+        sc(out, format!("policy/effect/{label}"), |p| {
+            policy_then_queue(p, apply_to, definition, bodies, gets)
+        });
+    }
     sc(out, "policy/effect/reject-publish", |p| {
         let name = format!("{p}.q");
         vec![
@@ -338,17 +357,6 @@ fn effects(out: &mut Vec<Scenario>) {
             ),
             call(1, x(&xn, "direct")),
             publish_with(1, &xn, "nowhere", true, BasicProperties::default(), "m"),
-        ]
-    });
-    sc(out, "policy/effect/apply-to-exchanges-skips-queues", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "exchanges", json!({"max-length": 1})),
-            call(1, q(&name)),
-            publish(1, "", &name, "a"),
-            publish(1, "", &name, "b"),
-            call(1, get(&name, true)),
-            call(1, get(&name, true)),
         ]
     });
     sc(out, "policy/effect/apply-to-queues-skips-exchanges", |p| {
@@ -553,40 +561,29 @@ fn resolution(out: &mut Vec<Scenario>) {
             call(1, get(&name, true)),
         ]
     });
-    sc(out, "policy/resolve/operator-policy-lower", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "queues", json!({"max-length": 3})),
-            put(
-                "operator-policies",
-                p,
-                json!({"pattern": format!("^{p}"), "definition": {"max-length": 1}}),
-            ),
-            call(1, q(&name)),
-            publish(1, "", &name, "a"),
-            publish(1, "", &name, "b"),
-            call(1, get(&name, true)),
-            call(1, get(&name, true)),
-            delete("operator-policies", p),
-        ]
-    });
-    sc(out, "policy/resolve/operator-policy-higher", |p| {
-        let name = format!("{p}.q");
-        vec![
-            policy(p, "queues", json!({"max-length": 1})),
-            put(
-                "operator-policies",
-                p,
-                json!({"pattern": format!("^{p}"), "definition": {"max-length": 3}}),
-            ),
-            call(1, q(&name)),
-            publish(1, "", &name, "a"),
-            publish(1, "", &name, "b"),
-            call(1, get(&name, true)),
-            call(1, get(&name, true)),
-            delete("operator-policies", p),
-        ]
-    });
+    for (label, policy_limit, operator_limit) in [("lower", 3, 1), ("higher", 1, 3)] {
+        sc(
+            out,
+            format!("policy/resolve/operator-policy-{label}"),
+            |p| {
+                let name = format!("{p}.q");
+                vec![
+                    policy(p, "queues", json!({ "max-length": policy_limit })),
+                    put(
+                        "operator-policies",
+                        p,
+                        json!({"pattern": format!("^{p}"), "definition": {"max-length": operator_limit}}),
+                    ),
+                    call(1, q(&name)),
+                    publish(1, "", &name, "a"),
+                    publish(1, "", &name, "b"),
+                    call(1, get(&name, true)),
+                    call(1, get(&name, true)),
+                    delete("operator-policies", p),
+                ]
+            },
+        );
+    }
 }
 
 /// A policy set, changed or deleted while its queue exists.

@@ -372,10 +372,9 @@ impl Queue {
     }
 
     /// Replaces the arguments after a policy change. The priority lanes stay as declared
-    /// (`x-max-priority` is not a policy key).
-    /// New arguments, from a policy change. As RabbitMQ's `init_max_length`, a queue over a
-    /// new drop-head limit drops from its head at once (dead-lettered as `maxlen`); the
-    /// reject modes refuse only later publishes.
+    /// (`x-max-priority` is not a policy key). As RabbitMQ's `init_max_length`, a queue
+    /// over a new drop-head limit drops from its head at once (dead-lettered as `maxlen`);
+    /// the reject modes refuse only later publishes.
     pub fn set_args(&mut self, mut args: QueueArgs, dead: &mut Vec<DeadLetter>) {
         args.max_priority = self.args.max_priority;
         self.args = args;

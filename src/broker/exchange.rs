@@ -1,9 +1,9 @@
 //! Routing: which queues a message published to an exchange reaches.
 //!
 //! Direct, fanout, topic and headers matching, exchange-to-exchange bindings (followed with a
-//! visited set so cycles terminate), alternate exchanges for unroutable messages, and
-//! RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers' routing keys are
-//! routed too ([`sender_selected_keys`]).
+//! visited set so cycles terminate), alternate exchanges for unroutable messages (argument
+//! or policy), and RabbitMQ's sender-selected distribution: the `CC` and `BCC` headers'
+//! routing keys are routed too ([`sender_selected_keys`]).
 
 use std::collections::BTreeSet;
 
@@ -422,7 +422,7 @@ mod alternate_exchange_tests {
         let s = state(None);
         let v = s.vhost("/").unwrap();
         assert_eq!(route(v, "x", "nowhere", None, &[]), ["q1"]);
-        // The policy names no AE for the fanout it routes to, and ae1 routes anyway.
+        // The policy does not match ae1, which routes as the fanout it is.
         assert_eq!(route(v, "ae1", "k", None, &[]), ["q1"]);
         let s = state(Some("ae2"));
         assert_eq!(

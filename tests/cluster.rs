@@ -172,7 +172,7 @@ async fn metadata_is_shared_and_queues_live_where_the_locator_puts_them() {
     )
     .await
     .expect("cancel");
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c3).await;
 
     // Placement: client-local by default; min-masters spreads queues over the nodes.
     declare(&ch2, "local.2", true, FieldTable::default())
@@ -234,8 +234,8 @@ async fn metadata_is_shared_and_queues_live_where_the_locator_puts_them() {
         rows.contains(&vec!["orders.eu".to_string(), "1".to_string()]),
         "max-length 1 from the policy applies on the queue's node: {rows:?}"
     );
-    let _ = c1.close(200, "bye".into()).await;
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
+    common::close_connection(&c2).await;
 }
 
 /// Declares `name` on a fresh channel of `conn`, retrying while the cluster elects a
@@ -267,7 +267,7 @@ async fn declare_until_ok(uri: &str, name: &str, deadline: Instant) -> bool {
             .await
             {
                 Ok(Ok(_)) => {
-                    let _ = conn.close(200, "bye".into()).await;
+                    common::close_connection(&conn).await;
                     return true;
                 }
                 Ok(Err(e)) => {
@@ -277,7 +277,7 @@ async fn declare_until_ok(uri: &str, name: &str, deadline: Instant) -> bool {
                 Err(_) => {}
             }
         }
-        let _ = conn.close(200, "bye".into()).await;
+        common::close_connection(&conn).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
@@ -374,7 +374,7 @@ async fn a_full_restart_brings_back_durable_definitions_and_policies() {
         )
         .await;
     assert!(out.status.success(), "{out:?}");
-    let _ = c.close(200, "bye".into()).await;
+    common::close_connection(&c).await;
 
     for n in &mut cluster.nodes {
         n.stop();
@@ -412,7 +412,7 @@ async fn a_full_restart_brings_back_durable_definitions_and_policies() {
         bodies.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
     }
     assert_eq!(bodies, ["p0", "p1", "p2", "p3", "p4"]);
-    let _ = c.close(200, "bye".into()).await;
+    common::close_connection(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,7 +488,7 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
     .expect_err("the queue's node is down");
     assert_eq!(reply_code(&err), Some(404), "{err}");
     assert!(err.to_string().contains("down or inaccessible"), "{err}");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
 
     // It comes back with its node.
     cluster.restart(3).await;
@@ -517,7 +517,7 @@ async fn a_node_that_goes_down_takes_its_transient_queues_and_its_durable_ones_w
     .expect("the unacked message survived");
     assert_eq!(got.delivery.data, b"before");
     assert!(got.delivery.redelivered);
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,7 +581,7 @@ async fn a_fourth_node_joins_as_a_voter_and_is_forgotten() {
     .expect("get")
     .expect("forwarded from node 1");
     assert_eq!(got.delivery.data, b"to four");
-    let _ = c4.close(200, "bye".into()).await;
+    common::close_connection(&c4).await;
 
     // A node cannot forget itself; another node forgets it: it leaves the membership and
     // its queues go.
@@ -616,7 +616,7 @@ async fn a_fourth_node_joins_as_a_voter_and_is_forgotten() {
     declare(&ch1, "after.forget", true, FieldTable::default())
         .await
         .expect("declare after forget");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -742,8 +742,8 @@ async fn basic_get_counts_purge_and_delete_reach_another_nodes_queue() {
     .expect("delete once empty");
     assert_eq!(deleted, 0);
     assert!(!cluster.queues(1).await.contains("remote.q"));
-    let _ = c1.close(200, "bye".into()).await;
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
+    common::close_connection(&c2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -836,8 +836,8 @@ async fn dead_letters_reach_a_queue_on_another_node() {
         .as_ref()
         .and_then(|h| h.inner().get("x-death").cloned());
     assert!(death.is_some(), "x-death is set");
-    let _ = c1.close(200, "bye".into()).await;
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
+    common::close_connection(&c2).await;
 }
 
 /// Issue 16: a transaction whose publish the queue's node never took must not be
@@ -908,7 +908,7 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
     declare(&ch3, "n3.restarting", true, FieldTable::default())
         .await
         .expect("declare");
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c3).await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
@@ -948,7 +948,7 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
                     }
                 }
             }
-            let _ = conn.close(200, "bye".into()).await;
+            common::close_connection(&conn).await;
         })
     };
     let acked_count = || acked.lock().expect("acked").len();
@@ -1000,7 +1000,7 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
     }
     let lost: Vec<_> = acked.difference(&got).take(5).collect();
     assert!(lost.is_empty(), "confirmed messages lost, e.g. {lost:?}");
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c3).await;
 }
 
 /// Declares durable queue `name` on node 1 and publishes `m0` to it, confirmed.
@@ -1017,7 +1017,7 @@ async fn queue_on_node1_holding_m0(cluster: &Cluster, name: &str) {
     .await
     .expect("confirm.select");
     assert!(publish_acked(&ch1, "", name, b"m0").await);
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
 }
 
 /// A basic.get whose asker gave the queue's node up while the get was under way (frozen
@@ -1070,8 +1070,8 @@ async fn a_get_whose_answer_never_reached_its_channel_goes_back_to_the_queue() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _ = c2.close(200, "bye".into()).await;
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c2).await;
+    common::close_connection(&c3).await;
 }
 
 /// `warrenctl add_user` and `change_password` store RabbitMQ's salted hash, never the
@@ -1096,7 +1096,7 @@ async fn passwords_reach_no_file_in_plain_text() {
         loop {
             match Connection::connect(&uri(id, second), ConnectionProperties::default()).await {
                 Ok(c) => {
-                    let _ = c.close(200, "bye".into()).await;
+                    common::close_connection(&c).await;
                     break;
                 }
                 Err(e) => assert!(Instant::now() < deadline, "node {id}: {e}"),
@@ -1192,7 +1192,7 @@ async fn an_ack_sent_while_the_queue_node_was_given_up_reaches_it_after_the_cut(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c2).await;
 }
 
 /// Direct reply-to across nodes: a reply name made on node 1 takes replies published on
@@ -1339,7 +1339,7 @@ async fn a_vhost_connection_limit_counts_the_connections_of_every_node() {
         {
             Ok(c) => {
                 // Node 2 has not heard of node 1's connection yet.
-                let _ = c.close(200, "bye".into()).await;
+                common::close_connection(&c).await;
                 assert!(
                     Instant::now() < deadline,
                     "node 2 never counted node 1's connection"
@@ -1542,6 +1542,6 @@ async fn a_definitions_import_through_a_follower_reaches_every_node_in_batches()
         .unwrap_or_else(|| panic!("{n} holds the message"));
         assert_eq!(got.delivery.data, n.as_bytes());
     }
-    let _ = c1.close(200, "bye".into()).await;
-    let _ = c3.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
+    common::close_connection(&c3).await;
 }

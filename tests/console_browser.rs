@@ -162,7 +162,7 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
     declare(&channel(&c1).await, QUEUE, true, locator("client-local"))
         .await
         .expect("declare on node 1: its master is there");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
     // Mirrors added after the publishes below would start unsynchronised (manual mode):
     // wait for both while the queue is empty.
     wait_synchronised_mirrors(&cluster, 2).await;
@@ -200,7 +200,7 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
     wait_text(&browser, "#channels tbody", "confirm").await;
     browser.goto(&format!("{base}#/policies"));
     wait_text(&browser, "#policies tbody", r#"{"ha-mode":"all"}"#).await;
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c2).await;
 
     browser.goto(&format!("{base}#/queues"));
     wait_text(&browser, "#queues", QUEUE).await;

@@ -104,7 +104,7 @@ async fn durable_definitions_survive_a_clean_restart() {
         )
         .await
         .expect("exclusive declare");
-        let _ = conn.close(200, "bye".into()).await;
+        common::close_connection(&conn).await;
     }
     let node = node.restart().await;
     check_durable_set(&node).await;

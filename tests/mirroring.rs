@@ -221,7 +221,7 @@ async fn drain(cluster: &Cluster, via: u64, queue: &str) -> Vec<(u32, bool)> {
         let n = u32::from_be_bytes(m.delivery.data[..4].try_into().expect("4 bytes"));
         drained.push((n, m.delivery.redelivered));
     }
-    let _ = conn.close(200, "bye".into()).await;
+    common::close_connection(&conn).await;
     drained
 }
 
@@ -293,7 +293,7 @@ async fn mirrored_cluster_with(
     declare(&channel(&c1).await, queue, durable, locator("client-local"))
         .await
         .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
     // Both mirrors synchronised (an empty queue: at once).
     wait_state(
         &cluster,
@@ -486,7 +486,7 @@ async fn transient_messages_from_before_the_policy_keep_mirrors_unsynchronised_u
         !synced.contains("warren"),
         "synchronised while transient messages were unmirrored: {synced}"
     );
-    let _ = conn.close(200, "bye".into()).await;
+    common::close_connection(&conn).await;
     let drained = drain(&cluster, 1, "ha.before").await;
     assert_eq!(drained.len(), 40);
     check(&(0..40).collect::<Vec<u32>>(), &drained);
@@ -531,7 +531,7 @@ async fn policy_changes_reshape_a_live_queue_without_losing_messages() {
     )
     .await
     .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
     let publisher = Publisher::start(&cluster.node(3).amqp_uri(), "ha.moves").await;
     publisher
         .wait_more(1000, "a backlog on the master alone")
@@ -773,7 +773,7 @@ async fn none_lost(
     left: Vec<(u32, bool)>,
     stayed: Vec<(u32, bool)>,
 ) -> Vec<(u32, bool)> {
-    let _ = consumers.close(200, "bye".into()).await;
+    common::close_connection(&consumers).await;
     let mut seen: Vec<(u32, bool)> = left.into_iter().chain(stayed).collect();
     seen.extend(drain(cluster, 2, queue).await);
     let held: BTreeSet<u32> = seen.iter().map(|(n, _)| *n).collect();
@@ -862,7 +862,7 @@ async fn messages_bigger_than_a_gm_frame_reach_the_mirrors_whole() {
         let confirmation = within("confirm", c).await.expect("confirm");
         assert!(confirmation.is_ack(), "confirmed: {confirmation:?}");
     }
-    let _ = conn.close(200, "bye".into()).await;
+    common::close_connection(&conn).await;
     cluster.nodes[0].kill();
     wait_state(&cluster, 3, "ha.big", off_node1, &[]).await;
     let conn = connect(&cluster.node(3).amqp_uri()).await;
@@ -888,7 +888,7 @@ async fn messages_bigger_than_a_gm_frame_reach_the_mirrors_whole() {
         assert_eq!(data.len(), want.len(), "message {n}'s length");
         assert!(*data == want, "message {n} byte for byte");
     }
-    let _ = conn.close(200, "bye".into()).await;
+    common::close_connection(&conn).await;
 }
 
 /// Issue 16, reproduction 1: a queue deleted and declared again after a whole-cluster restart
@@ -926,7 +926,7 @@ async fn a_queue_declared_again_after_a_cluster_restart_loses_no_confirmed_messa
         declare(&ch, "ha.bars", true, locator("client-local"))
             .await
             .expect("declare");
-        let _ = c1.close(200, "bye".into()).await;
+        common::close_connection(&c1).await;
         // As the issue's run: 1 KiB messages published to the master's node, whose
         // connection the kill ends.
         let publisher = Publisher::sized(&cluster.node(1).amqp_uri(), "ha.bars", 1024).await;
@@ -1177,7 +1177,7 @@ async fn a_forgotten_node_leaves_its_mirrored_queues_working_and_hands_over_thos
     // The queue it mastered lives on a synchronised mirror, with everything confirmed.
     wait_state(&cluster, 2, "ha.moves", |m| all.contains(&m), &[]).await;
     check(&acked, &drain(&cluster, 2, "ha.moves").await);
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c2).await;
 }
 
 /// What of `bodies` node `id`'s files hold for `queue` (its index, read as
@@ -1323,7 +1323,7 @@ async fn a_restarted_mirror_keeps_its_copy_and_catches_up_only_what_it_missed() 
         .expect("get");
         assert!(got.is_some(), "the queue holds messages");
     }
-    let _ = conn.close(200, "bye".into()).await;
+    common::close_connection(&conn).await;
     let acked = p.finish().await;
     let after_kill = acked.len() - killed;
     cluster.restart(3).await;

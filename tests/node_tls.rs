@@ -232,7 +232,7 @@ async fn a_tls_cluster_of_three_forms_and_keeps_a_mirrored_queue_through_a_maste
     )
     .await
     .expect("declare");
-    let _ = c1.close(200, "bye".into()).await;
+    common::close_connection(&c1).await;
 
     // 200 confirmed publishes through node 2: forwarded to the master on node 1 and
     // mirrored to nodes 2 and 3, all over TLS links.
@@ -248,7 +248,7 @@ async fn a_tls_cluster_of_three_forms_and_keeps_a_mirrored_queue_through_a_maste
         let body = format!("m{i}");
         assert!(procs::publish_acked(&ch, "", "ha.tls", body.as_bytes()).await);
     }
-    let _ = c2.close(200, "bye".into()).await;
+    common::close_connection(&c2).await;
     let start = Instant::now();
     loop {
         let rows = cluster

@@ -77,7 +77,7 @@ async fn persistent_messages_survive_a_clean_restart_with_their_state() {
         within("ack", m1.delivery.acker.ack(Default::default()))
             .await
             .expect("ack m1");
-        let _ = conn.close(200, "bye".into()).await;
+        common::close_connection(&conn).await;
     }
     let node = node.restart().await;
     let (_conn, ch) = node.channel().await;

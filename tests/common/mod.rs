@@ -21,6 +21,7 @@
 
 pub mod faults;
 pub mod procs;
+pub mod watchdog;
 pub mod webdriver;
 
 use std::future::Future;
@@ -58,6 +59,14 @@ pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
         Ok(v) => v,
         Err(_) => panic!("timed out after {TIMEOUT:?}: {what}"),
     }
+}
+
+/// Closes a client connection (reply 200), failing the test if the broker's close-ok does
+/// not come within [`TIMEOUT`]: a close that never completes is a broker bug, and an
+/// unbounded await let one hang CI until its time ran out. An error (the socket already
+/// gone) is fine.
+pub async fn close_connection(conn: &Connection) {
+    let _ = within("connection.close", conn.close(200, "bye".into())).await;
 }
 
 /// A name unique in this process and across processes (pid + counter + clock).

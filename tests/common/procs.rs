@@ -142,6 +142,8 @@ pub struct Cluster {
     pub ips: Vec<String>,
     /// Options every warrenctl run gets before the command (`--cacert` for `[admin.tls]`).
     pub ctl_options: Vec<String>,
+    /// Fails the test, with the nodes' logs, if it holds the cluster too long (a hang).
+    _watchdog: super::watchdog::Watchdog,
 }
 
 impl Drop for Cluster {
@@ -263,11 +265,13 @@ impl Cluster {
                 child: None,
             });
         }
+        let watchdog = super::watchdog::Watchdog::start(dir.clone());
         let mut cluster = Cluster {
             dir,
             nodes,
             ips: ips.clone(),
             ctl_options,
+            _watchdog: watchdog,
         };
         for n in &mut cluster.nodes {
             n.spawn();

@@ -52,8 +52,10 @@ impl Watchdog {
                 return;
             }
             let _ = std::io::stderr().write_all(
-                format!("WATCHDOG: {test} did not end a minute after its nodes were killed: aborting\n")
-                    .as_bytes(),
+                format!(
+                    "WATCHDOG: {test} did not end a minute after its nodes were killed: aborting\n"
+                )
+                .as_bytes(),
             );
             std::process::abort();
         });
@@ -114,7 +116,11 @@ fn kill_processes_under(dir: &Path) {
         return;
     };
     for entry in procs.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();

@@ -70,6 +70,9 @@ pub struct Config {
     pub permissions: Vec<PermissionConfig>,
     /// `[cluster]`: absent for a single node.
     pub cluster: Option<ClusterConfig>,
+    /// The file this was loaded from (none for the embedded default); not a setting.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// `[cluster]`: this node's place in a cluster whose metadata is replicated with Raft.
@@ -423,6 +426,7 @@ impl Default for Config {
                 read: ".*".into(),
             }],
             cluster: None,
+            source: None,
         }
     }
 }
@@ -443,7 +447,9 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut config = Self::parse(&text, &path.display().to_string())?;
+        config.source = Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()));
+        Ok(config)
     }
 
     /// The embedded default configuration.

@@ -192,6 +192,23 @@ async fn the_console_draws_a_mirrored_queues_ring_through_a_failover_and_a_sync(
     browser.click("#login-submit");
     wait_text(&browser, "#main h1", "Overview").await;
     wait_text(&browser, "#nodes", "warren3@test").await;
+    // Each node's figures, node 1's and 3's fetched by node 2 over the node links: memory
+    // against the test clusters' 1 GiB watermark, on all three rows.
+    wait_text(&browser, "#nodes thead", "File descriptors").await;
+    let start = Instant::now();
+    while browser
+        .text("#nodes tbody")
+        .matches("MiB of 1.0 GiB")
+        .count()
+        < 3
+    {
+        assert!(
+            start.elapsed() < SHOW_TIMEOUT,
+            "not every node shows its memory: {:?}",
+            browser.text("#nodes tbody")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     wait_text(&browser, "#alarms", "No resource alarm").await;
     shots.take(&browser, "overview");
 

@@ -642,6 +642,69 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     .await;
 }
 
+/// `GET /api/nodes` on any node shows every running node's own figures, fetched from that
+/// node over the node links: its process id, files, sockets and descriptors. A node that is
+/// down shows name, type and `running: false` only, as a stopped node in RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_object_carries_that_nodes_own_figures() {
+    use common::procs;
+    let mut cluster = procs::Cluster::start("nodes").await;
+    let api2 = Api {
+        base: format!("http://{}:15672", cluster.node(2).ip),
+    };
+    // Two clients on node 3, none elsewhere.
+    let _c1 = procs::connect(&cluster.node(3).amqp_uri()).await;
+    let _c2 = procs::connect(&cluster.node(3).amqp_uri()).await;
+    let (s, nodes) = api2.call("GET", "/api/nodes", None).await;
+    assert_eq!(s, 200);
+    let nodes = nodes.as_array().expect("a list").clone();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    for id in 1..=3u64 {
+        let proc = cluster.node(id);
+        let n = nodes
+            .iter()
+            .find(|n| n["name"] == format!("warren{id}@test"))
+            .unwrap_or_else(|| panic!("node {id} listed: {nodes:?}"));
+        let pid = proc.child.as_ref().expect("running").id();
+        assert_eq!(n["os_pid"], json!(pid.to_string()), "node {id}: {n}");
+        let config = std::fs::canonicalize(&proc.config).expect("config path");
+        assert_eq!(
+            n["config_files"],
+            json!([config.display().to_string()]),
+            "{n}"
+        );
+        let data = cluster.dir.join(format!("data{id}"));
+        assert_eq!(n["db_dir"], json!(data.display().to_string()), "{n}");
+        assert_eq!(
+            n["sockets_used"],
+            json!(if id == 3 { 2 } else { 0 }),
+            "node {id}: {n}"
+        );
+        let fds = n["fd_used"].as_u64().expect("fd_used");
+        assert!(
+            fds > 2 && fds < n["fd_total"].as_u64().expect("fd_total"),
+            "{n}"
+        );
+        assert!(n["mem_used"].as_u64().expect("mem_used") > 1 << 20, "{n}");
+        assert!(n["uptime"].as_u64().expect("uptime") > 0, "{n}");
+        assert_eq!(n["running"], true);
+    }
+    // Node 3 killed: once it is recorded down it is listed stopped, without figures.
+    cluster.nodes[2].kill();
+    eventually("node 3 listed as stopped", || async {
+        let (_, nodes) = api2.call("GET", "/api/nodes/warren3@test", None).await;
+        nodes["running"] == false
+    })
+    .await;
+    let (_, n3) = api2.call("GET", "/api/nodes/warren3@test", None).await;
+    assert_eq!(
+        n3,
+        json!({"name": "warren3@test", "type": "disc", "running": false})
+    );
+    let (_, n2) = api2.call("GET", "/api/nodes/warren2@test", None).await;
+    assert!(n2["mem_used"].as_u64().is_some(), "{n2}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_follow_alarms_listeners_and_cluster_state() {
     use common::procs;

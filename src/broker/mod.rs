@@ -14,6 +14,7 @@ pub mod exchange;
 pub mod group_commit;
 pub mod login_throttle;
 pub mod message;
+pub mod node_stats;
 pub mod outbox;
 pub mod queue;
 pub mod registry;

@@ -99,8 +99,9 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
     /// Asks the queue's node something whose answer a parked channel waits for; the future
     /// resolves to the answer (or [`QueueReply::Unavailable`]) and never fails otherwise.
     fn call(&self, call: QueueCall) -> CallFuture;
-    /// Asks node `node` about its sessions (the management API's cluster-wide listings);
-    /// resolves to [`NodeReply::Unavailable`] when the node cannot answer.
+    /// Asks node `node` about itself: its sessions, figures, or a connection to close (the
+    /// management API's cluster-wide views); resolves to [`NodeReply::Unavailable`] when
+    /// the node cannot answer.
     fn node_call(&self, node: NodeId, call: NodeCall) -> NodeCallFuture;
 }
 
@@ -116,6 +117,8 @@ pub enum NodeCall {
         /// The reply text.
         reason: String,
     },
+    /// Its figures for `GET /api/nodes`.
+    Stats,
 }
 
 /// The answer to a [`NodeCall`].
@@ -125,6 +128,8 @@ pub enum NodeReply {
     Sessions(Vec<super::registry::ConnectionView>),
     /// Whether the connection was there to close.
     Closed(bool),
+    /// Its figures.
+    Stats(Box<super::node_stats::NodeStats>),
     /// The node could not be reached, or did not answer.
     Unavailable(String),
 }

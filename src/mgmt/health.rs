@@ -257,6 +257,7 @@ mod tests {
             remote_counts: &counts,
             listeners: LISTENERS,
             remote_sessions: &[],
+            node_stats: &Default::default(),
         };
         check(&ctx, meta, path).expect("a known check")
     }

@@ -243,6 +243,9 @@ pub struct Context<'a> {
     pub listeners: &'a [health::Listener],
     /// The other running nodes' connections (for the live listings; empty otherwise).
     pub remote_sessions: &'a [NodeSessions],
+    /// The figures of the nodes that answered, by name, this node's among them (for
+    /// `GET /api/nodes`; empty otherwise).
+    pub node_stats: &'a std::collections::BTreeMap<String, crate::broker::node_stats::NodeStats>,
 }
 
 /// Another node's connections, as it answered.

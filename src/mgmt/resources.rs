@@ -594,11 +594,11 @@ fn nodes(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str>
         .values()
         .map(|n| {
             let running = n.id == ctx.broker.node_id() || !ctx.broker.node_is_down(n.id);
-            json!({"name": n.name, "type": "disc", "running": running})
+            node_json(ctx, &n.name, running)
         })
         .collect();
     if list.is_empty() {
-        list.push(json!({"name": ctx.node.name, "type": "disc", "running": true}));
+        list.push(node_json(ctx, &ctx.node.name, true));
     }
     match one {
         None => Response::ok(Value::Array(list)),
@@ -607,6 +607,65 @@ fn nodes(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str>
             true,
         ),
     }
+}
+
+/// A node object as RabbitMQ 3.10 shows it: name, type and running, and the node's figures
+/// when it answered ([`Context::node_stats`]); a node that did not (stopped, or cut off)
+/// has the first three only, as a stopped node in RabbitMQ.
+fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
+    let mut node = json!({"name": name, "type": "disc", "running": running});
+    let Some(s) = ctx.node_stats.get(name) else {
+        return node;
+    };
+    let exchange_types: Vec<Value> = ["headers", "direct", "topic", "fanout"]
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t,
+                "description": format!("AMQP {t} exchange, as per the AMQP specification"),
+                "enabled": true,
+            })
+        })
+        .collect();
+    let amqps = ctx
+        .listeners
+        .iter()
+        .any(|(protocol, _)| *protocol == "amqp/ssl");
+    let figures = json!({
+        "mem_used": s.mem_used,
+        "mem_limit": s.mem_limit,
+        "mem_alarm": s.mem_alarm,
+        "disk_free": s.disk_free,
+        "disk_free_limit": s.disk_free_limit,
+        "disk_free_alarm": s.disk_free_alarm,
+        "fd_used": s.fd_used,
+        "fd_total": s.fd_total,
+        "sockets_used": s.sockets_used,
+        // Client sockets are bounded by descriptors alone (no share kept back as RabbitMQ's
+        // file handle cache does).
+        "sockets_total": s.fd_total,
+        "uptime": s.uptime_ms,
+        "os_pid": s.os_pid.to_string(),
+        "processors": s.processors,
+        // Raft keeps one metadata history: no partition leaves two to reconcile.
+        "partitions": [],
+        "exchange_types": exchange_types,
+        "auth_mechanisms": [
+            {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": true},
+            {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": true},
+            {"name": "EXTERNAL", "description": "SSL authentication mechanism using SASL EXTERNAL", "enabled": amqps},
+        ],
+        // No statistics database: no rates (docs/management.md).
+        "rates_mode": "none",
+        "config_files": s.config_file.iter().collect::<Vec<_>>(),
+        "db_dir": s.db_dir,
+        "log_files": ["<stdout>"],
+        "contexts": [],
+    });
+    if let (Value::Object(node), Value::Object(figures)) = (&mut node, figures) {
+        node.extend(figures);
+    }
+    node
 }
 
 /// Each node's state, by name (a vhost runs on every node): `cluster_state`.

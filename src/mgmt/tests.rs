@@ -64,6 +64,7 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
+        node_stats: &Default::default(),
     };
     let req = Request::new(method, path, Some(basic_auth(user, "pw"))).with_body(body.as_bytes());
     handle(&ctx, &req, Instant::from_millis(0))
@@ -79,6 +80,7 @@ fn without_credentials(b: &Broker, path: &str) -> Response {
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
+        node_stats: &Default::default(),
     };
     handle(
         &ctx,
@@ -121,6 +123,7 @@ fn bad_password_is_401_login_failed() {
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
+        node_stats: &Default::default(),
     };
     let req = Request::new(
         Method::Get,
@@ -157,6 +160,7 @@ fn loopback_users_are_refused_from_elsewhere() {
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
+        node_stats: &Default::default(),
     };
     let mut req = Request::new(Method::Get, "/api/whoami", Some(basic_auth("admin", "pw")));
     req.peer_loopback = false;
@@ -765,6 +769,7 @@ fn definitions_export_and_import_round_trip() {
         remote_counts: &counts,
         listeners: &[("amqp", 5672), ("http", 15672)],
         remote_sessions: &[],
+        node_stats: &Default::default(),
     };
     let req = Request::new(
         Method::Post,
@@ -1734,4 +1739,96 @@ fn a_single_queue_page_is_the_queues_row_of_the_listing() {
         assert_eq!(&page[k], v, "field {k}");
     }
     assert_eq!(get(&b, "admin", "/api/queues/%2F/nope").status, 404);
+}
+
+/// A node that answered shows its figures as RabbitMQ's fields (units, types and names the
+/// management UI and rabbitmqadmin read); EXTERNAL is enabled only with an AMQPS listener.
+#[test]
+fn a_node_that_answered_shows_its_figures() {
+    let b = broker();
+    let stats = crate::broker::node_stats::NodeStats {
+        mem_used: 50 << 20,
+        mem_limit: 400 << 20,
+        mem_alarm: false,
+        disk_free: Some(7 << 30),
+        disk_free_limit: 50_000_000,
+        disk_free_alarm: true,
+        fd_used: Some(42),
+        fd_total: Some(1024),
+        sockets_used: 3,
+        uptime_ms: 61_000,
+        os_pid: 4321,
+        processors: 2,
+        config_file: Some("/etc/warren/warren.toml".into()),
+        db_dir: "/var/lib/warren".into(),
+    };
+    let figures = [("warren@test".to_string(), stats)].into_iter().collect();
+    let counts = RemoteCountsByVhost::new();
+    let answer = |listeners: &[crate::mgmt::health::Listener]| {
+        let ctx = Context {
+            broker: &b,
+            node: &node(),
+            loopback_users: &[],
+            remote_counts: &counts,
+            listeners,
+            remote_sessions: &[],
+            node_stats: &figures,
+        };
+        let req = Request::new(
+            Method::Get,
+            "/api/nodes/warren@test",
+            Some(basic_auth("admin", "pw")),
+        );
+        handle(&ctx, &req, Instant::from_millis(0))
+            .body
+            .expect("a body")
+    };
+    let n = answer(&[("amqp", 5672)]);
+    for (field, value) in [
+        ("name", json!("warren@test")),
+        ("running", json!(true)),
+        ("mem_used", json!(52_428_800)),
+        ("mem_limit", json!(419_430_400)),
+        ("mem_alarm", json!(false)),
+        ("disk_free", json!(7_516_192_768u64)),
+        ("disk_free_limit", json!(50_000_000)),
+        ("disk_free_alarm", json!(true)),
+        ("fd_used", json!(42)),
+        ("fd_total", json!(1024)),
+        ("sockets_used", json!(3)),
+        ("sockets_total", json!(1024)),
+        ("uptime", json!(61_000)),
+        ("os_pid", json!("4321")),
+        ("processors", json!(2)),
+        ("partitions", json!([])),
+        ("rates_mode", json!("none")),
+        ("config_files", json!(["/etc/warren/warren.toml"])),
+        ("db_dir", json!("/var/lib/warren")),
+        ("log_files", json!(["<stdout>"])),
+    ] {
+        assert_eq!(n[field], value, "{field}");
+    }
+    let names = |key: &str, n: &Value| -> Vec<(String, bool)> {
+        n[key]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap().to_string(),
+                    m["enabled"] == true,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        names("exchange_types", &n),
+        ["headers", "direct", "topic", "fanout"].map(|t| (t.to_string(), true))
+    );
+    assert_eq!(
+        names("auth_mechanisms", &n),
+        [("PLAIN", true), ("AMQPLAIN", true), ("EXTERNAL", false)].map(|(m, e)| (m.to_string(), e))
+    );
+    let with_tls = answer(&[("amqp", 5672), ("amqp/ssl", 5671)]);
+    assert_eq!(with_tls["auth_mechanisms"][2]["enabled"], true);
 }

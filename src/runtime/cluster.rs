@@ -280,13 +280,19 @@ impl Cluster {
     }
 
     /// Installs the relay that serves queues across nodes (before clients connect).
-    pub fn install_relay(&self, meta: Arc<dyn MetaCommit>, clock: Clock) {
+    pub fn install_relay(
+        &self,
+        meta: Arc<dyn MetaCommit>,
+        clock: Clock,
+        facts: Arc<super::node_stats::NodeFacts>,
+    ) {
         let relay = Relay::install(
             self.broker.clone(),
             self.transport.clone(),
             meta,
             clock,
             self.applied.clone(),
+            facts,
         );
         let _ = self.relay.set(relay);
     }

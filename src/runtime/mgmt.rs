@@ -5,6 +5,7 @@
 //! `MetaCommit`, and queue counts of other nodes are fetched the way `warrenctl
 //! list_queues` fetches them ([`super::admin::remote_counts`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,7 +18,9 @@ use tokio::sync::watch;
 
 use super::clock::Clock;
 use super::conn_task::MetaCommit;
+use super::node_stats::NodeFacts;
 use crate::admin::NodeInfo;
+use crate::broker::node_stats::NodeStats;
 use crate::broker::remote::{NodeCall, NodeReply};
 use crate::broker::Broker;
 use crate::meta::Command;
@@ -43,6 +46,8 @@ pub struct MgmtContext {
     pub listeners: Arc<Vec<mgmt::health::Listener>>,
     /// The AMQP listener, for the work done over a channel ([`super::direct`]).
     pub amqp: SocketAddr,
+    /// What this node knows of itself, for its figures in `GET /api/nodes`.
+    pub facts: Arc<NodeFacts>,
 }
 
 /// Serves `listener` until `shutdown` flips.
@@ -131,6 +136,11 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
     } else {
         Vec::new()
     };
+    let node_stats = if req.method == Method::Get && nodes_path(&req.path) {
+        node_stats(ctx).await
+    } else {
+        BTreeMap::new()
+    };
     let core = Context {
         broker: &ctx.broker,
         node: &ctx.node,
@@ -138,6 +148,7 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
         remote_counts: &counts,
         listeners: &ctx.listeners,
         remote_sessions: &sessions,
+        node_stats: &node_stats,
     };
     let planned = mgmt::plan(&core, req);
     match planned {
@@ -194,6 +205,45 @@ fn live_path(path: &str) -> bool {
         || p.starts_with("/api/consumers")
         || (p.starts_with("/api/vhosts/")
             && (p.ends_with("/connections") || p.ends_with("/channels")))
+}
+
+/// Whether the path shows node objects.
+fn nodes_path(path: &str) -> bool {
+    path == "/api/nodes" || path.starts_with("/api/nodes/")
+}
+
+/// This node's figures and those of every other node not recorded down that answers
+/// within [`NODE_CALL_DEADLINE`], by name.
+async fn node_stats(ctx: &MgmtContext) -> BTreeMap<String, NodeStats> {
+    let mut out = BTreeMap::new();
+    out.insert(
+        ctx.node.name.clone(),
+        super::node_stats::read(&ctx.broker, &ctx.facts),
+    );
+    let Some(link) = ctx.broker.remote_link() else {
+        return out;
+    };
+    let me = ctx.broker.node_id();
+    let mut calls = tokio::task::JoinSet::new();
+    for (id, record) in ctx.broker.snapshot().nodes.iter() {
+        if *id == me || ctx.broker.node_is_down(*id) {
+            continue;
+        }
+        let name = record.name.clone();
+        let call = link.node_call(*id, NodeCall::Stats);
+        calls.spawn(async move {
+            match tokio::time::timeout(NODE_CALL_DEADLINE, call).await {
+                Ok(NodeReply::Stats(stats)) => Some((name, *stats)),
+                _ => None,
+            }
+        });
+    }
+    while let Some(r) = calls.join_next().await {
+        if let Ok(Some((name, stats))) = r {
+            out.insert(name, stats);
+        }
+    }
+    out
 }
 
 /// The sessions of every other node not recorded down, asked at once; a node that does not

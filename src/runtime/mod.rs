@@ -31,6 +31,7 @@ pub mod mgmt;
 pub mod mirror_host;
 pub mod node;
 pub mod node_link;
+pub mod node_stats;
 pub mod prometheus;
 pub mod raft;
 pub mod relay;

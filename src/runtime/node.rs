@@ -224,6 +224,12 @@ impl Node {
             broker = broker.with_durability(d.clone());
         }
         let clock = Clock::start();
+        let facts = Arc::new(super::node_stats::NodeFacts {
+            started: std::time::Instant::now(),
+            disk_free_limit: config.limits.disk_free_limit_bytes,
+            config_file: config.source.as_ref().map(|p| p.display().to_string()),
+            data_dir: config.node.data_dir.display().to_string(),
+        });
         let mut listener =
             transport
                 .bind(config.amqp.listen)
@@ -354,6 +360,7 @@ impl Node {
                 .collect(),
             ),
             amqp: addr,
+            facts: facts.clone(),
         };
         if let (Some(listener), Some(mgmt)) = (mgmt_listener, mgmt_addr) {
             tracing::info!(addr = %mgmt, "management API listening");
@@ -387,8 +394,7 @@ impl Node {
                         .as_ref()
                         .map_or_else(|| config.node.name.clone(), |c| c.cluster_id.clone()),
                     raft: cluster.as_ref().map(|c| c.raft().clone()),
-                    disk_free_limit_bytes: config.limits.disk_free_limit_bytes,
-                    started: std::time::Instant::now(),
+                    facts: facts.clone(),
                 },
                 shutdown_rx.clone(),
             )));
@@ -398,7 +404,7 @@ impl Node {
             let id = record.id;
             tracing::info!(node_id = id, "waiting to catch up with the cluster");
             c.wait_ready().await;
-            c.install_relay(meta.clone(), clock);
+            c.install_relay(meta.clone(), clock, facts.clone());
             c.join_metadata(&config, record).await;
             c.start_watchers();
             tracing::info!(node_id = id, "caught up with the cluster");

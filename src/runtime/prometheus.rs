@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::broker::Broker;
 use crate::metrics::{self, Detail, Format, QueueSample, Sample};
+use crate::runtime::node_stats::{self, NodeFacts};
 use crate::runtime::raft::MetaRaft;
 
 /// What every scrape reads.
@@ -27,10 +28,8 @@ pub struct PrometheusContext {
     pub cluster: String,
     /// The metadata Raft group (cluster mode).
     pub raft: Option<MetaRaft>,
-    /// `disk_free_limit_bytes`.
-    pub disk_free_limit_bytes: u64,
-    /// When the node started.
-    pub started: std::time::Instant,
+    /// What the node knows of itself from its start.
+    pub facts: Arc<NodeFacts>,
 }
 
 /// Serves `listener` until `shutdown` flips.
@@ -104,7 +103,7 @@ fn sample(ctx: &PrometheusContext) -> Sample {
             }
         })
         .collect();
-    let (open_fds, max_fds) = fds();
+    let (open_fds, max_fds) = node_stats::fds();
     Sample {
         node: ctx.node.clone(),
         cluster: ctx.cluster.clone(),
@@ -114,37 +113,13 @@ fn sample(ctx: &PrometheusContext) -> Sample {
         channels,
         consumers,
         queues,
-        resident_memory_bytes: resident_memory().unwrap_or(0),
+        resident_memory_bytes: node_stats::resident_memory().unwrap_or(0),
         memory_limit_bytes: broker.memory_high_watermark(),
         memory_alarm: broker.memory_alarm(),
         open_fds,
         max_fds,
-        disk_free_limit_bytes: ctx.disk_free_limit_bytes,
-        uptime_seconds: ctx.started.elapsed().as_secs_f64(),
+        disk_free_limit_bytes: ctx.facts.disk_free_limit,
+        uptime_seconds: ctx.facts.started.elapsed().as_secs_f64(),
         raft: ctx.raft.as_ref().map(MetaRaft::progress),
     }
-}
-
-/// Resident memory of this process, from `/proc/self/statm` (Linux).
-fn resident_memory() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf only reads a system constant.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(page).ok().map(|p| pages * p)
-}
-
-/// (open file descriptors, their limit), where the platform tells.
-fn fds() -> (Option<u64>, Option<u64>) {
-    let open = std::fs::read_dir("/proc/self/fd")
-        .ok()
-        .map(|d| d.count() as u64);
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct it is given.
-    let max = (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0)
-        .then_some(limit.rlim_cur);
-    (open, max)
 }

@@ -128,6 +128,8 @@ struct Inner {
     me: NodeId,
     /// The Raft index this node's broker has followed.
     applied: watch::Receiver<u64>,
+    /// What this node knows of itself, for [`RelayMsg::Stats`].
+    facts: Arc<super::node_stats::NodeFacts>,
     link: Weak<Relay>,
     /// Per node: its sender, and the signal that the node was declared down (what waits for
     /// its answers fails then: a frozen node keeps its sockets open and never answers).
@@ -189,6 +191,7 @@ impl Relay {
         meta: Arc<dyn MetaCommit>,
         clock: Clock,
         applied: watch::Receiver<u64>,
+        facts: Arc<super::node_stats::NodeFacts>,
     ) -> Arc<Relay> {
         let me = broker.node_id();
         let relay = Arc::new_cyclic(|weak| Relay {
@@ -199,6 +202,7 @@ impl Relay {
                 clock,
                 me,
                 applied,
+                facts,
                 link: weak.clone(),
                 senders: Mutex::new(HashMap::new()),
                 proxies: Mutex::new(HashMap::new()),

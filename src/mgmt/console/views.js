@@ -25,6 +25,23 @@ function badge(text, kind = text) {
   return el("span", { class: `badge ${kind}` }, text);
 }
 
+// 1536 -> "1.5 KiB", as RabbitMQ's UI writes sizes.
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+}
+
+// Milliseconds -> "2d 3h", "3h 4m", "4m 5s", as RabbitMQ's UI writes uptimes.
+function duration(ms) {
+  const s = Math.floor(ms / 1000), d = Math.floor(s / 86400), h = Math.floor(s / 3600) % 24,
+    m = Math.floor(s / 60) % 60;
+  if (d > 0) return `${d}d ${h}h`;
+  if (h > 0) return `${h}h ${m}m`;
+  return `${m}m ${s % 60}s`;
+}
+
 function queueLink(vhost, name) {
   return el("a", { href: `#/queue/${seg(vhost)}/${seg(name)}` }, name);
 }
@@ -80,9 +97,18 @@ const Views = {};
 Views.overview = (main) => {
   const cards = el("div", { class: "cards", id: "totals" });
   const rates = el("div", { class: "cards", id: "rates" });
+  // A stopped node has no figures: its cells stay empty.
+  const of = (used, total, fmt) => (used === undefined ? "" : total ? `${fmt(used)} of ${fmt(total)}` : fmt(used));
   const nodes = new SortableTable([
     { key: "name", label: "Node" },
     { key: "running", label: "State", show: (n) => n.running ? badge("running") : badge("down") },
+    { key: "mem_used", label: "Memory", num: true,
+      show: (n) => n.mem_used === undefined ? "" : [of(n.mem_used, n.mem_limit, bytes), n.mem_alarm ? badge("alarm") : ""] },
+    { key: "disk_free", label: "Disk free", num: true,
+      show: (n) => n.disk_free == null ? "" : [bytes(n.disk_free), n.disk_free_alarm ? badge("alarm") : ""] },
+    { key: "fd_used", label: "File descriptors", num: true, show: (n) => of(n.fd_used, n.fd_total, String) },
+    { key: "sockets_used", label: "Sockets", num: true, show: (n) => of(n.sockets_used, n.sockets_total, String) },
+    { key: "uptime", label: "Uptime", num: true, show: (n) => n.uptime === undefined ? "" : duration(n.uptime) },
   ], "name");
   nodes.element.id = "nodes";
   const alarms = el("div", { id: "alarms" });

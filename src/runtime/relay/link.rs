@@ -143,6 +143,7 @@ impl RemoteLink for Relay {
     fn node_call(&self, node: NodeId, call: NodeCall) -> NodeCallFuture {
         let msg = match call {
             NodeCall::Sessions => RelayMsg::Sessions,
+            NodeCall::Stats => RelayMsg::Stats,
             NodeCall::CloseConnection { id, reason } => RelayMsg::CloseConnection { id, reason },
         };
         let (tx, rx) = oneshot::channel();

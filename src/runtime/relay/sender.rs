@@ -167,6 +167,7 @@ impl Inner {
             let _ = tx.send(match reply {
                 Some(RelayReply::Sessions(v)) => NodeReply::Sessions(v.clone()),
                 Some(RelayReply::Closed(found)) => NodeReply::Closed(*found),
+                Some(RelayReply::Stats(s)) => NodeReply::Stats(s.clone()),
                 _ => NodeReply::Unavailable("unexpected answer from the node".into()),
             });
             return;

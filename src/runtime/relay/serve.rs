@@ -300,6 +300,13 @@ impl Inner {
                 RelayReply::Closed(self.broker.sessions().close(id, &reason)),
                 0,
             ),
+            RelayMsg::Stats => (
+                RelayReply::Stats(Box::new(crate::runtime::node_stats::read(
+                    &self.broker,
+                    &self.facts,
+                ))),
+                0,
+            ),
             RelayMsg::Deliver {
                 conn,
                 channel,
@@ -422,6 +429,7 @@ impl Inner {
             | RelayMsg::Deliver { .. }
             | RelayMsg::Barrier { .. }
             | RelayMsg::Sessions
+            | RelayMsg::Stats
             | RelayMsg::CloseConnection { .. }
             | RelayMsg::DeliverReply { .. } => None,
         }

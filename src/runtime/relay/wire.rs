@@ -132,6 +132,8 @@ pub(super) enum RelayMsg {
     /// To a reply consumer's node: a message published to its reply name (direct
     /// reply-to). Nothing waits for the answer. Last, so earlier variants keep their tags.
     DeliverReply { name: String, message: WireMessage },
+    /// To any node: its figures (`GET /api/nodes`). After the rest, keeping their tags.
+    Stats,
 }
 
 impl RelayMsg {
@@ -170,6 +172,8 @@ pub(super) enum RelayReply {
     Sessions(Vec<crate::broker::registry::ConnectionView>),
     /// Whether the connection was there to close.
     Closed(bool),
+    /// This node's figures.
+    Stats(Box<crate::broker::node_stats::NodeStats>),
 }
 
 pub(super) fn encode<T: Serialize>(v: &T) -> Vec<u8> {

@@ -1,0 +1,42 @@
+//! What a node reports about itself in `GET /api/nodes`: memory, disk, descriptors,
+//! sockets, uptime and where its files are. The runtime reads the figures (from `/proc`,
+//! `statvfs` and its clock) and other nodes ask for them over the node links
+//! ([`super::remote::NodeCall::Stats`]); the management core renders them as RabbitMQ's
+//! node object.
+
+use serde::{Deserialize, Serialize};
+
+/// One node's figures at the moment it was asked.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Resident memory of the node's process, in bytes (RabbitMQ's `rss` strategy).
+    pub mem_used: u64,
+    /// The memory high watermark, in bytes. The alarm is raised on message bytes held by
+    /// queues, not on the process's resident memory (`docs/management.md`).
+    pub mem_limit: u64,
+    /// Whether the memory alarm is on.
+    pub mem_alarm: bool,
+    /// Free bytes on the file system of the data folder, as last measured (None before
+    /// the first measurement or where it cannot be asked).
+    pub disk_free: Option<u64>,
+    /// `disk_free_limit_bytes`.
+    pub disk_free_limit: u64,
+    /// Whether the disk alarm is on.
+    pub disk_free_alarm: bool,
+    /// Open file descriptors, where the platform tells.
+    pub fd_used: Option<u64>,
+    /// The process's descriptor limit, where the platform tells.
+    pub fd_total: Option<u64>,
+    /// Client connections open on this node.
+    pub sockets_used: u64,
+    /// Milliseconds since the node started.
+    pub uptime_ms: u64,
+    /// The node's process id.
+    pub os_pid: u32,
+    /// Processors the node may run on.
+    pub processors: u32,
+    /// The configuration file it was started with, if any (the embedded default has none).
+    pub config_file: Option<String>,
+    /// The data folder.
+    pub db_dir: String,
+}

@@ -944,6 +944,52 @@ async fn a_queue_declared_again_after_a_cluster_restart_loses_no_confirmed_messa
     }
 }
 
+/// Open bug 2 of `docs/reliability.md` (once, session 10: confirmed persistent messages of a
+/// re-declared queue lost across a whole-cluster `kill -9`), as a test: each round deletes
+/// and re-declares the queue through node 1, publishes through node 2 (relayed to the
+/// master), kills all three nodes at once mid-stream, starts them again on the same data
+/// folders and drains. Every confirmed message must come back, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_declared_again_loses_no_confirmed_message_across_a_whole_cluster_kill_9() {
+    let mut cluster = Cluster::start("redeclare-kill9").await;
+    cluster.set_ha_policy(ALL_AUTOMATIC).await;
+    for round in 0..4 {
+        let c1 = connect(&cluster.node(1).amqp_uri()).await;
+        let ch = channel(&c1).await;
+        within(
+            "queue.delete",
+            ch.queue_delete("ha.k9".into(), Default::default()),
+        )
+        .await
+        .expect("queue.delete");
+        let ch = channel(&c1).await;
+        declare(&ch, "ha.k9", true, locator("client-local"))
+            .await
+            .expect("declare");
+        common::close_connection(&c1).await;
+        let publisher = Publisher::sized(&cluster.node(2).amqp_uri(), "ha.k9", 1024).await;
+        publisher.wait_more(3_000, "before the kill").await;
+        for n in &mut cluster.nodes {
+            n.kill();
+        }
+        let acked = publisher.finish().await;
+        for n in &mut cluster.nodes {
+            n.spawn();
+        }
+        for i in 0..3 {
+            cluster.wait_serving(i, 1).await;
+        }
+        wait_state(&cluster, 2, "ha.k9", |m| !m.is_empty(), &[]).await;
+        let drained = drain(&cluster, 2, "ha.k9").await;
+        eprintln!(
+            "round {round}: {} confirmed, {} drained",
+            acked.len(),
+            drained.len()
+        );
+        check(&acked, &drained);
+    }
+}
+
 /// A whole-cluster SIGTERM: the master's node hands its queue over to a mirror whose node is
 /// stopping too. Once it decides to, it confirms nothing more; before, a lap that completed
 /// after the target's member died was confirmed, and the target's copy, which became the

@@ -116,21 +116,7 @@ pub(super) async fn bind<T: Transport>(
         addr: config.admin.listen,
         source,
     })?;
-    let mgmt = match config.management.listen_addr() {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|source| NodeError::Bind { addr: a, source })?,
-        ),
-        None => None,
-    };
-    let mgmt_addr = match &mgmt {
-        Some(l) => Some(l.local_addr().map_err(|source| NodeError::Bind {
-            addr: admin_addr,
-            source,
-        })?),
-        None => None,
-    };
+    let (mgmt, mgmt_addr) = bind_optional(config.management.listen_addr()).await?;
     let (prometheus, prometheus_addr) = bind_optional(config.prometheus.listen_addr()).await?;
     let (amqps, amqps_addr) = bind_optional(
         config

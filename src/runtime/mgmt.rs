@@ -1,9 +1,9 @@
 //! The management HTTP listener: axum serves HTTP/1.1 (and HTTPS with `[management.tls]`)
-//! and hands every request to the
-//! sans-IO [`crate::mgmt`] core (the web console's files, [`crate::mgmt::console`], or the
-//! API); changes it plans are committed through the node's
-//! `MetaCommit`, and queue counts of other nodes are fetched the way `warrenctl
-//! list_queues` fetches them ([`super::admin::remote_counts`]).
+//! and hands every request to the sans-IO [`crate::mgmt`] core (the web console's files,
+//! [`crate::mgmt::console`], or the API). Changes it plans are committed through the node's
+//! `MetaCommit`. What other nodes hold is asked of them before the core answers: queue
+//! counts the way `warrenctl list_queues` fetches them ([`super::admin::remote_counts`]),
+//! and sessions and node figures over the node links (`NodeCall`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -4,6 +4,8 @@
 //! - a TLS link listener refuses, and logs, a peer with a certificate from another CA, a
 //!   TLS peer with no certificate, and a peer that speaks plaintext; a member with the
 //!   cluster CA's certificate links;
+//! - a certificate of the cluster's CA takes a node id only if it names the host of that
+//!   node's link address;
 //! - three `warren` processes with `[cluster.tls]` and `[admin.tls]` form a cluster and keep
 //!   a mirrored queue's confirmed messages when its master's node is killed, administered
 //!   with `warrenctl --cacert`;
@@ -58,10 +60,15 @@ impl Logs {
 
 /// A node-link transport of node `id` on 127.0.0.1 over TLS with `tls`.
 async fn tls_transport(id: u64, tls: &TlsConfig) -> TcpTransport {
+    tls_transport_on("127.0.0.1", id, tls).await
+}
+
+/// A node-link transport of node `id` on the loopback address `ip` over TLS with `tls`.
+async fn tls_transport_on(ip: &str, id: u64, tls: &TlsConfig) -> TcpTransport {
     let mut cfg = NodeLinkConfig::new(CLUSTER_ID, id);
     cfg.connect_timeout = Duration::from_secs(5);
     let tls = LinkTls::new(tls).expect("usable TLS files");
-    TcpTransport::bind_with_tls("127.0.0.1:0", cfg, Some(tls))
+    TcpTransport::bind_with_tls(&format!("{ip}:0"), cfg, Some(tls))
         .await
         .expect("bind")
 }
@@ -188,6 +195,69 @@ async fn a_tls_link_listener_refuses_and_logs_peers_without_the_cluster_ca() {
         "a missing certificate is named as the reason:\n{text}"
     );
     for t in [node1, stranger, member] {
+        t.shutdown();
+    }
+}
+
+#[tokio::test]
+async fn a_tls_link_listener_takes_a_node_id_only_from_a_certificate_naming_that_nodes_host() {
+    let logs = Logs::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .with_env_filter("warren::runtime::node_link=debug")
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    // Three hosts, as three loopback addresses, each node's certificate naming its own.
+    let pki = Pki::new("Warren cluster CA");
+    let node1 = tls_transport_on("127.0.0.1", 1, &pki.node("node1", &["127.0.0.1"])).await;
+    let node2 = tls_transport_on("127.0.0.2", 2, &pki.node("node2", &["127.0.0.2"])).await;
+    let node3 = tls_transport_on("127.0.0.3", 3, &pki.node("node3", &["127.0.0.3"])).await;
+    let (addr1, addr2, addr3) = (
+        node1.local_addr().to_string(),
+        node2.local_addr().to_string(),
+        node3.local_addr().to_string(),
+    );
+    node1.set_peer(2, addr2.clone());
+    node1.set_peer(3, addr3.clone());
+
+    // A node of 127.0.0.3 with a valid certificate of the cluster's CA claims to be node 2,
+    // which node 1 knows at 127.0.0.2.
+    let impostor = tls_transport_on("127.0.0.3", 2, &pki.node("node3", &["127.0.0.3"])).await;
+    impostor.set_peer(1, addr1.clone());
+    let refused = impostor.send_broker(1, b"x".to_vec()).await;
+    assert!(
+        refused.is_err(),
+        "a certificate of another host took node 2's id"
+    );
+    assert!(node1.connected_peers().is_empty());
+
+    // The real nodes 2 and 3 link: their certificates name their hosts.
+    for (node, id) in [(&node2, 2), (&node3, 3)] {
+        node.set_peer(1, addr1.clone());
+        let reply = node
+            .send_broker(1, b"x".to_vec())
+            .await
+            .unwrap_or_else(|e| panic!("node {id} links: {e}"));
+        within("reply over TLS", reply)
+            .await
+            .expect("answered")
+            .expect("served");
+    }
+    assert_eq!(node1.connected_peers(), vec![2, 3]);
+
+    let text = logs.text();
+    let refusal = text
+        .lines()
+        .find(|l| l.contains("refusing link: node 2 is registered at"))
+        .unwrap_or_else(|| panic!("the refusal is logged with its reason:\n{text}"));
+    assert!(
+        refusal.contains("does not name 127.0.0.2"),
+        "the refusal names the host the certificate lacks: {refusal}"
+    );
+    for t in [node1, node2, node3, impostor] {
         t.shutdown();
     }
 }

@@ -10,8 +10,9 @@
 //!
 //! **TLS.** With a [`LinkTls`] (`[cluster.tls]`) every link, dialled or accepted, runs the
 //! TLS handshake before the `Hello` exchange, and a connection that fails it is refused
-//! (and logged); there is no plaintext fallback. After the handshake both kinds of link
-//! share the framing and every task below.
+//! (and logged); there is no plaintext fallback. An accepted peer's certificate must also
+//! name the host of the node it claims to be in its `Hello`. After the handshake both kinds
+//! of link share the framing and every task below.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -430,6 +431,22 @@ impl Shared {
             }
             other => Err(format!("expected Hello, got {}", kind(other))),
         }
+    }
+
+    /// Why a TLS peer claiming to be `peer` is not: its certificate must name the host of
+    /// `peer`'s registered link address, as the dialler's check of the acceptor does.
+    fn check_certificate(
+        &self,
+        peer: NodeId,
+        certificate: Option<&rustls::pki_types::CertificateDer<'_>>,
+    ) -> Result<(), String> {
+        let certificate = certificate.ok_or("no peer certificate")?;
+        let addr = lock(&self.peers)
+            .get(&peer)
+            .cloned()
+            .ok_or_else(|| format!("unknown node {peer}"))?;
+        LinkTls::check_names(certificate, &addr)
+            .map_err(|e| format!("node {peer} is registered at {addr}, but {e}"))
     }
 
     fn hello(&self) -> Envelope {

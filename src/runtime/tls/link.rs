@@ -7,16 +7,18 @@
 //! - The dialler checks that the acceptor's certificate chains to `cacertfile` and names the
 //!   host it dialled (the host of the peer's link address, a DNS name or an IP address), so
 //!   node certificates carry their link host as a subject alternative name.
-//! - The node id a peer claims in its `Hello` is not tied to its certificate: any holder of
-//!   a certificate from the cluster's CA is a member (the CA is the cluster's boundary, as
-//!   the Erlang cookie is RabbitMQ's). The `cluster_id` check still runs inside the TLS
-//!   session.
+//! - The node id a dialler claims in its `Hello` is bound to its certificate the same way:
+//!   the acceptor takes the claim only if the certificate names the host of that node's
+//!   registered link address ([`LinkTls::check_names`]). A certificate therefore speaks for
+//!   the nodes of one host, not for the whole cluster. The `cluster_id` check still runs
+//!   inside the TLS session.
 //!
 //! The streams are handed to the same framing as plaintext links
 //! ([`crate::runtime::node_link::wire`]).
 
 use std::sync::Arc;
 
+use rustls::pki_types::CertificateDer;
 use tokio::net::TcpStream;
 use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
 
@@ -66,5 +68,27 @@ impl LinkTls {
         let name = server_name(addr)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         self.connector.connect(name, tcp).await
+    }
+
+    /// The certificate a peer presented in an accepted session (its end-entity one), kept to
+    /// check against the node id it claims once its `Hello` arrives.
+    pub fn peer_certificate(
+        session: &server::TlsStream<TcpStream>,
+    ) -> Option<CertificateDer<'static>> {
+        let (_, conn) = session.get_ref();
+        conn.peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|cert| cert.clone().into_owned())
+    }
+
+    /// Whether `cert` names the host of `addr` (`host:port`), the link address registered
+    /// for the node a dialler claims to be: the check a dialler makes of the acceptor's
+    /// certificate, made the other way. The chain was already verified by the handshake.
+    pub fn check_names(cert: &CertificateDer<'_>, addr: &str) -> Result<(), String> {
+        let name = server_name(addr)?;
+        let cert = webpki::EndEntityCert::try_from(cert)
+            .map_err(|e| format!("unreadable peer certificate: {e}"))?;
+        cert.verify_is_valid_for_subject_name(&name)
+            .map_err(|e| format!("its certificate does not name {}: {e}", name.to_str()))
     }
 }

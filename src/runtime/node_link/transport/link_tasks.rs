@@ -18,6 +18,7 @@ use crate::runtime::node_link::wire::{
 };
 use crate::runtime::node_link::LinkError;
 use crate::runtime::raft::{NodeId, TransportError};
+use crate::runtime::tls::link::LinkTls;
 
 pub(super) fn kind(env: &Envelope) -> &'static str {
     match env {
@@ -213,11 +214,16 @@ pub(super) async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: Soc
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!("set_nodelay on a link from {from}: {e}");
     }
+    // The TLS peer's certificate, to bind the node id its `Hello` claims.
+    let mut certificate = None;
     let (rd, wr) = match &shared.tls {
         None => tcp_halves(stream),
         Some(tls) => {
             match tokio::time::timeout(shared.cfg.connect_timeout, tls.accept(stream)).await {
-                Ok(Ok(s)) => tls_halves(s),
+                Ok(Ok(s)) => {
+                    certificate = LinkTls::peer_certificate(&s);
+                    tls_halves(s)
+                }
                 Ok(Err(e)) => {
                     // A peer without a certificate from the cluster's CA, or one that does not
                     // speak TLS: an operator should know someone tries to link.
@@ -245,7 +251,13 @@ pub(super) async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: Soc
             return;
         }
     };
-    let peer = match shared.check_hello(&first) {
+    let checked = shared.check_hello(&first).and_then(|peer| {
+        if shared.tls.is_some() {
+            shared.check_certificate(peer, certificate.as_ref())?;
+        }
+        Ok(peer)
+    });
+    let peer = match checked {
         Ok(peer) => peer,
         Err(reason) => {
             tracing::warn!(node = shared.cfg.node_id, %from, "refusing link: {reason}");

@@ -53,6 +53,18 @@ impl std::io::Write for Logs {
 }
 
 impl Logs {
+    /// The node-link log lines of this thread from now until the guard drops.
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_env_filter("warren::runtime::node_link=debug")
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
     }
@@ -103,14 +115,7 @@ fn holds_hello(bytes: &[u8]) -> bool {
 async fn a_tls_link_listener_refuses_and_logs_peers_without_the_cluster_ca() {
     // Current-thread runtime: every task of the transports runs on this thread, under
     // this subscriber.
-    let logs = Logs::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .with_env_filter("warren::runtime::node_link=debug")
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Logs::capture();
 
     let pki = Pki::new("Warren cluster CA");
     let other = Pki::new("Another CA");
@@ -201,14 +206,7 @@ async fn a_tls_link_listener_refuses_and_logs_peers_without_the_cluster_ca() {
 
 #[tokio::test]
 async fn a_tls_link_listener_takes_a_node_id_only_from_a_certificate_naming_that_nodes_host() {
-    let logs = Logs::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .with_env_filter("warren::runtime::node_link=debug")
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Logs::capture();
 
     // Three hosts, as three loopback addresses, each node's certificate naming its own.
     let pki = Pki::new("Warren cluster CA");

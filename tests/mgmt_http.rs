@@ -588,6 +588,33 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         .map(|m| m["payload"].as_str().unwrap())
         .collect();
     assert_eq!(payloads, ["m", "m", "m", "via3"]);
+    // Node 3 shows a consumer on node 1 in the queue's `consumer_details`.
+    procs::declare(&ch, "on1c", true, procs::locator("client-local"))
+        .await
+        .expect("declare on1c");
+    let _consumer = within(
+        "basic.consume",
+        ch.basic_consume(
+            "on1c".into(),
+            "c-on1".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume");
+    let (s, q) = api(3).call("GET", "/api/queues/%2F/on1c", None).await;
+    assert_eq!(s, 200, "{q}");
+    let details = q["consumer_details"].as_array().expect("consumer_details");
+    assert_eq!(details.len(), 1, "{q}");
+    assert_eq!(
+        (
+            &details[0]["consumer_tag"],
+            &details[0]["channel_details"]["node"]
+        ),
+        (&json!("c-on1"), &json!("warren1@test")),
+        "{q}"
+    );
     // Node 3 lists node 1's client connection (and its channel), naming node 1.
     let (s, conns) = api(3).call("GET", "/api/connections", None).await;
     assert_eq!(s, 200);
@@ -892,6 +919,26 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
         )
     );
     assert_eq!(cons[0]["channel_details"]["connection_name"], json!(name));
+    // The channel's and the queue's own objects carry the consumer as /api/consumers
+    // shows it (RabbitMQ's `consumer_details`); the channel listing does not.
+    let chan = chans[0]["name"].as_str().unwrap().replace(' ', "%20");
+    let chan = chan
+        .replace('>', "%3E")
+        .replace('(', "%28")
+        .replace(')', "%29");
+    let (s, one) = api
+        .call("GET", &format!("/api/channels/{chan}"), None)
+        .await;
+    assert_eq!(s, 200, "{one}");
+    assert_eq!(one["consumer_details"], json!([cons[0].clone()]), "{one}");
+    assert_eq!(cons[0]["prefetch_count"], json!(7));
+    assert!(all[0].get("consumer_details").is_none(), "{all}");
+    let (s, q) = api.call("GET", "/api/queues/%2F/lq", None).await;
+    assert_eq!(s, 200, "{q}");
+    assert_eq!(q["consumer_details"], json!([cons[0].clone()]), "{q}");
+    declare_queue(&ch, "idle").await;
+    let (_, q) = api.call("GET", "/api/queues/%2F/idle", None).await;
+    assert_eq!(q["consumer_details"], json!([]), "{q}");
     // A monitoring user sees them too; a missing one is 404; a missing vhost 404.
     let (s, m) = api
         .call_as(("mon", "pw"), "GET", "/api/vhosts/%2F/connections", None)

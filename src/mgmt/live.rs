@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::definitions::table_json;
 use super::{Caller, Context, Handled, Request, Response};
 use crate::admin::consumer_activity;
-use crate::broker::registry::{ChannelView, ConnectionView};
+use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};
 use crate::meta::{MetaState, NodeId};
 
 /// A connection and the node it is on (`None`: this one).
@@ -199,7 +199,15 @@ pub fn channels(
             .iter()
             .find(|(c, ch)| channel_name(&c.view, ch) == name)
             .map_or_else(Response::not_found, |(c, ch)| {
-                Response::ok(channel_json(c.node, &c.view, ch))
+                // The channel's own object carries its consumers; listings do not.
+                let mut one = channel_json(c.node, &c.view, ch);
+                one["consumer_details"] = Value::Array(
+                    ch.consumers
+                        .iter()
+                        .map(|k| consumer_json(ctx, c, ch, k))
+                        .collect(),
+                );
+                Response::ok(one)
             }),
     }
 }
@@ -213,35 +221,64 @@ pub fn consumers(
 ) -> Response {
     let mut out = Vec::new();
     for live in cluster_connections(ctx) {
-        let c = &live.view;
-        let i = &c.info;
+        let i = &live.view.info;
         if vhost.is_some_and(|v| v != i.vhost) || !caller.sees_vhost(meta, &i.vhost) {
             continue;
         }
-        for ch in &c.channels {
-            for k in &ch.consumers {
-                let (active, status) = consumer_activity(ctx.broker, &i.vhost, i.id, ch.number, k);
-                out.push(json!({
-                    "consumer_tag": k.tag,
-                    "queue": {"name": k.queue, "vhost": i.vhost},
-                    "channel_details": {
-                        "connection_name": i.name(),
-                        "name": channel_name(c, ch),
-                        "node": live.node,
-                        "number": ch.number,
-                        "peer_host": i.peer_host,
-                        "peer_port": i.peer_port,
-                        "user": i.user,
-                    },
-                    "ack_required": k.ack_required,
-                    "prefetch_count": k.prefetch,
-                    "exclusive": k.exclusive,
-                    "arguments": table_json(&k.arguments),
-                    "active": active,
-                    "activity_status": status,
-                }));
-            }
+        for ch in &live.view.channels {
+            out.extend(
+                ch.consumers
+                    .iter()
+                    .map(|k| consumer_json(ctx, &live, ch, k)),
+            );
         }
     }
     Response::ok(Value::Array(out))
+}
+
+/// A queue's `consumer_details`, on `GET /api/queues/{vhost}/{name}`: its consumers on
+/// every node that answered, each as `/api/consumers` shows it.
+pub fn queue_consumers(ctx: &Context<'_>, vhost: &str, queue: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for live in cluster_connections(ctx) {
+        if live.view.info.vhost != vhost {
+            continue;
+        }
+        for ch in &live.view.channels {
+            out.extend(
+                ch.consumers
+                    .iter()
+                    .filter(|k| k.queue == queue)
+                    .map(|k| consumer_json(ctx, &live, ch, k)),
+            );
+        }
+    }
+    out
+}
+
+/// One consumer as RabbitMQ 3.10 shows it in `/api/consumers` and in a channel's or a
+/// queue's `consumer_details`.
+fn consumer_json(ctx: &Context<'_>, live: &Live<'_>, ch: &ChannelView, k: &ConsumerInfo) -> Value {
+    let c = &live.view;
+    let i = &c.info;
+    let (active, status) = consumer_activity(ctx.broker, &i.vhost, i.id, ch.number, k);
+    json!({
+        "consumer_tag": k.tag,
+        "queue": {"name": k.queue, "vhost": i.vhost},
+        "channel_details": {
+            "connection_name": i.name(),
+            "name": channel_name(c, ch),
+            "node": live.node,
+            "number": ch.number,
+            "peer_host": i.peer_host,
+            "peer_port": i.peer_port,
+            "user": i.user,
+        },
+        "ack_required": k.ack_required,
+        "prefetch_count": k.prefetch,
+        "exclusive": k.exclusive,
+        "arguments": table_json(&k.arguments),
+        "active": active,
+        "activity_status": status,
+    })
 }

@@ -1204,6 +1204,11 @@ fn queues(
         for (k, v) in super::ring::fields(ctx.broker, meta, vhost, name) {
             q.insert(k.to_string(), v);
         }
+        // As RabbitMQ: the queue's own object lists its consumers.
+        q.insert(
+            "consumer_details".to_string(),
+            Value::Array(super::live::queue_consumers(ctx, vhost, name)),
+        );
     }
     one_or_list(list, one.is_some())
 }

@@ -131,7 +131,7 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
         }
         None => {}
     }
-    let sessions = if live_path(&req.path) {
+    let sessions = if live_path(&req.method, &req.path) {
         remote_sessions(&ctx.broker).await
     } else {
         Vec::new()
@@ -197,14 +197,18 @@ async fn answer(ctx: &MgmtContext, req: &Request) -> Response {
 /// How long a listing waits for another node's sessions.
 const NODE_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Whether the path lists (or closes) connections, channels or consumers.
-fn live_path(path: &str) -> bool {
+/// Whether the request lists (or closes) connections, channels or consumers.
+fn live_path(method: &Method, path: &str) -> bool {
     let p = path.trim_end_matches('/');
     p.starts_with("/api/connections")
         || p.starts_with("/api/channels")
         || p.starts_with("/api/consumers")
         || (p.starts_with("/api/vhosts/")
             && (p.ends_with("/connections") || p.ends_with("/channels")))
+        // One queue's object: its `consumer_details` (names are percent-encoded, so a
+        // queue's path has exactly three segments).
+        || (*method == Method::Get
+            && p.strip_prefix("/api/queues/").is_some_and(|r| r.split('/').count() == 2))
 }
 
 /// Whether the path shows node objects.

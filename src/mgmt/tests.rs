@@ -459,7 +459,7 @@ fn queues_put_lists_with_rabbitmq_fields_and_delete() {
             "arguments": {"x-max-length": 5}, "node": "warren@test", "messages": 0,
             "messages_ready": 0, "messages_unacknowledged": 0, "consumers": 0, "policy": null,
             "operator_policy": null, "effective_policy_definition": {}, "state": "running",
-            "type": "classic",
+            "type": "classic", "consumer_details": [],
             // Warren's extension (`ring`): an unmirrored queue has no ring.
             "gm_ring": [], "epoch": 0, "sync_running": false
         }))

@@ -23,6 +23,11 @@ const FLAG_EMBEDDED: u8 = 4;
 const PUBLISH_FIXED: usize = 1 + 8 + 16 + 1 + 4;
 const SEQ_ONLY: usize = 1 + 8;
 
+/// Seq ids stay below this (and a next seq at or below it). A queue publishing a billion
+/// messages a second would take 146 years to reach it, so a record beyond it is damage,
+/// and recovery's `seq + 1` cannot overflow.
+pub const SEQ_LIMIT: u64 = 1 << 62;
+
 const META_MAGIC: &[u8; 4] = b"WQIM";
 const CLEAN_MAGIC: &[u8; 4] = b"WQIC";
 const MARKER_VERSION: u8 = 1;
@@ -140,7 +145,8 @@ fn announced_len(payload: &[u8]) -> Option<usize> {
     }
 }
 
-/// Decodes one payload; `None` when it is malformed (wrong tag, flags or length).
+/// Decodes one payload; `None` when it is malformed (wrong tag, flags or length, or a seq
+/// at or past [`SEQ_LIMIT`]).
 pub fn decode(payload: &[u8]) -> Option<Record> {
     decode_as(payload, true)
 }
@@ -155,7 +161,7 @@ fn decode_as(payload: &[u8], bodies: bool) -> Option<Record> {
     if announced_len(payload)? != payload.len() {
         return None;
     }
-    let seq = u64_at(payload, 1)?;
+    let seq = u64_at(payload, 1).filter(|s| *s < SEQ_LIMIT)?;
     match payload[0] {
         TAG_DELIVER => Some(Record::Deliver { seq }),
         TAG_ACK => Some(Record::Ack { seq }),
@@ -296,7 +302,7 @@ pub fn encode_clean(m: CleanMarker) -> Vec<u8> {
 pub fn decode_clean(bytes: &[u8]) -> Option<CleanMarker> {
     let p = single_payload(bytes, CLEAN_MAGIC, 16)?;
     Some(CleanMarker {
-        next_seq: u64_at(p, 5)?,
+        next_seq: u64_at(p, 5).filter(|n| *n <= SEQ_LIMIT)?,
         unacked: u64_at(p, 13)?,
     })
 }
@@ -335,7 +341,7 @@ mod tests {
             Record::Publish(publish(8, Some(b"hello"), Some(99))),
             Record::Publish(publish(9, Some(b""), None)),
             Record::Deliver { seq: 7 },
-            Record::Ack { seq: u64::MAX },
+            Record::Ack { seq: SEQ_LIMIT - 1 },
         ];
         let mut buf = Vec::new();
         for r in &records {
@@ -389,6 +395,33 @@ mod tests {
         let mut bad_flags = payload.to_vec();
         bad_flags[25] |= 0x80;
         assert_eq!(decode(&bad_flags), None);
+    }
+
+    /// Found by the `store` fuzz target: a journal record of seq `u64::MAX` made recovery's
+    /// next seq overflow. Seqs at or past the limit are damage, like a bad tag.
+    #[test]
+    fn seqs_past_the_limit_are_damage() {
+        for seq in [SEQ_LIMIT, u64::MAX] {
+            let (mut ack, mut publ) = (Vec::new(), Vec::new());
+            encode_ack(&mut ack, seq);
+            encode_publish(&mut publ, &publish(seq, None, None));
+            assert_eq!(decode(&ack[RECORD_OVERHEAD..]), None);
+            assert_eq!(decode(&publ[RECORD_OVERHEAD..]), None);
+            assert_eq!(scan(&ack).records, vec![]);
+        }
+        let mut ack = Vec::new();
+        encode_ack(&mut ack, SEQ_LIMIT - 1);
+        assert_eq!(
+            decode(&ack[RECORD_OVERHEAD..]),
+            Some(Record::Ack { seq: SEQ_LIMIT - 1 })
+        );
+        let marker = |next_seq| CleanMarker {
+            next_seq,
+            unacked: 0,
+        };
+        let at_limit = marker(SEQ_LIMIT);
+        assert_eq!(decode_clean(&encode_clean(at_limit)), Some(at_limit));
+        assert_eq!(decode_clean(&encode_clean(marker(SEQ_LIMIT + 1))), None);
     }
 
     #[test]

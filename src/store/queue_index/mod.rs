@@ -58,6 +58,9 @@ pub const SUMMARY_FILE: &str = "clean.summary";
 pub const META_FILE: &str = "index.meta";
 /// Segment files end with this.
 pub const SEGMENT_SUFFIX: &str = ".idx";
+/// The most entries a segment holds (`segment_entry_count`): it keeps a segment's three
+/// bitsets small (128 KiB each at most).
+pub const MAX_SEGMENT_ENTRY_COUNT: u64 = 1 << 20;
 
 /// Tuning of one queue index (RabbitMQ's `queue_index_*` settings).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -103,8 +106,7 @@ impl IndexConfig {
     }
 
     fn validate(&self) -> Result<(), QueueIndexError> {
-        // The upper bound keeps a segment's three bitsets small (128 KiB each at most).
-        if !(1..=1 << 20).contains(&self.segment_entry_count) {
+        if !(1..=MAX_SEGMENT_ENTRY_COUNT).contains(&self.segment_entry_count) {
             return Err(QueueIndexError::Config(
                 "segment_entry_count must be between 1 and 2^20",
             ));
@@ -261,6 +263,9 @@ fn is_segment_tmp(name: &str) -> bool {
 
 fn segment_number(name: &str) -> Option<u64> {
     let n = name.strip_suffix(SEGMENT_SUFFIX)?;
-    // Only canonical names: "007.idx" is not ours and must not shadow "7.idx".
-    n.parse::<u64>().ok().filter(|v| v.to_string() == n)
+    // Only canonical names: "007.idx" is not ours and must not shadow "7.idx". Nor is a
+    // segment whose first seq would pass codec::SEQ_LIMIT (so `n * entries` cannot overflow).
+    n.parse::<u64>()
+        .ok()
+        .filter(|v| v.to_string() == n && *v < codec::SEQ_LIMIT / MAX_SEGMENT_ENTRY_COUNT)
 }

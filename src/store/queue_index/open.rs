@@ -45,7 +45,8 @@ use super::state::{IndexState, Tally};
 use super::summary::{self, Decoded};
 use super::{
     is_segment_tmp, segment_number, segment_path, Damage, IndexConfig, IndexEntry, QueueIndex,
-    QueueIndexError, Recovered, CLEAN_FILE, JOURNAL_FILE, META_FILE, SUMMARY_FILE,
+    QueueIndexError, Recovered, CLEAN_FILE, JOURNAL_FILE, MAX_SEGMENT_ENTRY_COUNT, META_FILE,
+    SUMMARY_FILE,
 };
 
 #[cfg(test)]
@@ -437,7 +438,7 @@ fn geometry<D: Disk>(
     let path = dir.join(META_FILE);
     if names.iter().any(|n| n == META_FILE) {
         let stored = codec::decode_meta(&disk.read(&path)?);
-        match stored.filter(|e| (1..=1 << 20).contains(e)) {
+        match stored.filter(|e| (1..=MAX_SEGMENT_ENTRY_COUNT).contains(e)) {
             Some(e) => return Ok(e),
             None => damage.push(Damage::Meta),
         }

@@ -146,7 +146,7 @@ fn decode_header(payload: &[u8]) -> Option<Header> {
     }
     let h = Header {
         entries_per_segment: r.u64()?,
-        next_seq: r.u64()?,
+        next_seq: r.u64().filter(|n| *n <= super::codec::SEQ_LIMIT)?,
         unacked: r.u64()?,
         segments: r.u64()?,
     };
@@ -217,7 +217,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, &'static str> {
     let mut records = found.into_iter();
     let header = records.next().ok_or("empty")?;
     let header = decode_header(header.payload).ok_or("bad header")?;
-    if !(1..=1 << 20).contains(&header.entries_per_segment) {
+    if !(1..=super::MAX_SEGMENT_ENTRY_COUNT).contains(&header.entries_per_segment) {
         return Err("bad header");
     }
     if records.len() as u64 != header.segments {

@@ -323,6 +323,33 @@ fn a_damaged_clean_marker_means_a_crash_recovery() {
     assert_eq!(rec.entries.len(), 1);
 }
 
+/// The `store` fuzz target's crash (`fuzz/regressions/store/`): a checksummed journal
+/// record of seq `u64::MAX` overflowed the next seq at open. It is damage now, and a segment
+/// file numbered past the seq limit is not the index's.
+#[test]
+fn a_record_or_segment_past_the_seq_limit_is_not_taken() {
+    let disk = MemDisk::new();
+    let (mut ix, _) = open_roomy(&disk);
+    ix.publish(msg(0, true)).unwrap();
+    ix.publish(msg(1, true)).unwrap();
+    ix.sync().unwrap();
+    drop(ix);
+    let journal = dir().join(JOURNAL_FILE);
+    let mut bytes = disk.read(&journal).unwrap();
+    codec::encode_ack(&mut bytes, u64::MAX);
+    codec::encode_deliver(&mut bytes, codec::SEQ_LIMIT);
+    disk.write_file(&journal, &bytes).unwrap();
+    let far = dir().join(format!("{}{SEGMENT_SUFFIX}", u64::MAX));
+    disk.write_file(&far, &bytes).unwrap();
+    let (ix, rec) = open(&disk);
+    assert_eq!(seqs(&rec), vec![(0, false), (1, false)]);
+    assert_eq!(ix.bounds().1, 2, "the next seq is the intact records' next");
+    assert!(
+        disk.read(&far).is_ok(),
+        "a file not the index's is left alone"
+    );
+}
+
 #[test]
 fn delete_all_removes_every_index_file() {
     let disk = MemDisk::new();

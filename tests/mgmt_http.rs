@@ -603,7 +603,13 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     )
     .await
     .expect("consume");
-    let (s, q) = api(3).call("GET", "/api/queues/%2F/on1c", None).await;
+    // (Node 3 applies the declare's Raft entry a moment after node 1 answers it.)
+    let api3 = api(3);
+    eventually("node 3 knows on1c", || async {
+        api3.call("GET", "/api/queues/%2F/on1c", None).await.0 == 200
+    })
+    .await;
+    let (s, q) = api3.call("GET", "/api/queues/%2F/on1c", None).await;
     assert_eq!(s, 200, "{q}");
     let details = q["consumer_details"].as_array().expect("consumer_details");
     assert_eq!(details.len(), 1, "{q}");

@@ -27,22 +27,11 @@ if ! [[ "$SECONDS_PER_TARGET" =~ ^[0-9]+$ ]]; then
     echo "usage: .ci/fuzz.sh [SECONDS] [TARGET...]" >&2
     exit 2
 fi
-WORK="${FUZZ_WORK:-/tmp/warren-fuzz}"
-TARGET_DIR="${FUZZ_TARGET_DIR:-$ROOT/fuzz/target}"
-RSS_MB="${FUZZ_RSS_MB:-2048}"
 NICE="${FUZZ_NICE:-19}"
-
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "fuzz: needs a nightly toolchain and cargo-fuzz (cargo install cargo-fuzz)" >&2
-    exit 2
-fi
-
-# All targets unless some are named.
-if [[ $# -gt 0 ]]; then
-    TARGETS=("$@")
-else
-    mapfile -t TARGETS < <(cargo +nightly fuzz list)
-fi
+# shellcheck source=fuzz-lib.sh
+source "$ROOT/.ci/fuzz-lib.sh"
+# WORK, TARGET_DIR, RSS_MB, and TARGETS: all unless some are named.
+fuzz_settings fuzz /tmp/warren-fuzz "$@"
 
 # No sanitizer: the fuzzed code has no unsafe (Warren's few unsafe blocks are libc calls
 # in the runtime), and without AddressSanitizer the

@@ -70,6 +70,13 @@ impl Api {
     }
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64
+}
+
 async fn start() -> (TestNode, Api) {
     let node = TestNode::start_with(|c| {
         add_user(c, "mon", "pw", Some(("/", ".*", ".*", ".*")));
@@ -631,6 +638,10 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         .filter(|c| c["node"] == "warren1@test")
         .collect();
     assert_eq!(on1.len(), 1, "{conns}");
+    // Its start time and socket counts came over the node link with it.
+    assert!(on1[0]["connected_at"].as_u64() > Some(0), "{conns}");
+    assert!(on1[0]["recv_oct"].as_u64() > Some(0), "{conns}");
+    assert!(on1[0]["send_cnt"].as_u64() > Some(0), "{conns}");
     let name = on1[0]["name"].as_str().unwrap().to_string();
     let (_, chans) = api(3).call("GET", "/api/channels", None).await;
     assert!(
@@ -846,7 +857,9 @@ async fn health_checks_follow_alarms_listeners_and_cluster_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
     let (node, api) = start().await;
+    let before_ms = unix_ms();
     let conn = node.connect().await;
+    let after_ms = unix_ms();
     let ch = open_channel(&conn).await;
     declare_queue(&ch, "lq").await;
     within(
@@ -890,6 +903,34 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
     let name = c["name"].as_str().unwrap().to_string();
     assert!(name.contains(" -> "), "{name}");
     assert!(c["client_properties"]["product"].is_string(), "{c}");
+    // When it was accepted (wall clock, ms), and its socket's traffic: the handshake and
+    // the methods so far, then two 20 kB bodies in (the first unroutable) and one out.
+    let at = c["connected_at"].as_u64().expect("connected_at");
+    assert!(
+        (before_ms..=after_ms).contains(&at),
+        "{at} not in {before_ms}..={after_ms}"
+    );
+    let octets = |c: &Value| (c["recv_oct"].as_u64(), c["send_oct"].as_u64());
+    let (Some(recv0), Some(sent0)) = octets(c) else {
+        panic!("no octet counts in {c}");
+    };
+    assert!(recv0 > 8 && sent0 > 0, "{c}");
+    assert!(
+        c["recv_cnt"].as_u64() >= Some(1) && c["send_cnt"].as_u64() >= Some(1),
+        "{c}"
+    );
+    let body = vec![7u8; 20_000];
+    publish(&ch, "", "lq-bytes", &body).await;
+    declare_queue(&ch, "lq-bytes").await;
+    publish(&ch, "", "lq-bytes", &body).await;
+    let got = get(&ch, "lq-bytes", true).await.expect("the message");
+    assert_eq!(got.delivery.data.len(), body.len());
+    let (_, conns) = api.call("GET", "/api/connections", None).await;
+    let (Some(recv1), Some(sent1)) = octets(&conns[0]) else {
+        panic!("no octet counts in {conns}");
+    };
+    assert!(recv1 >= recv0 + 40_000, "two bodies in: {recv0} -> {recv1}");
+    assert!(sent1 >= sent0 + 20_000, "one body out: {sent0} -> {sent1}");
     let enc = name.replace(' ', "%20").replace('>', "%3E");
     let (s, one) = api
         .call("GET", &format!("/api/connections/{enc}"), None)

@@ -159,6 +159,8 @@ fn session() -> (Connection, Arc<Broker>) {
             local_host: "127.0.0.1".into(),
             local_port: 5672,
             tls: None,
+            connected_at: 0,
+            socket: Default::default(),
         },
         outbox,
         Instant::from_millis(0),

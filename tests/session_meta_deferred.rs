@@ -262,6 +262,8 @@ impl Harness {
                 local_host: "127.0.0.1".into(),
                 local_port: 5672,
                 tls: None,
+                connected_at: 0,
+                socket: Default::default(),
             },
             outbox,
             now,

@@ -564,6 +564,27 @@ async fn warrenctl_lists_live_connections_channels_and_consumers() {
         format!("{local_a} -> 127.0.0.1:{amqp_port}"),
         "{out}"
     );
+    // rabbitmqctl's start time and socket counts (numbers, from the connection's driver).
+    let cols2 = [
+        "peer_port",
+        "connected_at",
+        "recv_oct",
+        "recv_cnt",
+        "send_oct",
+        "send_cnt",
+    ];
+    let out2 = ok(&ctl(admin, &[&["list_connections"][..], &cols2].concat()).await);
+    let rows2 = table(&out2, &cols2);
+    let a2 = rows2
+        .iter()
+        .find(|r| r["peer_port"] == local_a.port().to_string())
+        .expect("client A listed");
+    for col in &cols2[1..] {
+        let n: u64 = a2[*col]
+            .parse()
+            .unwrap_or_else(|_| panic!("{col} is not a number: {out2}"));
+        assert!(n > 0, "{col} is 0: {out2}");
+    }
     let node_name = a["node"].clone();
     let pid_a = a["pid"].clone();
     assert!(

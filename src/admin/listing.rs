@@ -139,6 +139,11 @@ const CONNECTION_COLUMNS: &[&str] = &[
     "frame_max",
     "channel_max",
     "client_properties",
+    "connected_at",
+    "recv_oct",
+    "recv_cnt",
+    "send_oct",
+    "send_cnt",
 ];
 const CONNECTION_DEFAULTS: &[&str] = &["user", "peer_host", "peer_port", "state"];
 const CHANNEL_COLUMNS: &[&str] = &[
@@ -213,6 +218,11 @@ fn connection_row(node: &NodeInfo, c: &ConnectionView) -> BTreeMap<&'static str,
         ("frame_max", i.frame_max.to_string()),
         ("channel_max", i.channel_max.to_string()),
         ("client_properties", format_table(&i.client_properties)),
+        ("connected_at", i.connected_at.to_string()),
+        ("recv_oct", c.socket.recv_oct.to_string()),
+        ("recv_cnt", c.socket.recv_cnt.to_string()),
+        ("send_oct", c.socket.send_oct.to_string()),
+        ("send_cnt", c.socket.send_cnt.to_string()),
     ])
 }
 

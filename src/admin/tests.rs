@@ -38,6 +38,7 @@ fn conn_info(id: u64, port: u16) -> ConnectionInfo {
         client_properties: FieldTable::default(),
         auth_mechanism: "PLAIN".into(),
         ssl: None,
+        connected_at: 0,
     }
 }
 
@@ -209,6 +210,7 @@ fn live_listings_show_what_sessions_registered() {
         conn_info(5, 40001),
         ConnectionState::Running,
         std::sync::Weak::new(),
+        Default::default(),
     );
     let ch = conn.open_channel(1);
     ch.set_prefetch(10);
@@ -499,6 +501,7 @@ fn only_the_single_active_consumer_is_active() {
         conn_info(9, 40002),
         ConnectionState::Running,
         std::sync::Weak::new(),
+        Default::default(),
     );
     let mut chans = Vec::new();
     for (number, tag) in [(1u16, "first"), (2, "second")] {

@@ -67,6 +67,58 @@ pub struct ConnectionInfo {
     pub auth_mechanism: String,
     /// The TLS session, for a client on the TLS listener.
     pub ssl: Option<SslInfo>,
+    /// When the socket was accepted, in milliseconds since the Unix epoch (RabbitMQ's
+    /// `connected_at`).
+    pub connected_at: u64,
+}
+
+/// A connection's socket traffic, counted by the task that reads and writes the socket
+/// (relaxed atomics: one add per read or write call, never per message).
+#[derive(Debug, Default)]
+pub struct SocketCounters {
+    recv_oct: AtomicU64,
+    recv_cnt: AtomicU64,
+    send_oct: AtomicU64,
+    send_cnt: AtomicU64,
+}
+
+impl SocketCounters {
+    /// One read of `n` bytes.
+    pub fn received(&self, n: usize) {
+        self.recv_oct.fetch_add(n as u64, Ordering::Relaxed);
+        self.recv_cnt.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One write of `n` bytes.
+    pub fn sent(&self, n: usize) {
+        self.send_oct.fetch_add(n as u64, Ordering::Relaxed);
+        self.send_cnt.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts now.
+    pub fn stats(&self) -> SocketStats {
+        SocketStats {
+            recv_oct: self.recv_oct.load(Ordering::Relaxed),
+            recv_cnt: self.recv_cnt.load(Ordering::Relaxed),
+            send_oct: self.send_oct.load(Ordering::Relaxed),
+            send_cnt: self.send_cnt.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A connection's socket traffic as a listing reads it, in RabbitMQ's terms: octets and
+/// socket operations received and sent since the connection was accepted (the handshake,
+/// and TLS's own records for a TLS client, included: these count the decrypted stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketStats {
+    /// Bytes read.
+    pub recv_oct: u64,
+    /// Reads that returned bytes.
+    pub recv_cnt: u64,
+    /// Bytes written.
+    pub send_oct: u64,
+    /// Writes.
+    pub send_cnt: u64,
 }
 
 /// A connection's TLS session, as the listings show it.
@@ -169,6 +221,7 @@ struct ChannelEntry {
 struct ConnectionEntry {
     info: ConnectionInfo,
     state: AtomicU8,
+    socket: Arc<SocketCounters>,
     channels: Mutex<BTreeMap<u16, Arc<ChannelEntry>>>,
     /// Where an operator's close is sent ([`Registry::close`]).
     outbox: Weak<Outbox>,
@@ -202,6 +255,8 @@ pub struct ConnectionView {
     pub info: ConnectionInfo,
     /// Flow state.
     pub state: ConnectionState,
+    /// Its socket's traffic so far.
+    pub socket: SocketStats,
     /// Its open channels, by number.
     pub channels: Vec<ChannelView>,
 }
@@ -273,16 +328,19 @@ impl Registry {
     }
 
     /// Lists `info` until the returned handle is dropped. A second registration of the same
-    /// id replaces the first. `outbox` is the connection's, for [`Registry::close`].
+    /// id replaces the first. `outbox` is the connection's, for [`Registry::close`];
+    /// `socket` is what its driver counts.
     pub fn register(
         self: &Arc<Self>,
         info: ConnectionInfo,
         state: ConnectionState,
         outbox: Weak<Outbox>,
+        socket: Arc<SocketCounters>,
     ) -> ConnectionHandle {
         let entry = Arc::new(ConnectionEntry {
             info,
             state: AtomicU8::new(state.to_u8()),
+            socket,
             channels: Mutex::new(BTreeMap::new()),
             outbox,
         });
@@ -301,6 +359,7 @@ impl Registry {
         info: ConnectionInfo,
         state: ConnectionState,
         outbox: Weak<Outbox>,
+        socket: Arc<SocketCounters>,
         limits: ConnectionLimits,
     ) -> Result<ConnectionHandle, LimitReached> {
         let mut conns = lock(&self.connections);
@@ -321,6 +380,7 @@ impl Registry {
         let entry = Arc::new(ConnectionEntry {
             info,
             state: AtomicU8::new(state.to_u8()),
+            socket,
             channels: Mutex::new(BTreeMap::new()),
             outbox,
         });
@@ -345,6 +405,7 @@ impl Registry {
                 ConnectionView {
                     info: e.info.clone(),
                     state: ConnectionState::from_u8(e.state.load(Ordering::Relaxed)),
+                    socket: e.socket.stats(),
                     channels: channels.iter().map(|c| c.view()).collect(),
                 }
             })
@@ -573,6 +634,7 @@ mod tests {
             client_properties: FieldTable::default(),
             auth_mechanism: "PLAIN".into(),
             ssl: None,
+            connected_at: 1_700_000_000_000,
         }
     }
 
@@ -591,7 +653,12 @@ mod tests {
     fn an_operator_close_reaches_the_connections_outbox() {
         let reg = Arc::new(Registry::new());
         let outbox = Arc::new(Outbox::new(1 << 20, Box::new(|| {})));
-        let _conn = reg.register(info(7), ConnectionState::Running, Arc::downgrade(&outbox));
+        let _conn = reg.register(
+            info(7),
+            ConnectionState::Running,
+            Arc::downgrade(&outbox),
+            Default::default(),
+        );
         assert!(!reg.close(8, "no such"), "an unknown id");
         assert!(reg.close(7, "Closed via management plugin"));
         let mut items = Vec::new();
@@ -611,7 +678,13 @@ mod tests {
             let mut i = info(id);
             i.user = user.into();
             i.vhost = vhost.into();
-            reg.register_within(i, ConnectionState::Running, Weak::new(), limits)
+            reg.register_within(
+                i,
+                ConnectionState::Running,
+                Weak::new(),
+                Default::default(),
+                limits,
+            )
         };
         let vhost_max = |n| ConnectionLimits {
             vhost_max: Some(n),
@@ -658,7 +731,7 @@ mod tests {
         let conn = |id: u64, user: &str| {
             let mut i = info(id);
             i.user = user.into();
-            reg.register(i, ConnectionState::Running, Weak::new())
+            reg.register(i, ConnectionState::Running, Weak::new(), Default::default())
         };
         let (a1, a2, b) = (conn(1, "a"), conn(2, "a"), conn(3, "b"));
         let _c1 = a1.open_channel_within(1, Some(2)).unwrap();
@@ -679,6 +752,7 @@ mod tests {
         let view = ConnectionView {
             info: remote,
             state: ConnectionState::Running,
+            socket: SocketStats::default(),
             channels: vec![],
         };
         let mut counts = ElsewhereCounts::of([&view]);
@@ -695,6 +769,7 @@ mod tests {
                 mine.clone(),
                 ConnectionState::Running,
                 Weak::new(),
+                Default::default(),
                 one(Some(1), None)
             ),
             Err(LimitReached::Vhost(1))
@@ -704,6 +779,7 @@ mod tests {
                 mine.clone(),
                 ConnectionState::Running,
                 Weak::new(),
+                Default::default(),
                 one(None, Some(1))
             ),
             Err(LimitReached::User(1))
@@ -713,6 +789,7 @@ mod tests {
                 mine,
                 ConnectionState::Running,
                 Weak::new(),
+                Default::default(),
                 one(Some(2), Some(2)),
             )
             .unwrap();
@@ -728,7 +805,12 @@ mod tests {
     #[test]
     fn sessions_appear_and_disappear_with_their_handles() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.register(info(7), ConnectionState::Running, Weak::new());
+        let conn = reg.register(
+            info(7),
+            ConnectionState::Running,
+            Weak::new(),
+            Default::default(),
+        );
         let mut ch1 = conn.open_channel(1);
         let ch2 = conn.open_channel(2);
         ch1.set_prefetch(5);
@@ -760,15 +842,57 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_reads_the_socket_counters_the_driver_adds_to() {
+        let reg = Arc::new(Registry::new());
+        let socket = Arc::new(SocketCounters::default());
+        let _conn = reg.register(
+            info(3),
+            ConnectionState::Running,
+            Weak::new(),
+            socket.clone(),
+        );
+        socket.received(8);
+        socket.received(100);
+        socket.sent(7);
+        let view = &reg.connections()[0];
+        assert_eq!(
+            view.socket,
+            SocketStats {
+                recv_oct: 108,
+                recv_cnt: 2,
+                send_oct: 7,
+                send_cnt: 1
+            }
+        );
+        assert_eq!(view.info.connected_at, 1_700_000_000_000);
+        socket.sent(5);
+        assert_eq!(
+            reg.connections()[0].socket.send_oct,
+            12,
+            "read live, not copied once"
+        );
+    }
+
+    #[test]
     fn a_stale_handle_does_not_remove_its_successor() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.register(info(1), ConnectionState::Running, Weak::new());
+        let conn = reg.register(
+            info(1),
+            ConnectionState::Running,
+            Weak::new(),
+            Default::default(),
+        );
         let old = conn.open_channel(1);
         let new = conn.open_channel(1);
         drop(old);
         assert_eq!(reg.connections()[0].channels.len(), 1);
         drop(new);
-        let again = reg.register(info(1), ConnectionState::Running, Weak::new());
+        let again = reg.register(
+            info(1),
+            ConnectionState::Running,
+            Weak::new(),
+            Default::default(),
+        );
         drop(conn);
         assert_eq!(reg.len(), 1, "the older handle left the newer entry alone");
         drop(again);

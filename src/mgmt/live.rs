@@ -79,6 +79,11 @@ fn connection_json(node: &str, c: &ConnectionView) -> Value {
         "frame_max": i.frame_max,
         "channel_max": i.channel_max,
         "client_properties": table_json(&i.client_properties),
+        "connected_at": i.connected_at,
+        "recv_oct": c.socket.recv_oct,
+        "recv_cnt": c.socket.recv_cnt,
+        "send_oct": c.socket.send_oct,
+        "send_cnt": c.socket.send_cnt,
     });
     // The name the client gave itself, as RabbitMQ shows it.
     if let Some(name) = i.client_properties.inner().get("connection_name") {

@@ -27,6 +27,7 @@ use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
 use super::clock::Clock;
+use crate::broker::registry::SocketCounters;
 use crate::broker::remote::{CallFuture, QueueReply};
 use crate::broker::{Broker, Outbox};
 use crate::meta::Command;
@@ -247,6 +248,7 @@ pub async fn run_with_meta<S>(
         Box::new(move || waker.notify_one()),
     ));
     let clock = ctx.clock;
+    let socket = Arc::new(SocketCounters::default());
     let info = PeerInfo {
         addr: peer.to_string(),
         is_loopback: peer.ip().is_loopback(),
@@ -255,6 +257,8 @@ pub async fn run_with_meta<S>(
         local_host: local.ip().to_string(),
         local_port: local.port(),
         tls,
+        connected_at: unix_millis(),
+        socket: socket.clone(),
     };
     let mut session = Connection::new(
         ctx.broker.clone(),
@@ -336,6 +340,7 @@ pub async fn run_with_meta<S>(
                     match r {
                         Written::Bytes(Ok(0) | Err(_)) => { eof = true; wbuf.clear(); wpos = 0; }
                         Written::Bytes(Ok(n)) => {
+                            socket.sent(n);
                             wpos += n;
                             if wpos == wbuf.len() {
                                 // One try without waiting; what is left waits for the
@@ -358,7 +363,8 @@ pub async fn run_with_meta<S>(
                 r = rd.read_buf(&mut rbuf), if can_read => {
                     match r {
                         Ok(0) | Err(_) => eof = true,
-                        Ok(_) => {
+                        Ok(n) => {
+                            socket.received(n);
                             let used = session.handle_bytes(&rbuf, clock.now());
                             rbuf.advance(used);
                             if rbuf.capacity() - rbuf.len() < 4096 {
@@ -408,6 +414,13 @@ async fn write_or_flush<W: AsyncWrite + Unpin>(wr: &mut W, buf: &[u8]) -> Writte
 /// Polls `wr`'s flush once: `Pending` leaves the task's waker registered.
 async fn try_flush<W: AsyncWrite + Unpin>(wr: &mut W) -> Poll<std::io::Result<()>> {
     std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *wr).poll_flush(cx))).await
+}
+
+/// Wall-clock time in milliseconds since the Unix epoch (0 for a clock set before 1970).
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

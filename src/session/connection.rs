@@ -53,7 +53,7 @@ use crate::amqp::reply_code::{channel_error, command_invalid, unexpected_frame};
 use crate::amqp::{short, AmqpError, ReplyCode};
 use crate::broker::registry::{
     ChannelHandle, ConnectionHandle, ConnectionInfo, ConnectionLimits, ConnectionState,
-    LimitReached, SslInfo,
+    LimitReached, SocketCounters, SslInfo,
 };
 use crate::broker::{Broker, OutItem, Outbox};
 use crate::meta::{limits, Command, MetaState};
@@ -110,6 +110,10 @@ pub struct PeerInfo {
     pub local_port: u16,
     /// The TLS session, when the client came in on the TLS listener.
     pub tls: Option<super::external::TlsPeer>,
+    /// When the socket was accepted, in milliseconds since the Unix epoch.
+    pub connected_at: u64,
+    /// The socket's traffic, which the driver counts and the listings read.
+    pub socket: Arc<SocketCounters>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -979,11 +983,13 @@ impl Connection {
                 cipher: t.cipher.clone(),
                 peer_cert_subject: t.cert.as_ref().map(|c| c.subject.clone()),
             }),
+            connected_at: self.peer.connected_at,
         };
         self.listed = Some(self.broker.sessions().register_within(
             info,
             self.flow_state(),
             Arc::downgrade(&self.outbox),
+            self.peer.socket.clone(),
             limits,
         )?);
         Ok(())

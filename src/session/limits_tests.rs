@@ -124,6 +124,8 @@ pub(super) fn session_from(b: &Arc<Broker>, is_loopback: bool) -> Connection {
             local_host: "127.0.0.1".into(),
             local_port: 5672,
             tls: None,
+            connected_at: 0,
+            socket: Default::default(),
         },
         Arc::new(Outbox::new(1 << 20, Box::new(|| {}))),
         now(),

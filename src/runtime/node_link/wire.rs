@@ -18,8 +18,9 @@ use super::LinkError;
 use crate::runtime::raft::NodeId;
 
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
-/// 4: heartbeats carry the sender's resource alarms.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 4: heartbeats carry the sender's resource alarms. 5: a listed connection carries its
+/// start time and socket counters.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded
 /// publishes and deliveries get their own variants so they share the one connection.

@@ -560,6 +560,18 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     assert_eq!(s, 200);
     assert_eq!(q["node"], "warren1@test");
     assert_eq!(q["messages"], 3);
+    // With node 1's figures: three 1-byte persistent messages in RAM.
+    assert_eq!(
+        (
+            &q["message_bytes"],
+            &q["messages_persistent"],
+            &q["message_bytes_persistent"],
+            &q["messages_ram"],
+            &q["messages_paged_out"]
+        ),
+        (&json!(3), &json!(3), &json!(3), &json!(3), &json!(0)),
+        "{q}"
+    );
     // And so does its listing of the vhost (counts fetched for that vhost alone).
     let (s, list) = api(3).call("GET", "/api/queues/%2F", None).await;
     assert_eq!(s, 200);
@@ -571,6 +583,7 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         .collect();
     assert_eq!(on1.len(), 1, "{list}");
     assert_eq!(on1[0]["messages"], 3, "{list}");
+    assert_eq!(on1[0]["message_bytes_ready"], 3, "{list}");
     // Published through node 3's API, fetched through node 2's: both relayed to node 1.
     let (s, r) = api(3)
         .call(
@@ -925,12 +938,16 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
     publish(&ch, "", "lq-bytes", &body).await;
     let got = get(&ch, "lq-bytes", true).await.expect("the message");
     assert_eq!(got.delivery.data.len(), body.len());
-    let (_, conns) = api.call("GET", "/api/connections", None).await;
-    let (Some(recv1), Some(sent1)) = octets(&conns[0]) else {
-        panic!("no octet counts in {conns}");
-    };
-    assert!(recv1 >= recv0 + 40_000, "two bodies in: {recv0} -> {recv1}");
-    assert!(sent1 >= sent0 + 20_000, "one body out: {sent0} -> {sent1}");
+    // (A write is counted once the call returns, which can be after the client has read
+    // its bytes.)
+    eventually("two bodies in and one out are counted", || async {
+        let (_, conns) = api.call("GET", "/api/connections", None).await;
+        let (Some(recv1), Some(sent1)) = octets(&conns[0]) else {
+            panic!("no octet counts in {conns}");
+        };
+        recv1 >= recv0 + 40_000 && sent1 >= sent0 + 20_000
+    })
+    .await;
     let enc = name.replace(' ', "%20").replace('>', "%3E");
     let (s, one) = api
         .call("GET", &format!("/api/connections/{enc}"), None)
@@ -1002,6 +1019,104 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
         c.as_array().is_some_and(|a| a.is_empty())
     })
     .await;
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_figures_count_bytes_persistence_ram_and_paging() {
+    use lapin::{options::BasicPublishOptions, BasicProperties};
+    // A paging queue keeps one message at its head in RAM.
+    let node = TestNode::start_with(|c| c.storage.queue_paging_head_messages = 1).await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    let conn = node.connect().await;
+    let ch = confirm_channel(&conn).await;
+    for (name, body) in [
+        ("figs", r#"{"durable":true}"#),
+        (
+            "figs-lazy",
+            r#"{"durable":true,"arguments":{"x-queue-mode":"lazy"}}"#,
+        ),
+    ] {
+        let path = format!("/api/queues/%2F/{name}");
+        assert_eq!(api.call("PUT", &path, Some(body)).await.0, 201);
+    }
+    let persistent = BasicProperties::default().with_delivery_mode(2);
+    let transient = BasicProperties::default().with_delivery_mode(1);
+    let publish = |queue: &'static str, body: Vec<u8>, props: BasicProperties| {
+        let ch = ch.clone();
+        async move {
+            let confirm = within(
+                "basic.publish",
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    props,
+                ),
+            )
+            .await
+            .expect("publish");
+            within("confirm", confirm).await.expect("confirm");
+        }
+    };
+    publish("figs", vec![1u8; 1000], persistent.clone()).await;
+    publish("figs", vec![2u8; 500], transient).await;
+    // The persistent head goes out unacknowledged; the transient one stays ready.
+    let got = get(&ch, "figs", false).await.expect("the head");
+    assert_eq!(got.delivery.data.len(), 1000);
+    let (s, q) = api.call("GET", "/api/queues/%2F/figs", None).await;
+    assert_eq!(s, 200, "{q}");
+    let field = |q: &Value, f: &str| q[f].as_u64().unwrap_or_else(|| panic!("no {f} in {q}"));
+    let expected = [
+        ("messages", 2),
+        ("messages_ready", 1),
+        ("messages_unacknowledged", 1),
+        ("message_bytes", 1500),
+        ("message_bytes_ready", 500),
+        ("message_bytes_unacknowledged", 1000),
+        ("messages_persistent", 1),
+        ("message_bytes_persistent", 1000),
+        ("messages_ram", 2),
+        ("messages_ready_ram", 1),
+        ("messages_unacknowledged_ram", 1),
+        ("message_bytes_ram", 1500),
+        ("messages_paged_out", 0),
+        ("message_bytes_paged_out", 0),
+    ];
+    for (f, n) in expected {
+        assert_eq!(field(&q, f), n, "{f} in {q}");
+    }
+    // The listing carries the same figures.
+    let (_, list) = api.call("GET", "/api/queues/%2F", None).await;
+    let row = list
+        .as_array()
+        .and_then(|l| l.iter().find(|q| q["name"] == "figs"))
+        .unwrap_or_else(|| panic!("figs not in {list}"));
+    assert_eq!(field(row, "message_bytes_unacknowledged"), 1000, "{row}");
+    // A lazy queue pages out all but its head: those messages leave RAM once on disk.
+    for _ in 0..4 {
+        publish("figs-lazy", vec![3u8; 2000], persistent.clone()).await;
+    }
+    let lazy = "/api/queues/%2F/figs-lazy";
+    eventually("the lazy queue's messages are paged out", || async {
+        let (_, q) = api.call("GET", lazy, None).await;
+        q["messages_paged_out"] == 3
+    })
+    .await;
+    let (_, q) = api.call("GET", lazy, None).await;
+    for (f, n) in [
+        ("messages", 4),
+        ("messages_ram", 1),
+        ("message_bytes_ram", 2000),
+        ("message_bytes_paged_out", 6000),
+        ("messages_persistent", 4),
+        ("message_bytes", 8000),
+    ] {
+        assert_eq!(field(&q, f), n, "{f} in {q}");
+    }
     node.shutdown().await;
 }
 

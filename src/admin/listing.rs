@@ -86,7 +86,16 @@ const QUEUE_COLUMNS: &[&str] = &[
     "messages_ready",
     "messages_unacknowledged",
     "messages_ram",
+    "messages_ready_ram",
+    "messages_unacknowledged_ram",
+    "messages_persistent",
     "messages_paged_out",
+    "message_bytes",
+    "message_bytes_ready",
+    "message_bytes_unacknowledged",
+    "message_bytes_ram",
+    "message_bytes_persistent",
+    "message_bytes_paged_out",
     "consumers",
     "pid",
     "node",
@@ -303,23 +312,11 @@ fn queue_row(
     remote_counts: &RemoteCounts,
 ) -> BTreeMap<&'static str, String> {
     let vhost = v.name.as_str();
-    let (ready, unacked, consumers, paged) = match broker.queue(vhost, &q.name) {
-        Some(h) => {
-            let g = h.lock();
-            (
-                g.message_count(),
-                g.unacked_count(),
-                g.consumer_count(),
-                g.paged_count() + g.beta_count(),
-            )
-        }
-        // Another node's queue: the counts its node gave the caller, if any.
-        None => match remote_counts.get(&q.name) {
-            Some(&(ready, unacked, consumers)) => (ready, unacked, consumers, 0),
-            None => (0, 0, 0, 0),
-        },
+    let f = match broker.queue(vhost, &q.name) {
+        Some(h) => h.lock().figures(),
+        // Another node's queue: the figures its node gave the caller, if any.
+        None => remote_counts.get(&q.name).copied().unwrap_or_default(),
     };
-    let total = ready as u64 + unacked as u64;
     let home = meta
         .nodes
         .get(&q.home)
@@ -328,12 +325,21 @@ fn queue_row(
     let m = mirrors::columns(meta, vhost, &q.name);
     BTreeMap::from([
         ("name", q.name.clone()),
-        ("messages", total.to_string()),
-        ("messages_ready", ready.to_string()),
-        ("messages_unacknowledged", unacked.to_string()),
-        ("messages_ram", total.saturating_sub(paged).to_string()),
-        ("messages_paged_out", paged.to_string()),
-        ("consumers", consumers.to_string()),
+        ("messages", f.messages().to_string()),
+        ("messages_ready", f.ready.to_string()),
+        ("messages_unacknowledged", f.unacked.to_string()),
+        ("messages_ram", f.ram().to_string()),
+        ("messages_ready_ram", f.ready_ram.to_string()),
+        ("messages_unacknowledged_ram", f.unacked_ram.to_string()),
+        ("messages_persistent", f.persistent.to_string()),
+        ("messages_paged_out", f.paged_out.to_string()),
+        ("message_bytes", f.bytes().to_string()),
+        ("message_bytes_ready", f.ready_bytes.to_string()),
+        ("message_bytes_unacknowledged", f.unacked_bytes.to_string()),
+        ("message_bytes_ram", f.ram_bytes.to_string()),
+        ("message_bytes_persistent", f.persistent_bytes.to_string()),
+        ("message_bytes_paged_out", f.paged_out_bytes.to_string()),
+        ("consumers", f.consumers.to_string()),
         // The node the queue runs on (RabbitMQ prints the queue process's pid,
         // whose node part this is).
         ("pid", home.clone()),

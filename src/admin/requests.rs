@@ -269,6 +269,6 @@ pub struct NodeInfo {
     pub name: String,
 }
 
-/// Ready, unacknowledged and consumer counts of queues other nodes run, by name (what their
-/// nodes answered), for `list_queues` on a clustered node.
-pub type RemoteCounts = std::collections::HashMap<String, (u32, u32, u32)>;
+/// The figures of queues other nodes run, by name (what their nodes answered), for
+/// `list_queues` on a clustered node.
+pub type RemoteCounts = std::collections::HashMap<String, crate::broker::QueueFigures>;

@@ -38,7 +38,7 @@ use imbl::ordmap::DiffItem;
 pub use durability::Durability;
 pub use message::Message;
 pub use outbox::{ChannelLink, Delivery, OutItem, Outbox};
-pub use queue::{Consumer, DeadLetter, Queue, QueueHandle};
+pub use queue::{Consumer, DeadLetter, Queue, QueueFigures, QueueHandle};
 pub use remote::{
     ChannelKey, QueueRef, RemoteConsumer, RemoteLink, RemoteOutcomes, RemoteQueue, Settle,
 };

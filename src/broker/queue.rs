@@ -23,7 +23,9 @@ use crate::amqp::reply_code::{access_refused, AmqpError};
 use crate::meta::args::{Overflow, QueueArgs};
 use crate::time::Instant;
 
+mod figures;
 mod paging;
+pub use figures::QueueFigures;
 pub use paging::{Delta, PageError, Pager, PagingConfig, KEEP_BYTES};
 
 /// A queue and the lock around it.

@@ -162,6 +162,12 @@ pub enum QueueCall {
         /// The queue.
         queue: Arc<RemoteQueue>,
     },
+    /// The figures the management listings show ([`crate::broker::QueueFigures`]): a walk
+    /// of the queue, so asked by listings only, never by declares.
+    Figures {
+        /// The queue.
+        queue: Arc<RemoteQueue>,
+    },
 }
 
 impl QueueCall {
@@ -170,7 +176,8 @@ impl QueueCall {
         match self {
             QueueCall::Get { queue, .. }
             | QueueCall::Counts { queue }
-            | QueueCall::Purge { queue } => queue,
+            | QueueCall::Purge { queue }
+            | QueueCall::Figures { queue } => queue,
         }
     }
 }
@@ -207,6 +214,8 @@ pub enum QueueReply {
     },
     /// Messages purged.
     Purged(u32),
+    /// The queue's figures.
+    Figures(crate::broker::QueueFigures),
     /// The queue is gone there, or its node could not be reached: the text says which.
     Unavailable(String),
 }

@@ -458,6 +458,11 @@ fn queues_put_lists_with_rabbitmq_fields_and_delete() {
             "name": "q1", "vhost": "/", "durable": true, "auto_delete": false, "exclusive": false,
             "arguments": {"x-max-length": 5}, "node": "warren@test", "messages": 0,
             "messages_ready": 0, "messages_unacknowledged": 0, "consumers": 0, "policy": null,
+            "messages_ram": 0, "messages_ready_ram": 0, "messages_unacknowledged_ram": 0,
+            "messages_persistent": 0, "messages_paged_out": 0, "message_bytes": 0,
+            "message_bytes_ready": 0, "message_bytes_unacknowledged": 0,
+            "message_bytes_ram": 0, "message_bytes_persistent": 0,
+            "message_bytes_paged_out": 0,
             "operator_policy": null, "effective_policy_definition": {}, "state": "running",
             "type": "classic", "consumer_details": [],
             // Warren's extension (`ring`): an unmirrored queue has no ring.

@@ -240,19 +240,14 @@ pub(crate) async fn remote_counts_of(
         .map(|q| {
             let name = q.name.clone();
             let link = q.link.clone();
-            let call = link.call(QueueCall::Counts { queue: q });
+            let call = link.call(QueueCall::Figures { queue: q });
             (name, call)
         })
         .collect();
     let mut counts = admin::RemoteCounts::new();
     for (name, call) in calls {
-        if let Ok(QueueReply::Counts {
-            messages,
-            consumers,
-            unacked,
-        }) = tokio::time::timeout(IO_DEADLINE, call).await
-        {
-            counts.insert(name, (messages, unacked, consumers));
+        if let Ok(QueueReply::Figures(f)) = tokio::time::timeout(IO_DEADLINE, call).await {
+            counts.insert(name, f);
         }
     }
     counts

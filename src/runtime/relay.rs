@@ -14,8 +14,8 @@
 //!   ordinary flow control (prefetch, outbox bytes) paces a remote consumer as a local one.
 //! - `Settle` / `Cancel`: acks, nacks, requeues and cancels of a proxy channel; a cancel
 //!   that leaves an auto-delete queue without consumers deletes it (through Raft).
-//! - `Get`, `Counts`, `Purge`: basic.get (a message taken with acks is held by the proxy
-//!   channel), declare-ok's counts, queue.purge. A get C gave up while it was under way
+//! - `Get`, `Counts`, `Purge`, `Figures`: basic.get (a message taken with acks is held by
+//!   the proxy channel), declare-ok's counts, queue.purge, a management listing's figures. A get C gave up while it was under way
 //!   is taken back with `GetAbandoned`.
 //! - `DeliverReply`: a message published (on C) to a reply name of a channel of H (direct
 //!   reply-to) goes to that channel's reply consumer, or nowhere; nothing is answered but

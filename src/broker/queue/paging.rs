@@ -70,6 +70,17 @@ pub struct Delta {
     pub count: u64,
     /// Their body bytes (for `x-max-length-bytes`; recovered messages count their stored size).
     pub bytes: u64,
+    /// How many of them are persistent messages of a durable queue (RabbitMQ's
+    /// `messages_persistent`; all of them after a restart, which keeps no other, except in
+    /// an adopted mirror's copy: see `runtime::storage::recovery`).
+    pub persistent: u64,
+    /// Their bytes, counted as `bytes` is.
+    pub persistent_bytes: u64,
+}
+
+/// Whether `e` counts in `messages_persistent` (see [`super::figures`]).
+pub(super) fn counts_persistent(e: &Entry) -> bool {
+    e.on_disk == OnDisk::Persistent && e.message.persistent()
 }
 
 /// A page-out waiting for its index records.
@@ -244,10 +255,15 @@ impl Queue {
             return;
         }
         let (mut count, mut bytes, mut size) = (0u64, 0u64, 0u64);
+        let (mut persistent, mut persistent_bytes) = (0u64, 0u64);
         let mut take = |e: Entry| {
             count += 1;
             bytes += e.body_len();
             size += e.message.size();
+            if counts_persistent(&e) {
+                persistent += 1;
+                persistent_bytes += e.body_len();
+            }
         };
         match self.delta.as_mut() {
             Some(d) => {
@@ -259,6 +275,8 @@ impl Queue {
                 d.end = d.end.max(po.to);
                 d.count += count;
                 d.bytes += bytes;
+                d.persistent += persistent;
+                d.persistent_bytes += persistent_bytes;
             }
             None => {
                 let lane = &mut self.ready[0];
@@ -278,6 +296,8 @@ impl Queue {
                     end: po.to,
                     count,
                     bytes,
+                    persistent,
+                    persistent_bytes,
                 });
             }
         }
@@ -365,6 +385,10 @@ impl Queue {
                         let body = e.body_len();
                         d.count = d.count.saturating_sub(1);
                         d.bytes = d.bytes.saturating_sub(body);
+                        if counts_persistent(&e) {
+                            d.persistent = d.persistent.saturating_sub(1);
+                            d.persistent_bytes = d.persistent_bytes.saturating_sub(body);
+                        }
                         self.ready_bytes += body;
                         self.account(e.message.size() as i64);
                         self.ready_len += 1;

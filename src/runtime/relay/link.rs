@@ -119,6 +119,10 @@ impl RemoteLink for Relay {
                 vhost: q.vhost.clone(),
                 queue: q.name.clone(),
             },
+            QueueCall::Figures { .. } => RelayMsg::Figures {
+                vhost: q.vhost.clone(),
+                queue: q.name.clone(),
+            },
         };
         let (tx, rx) = oneshot::channel();
         self.inner.enqueue(

@@ -288,6 +288,10 @@ impl Inner {
                 }
                 None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
             },
+            RelayMsg::Figures { vhost, queue } => match self.broker.queue(&vhost, &queue) {
+                Some(h) => (RelayReply::Figures(h.lock().figures()), 0),
+                None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
+            },
             RelayMsg::Purge { vhost, queue } => match self.broker.queue(&vhost, &queue) {
                 Some(h) => (RelayReply::Purged(h.lock().purge()), 0),
                 None => (RelayReply::Missing(missing(&vhost, &queue)), 0),
@@ -420,9 +424,10 @@ impl Inner {
                 );
                 Some(RelayReply::Done)
             }
-            RelayMsg::Get { .. } | RelayMsg::Purge { .. } | RelayMsg::Counts { .. } => {
-                Some(RelayReply::Missing(starting()))
-            }
+            RelayMsg::Get { .. }
+            | RelayMsg::Purge { .. }
+            | RelayMsg::Counts { .. }
+            | RelayMsg::Figures { .. } => Some(RelayReply::Missing(starting())),
             RelayMsg::Settle { .. }
             | RelayMsg::Cancel { .. }
             | RelayMsg::GetAbandoned { .. }

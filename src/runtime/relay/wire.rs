@@ -118,6 +118,8 @@ pub(super) enum RelayMsg {
     Barrier { index: u64 },
     /// To the queue's node: queue.purge.
     Purge { vhost: String, queue: String },
+    /// To the queue's node: its figures for the management listings.
+    Figures { vhost: String, queue: String },
     /// To the consumer's node: deliveries and broker cancels for channel `key`.
     Deliver {
         conn: u64,
@@ -166,6 +168,8 @@ pub(super) enum RelayReply {
     Counts(u32, u32, u32),
     /// Messages purged.
     Purged(u32),
+    /// A queue's figures.
+    Figures(crate::broker::QueueFigures),
     /// The queue is not (or no longer) on this node.
     Missing(String),
     /// This node's connections.

@@ -170,7 +170,7 @@ fn publish(node: &Node, n: u64, persistent: bool, large: bool) {
     assert!(!out.rejected);
 }
 
-fn check(node: &Node, model: &Model) {
+fn check(node: &Node, model: &Model, durable: bool) {
     let q = node.queue.lock();
     assert_eq!(q.message_count() as usize, model.ready.len(), "ready count");
     assert_eq!(
@@ -178,6 +178,22 @@ fn check(node: &Node, model: &Model) {
         model.unacked.len(),
         "unacked count"
     );
+    // The listings' figures: the same counts, and the persistent messages of a durable
+    // queue wherever they are (RAM, betas, delta across page-outs, read-backs and reopens).
+    let f = q.figures();
+    assert_eq!(
+        (f.ready, f.unacked),
+        (model.ready.len() as u64, model.unacked.len() as u64),
+        "figures' counts"
+    );
+    let persistent = model
+        .ready
+        .values()
+        .chain(model.unacked.iter().map(|(_, _, m)| m))
+        .filter(|m| durable && m.persistent)
+        .count() as u64;
+    assert_eq!(f.persistent, persistent, "messages_persistent");
+    assert!(f.paged_out >= q.paged_count(), "messages_paged_out");
 }
 
 /// What a run saw at most: messages only on disk (delta), and betas (bodies only on disk).
@@ -286,7 +302,7 @@ fn run(ops: Vec<Op>, pressure: Pressure, durable: bool) -> Seen {
             seen.paged = seen.paged.max(q.paged_count());
             seen.betas = seen.betas.max(q.beta_count());
         }
-        check(&node, &model);
+        check(&node, &model, durable);
     }
     // Drain: everything left comes out in order.
     let mut dead = Vec::new();

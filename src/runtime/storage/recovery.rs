@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use amq_protocol::protocol::basic::AMQPProperties;
 use bytes::Bytes;
 
 use super::{decode_message, RecoverySummary, StorageError};
@@ -177,6 +178,10 @@ pub(super) fn recover_queue<D: Disk + Clone>(
         end: next_seq,
         count: rest,
         bytes: recovered.rest_bytes,
+        // Recovery keeps persistent messages only, but for a mirror's copy adopted here
+        // (`keep_transient`): its transient tail counts as persistent until read back.
+        persistent: rest,
+        persistent_bytes: recovered.rest_bytes,
     });
     let kept = read_suspect_below(disk, dir);
     // A mirror's copy recovered as the node's own queue for the first time (promoted here
@@ -232,12 +237,18 @@ pub(super) fn queue_entry(
 /// A beta for a message whose body is in a store: a placeholder message with its id (the
 /// queue reads the real one when it leaves), standing for its stored size.
 pub(super) fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64, on_disk: OnDisk) -> Entry {
+    // Until its body is read back, the record's persistence is all the queue knows of the
+    // message's properties (the listings count persistent messages).
+    let mut properties = AMQPProperties::default();
+    if e.publish.persistent {
+        properties = properties.with_delivery_mode(2);
+    }
     let placeholder = Message {
         id: u128::from_be_bytes(e.publish.msg_id),
         exchange: String::new(),
         routing_key: String::new(),
         properties_raw: Bytes::new(),
-        properties: Default::default(),
+        properties,
         body: Bytes::new(),
     };
     let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms, on_disk);

@@ -18,7 +18,7 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::{Connection, DefaultConnectionBuilder};
 use pki::{Identity, Pki};
 use rustls::pki_types::ServerName;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -251,6 +251,30 @@ async fn external_is_offered_on_tls_and_logs_in_as_the_certificate_user() {
     assert_eq!(entry["auth_mechanism"], "EXTERNAL");
     let subject = entry["peer_cert_subject"].as_str().expect("a subject");
     assert!(subject.contains("CN=alice"), "{subject}");
+    // The rest of RabbitMQ's TLS fields: the CA as issuer, the validity, and the suite in
+    // Erlang's names (TLS 1.3: key exchange `any`, an AEAD cipher's hash `aead`).
+    let issuer = entry["peer_cert_issuer"].as_str().expect("an issuer");
+    assert!(issuer.contains("CN=Warren test CA"), "{entry}");
+    let validity = entry["peer_cert_validity"].as_str().expect("a validity");
+    let (from, to) = validity.split_once(" - ").expect("from - to");
+    assert!(
+        from.len() == 20 && from.ends_with('Z') && to.len() == 20 && from < to,
+        "{validity}"
+    );
+    assert_eq!(
+        (
+            &entry["ssl_protocol"],
+            &entry["ssl_key_exchange"],
+            &entry["ssl_hash"]
+        ),
+        (&json!("tlsv1.3"), &json!("any"), &json!("aead")),
+        "{entry}"
+    );
+    let cipher = entry["ssl_cipher"].as_str().expect("a cipher");
+    assert!(
+        ["aes_256_gcm", "aes_128_gcm", "chacha20_poly1305"].contains(&cipher),
+        "{entry}"
+    );
     node.shutdown().await;
 }
 

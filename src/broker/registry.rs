@@ -126,10 +126,18 @@ pub struct SocketStats {
 pub struct SslInfo {
     /// `tlsv1.3` or `tlsv1.2`.
     pub protocol: String,
-    /// The cipher suite.
+    /// The bulk cipher (`aes_256_gcm`).
     pub cipher: String,
+    /// The key exchange (`ecdhe_rsa`; `any` under TLS 1.3).
+    pub key_exchange: String,
+    /// The MAC (`aead`).
+    pub hash: String,
     /// The verified client certificate's subject, if the client gave one.
     pub peer_cert_subject: Option<String>,
+    /// Its issuer.
+    pub peer_cert_issuer: Option<String>,
+    /// Its validity (`{not before} - {not after}`).
+    pub peer_cert_validity: Option<String>,
 }
 
 impl ConnectionInfo {

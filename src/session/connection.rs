@@ -981,7 +981,11 @@ impl Connection {
             ssl: self.peer.tls.as_ref().map(|t| SslInfo {
                 protocol: t.protocol.clone(),
                 cipher: t.cipher.clone(),
+                key_exchange: t.key_exchange.clone(),
+                hash: t.hash.clone(),
                 peer_cert_subject: t.cert.as_ref().map(|c| c.subject.clone()),
+                peer_cert_issuer: t.cert.as_ref().map(|c| c.issuer.clone()),
+                peer_cert_validity: t.cert.as_ref().map(|c| c.validity.clone()),
             }),
             connected_at: self.peer.connected_at,
         };

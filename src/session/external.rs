@@ -24,8 +24,13 @@ pub const EXTERNAL: &str = "EXTERNAL";
 pub struct TlsPeer {
     /// The protocol version as RabbitMQ lists it (`tlsv1.3`, `tlsv1.2`).
     pub protocol: String,
-    /// The negotiated cipher suite.
+    /// The suite's bulk cipher, as RabbitMQ (Erlang) names it: `aes_256_gcm`.
     pub cipher: String,
+    /// The suite's key exchange as RabbitMQ names it: `ecdhe_rsa`, or `any` for TLS 1.3
+    /// (whose suites do not fix it).
+    pub key_exchange: String,
+    /// The suite's MAC as RabbitMQ names it: `aead` for every AEAD cipher.
+    pub hash: String,
     /// The client's certificate, verified against `cacertfile`; `None` when the client gave
     /// none (or none was asked for: `verify_peer = false`).
     pub cert: Option<PeerCert>,
@@ -36,6 +41,10 @@ pub struct TlsPeer {
 pub struct PeerCert {
     /// The subject's distinguished name, for listings.
     pub subject: String,
+    /// The issuer's distinguished name, for listings.
+    pub issuer: String,
+    /// Its validity as RabbitMQ shows it: `2026-01-01T00:00:00Z - 2027-01-01T00:00:00Z`.
+    pub validity: String,
     /// The user name EXTERNAL logs in as; `None` when the certificate does not carry the
     /// field `ssl_cert_login_from` names.
     pub login: Option<String>,
@@ -87,7 +96,9 @@ mod tests {
     fn tls(cert: Option<PeerCert>) -> TlsPeer {
         TlsPeer {
             protocol: "tlsv1.3".into(),
-            cipher: "TLS13_AES_128_GCM_SHA256".into(),
+            cipher: "aes_128_gcm".into(),
+            key_exchange: "any".into(),
+            hash: "aead".into(),
             cert,
         }
     }
@@ -104,11 +115,15 @@ mod tests {
         assert_eq!(login(Some(&tls(None))), Err(Refusal::NoCertificate));
         let nameless = tls(Some(PeerCert {
             subject: "O=x".into(),
+            issuer: "O=x".into(),
+            validity: String::new(),
             login: None,
         }));
         assert_eq!(login(Some(&nameless)), Err(Refusal::NoName));
         let named = tls(Some(PeerCert {
             subject: "CN=alice".into(),
+            issuer: "CN=ca".into(),
+            validity: String::new(),
             login: Some("alice".into()),
         }));
         assert_eq!(login(Some(&named)), Ok("alice"));

@@ -427,6 +427,26 @@ async fn definitions_export_and_import_over_http() {
         api.call("POST", "/api/definitions", Some("{]")).await.0,
         400
     );
+    // A file of RabbitMQ 3.11 on gives vhosts their description and tags (at the top, or
+    // in `metadata`).
+    let newer = r#"{"vhosts":[
+        {"name":"v311","description":"from 3.11","tags":["x"],"default_queue_type":"classic"},
+        {"name":"v312","metadata":{"description":"in metadata","tags":["y","z"]}}]}"#;
+    assert_eq!(
+        api.call("POST", "/api/definitions", Some(newer)).await.0,
+        204
+    );
+    for (name, description, tags) in [
+        ("v311", "from 3.11", json!(["x"])),
+        ("v312", "in metadata", json!(["y", "z"])),
+    ] {
+        let (s, v) = api.call("GET", &format!("/api/vhosts/{name}"), None).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            (&v["description"], &v["tags"]),
+            (&json!(description), &tags)
+        );
+    }
     node.shutdown().await;
 }
 
@@ -1336,7 +1356,29 @@ async fn deleting_a_connection_closes_it_with_connection_forced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_vhosts_and_permissions_made_at_run_time_survive_a_restart() {
     let (node, api) = start().await;
-    assert_eq!(api.call("PUT", "/api/vhosts/rt", None).await.0, 201);
+    assert_eq!(
+        api.call(
+            "PUT",
+            "/api/vhosts/rt",
+            Some(r#"{"description":"run time","tags":"a, b"}"#)
+        )
+        .await
+        .0,
+        201
+    );
+    // A PUT of an existing vhost replaces what it gives and keeps the rest.
+    assert_eq!(
+        api.call("PUT", "/api/vhosts/rt", Some(r#"{"tags":["c","a"]}"#))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        api.call("PUT", "/api/vhosts/rt", Some(r#"{"description":7}"#))
+            .await
+            .0,
+        400
+    );
     assert_eq!(
         api.call(
             "PUT",
@@ -1383,7 +1425,17 @@ async fn users_vhosts_and_permissions_made_at_run_time_survive_a_restart() {
     let api = Api {
         base: format!("http://{}", node.mgmt_addr()),
     };
-    assert_eq!(api.call("GET", "/api/vhosts/rt", None).await.0, 200);
+    let (s, v) = api.call("GET", "/api/vhosts/rt", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (&v["description"], &v["tags"], &v["metadata"]),
+        (
+            &json!("run time"),
+            &json!(["c", "a"]),
+            &json!({"description": "run time", "tags": ["c", "a"]})
+        ),
+        "{v}"
+    );
     let (s, perm) = api.call("GET", "/api/permissions/rt/rtu", None).await;
     assert_eq!((s, &perm["write"]), (200, &json!(".*")));
     let (s, q) = api

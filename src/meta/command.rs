@@ -6,6 +6,7 @@ use super::limits::{LimitScope, Limits};
 use super::policy::Policy;
 use super::state::{
     Binding, ExchangeDef, MirrorRecord, MirrorSet, NodeId, NodeRecord, Permission, QueueDef, User,
+    VhostMetadata,
 };
 
 /// One change to the metadata.
@@ -184,6 +185,14 @@ pub enum Command {
     /// Several commands applied in order as one: all of them or, when one is refused, none
     /// (a definitions import: one log entry and one definitions write for many commands).
     Batch(Vec<Command>),
+    /// Sets a vhost's description and tags (an empty one clears them). Last, so logs
+    /// written before it still decode.
+    SetVhostMetadata {
+        /// The vhost.
+        name: String,
+        /// Its description and tags.
+        metadata: VhostMetadata,
+    },
 }
 
 /// How many commands one [`Command::Batch`] made by [`Command::batched`] holds at most: a

@@ -1,6 +1,7 @@
 //! Durable definitions: the part of the metadata that survives a restart.
 //!
-//! Vhosts, users, permissions, vhost and user limits, policies, durable exchanges, durable
+//! Vhosts (with their descriptions and tags), users, permissions, vhost and user limits,
+//! policies, durable exchanges, durable
 //! non-exclusive queues, and bindings between durable ends, as RabbitMQ keeps them. Encoded with bincode inside a
 //! checksummed record, so a torn write is detected instead of half-applied. A single node
 //! applies its config file's vhosts, users and permissions at every start, then these: a
@@ -11,12 +12,15 @@ use serde::{Deserialize, Serialize};
 use super::command::Command;
 use super::limits::{LimitScope, Limits};
 use super::policy::Policy;
-use super::state::{Binding, Destination, ExchangeDef, MetaState, Permission, QueueDef, User};
+use super::state::{
+    Binding, Destination, ExchangeDef, MetaState, Permission, QueueDef, User, VhostMetadata,
+};
 use crate::store::record;
 
-/// Format version written in front of the payload (5 added limits, 4 vhosts, users and
-/// permissions, 3 the queue's home node, 2 policies; 1 to 4 are still read).
-const VERSION: u32 = 5;
+/// Format version written in front of the payload (6 added vhost metadata, 5 limits, 4
+/// vhosts, users and permissions, 3 the queue's home node, 2 policies; 1 to 5 are still
+/// read).
+const VERSION: u32 = 6;
 
 /// Why a definitions file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +57,22 @@ pub struct Definitions {
     pub vhost_limits: Vec<(String, Limits)>,
     /// User limits by user (version 5 on).
     pub user_limits: Vec<(String, Limits)>,
+    /// Vhost descriptions and tags by vhost (version 6 on).
+    pub vhost_metadata: Vec<(String, VhostMetadata)>,
+}
+
+/// Version 5: before vhost metadata.
+#[derive(Deserialize)]
+struct DefinitionsV5 {
+    exchanges: Vec<ExchangeDef>,
+    queues: Vec<QueueDef>,
+    bindings: Vec<Binding>,
+    policies: Vec<(Policy, bool)>,
+    vhosts: Vec<String>,
+    users: Vec<User>,
+    permissions: Vec<Permission>,
+    vhost_limits: Vec<(String, Limits)>,
+    user_limits: Vec<(String, Limits)>,
 }
 
 /// Version 4: before limits.
@@ -131,6 +151,7 @@ impl Definitions {
             permissions: state.permissions.values().cloned().collect(),
             vhost_limits: state.vhost_limits.clone().into_iter().collect(),
             user_limits: state.user_limits.clone().into_iter().collect(),
+            vhost_metadata: state.vhost_metadata.clone().into_iter().collect(),
             ..Definitions::default()
         };
         for v in state.vhosts.values() {
@@ -172,6 +193,14 @@ impl Definitions {
             .iter()
             .map(|name| Command::AddVhost { name: name.clone() })
             .collect();
+        c.extend(
+            self.vhost_metadata
+                .iter()
+                .map(|(name, metadata)| Command::SetVhostMetadata {
+                    name: name.clone(),
+                    metadata: metadata.clone(),
+                }),
+        );
         c.extend(self.users.iter().cloned().map(Command::PutUser));
         c.extend(
             self.permissions
@@ -266,6 +295,21 @@ impl Definitions {
                     vhosts: v4.vhosts,
                     users: v4.users,
                     permissions: v4.permissions,
+                    ..Definitions::default()
+                })
+            }
+            5 => {
+                let v5: DefinitionsV5 = bincode::deserialize(&payload[4..]).map_err(decode_err)?;
+                Ok(Definitions {
+                    exchanges: v5.exchanges,
+                    queues: v5.queues,
+                    bindings: v5.bindings,
+                    policies: v5.policies,
+                    vhosts: v5.vhosts,
+                    users: v5.users,
+                    permissions: v5.permissions,
+                    vhost_limits: v5.vhost_limits,
+                    user_limits: v5.user_limits,
                     ..Definitions::default()
                 })
             }
@@ -427,6 +471,77 @@ mod tests {
         let mut file = Vec::new();
         record::encode(&mut file, &payload);
         assert_eq!(Definitions::decode(&file).unwrap(), d);
+    }
+
+    #[test]
+    fn a_version_5_file_is_still_read() {
+        let mut s = state();
+        s.apply(&Command::SetLimits {
+            scope: LimitScope::Vhost("/".into()),
+            limits: [("max-queues".to_string(), 9)].into(),
+            replace: true,
+        })
+        .unwrap();
+        let d = Definitions::from_state(&s);
+        let mut payload = 5u32.to_le_bytes().to_vec();
+        payload.extend(
+            bincode::serialize(&(
+                &d.exchanges,
+                &d.queues,
+                &d.bindings,
+                &d.policies,
+                &d.vhosts,
+                &d.users,
+                &d.permissions,
+                &d.vhost_limits,
+                &d.user_limits,
+            ))
+            .unwrap(),
+        );
+        let mut file = Vec::new();
+        record::encode(&mut file, &payload);
+        let back = Definitions::decode(&file).unwrap();
+        assert!(back.vhost_metadata.is_empty());
+        assert_eq!(back.vhost_limits, d.vhost_limits);
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn vhost_metadata_is_kept_and_replayed_and_goes_with_its_vhost() {
+        let mut s = state();
+        let metadata = VhostMetadata {
+            description: "the default".into(),
+            tags: vec!["prod".into(), "eu".into()],
+        };
+        s.apply(&Command::SetVhostMetadata {
+            name: "/".into(),
+            metadata: metadata.clone(),
+        })
+        .unwrap();
+        assert!(matches!(
+            s.apply(&Command::SetVhostMetadata {
+                name: "nope".into(),
+                metadata: metadata.clone(),
+            }),
+            Err(crate::meta::MetaError::NoVhost(_))
+        ));
+        let d = Definitions::decode(&Definitions::from_state(&s).encode()).unwrap();
+        let mut fresh = MetaState::default();
+        for c in d.commands() {
+            fresh.apply(&c).unwrap();
+        }
+        assert_eq!(fresh.vhost_metadata.get("/"), Some(&metadata));
+        // Cleared by an empty one; gone with the vhost.
+        s.apply(&Command::SetVhostMetadata {
+            name: "/".into(),
+            metadata: VhostMetadata::default(),
+        })
+        .unwrap();
+        assert!(s.vhost_metadata.is_empty());
+        fresh
+            .apply(&Command::DeleteVhost { name: "/".into() })
+            .unwrap();
+        assert!(fresh.vhost_metadata.is_empty());
     }
 
     #[test]

@@ -540,6 +540,15 @@ pub struct MirrorSet {
     pub incarnation: u64,
 }
 
+/// A vhost's description and tags, as RabbitMQ's vhost metadata (`PUT /api/vhosts/{name}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostMetadata {
+    /// Free text.
+    pub description: String,
+    /// Tags, in the order given.
+    pub tags: Vec<String>,
+}
+
 /// The whole metadata.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetaState {
@@ -563,6 +572,8 @@ pub struct MetaState {
     pub vhost_limits: BTreeMap<String, Limits>,
     /// User limits by user name; gone with their user, never empty.
     pub user_limits: BTreeMap<String, Limits>,
+    /// Vhost descriptions and tags by vhost name; gone with their vhost, never empty.
+    pub vhost_metadata: BTreeMap<String, VhostMetadata>,
     /// Number of commands applied.
     pub version: u64,
 }
@@ -691,6 +702,7 @@ impl MetaState {
                 }
                 self.permissions.retain(|(_, vh), _| vh != name);
                 self.vhost_limits.remove(name);
+                self.vhost_metadata.remove(name);
             }
             Command::PutUser(user) => {
                 applied.created = self.users.insert(user.name.clone(), user.clone()).is_none();
@@ -728,6 +740,16 @@ impl MetaState {
             }
             Command::ClearLimits { scope, name } => {
                 self.clear_limits(scope, name.as_deref())?;
+            }
+            Command::SetVhostMetadata { name, metadata } => {
+                if !self.vhosts.contains_key(name) {
+                    return Err(MetaError::NoVhost(name.clone()));
+                }
+                if *metadata == VhostMetadata::default() {
+                    self.vhost_metadata.remove(name);
+                } else {
+                    self.vhost_metadata.insert(name.clone(), metadata.clone());
+                }
             }
             Command::DeclareExchange(def) => {
                 applied.created = self.declare_exchange(def)?;

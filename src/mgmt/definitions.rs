@@ -16,7 +16,9 @@ use crate::admin::{self, json as admin_json, NodeInfo, Request as AdminRequest};
 use crate::broker::Broker;
 use crate::meta::limits::{self, LimitScope};
 use crate::meta::policy::{ApplyTo, Policy};
-use crate::meta::state::{Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, Vhost};
+use crate::meta::state::{
+    Binding, Destination, ExchangeDef, ExchangeKind, QueueDef, User, Vhost, VhostMetadata,
+};
 use crate::meta::{Command, MetaState};
 
 /// RabbitMQ's runtime-parameter component holding a vhost's limits.
@@ -213,7 +215,7 @@ pub fn export_vhost(meta: &MetaState, vhost: &str) -> Option<Value> {
 #[serde(default)]
 struct File {
     users: Vec<Map<String, Value>>,
-    vhosts: Vec<NameOnly>,
+    vhosts: Vec<VhostDef>,
     permissions: Vec<PermissionDef>,
     parameters: Vec<ParameterDef>,
     policies: Vec<PolicyDef>,
@@ -222,9 +224,40 @@ struct File {
     bindings: Vec<Map<String, Value>>,
 }
 
+/// A vhost: its name, and from files of RabbitMQ 3.11 on its description and tags (at the
+/// top and in `metadata`; 3.10 exports the name alone).
 #[derive(Deserialize)]
-struct NameOnly {
+struct VhostDef {
     name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    tags: Option<Vec<String>>,
+    #[serde(default)]
+    metadata: Option<VhostMetadataDef>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct VhostMetadataDef {
+    description: Option<String>,
+    tags: Option<Vec<String>>,
+}
+
+impl VhostDef {
+    /// Its description and tags, when the file gives either.
+    fn metadata(&self) -> Option<VhostMetadata> {
+        let m = self.metadata.as_ref();
+        let description = self
+            .description
+            .clone()
+            .or_else(|| m.and_then(|m| m.description.clone()));
+        let tags = self.tags.clone().or_else(|| m.and_then(|m| m.tags.clone()));
+        (description.is_some() || tags.is_some()).then(|| VhostMetadata {
+            description: description.unwrap_or_default(),
+            tags: tags.unwrap_or_default(),
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -444,6 +477,12 @@ fn plan_import(ctx: &(&Broker, &NodeInfo), f: &File) -> Result<Vec<Command>, Str
         c.push(Command::AddVhost {
             name: v.name.clone(),
         });
+        if let Some(metadata) = v.metadata() {
+            c.push(Command::SetVhostMetadata {
+                name: v.name.clone(),
+                metadata,
+            });
+        }
     }
     for u in &f.users {
         c.push(Command::PutUser(user(u, ctx.0.new_salt())?));

@@ -11,7 +11,9 @@ use super::live;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
 use crate::meta::limits::LimitScope;
-use crate::meta::state::{ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User};
+use crate::meta::state::{
+    ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User, VhostMetadata,
+};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::{Access, Permissions};
 
@@ -108,7 +110,7 @@ pub fn route(
         ["nodes"] => only_get(m, || nodes(ctx, meta, caller, None)),
         ["nodes", name] => only_get(m, || nodes(ctx, meta, caller, Some(name))),
         ["vhosts"] => only_get(m, || vhosts(ctx, meta, caller, None)),
-        ["vhosts", vhost] => return vhost_one(ctx, meta, caller, m, vhost),
+        ["vhosts", vhost] => return vhost_one(ctx, meta, caller, req, vhost),
         ["users"] => only_get(m, || users(meta, caller, None)),
         ["users", "without-permissions"] => only_get(m, || users_without_permissions(meta, caller)),
         ["users", name] => return user_one(ctx.broker.new_salt(), meta, caller, req, name),
@@ -684,15 +686,17 @@ fn cluster_state(ctx: &Context<'_>, meta: &MetaState) -> Value {
     Value::Object(states)
 }
 
-/// A vhost as RabbitMQ 3.10 shows it. Warren keeps no description or tags for a vhost
-/// (empty), nor a default queue type (RabbitMQ's `undefined`: classic).
-fn vhost_json(ctx: &Context<'_>, name: &str, cluster_state: &Value) -> Value {
+/// A vhost as RabbitMQ 3.10 shows it. Warren keeps no default queue type (RabbitMQ's
+/// `undefined`: classic).
+fn vhost_json(ctx: &Context<'_>, meta: &MetaState, name: &str, cluster_state: &Value) -> Value {
     let t = vhost_totals(ctx, name);
+    let empty = VhostMetadata::default();
+    let m = meta.vhost_metadata.get(name).unwrap_or(&empty);
     json!({
         "name": name,
-        "description": "",
-        "tags": [],
-        "metadata": {"description": "", "tags": []},
+        "description": m.description,
+        "tags": m.tags,
+        "metadata": {"description": m.description, "tags": m.tags},
         "default_queue_type": "undefined",
         "tracing": false,
         "cluster_state": cluster_state,
@@ -709,7 +713,10 @@ fn vhosts(ctx: &Context<'_>, meta: &MetaState, caller: &Caller, one: Option<&str
     };
     let states = cluster_state(ctx, meta);
     one_or_list(
-        names.iter().map(|n| vhost_json(ctx, n, &states)).collect(),
+        names
+            .iter()
+            .map(|n| vhost_json(ctx, meta, n, &states))
+            .collect(),
         one.is_some(),
     )
 }
@@ -718,10 +725,10 @@ fn vhost_one(
     ctx: &Context<'_>,
     meta: &MetaState,
     caller: &Caller,
-    m: Method,
+    req: &Request,
     vhost: &str,
 ) -> Handled {
-    match m {
+    match req.method {
         Method::Get => reply(vhosts(ctx, meta, caller, Some(vhost))),
         Method::Put | Method::Delete if !caller.tags.administrator => reply(not_administrator()),
         Method::Put => {
@@ -733,6 +740,32 @@ fn vhost_one(
                 Ok(c) => vec![c],
                 Err(r) => return reply(r),
             };
+            // The description and tags the body gives replace the vhost's; what it leaves
+            // out is kept.
+            let body = match body_object(req) {
+                Ok(b) => b,
+                Err(r) => return reply(r),
+            };
+            let description = match body.get("description") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return reply(Response::bad_request("description must be a string")),
+            };
+            let tags = match parse_tags(&body) {
+                Ok(t) => t,
+                Err(r) => return reply(r),
+            };
+            if description.is_some() || tags.is_some() {
+                let old = meta.vhost_metadata.get(vhost).cloned().unwrap_or_default();
+                let metadata = VhostMetadata {
+                    description: description.unwrap_or(old.description),
+                    tags: tags.unwrap_or(old.tags),
+                };
+                commands.push(Command::SetVhostMetadata {
+                    name: vhost.to_string(),
+                    metadata,
+                });
+            }
             // RabbitMQ grants the user who creates a vhost full permissions in it.
             if !existed {
                 commands.push(Command::SetPermissions(Permission {

@@ -8,8 +8,9 @@
 //! bincode is not self-describing: a field added to [`StateImage`] would make every stored
 //! snapshot unreadable. So a layout change gets a new format byte in front of the payload
 //! ([`persist::encode_as`]) and the old layout stays readable: format 1 is the image without
-//! limits ([`ImageV1`]), format 2 adds them ([`LimitsImage`] after the state). A snapshot
-//! from before limits existed therefore loads with no limits (see the fixture test).
+//! limits ([`ImageV1`]), format 2 adds them ([`LimitsImage`] after the state, [`ImageV2`]),
+//! format 3 adds the vhosts' descriptions and tags after those. A snapshot from before
+//! limits or metadata existed therefore loads without them (see the fixture tests).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,11 +21,15 @@ use serde::{Deserialize, Serialize};
 use super::persist::{self, PersistError};
 use crate::meta::limits::Limits;
 use crate::meta::policy::Policy;
-use crate::meta::state::{Binding, ExchangeDef, NodeRecord, Permission, QueueDef, User, Vhost};
+use crate::meta::state::{
+    Binding, ExchangeDef, NodeRecord, Permission, QueueDef, User, Vhost, VhostMetadata,
+};
 use crate::meta::MetaState;
 
 /// The format byte of images with limits (format 1, [`persist::FORMAT`], had none).
 const FORMAT_LIMITS: u8 = 2;
+/// The format byte of images with vhost metadata too.
+const FORMAT_VHOST_METADATA: u8 = 3;
 
 /// The state machine's data in a snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +39,19 @@ pub struct Image {
     /// The metadata.
     pub state: StateImage,
     /// Vhost and user limits (format 2 on).
+    pub limits: LimitsImage,
+    /// Vhost descriptions and tags (format 3 on).
+    pub vhost_metadata: Vec<(String, VhostMetadata)>,
+}
+
+/// An image as format 2 wrote it, before vhost metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageV2 {
+    /// As [`Image::digest`].
+    pub digest: u32,
+    /// As [`Image::state`].
+    pub state: StateImage,
+    /// As [`Image::limits`].
     pub limits: LimitsImage,
 }
 
@@ -63,6 +81,7 @@ impl Image {
                 vhosts: state.vhost_limits.clone().into_iter().collect(),
                 users: state.user_limits.clone().into_iter().collect(),
             },
+            vhost_metadata: state.vhost_metadata.clone().into_iter().collect(),
         }
     }
 
@@ -71,15 +90,16 @@ impl Image {
         let mut state = self.state.into_state();
         state.vhost_limits = self.limits.vhosts.into_iter().collect();
         state.user_limits = self.limits.users.into_iter().collect();
+        state.vhost_metadata = self.vhost_metadata.into_iter().collect();
         state
     }
 
-    /// The snapshot payload (format 2).
+    /// The snapshot payload (format 3).
     pub fn encode(&self) -> Result<Vec<u8>, PersistError> {
-        persist::encode_as(FORMAT_LIMITS, "snapshot image", self)
+        persist::encode_as(FORMAT_VHOST_METADATA, "snapshot image", self)
     }
 
-    /// Reads a snapshot payload of either format; `path` only names the source in errors.
+    /// Reads a snapshot payload of any format; `path` only names the source in errors.
     pub fn decode(payload: &[u8], path: &Path) -> Result<Image, PersistError> {
         if payload.first() == Some(&persist::FORMAT) {
             let v1: ImageV1 = persist::decode("snapshot image", path, payload)?;
@@ -87,9 +107,19 @@ impl Image {
                 digest: v1.digest,
                 state: v1.state,
                 limits: LimitsImage::default(),
+                vhost_metadata: Vec::new(),
             });
         }
-        persist::decode_as(FORMAT_LIMITS, "snapshot image", path, payload)
+        if payload.first() == Some(&FORMAT_LIMITS) {
+            let v2: ImageV2 = persist::decode_as(FORMAT_LIMITS, "snapshot image", path, payload)?;
+            return Ok(Image {
+                digest: v2.digest,
+                state: v2.state,
+                limits: v2.limits,
+                vhost_metadata: Vec::new(),
+            });
+        }
+        persist::decode_as(FORMAT_VHOST_METADATA, "snapshot image", path, payload)
     }
 }
 
@@ -203,6 +233,7 @@ impl StateImage {
             mirror_sets: self.mirror_sets.into_iter().collect(),
             vhost_limits: BTreeMap::new(),
             user_limits: BTreeMap::new(),
+            vhost_metadata: BTreeMap::new(),
             version: self.version,
         }
     }
@@ -319,11 +350,21 @@ mod tests {
         for c in limit_commands() {
             state.apply(&c).expect("valid command");
         }
+        state
+            .apply(&Command::SetVhostMetadata {
+                name: "v2".into(),
+                metadata: VhostMetadata {
+                    description: "the second".into(),
+                    tags: vec!["b".into(), "a".into()],
+                },
+            })
+            .expect("valid command");
         let image = Image::of(&state, 42);
         let bytes = image.encode().expect("encodes");
         let back = Image::decode(&bytes, Path::new("mem")).expect("decodes");
         assert_eq!(back.digest, 42);
         let back = back.into_state();
+        assert_eq!(back.vhost_metadata["v2"].tags, ["b", "a"]);
         assert_eq!(back.vhost_limit("v2", "max-queues"), Some(3));
         assert_eq!(back.user_limit("guest", "max-channels"), Some(0));
         assert_eq!(back, state);
@@ -360,11 +401,30 @@ mod tests {
         let state = image.into_state();
         assert!(state.vhost_limits.is_empty() && state.user_limits.is_empty());
         assert_eq!(state, rich_state());
-        // And what is written now is format 2, which the format 1 reader refuses rather
+        // And what is written now is format 3, which the format 1 reader refuses rather
         // than misreads.
         let now = Image::of(&state, 42).encode().expect("encodes");
-        assert_eq!(now[0], FORMAT_LIMITS);
+        assert_eq!(now[0], FORMAT_VHOST_METADATA);
         assert!(persist::decode::<ImageV1>("image", Path::new("mem"), &now).is_err());
+    }
+
+    /// The payload of `rich_state()` with a `max-queues` limit of 3 on `v2` (digest 42) as
+    /// the code before vhost metadata wrote it (format 2), committed.
+    const IMAGE_V2: &[u8] = include_bytes!("testdata/snapshot-image-v2.bin");
+
+    #[test]
+    fn a_snapshot_written_before_vhost_metadata_still_loads() {
+        let image = Image::decode(IMAGE_V2, Path::new("fixture")).expect("format 2 decodes");
+        assert_eq!(image.digest, 42);
+        let state = image.into_state();
+        assert!(state.vhost_metadata.is_empty());
+        let mut expected = rich_state();
+        expected.apply(&limit_commands()[0]).expect("valid command");
+        assert_eq!(state, expected);
+        let now = Image::of(&state, 42).encode().expect("encodes");
+        assert!(
+            persist::decode_as::<ImageV2>(FORMAT_LIMITS, "image", Path::new("mem"), &now).is_err()
+        );
     }
 
     #[test]

@@ -215,8 +215,9 @@ pub(crate) async fn import_definitions(ctx: &AdminContext, json: &[u8]) -> Respo
     Response::done(format!("Imported {n} definitions"))
 }
 
-/// The counts of `vhost`'s queues that other nodes run, asked of those nodes at once (a
-/// node that does not answer leaves its queues out: they list as 0).
+/// The figures ([`crate::broker::QueueFigures`]) of `vhost`'s queues that other nodes run,
+/// asked of those nodes at once (a node that does not answer leaves its queues out: they
+/// list as 0).
 pub(crate) async fn remote_counts(broker: &Broker, vhost: &str) -> admin::RemoteCounts {
     remote_counts_of(broker, vhost, None).await
 }

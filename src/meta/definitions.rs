@@ -325,6 +325,16 @@ mod tests {
     use crate::meta::ExchangeKind;
     use amq_protocol::types::{AMQPValue, FieldTable};
 
+    /// A definitions record as format `version` wrote it: `fields` in its layout's order
+    /// (bincode writes a struct as its fields in order, as it writes a tuple).
+    fn old_file(version: u32, fields: impl Serialize) -> Vec<u8> {
+        let mut payload = version.to_le_bytes().to_vec();
+        payload.extend(bincode::serialize(&fields).unwrap());
+        let mut file = Vec::new();
+        record::encode(&mut file, &payload);
+        file
+    }
+
     fn state() -> MetaState {
         let mut s = MetaState::default();
         s.apply(&Command::AddVhost { name: "/".into() }).unwrap();
@@ -389,12 +399,7 @@ mod tests {
                 )
             })
             .collect();
-        let mut payload = 2u32.to_le_bytes().to_vec();
-        payload.extend(
-            bincode::serialize(&(&d.exchanges, &queues, &d.bindings, &d.policies)).unwrap(),
-        );
-        let mut file = Vec::new();
-        record::encode(&mut file, &payload);
+        let file = old_file(2, (&d.exchanges, &queues, &d.bindings, &d.policies));
         assert_eq!(Definitions::decode(&file).unwrap(), durable_only(d));
     }
 
@@ -411,12 +416,7 @@ mod tests {
     #[test]
     fn a_version_3_file_is_still_read() {
         let d = Definitions::from_state(&state());
-        let mut payload = 3u32.to_le_bytes().to_vec();
-        payload.extend(
-            bincode::serialize(&(&d.exchanges, &d.queues, &d.bindings, &d.policies)).unwrap(),
-        );
-        let mut file = Vec::new();
-        record::encode(&mut file, &payload);
+        let file = old_file(3, (&d.exchanges, &d.queues, &d.bindings, &d.policies));
         assert_eq!(Definitions::decode(&file).unwrap(), durable_only(d));
     }
 
@@ -455,9 +455,9 @@ mod tests {
     #[test]
     fn a_version_4_file_is_still_read() {
         let d = Definitions::from_state(&state());
-        let mut payload = 4u32.to_le_bytes().to_vec();
-        payload.extend(
-            bincode::serialize(&(
+        let file = old_file(
+            4,
+            (
                 &d.exchanges,
                 &d.queues,
                 &d.bindings,
@@ -465,11 +465,8 @@ mod tests {
                 &d.vhosts,
                 &d.users,
                 &d.permissions,
-            ))
-            .unwrap(),
+            ),
         );
-        let mut file = Vec::new();
-        record::encode(&mut file, &payload);
         assert_eq!(Definitions::decode(&file).unwrap(), d);
     }
 
@@ -483,9 +480,9 @@ mod tests {
         })
         .unwrap();
         let d = Definitions::from_state(&s);
-        let mut payload = 5u32.to_le_bytes().to_vec();
-        payload.extend(
-            bincode::serialize(&(
+        let file = old_file(
+            5,
+            (
                 &d.exchanges,
                 &d.queues,
                 &d.bindings,
@@ -495,11 +492,8 @@ mod tests {
                 &d.permissions,
                 &d.vhost_limits,
                 &d.user_limits,
-            ))
-            .unwrap(),
+            ),
         );
-        let mut file = Vec::new();
-        record::encode(&mut file, &payload);
         let back = Definitions::decode(&file).unwrap();
         assert!(back.vhost_metadata.is_empty());
         assert_eq!(back.vhost_limits, d.vhost_limits);
@@ -610,10 +604,7 @@ mod tests {
     #[test]
     fn version_1_files_are_still_read() {
         let d = Definitions::from_state(&state());
-        let mut payload = 1u32.to_le_bytes().to_vec();
-        payload.extend(bincode::serialize(&(&d.exchanges, &d.queues, &d.bindings)).unwrap());
-        let mut bytes = Vec::new();
-        record::encode(&mut bytes, &payload);
+        let bytes = old_file(1, (&d.exchanges, &d.queues, &d.bindings));
         let back = Definitions::decode(&bytes).unwrap();
         assert_eq!((back.queues, back.policies.len()), (d.queues, 0));
     }

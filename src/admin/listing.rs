@@ -9,6 +9,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 
 use super::json;
 use super::mirrors;
+use super::queue_info::QueueInfo;
 use super::requests::{NodeInfo, RemoteCounts, Request, Response};
 use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};
 use crate::broker::Broker;
@@ -302,27 +303,12 @@ fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// One queue's row of `list_queues` (`vhost` is the queue's vhost in `meta`).
-fn queue_row(
-    broker: &Broker,
-    node: &NodeInfo,
-    meta: &crate::meta::MetaState,
-    v: &crate::meta::state::Vhost,
-    q: &crate::meta::state::QueueDef,
-    remote_counts: &RemoteCounts,
-) -> BTreeMap<&'static str, String> {
-    let vhost = v.name.as_str();
-    let f = match broker.queue(vhost, &q.name) {
-        Some(h) => h.lock().figures(),
-        // Another node's queue: the figures its node gave the caller, if any.
-        None => remote_counts.get(&q.name).copied().unwrap_or_default(),
-    };
-    let home = meta
-        .nodes
-        .get(&q.home)
-        .map_or_else(|| node.name.clone(), |n| n.name.clone());
-    let eff = v.effective_policy(&q.name, true);
-    let m = mirrors::columns(meta, vhost, &q.name);
+/// One queue's row of `list_queues`.
+fn queue_row(info: &QueueInfo<'_>) -> BTreeMap<&'static str, String> {
+    let f = &info.figures;
+    let q = info.def;
+    let eff = &info.policy;
+    let m = mirrors::columns_of(info.mirrors.as_ref());
     BTreeMap::from([
         ("name", q.name.clone()),
         ("messages", f.messages().to_string()),
@@ -342,8 +328,8 @@ fn queue_row(
         ("consumers", f.consumers.to_string()),
         // The node the queue runs on (RabbitMQ prints the queue process's pid,
         // whose node part this is).
-        ("pid", home.clone()),
-        ("node", home),
+        ("pid", info.node.to_string()),
+        ("node", info.node.to_string()),
         // RabbitMQ 3.x names, and the aliases it introduced for them.
         ("slave_pids", m.slave_pids.clone()),
         ("mirror_pids", m.slave_pids),
@@ -367,27 +353,6 @@ fn queue_row(
     ])
 }
 
-/// `list_queues` of one queue: the same row as in the listing, built for that queue alone
-/// (a single-queue page of the management API). Refused for an unknown vhost or queue.
-pub fn list_one_queue(
-    broker: &Broker,
-    node: &NodeInfo,
-    vhost: &str,
-    name: &str,
-    columns: &[String],
-    remote_counts: &RemoteCounts,
-) -> Response {
-    let meta = broker.snapshot();
-    let Some(v) = meta.vhost(vhost) else {
-        return Response::refused(format!("no vhost '{vhost}'"));
-    };
-    let Some(q) = v.queues.get(name) else {
-        return Response::refused(format!("no queue '{name}' in vhost '{vhost}'"));
-    };
-    let row = queue_row(broker, node, &meta, v, q, remote_counts);
-    select(QUEUE_COLUMNS, &["name", "messages"], columns, vec![row])
-}
-
 /// Answers a listing request (the planner sends only those here).
 pub(super) fn answer(
     broker: &Broker,
@@ -401,10 +366,9 @@ pub(super) fn answer(
             let Some(v) = meta.vhost(vhost) else {
                 return Response::refused(format!("no vhost '{vhost}'"));
             };
-            let rows = v
-                .queues
-                .values()
-                .map(|q| queue_row(broker, node, &meta, v, q, remote_counts))
+            let rows = QueueInfo::all_of(broker, node, &meta, v, remote_counts)
+                .iter()
+                .map(queue_row)
                 .collect();
             select(QUEUE_COLUMNS, &["name", "messages"], columns, rows)
         }

@@ -42,11 +42,14 @@ fn node_name(meta: &MetaState, id: NodeId) -> String {
 
 /// The mirrors of `(vhost, queue)`, oldest first (ties by node id, as promotion breaks them).
 fn mirrors_oldest_first(meta: &MetaState, vhost: &str, queue: &str) -> Vec<MirrorRecord> {
-    let mut list = meta
-        .mirror_sets
+    meta.mirror_sets
         .get(&(vhost.to_string(), queue.to_string()))
-        .map(|s| s.mirrors.clone())
-        .unwrap_or_default();
+        .map(|s| oldest_first(&s.mirrors))
+        .unwrap_or_default()
+}
+
+fn oldest_first(mirrors: &[MirrorRecord]) -> Vec<MirrorRecord> {
+    let mut list = mirrors.to_vec();
     list.sort_by_key(|m| (m.since, m.node));
     list
 }
@@ -55,30 +58,68 @@ fn bracketed(items: impl Iterator<Item = String>) -> String {
     format!("[{}]", items.collect::<Vec<_>>().join(", "))
 }
 
-/// The mirror columns of `queue` in `vhost` (all `[]` and epoch 0 when it is not mirrored).
-pub fn columns(meta: &MetaState, vhost: &str, queue: &str) -> MirrorColumns {
-    let list = mirrors_oldest_first(meta, vhost, queue);
-    let epoch = meta
+/// One mirror as the listings show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirrorMember {
+    /// Its node's name (`#ID` for a node the metadata no longer knows).
+    pub node: String,
+    /// Whether it holds every message of its queue.
+    pub synchronised: bool,
+}
+
+/// A mirrored queue's mirror set as the listings show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mirrors {
+    /// The set's epoch.
+    pub epoch: u64,
+    /// Its mirrors, oldest first.
+    pub members: Vec<MirrorMember>,
+}
+
+/// The mirror set of `queue` in `vhost`; `None` when it is not mirrored.
+pub fn mirrors(meta: &MetaState, vhost: &str, queue: &str) -> Option<Mirrors> {
+    let set = meta
         .mirror_sets
-        .get(&(vhost.to_string(), queue.to_string()))
-        .map_or(0, |s| s.epoch);
+        .get(&(vhost.to_string(), queue.to_string()))?;
+    Some(Mirrors {
+        epoch: set.epoch,
+        members: oldest_first(&set.mirrors)
+            .iter()
+            .map(|m| MirrorMember {
+                node: node_name(meta, m.node),
+                synchronised: m.synchronised,
+            })
+            .collect(),
+    })
+}
+
+/// The mirror columns of a queue whose mirror set is `m` (all `[]` and epoch 0 when it is
+/// not mirrored).
+pub fn columns_of(m: Option<&Mirrors>) -> MirrorColumns {
+    let members = m.map_or(&[][..], |m| &m.members);
     MirrorColumns {
-        slave_pids: bracketed(list.iter().map(|m| node_name(meta, m.node))),
+        slave_pids: bracketed(members.iter().map(|m| m.node.clone())),
         synchronised_slave_pids: bracketed(
-            list.iter()
+            members
+                .iter()
                 .filter(|m| m.synchronised)
-                .map(|m| node_name(meta, m.node)),
+                .map(|m| m.node.clone()),
         ),
-        mirror_epoch: epoch.to_string(),
-        mirrors: bracketed(list.iter().map(|m| {
+        mirror_epoch: m.map_or(0, |m| m.epoch).to_string(),
+        mirrors: bracketed(members.iter().map(|m| {
             let state = if m.synchronised {
                 "synchronised"
             } else {
                 "unsynchronised"
             };
-            format!("{} {state}", node_name(meta, m.node))
+            format!("{} {state}", m.node)
         })),
     }
+}
+
+/// The mirror columns of `queue` in `vhost` (all `[]` and epoch 0 when it is not mirrored).
+pub fn columns(meta: &MetaState, vhost: &str, queue: &str) -> MirrorColumns {
+    columns_of(mirrors(meta, vhost, queue).as_ref())
 }
 
 /// Why `force_promote_mirror` refuses.

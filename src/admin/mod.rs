@@ -19,6 +19,7 @@ pub mod json;
 pub mod listing;
 pub mod mirrors;
 pub mod plans;
+pub mod queue_info;
 pub mod requests;
 pub mod wire;
 

@@ -6,13 +6,13 @@
 
 use serde_json::{json, Map, Value};
 
-use super::convert::{self, Kind};
+use super::convert::{self, table_json, Kind};
 use super::resources::{
     admin_table, body_object, check_permission, commit, listed_vhosts, reply, str_field,
     writable_vhost,
 };
 use super::{Caller, Context, Handled, Method, Request, Response};
-use crate::admin::{self, Request as AdminRequest};
+use crate::admin::Request as AdminRequest;
 use crate::meta::state::{Binding, Destination};
 use crate::meta::{Command, MetaState};
 use crate::session::permissions::Access;
@@ -272,10 +272,6 @@ pub fn one(
         }
         _ => reply(Response::empty(405)),
     }
-}
-
-fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
-    serde_json::from_str(&admin::format_table(t)).unwrap_or(json!({}))
 }
 
 #[cfg(test)]

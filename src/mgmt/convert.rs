@@ -1,10 +1,13 @@
 //! Conversions between the management API's JSON and Warren's types: request arguments to
 //! AMQP field tables, and the admin protocol's text rows to typed JSON objects.
 
+use std::collections::BTreeMap;
+
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use serde_json::{Map, Number, Value};
 
 use crate::admin::Response as AdminResponse;
+use crate::meta::policy::PolicyValue;
 
 /// A JSON value as an AMQP field value (integers as `long long`, strings as long strings,
 /// objects as tables), as RabbitMQ's management plugin converts `arguments`.
@@ -35,6 +38,69 @@ pub fn field_table(o: &Map<String, Value>) -> FieldTable {
         t.insert(k.as_str().into(), amqp_value(v));
     }
     t
+}
+
+/// An AMQP field value as the API shows it (an `arguments` member): integers and
+/// floats as numbers (a float JSON cannot hold as `null`), strings as strings, tables as
+/// objects, arrays as arrays, `void` as `null`, and what JSON has no form for (byte arrays,
+/// decimals) as its debug text.
+pub fn amqp_json(v: &AMQPValue) -> Value {
+    let float = |text: String| {
+        text.parse::<f64>()
+            .ok()
+            .and_then(Number::from_f64)
+            .map_or(Value::Null, Value::Number)
+    };
+    match v {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(x) => Value::from(*x),
+        AMQPValue::ShortShortUInt(x) => Value::from(*x),
+        AMQPValue::ShortInt(x) => Value::from(*x),
+        AMQPValue::ShortUInt(x) => Value::from(*x),
+        AMQPValue::LongInt(x) => Value::from(*x),
+        AMQPValue::LongUInt(x) => Value::from(*x),
+        AMQPValue::LongLongInt(x) => Value::from(*x),
+        AMQPValue::Timestamp(x) => Value::from(*x),
+        // Through their shortest text, so a float shows as written (1.1, not 1.100000023…).
+        AMQPValue::Float(x) => float(x.to_string()),
+        AMQPValue::Double(x) => float(x.to_string()),
+        AMQPValue::LongString(_) | AMQPValue::ShortString(_) => {
+            Value::String(crate::meta::args::string(v).unwrap_or_default())
+        }
+        AMQPValue::FieldTable(t) => table_json(t),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(amqp_json).collect()),
+        AMQPValue::Void => Value::Null,
+        other => Value::String(format!("{other:?}")),
+    }
+}
+
+/// An AMQP field table as a JSON object.
+pub fn table_json(t: &FieldTable) -> Value {
+    Value::Object(
+        t.inner()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), amqp_json(v)))
+            .collect(),
+    )
+}
+
+/// A policy value as JSON.
+fn policy_value_json(v: &PolicyValue) -> Value {
+    match v {
+        PolicyValue::Int(n) => Value::from(*n),
+        PolicyValue::Str(s) => Value::String(s.clone()),
+        PolicyValue::Bool(b) => Value::Bool(*b),
+        PolicyValue::List(items) => Value::Array(items.iter().map(policy_value_json).collect()),
+    }
+}
+
+/// A policy definition (or an effective one) as a JSON object.
+pub fn definition_json(def: &BTreeMap<String, PolicyValue>) -> Value {
+    Value::Object(
+        def.iter()
+            .map(|(k, v)| (k.clone(), policy_value_json(v)))
+            .collect(),
+    )
 }
 
 /// The `arguments` member of a request body: an object, or absent (an empty table).
@@ -134,6 +200,55 @@ mod tests {
         );
         let bad = json!({"arguments": 3});
         assert!(arguments(bad.as_object().unwrap()).is_err());
+    }
+
+    #[test]
+    fn amqp_values_become_json_values() {
+        use amq_protocol::types::{ByteArray, ShortString};
+        let mut inner = FieldTable::default();
+        inner.insert("n".into(), AMQPValue::ShortInt(-3));
+        let mut arr = FieldArray::default();
+        arr.push(AMQPValue::Boolean(true));
+        arr.push(AMQPValue::ShortString(ShortString::from("s")));
+        let mut t = FieldTable::default();
+        t.insert("f".into(), AMQPValue::Float(1.1));
+        t.insert("nan".into(), AMQPValue::Double(f64::NAN));
+        t.insert("t".into(), AMQPValue::FieldTable(inner));
+        t.insert("a".into(), AMQPValue::FieldArray(arr));
+        t.insert("v".into(), AMQPValue::Void);
+        t.insert(
+            "s".into(),
+            AMQPValue::LongString(LongString::from(b"x\"y".to_vec())),
+        );
+        t.insert("b".into(), AMQPValue::ByteArray(ByteArray::from(vec![1u8])));
+        let j = table_json(&t);
+        assert_eq!(
+            j["f"],
+            serde_json::json!(1.1),
+            "a float as written, not widened"
+        );
+        assert_eq!(j["nan"], Value::Null);
+        assert_eq!(j["t"], serde_json::json!({"n": -3}));
+        assert_eq!(j["a"], serde_json::json!([true, "s"]));
+        assert_eq!(j["v"], Value::Null);
+        assert_eq!(j["s"], "x\"y");
+        assert!(
+            j["b"].as_str().is_some_and(|s| s.contains("ByteArray")),
+            "{j}"
+        );
+        let def = BTreeMap::from([
+            ("ha-mode".to_string(), PolicyValue::Str("nodes".into())),
+            (
+                "ha-params".to_string(),
+                PolicyValue::List(vec![PolicyValue::Str("a".into())]),
+            ),
+            ("max-length".to_string(), PolicyValue::Int(5)),
+            ("x".to_string(), PolicyValue::Bool(false)),
+        ]);
+        assert_eq!(
+            definition_json(&def),
+            serde_json::json!({"ha-mode": "nodes", "ha-params": ["a"], "max-length": 5, "x": false})
+        );
     }
 
     #[test]

@@ -10,9 +10,10 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::convert::{self, definition_json, table_json};
 use super::resources::stored_hash;
-use super::{convert, Handled, Request, Response};
-use crate::admin::{self, json as admin_json, NodeInfo, Request as AdminRequest};
+use super::{Handled, Request, Response};
+use crate::admin::{self, NodeInfo, Request as AdminRequest};
 use crate::broker::Broker;
 use crate::meta::limits::{self, LimitScope};
 use crate::meta::policy::{ApplyTo, Policy};
@@ -27,10 +28,6 @@ const VHOST_LIMITS: &str = "vhost-limits";
 /// The RabbitMQ version whose format this is.
 pub const RABBIT_VERSION: &str = "3.10.8";
 
-pub(super) fn table_json(t: &amq_protocol::types::FieldTable) -> Value {
-    serde_json::from_str(&admin::format_table(t)).unwrap_or(json!({}))
-}
-
 fn apply_to_name(a: ApplyTo) -> &'static str {
     match a {
         ApplyTo::Queues => "queues",
@@ -41,8 +38,7 @@ fn apply_to_name(a: ApplyTo) -> &'static str {
 
 /// A policy as the policy endpoints and the definitions show it.
 pub fn policy_json(p: &Policy) -> Value {
-    let definition: Value =
-        serde_json::from_str(&admin_json::write_definition(&p.definition)).unwrap_or(json!({}));
+    let definition = definition_json(&p.definition);
     json!({"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
            "apply-to": apply_to_name(p.apply_to), "definition": definition,
            "priority": p.priority})

@@ -15,7 +15,7 @@ use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::convert::field_table;
-use super::definitions::table_json;
+use super::convert::table_json;
 use super::Response;
 
 /// The aliveness test's queue and message, as RabbitMQ 3.10 names them.
@@ -432,8 +432,7 @@ pub fn reply(op: &DirectOp, outcome: DirectOutcome) -> Response {
             };
             Response {
                 status: 503,
-                body: Some(json!({"status": "failed", "reason": reason})),
-                headers: Vec::new(),
+                ..Response::ok(json!({"status": "failed", "reason": reason}))
             }
         }
         (op, outcome) => Response::error(

@@ -40,8 +40,7 @@ fn failed(reason: &str, extra: Value) -> Response {
     }
     Response {
         status: 503,
-        body: Some(body),
-        headers: Vec::new(),
+        ..Response::ok(body)
     }
 }
 

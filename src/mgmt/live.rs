@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::definitions::table_json;
+use super::convert::table_json;
 use super::{Caller, Context, Handled, Request, Response};
 use crate::admin::consumer_activity;
 use crate::broker::registry::{ChannelView, ConnectionView, ConsumerInfo};

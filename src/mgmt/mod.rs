@@ -34,6 +34,7 @@ pub mod health;
 pub mod live;
 pub mod parameters;
 pub mod query;
+pub mod queue_object;
 pub mod resources;
 pub mod ring;
 
@@ -127,8 +128,11 @@ pub fn basic_auth(user: &str, password: &str) -> String {
 pub struct Response {
     /// Status code.
     pub status: u16,
-    /// JSON body (none: an empty body).
+    /// JSON body (none: an empty body, unless `raw` holds it).
     pub body: Option<Value>,
+    /// A JSON body already written as text (a listing large enough that building it as
+    /// values would take most of its time); `body` is then `None`.
+    pub raw: Option<Vec<u8>>,
     /// Extra headers (`WWW-Authenticate`, `Location`).
     pub headers: Vec<(&'static str, String)>,
 }
@@ -139,6 +143,17 @@ impl Response {
         Response {
             status: 200,
             body: Some(body),
+            raw: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// 200 with a body written as JSON text.
+    pub fn ok_raw(json: Vec<u8>) -> Response {
+        Response {
+            status: 200,
+            body: None,
+            raw: Some(json),
             headers: Vec::new(),
         }
     }
@@ -148,6 +163,7 @@ impl Response {
         Response {
             status,
             body: None,
+            raw: None,
             headers: Vec::new(),
         }
     }
@@ -157,6 +173,7 @@ impl Response {
         Response {
             status,
             body: Some(json!({"error": error, "reason": reason.into()})),
+            raw: None,
             headers: Vec::new(),
         }
     }
@@ -192,7 +209,18 @@ impl Response {
 
     /// The body as text (empty when none).
     pub fn body_text(&self) -> String {
-        self.body.as_ref().map(Value::to_string).unwrap_or_default()
+        match (&self.raw, &self.body) {
+            (Some(raw), _) => String::from_utf8_lossy(raw).into_owned(),
+            (None, body) => body.as_ref().map(Value::to_string).unwrap_or_default(),
+        }
+    }
+
+    /// The body as a value, whether built as one or written as text.
+    pub fn json(&self) -> Option<Value> {
+        match &self.raw {
+            Some(raw) => serde_json::from_slice(raw).ok(),
+            None => self.body.clone(),
+        }
     }
 }
 
@@ -419,11 +447,13 @@ pub fn plan(ctx: &Context<'_>, req: &Request) -> Handled {
         Handled::Reply(Response {
             status: 200,
             body: Some(body),
+            raw: None,
             headers,
         }) if !listing.is_plain() => Handled::Reply(match listing.apply(body) {
             Ok(body) => Response {
                 status: 200,
                 body: Some(body),
+                raw: None,
                 headers,
             },
             Err(r) => r,

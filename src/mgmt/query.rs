@@ -7,7 +7,7 @@
 //! with `page`, as in RabbitMQ.
 
 use regex::RegexBuilder;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::{Request, Response};
 
@@ -82,32 +82,54 @@ impl ListQuery {
         *self == ListQuery::default()
     }
 
+    /// The columns asked for, if any.
+    pub fn columns(&self) -> Option<&[String]> {
+        self.columns.as_deref()
+    }
+
     /// `body` (a listing, or one object) as the parameters shape it.
     pub fn apply(&self, body: Value) -> Result<Value, Response> {
-        let Value::Array(mut items) = body else {
+        let Value::Array(items) = body else {
             return Ok(self.select(body));
         };
+        let shaped = self.shape(items)?;
+        let items: Vec<Value> = shaped.items.into_iter().map(|i| self.select(i)).collect();
+        Ok(match shaped.page {
+            None => Value::Array(items),
+            Some(page) => {
+                let mut o: Map<String, Value> = page
+                    .counts(items.len())
+                    .into_iter()
+                    .map(|(k, n)| (k.to_string(), Value::from(n)))
+                    .collect();
+                o.insert("items".to_string(), Value::Array(items));
+                Value::Object(o)
+            }
+        })
+    }
+
+    /// The objects of a listing sorted, filtered and cut to the page the parameters ask
+    /// for (the columns are left to the caller).
+    pub fn shape<T: Listed>(&self, mut items: Vec<T>) -> Result<Shaped<T>, Response> {
         if let Some(key) = &self.sort {
             // Each item's key looked up once, not at every comparison (an object is a map
             // of some forty fields: 10,000 queues made the lookups most of a listing's time).
-            let keys: Vec<Option<Value>> = items.iter().map(|i| i.get(key).cloned()).collect();
+            let keys: Vec<Option<Value>> = items.iter().map(|i| i.field(key)).collect();
             let mut order: Vec<usize> = (0..items.len()).collect();
             order.sort_by(|&a, &b| compare(keys[a].as_ref(), keys[b].as_ref()));
-            let mut slots: Vec<Option<Value>> = items.into_iter().map(Some).collect();
+            let mut slots: Vec<Option<T>> = items.into_iter().map(Some).collect();
             items = order.into_iter().filter_map(|i| slots[i].take()).collect();
             if self.sort_reverse {
                 items.reverse();
             }
         }
         let Some(page) = &self.page else {
-            return Ok(Value::Array(
-                items.into_iter().map(|i| self.select(i)).collect(),
-            ));
+            return Ok(Shaped { items, page: None });
         };
         let total = items.len() as u64;
         if let Some(name) = &page.name {
             let matches = name_filter(name, page.use_regex)?;
-            items.retain(|i| i.get("name").and_then(Value::as_str).is_some_and(&matches));
+            items.retain(|i| i.name().is_some_and(&matches));
         }
         let filtered = items.len() as u64;
         let page_count = filtered.div_ceil(page.size).max(1);
@@ -122,21 +144,21 @@ impl ListQuery {
             ));
         }
         let start = ((page.number - 1) * page.size) as usize;
-        let shown: Vec<Value> = items
+        let items = items
             .into_iter()
             .skip(start)
             .take(page.size as usize)
-            .map(|i| self.select(i))
             .collect();
-        Ok(json!({
-            "filtered_count": filtered,
-            "item_count": shown.len(),
-            "items": shown,
-            "page": page.number,
-            "page_count": page_count,
-            "page_size": page.size,
-            "total_count": total,
-        }))
+        Ok(Shaped {
+            items,
+            page: Some(PageCounts {
+                filtered,
+                total,
+                page: page.number,
+                page_count,
+                page_size: page.size,
+            }),
+        })
     }
 
     /// One object with only the requested columns.
@@ -152,6 +174,102 @@ impl ListQuery {
             (_, item) => item,
         }
     }
+}
+
+/// What the listing parameters read of a listed object.
+pub trait Listed {
+    /// Its field `key` (a sort key), if it has one.
+    fn field(&self, key: &str) -> Option<Value>;
+    /// Its `name`, for the name filter.
+    fn name(&self) -> Option<&str>;
+}
+
+impl Listed for Value {
+    fn field(&self, key: &str) -> Option<Value> {
+        self.get(key).cloned()
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.get("name").and_then(Value::as_str)
+    }
+}
+
+/// A listing as the parameters shape it ([`ListQuery::shape`]).
+pub struct Shaped<T> {
+    /// The objects shown, in order.
+    pub items: Vec<T>,
+    /// With `page`: the counts around them.
+    pub page: Option<PageCounts>,
+}
+
+/// The counts a paginated answer carries beside its `items`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageCounts {
+    filtered: u64,
+    total: u64,
+    page: u64,
+    page_count: u64,
+    page_size: u64,
+}
+
+impl PageCounts {
+    /// The answer's members other than `items` (whose length is `item_count`), in
+    /// RabbitMQ's order.
+    pub fn counts(&self, item_count: usize) -> [(&'static str, u64); 6] {
+        [
+            ("filtered_count", self.filtered),
+            ("item_count", item_count as u64),
+            ("page", self.page),
+            ("page_count", self.page_count),
+            ("page_size", self.page_size),
+            ("total_count", self.total),
+        ]
+    }
+}
+
+/// Writes a shaped listing as JSON text: its objects (each by `write_item`) as an array,
+/// or with `page` the paginated object around them.
+pub fn write_shaped<T>(
+    shaped: &Shaped<T>,
+    out: &mut Vec<u8>,
+    mut write_item: impl FnMut(&T, &mut Vec<u8>),
+) {
+    let mut items = |out: &mut Vec<u8>| {
+        out.push(b'[');
+        for (i, item) in shaped.items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_item(item, out);
+        }
+        out.push(b']');
+    };
+    let Some(page) = &shaped.page else {
+        items(out);
+        return;
+    };
+    out.push(b'{');
+    for (k, n) in page.counts(shaped.items.len()) {
+        write_str(out, k);
+        out.push(b':');
+        out.extend_from_slice(n.to_string().as_bytes());
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"items\":");
+    items(out);
+    out.push(b'}');
+}
+
+/// Writes `s` as a JSON string.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a vector cannot fail, and a string always serializes.
+    let _ = serde_json::to_writer(out, s);
+}
+
+/// Writes `v` as JSON text.
+pub fn write_json(out: &mut Vec<u8>, v: &Value) {
+    // As above: a value's keys are strings, and a vector takes every write.
+    let _ = serde_json::to_writer(out, v);
 }
 
 /// The name filter: a case-insensitive substring, or regular expression.
@@ -195,6 +313,7 @@ mod tests {
     use super::*;
     use crate::mgmt::Method;
     use proptest::prelude::*;
+    use serde_json::json;
 
     fn q(query: &str) -> Result<ListQuery, Response> {
         ListQuery::parse(&Request::new(

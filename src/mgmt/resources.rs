@@ -8,7 +8,10 @@ use serde_json::{json, Map, Value};
 use super::bindings::{self, Filter};
 use super::convert::{self, Kind};
 use super::live;
+use super::query::{write_shaped, ListQuery};
+use super::queue_object::QueueObject;
 use super::{Caller, Context, Handled, Method, Request, Response};
+use crate::admin::queue_info::QueueInfo;
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
 use crate::meta::limits::LimitScope;
 use crate::meta::state::{
@@ -134,11 +137,11 @@ pub fn route(
                 _ => method_not_allowed(),
             };
         }
-        ["queues"] => only_get(m, || queues(ctx, meta, caller, None, None)),
-        ["queues", vhost] => only_get(m, || queues(ctx, meta, caller, Some(vhost), None)),
+        ["queues"] => only_get(m, || queues(ctx, meta, caller, req, None, None)),
+        ["queues", vhost] => only_get(m, || queues(ctx, meta, caller, req, Some(vhost), None)),
         ["queues", vhost, name] => {
             return match m {
-                Method::Get => reply(queues(ctx, meta, caller, Some(vhost), Some(name))),
+                Method::Get => reply(queues(ctx, meta, caller, req, Some(vhost), Some(name))),
                 Method::Put | Method::Delete => queue_change(meta, caller, req, vhost, name),
                 _ => method_not_allowed(),
             }
@@ -1146,67 +1149,13 @@ fn exchange_def(req: &Request, vhost: &str, name: &str) -> Result<ExchangeDef, R
     })
 }
 
-const QUEUE_FIELDS: &[(&str, &str, Kind)] = &[
-    ("name", "name", Kind::Str),
-    ("durable", "durable", Kind::Bool),
-    ("auto_delete", "auto_delete", Kind::Bool),
-    ("exclusive", "exclusive", Kind::Bool),
-    ("arguments", "arguments", Kind::Json),
-    ("node", "node", Kind::Str),
-    ("messages", "messages", Kind::Int),
-    ("messages_ready", "messages_ready", Kind::Int),
-    (
-        "messages_unacknowledged",
-        "messages_unacknowledged",
-        Kind::Int,
-    ),
-    ("messages_ram", "messages_ram", Kind::Int),
-    ("messages_ready_ram", "messages_ready_ram", Kind::Int),
-    (
-        "messages_unacknowledged_ram",
-        "messages_unacknowledged_ram",
-        Kind::Int,
-    ),
-    ("messages_persistent", "messages_persistent", Kind::Int),
-    ("messages_paged_out", "messages_paged_out", Kind::Int),
-    ("message_bytes", "message_bytes", Kind::Int),
-    ("message_bytes_ready", "message_bytes_ready", Kind::Int),
-    (
-        "message_bytes_unacknowledged",
-        "message_bytes_unacknowledged",
-        Kind::Int,
-    ),
-    ("message_bytes_ram", "message_bytes_ram", Kind::Int),
-    (
-        "message_bytes_persistent",
-        "message_bytes_persistent",
-        Kind::Int,
-    ),
-    (
-        "message_bytes_paged_out",
-        "message_bytes_paged_out",
-        Kind::Int,
-    ),
-    ("consumers", "consumers", Kind::Int),
-    ("policy", "policy", Kind::OptStr),
-    ("operator_policy", "operator_policy", Kind::OptStr),
-    (
-        "effective_policy_definition",
-        "effective_policy_definition",
-        Kind::Json,
-    ),
-    ("slave_pids", "slave_nodes", Kind::List),
-    (
-        "synchronised_slave_pids",
-        "synchronised_slave_nodes",
-        Kind::List,
-    ),
-];
-
+/// `GET /api/queues[/{vhost}[/{name}]]`. A listing is written as JSON text with the
+/// listing parameters applied here ([`QueueObject::write`]); one queue's page is a value.
 fn queues(
     ctx: &Context<'_>,
     meta: &MetaState,
     caller: &Caller,
+    req: &Request,
     vhost: Option<&str>,
     one: Option<&str>,
 ) -> Response {
@@ -1214,63 +1163,49 @@ fn queues(
         Ok(v) => v,
         Err(r) => return r,
     };
-    let mut list = Vec::new();
-    for v in vhosts {
-        let table = match one {
-            // One queue's page: its row alone, not the vhost's listing filtered.
-            Some(name) => {
-                let empty = admin::RemoteCounts::new();
-                let counts = ctx.remote_counts.get(&v).unwrap_or(&empty);
-                let columns = convert::columns(QUEUE_FIELDS);
-                let r = admin::listing::list_one_queue(
-                    ctx.broker, ctx.node, &v, name, &columns, counts,
-                );
-                Some(r).filter(|r| r.ok)
-            }
-            None => {
-                let request = AdminRequest::ListQueues {
-                    vhost: v.clone(),
-                    columns: convert::columns(QUEUE_FIELDS),
-                };
-                admin_table(ctx, &request).ok()
-            }
+    let empty = admin::RemoteCounts::new();
+    let counts = |v: &str| ctx.remote_counts.get(v).unwrap_or(&empty);
+    if let (Some(name), Some(vhost)) = (one, vhost) {
+        let Some(v) = meta.vhost(vhost) else {
+            return Response::not_found();
         };
-        if let Some(t) = table {
-            let extra = [
-                ("vhost", json!(v)),
-                ("state", json!("running")),
-                ("type", json!("classic")),
-            ];
-            list.extend(
-                convert::objects(&t, QUEUE_FIELDS, &extra)
-                    .into_iter()
-                    .filter(|q| one.is_none_or(|n| q["name"] == *n))
-                    .map(|mut q| {
-                        // As RabbitMQ: the mirrors only of a mirrored queue.
-                        let name = q["name"].as_str().unwrap_or_default().to_string();
-                        if !meta.mirror_sets.contains_key(&(v.clone(), name)) {
-                            if let Some(o) = q.as_object_mut() {
-                                o.remove("slave_nodes");
-                                o.remove("synchronised_slave_nodes");
-                            }
-                        }
-                        q
-                    }),
+        let Some(q) = v.queues.get(name) else {
+            return Response::not_found();
+        };
+        let info = QueueInfo::of(ctx.broker, ctx.node, meta, v, q, counts(vhost));
+        let mut object = QueueObject::new(vhost, info).to_value();
+        if let Value::Object(o) = &mut object {
+            // Warren's extension, on the single-queue answer only: listings stay
+            // RabbitMQ's size.
+            for (k, v) in super::ring::fields(ctx.broker, meta, vhost, name) {
+                o.insert(k.to_string(), v);
+            }
+            // As RabbitMQ: the queue's own object lists its consumers.
+            o.insert(
+                "consumer_details".to_string(),
+                Value::Array(super::live::queue_consumers(ctx, vhost, name)),
             );
         }
+        return Response::ok(object);
     }
-    // Warren's extension, on the single-queue answer only: listings stay RabbitMQ's size.
-    if let (Some(name), Some(vhost), Some(Value::Object(q))) = (one, vhost, list.first_mut()) {
-        for (k, v) in super::ring::fields(ctx.broker, meta, vhost, name) {
-            q.insert(k.to_string(), v);
+    let query = match ListQuery::parse(req) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let mut objects = Vec::new();
+    for name in &vhosts {
+        if let Some(v) = meta.vhost(name) {
+            let infos = QueueInfo::all_of(ctx.broker, ctx.node, meta, v, counts(name));
+            objects.extend(infos.into_iter().map(|i| QueueObject::new(&v.name, i)));
         }
-        // As RabbitMQ: the queue's own object lists its consumers.
-        q.insert(
-            "consumer_details".to_string(),
-            Value::Array(super::live::queue_consumers(ctx, vhost, name)),
-        );
     }
-    one_or_list(list, one.is_some())
+    let shaped = match query.shape(objects) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let mut out = Vec::with_capacity(shaped.items.len() * 768 + 64);
+    write_shaped(&shaped, &mut out, |q, out| q.write(query.columns(), out));
+    Response::ok_raw(out)
 }
 
 fn queue_change(

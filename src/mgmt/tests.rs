@@ -54,6 +54,17 @@ fn broker() -> Broker {
     b
 }
 
+/// `req` answered on a single node, a body written as text parsed into `body` (so a
+/// listing written as text must be JSON, and compares as a value).
+fn answered(ctx: &Context<'_>, req: &Request) -> Response {
+    let mut r = handle(ctx, req, Instant::from_millis(0));
+    if let Some(raw) = r.raw.take() {
+        assert!(r.body.is_none(), "a body and a text body");
+        r.body = Some(serde_json::from_slice(&raw).expect("a text body is JSON"));
+    }
+    r
+}
+
 fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Response {
     let counts = RemoteCountsByVhost::new();
     let loopback = vec!["guest".to_string()];
@@ -67,7 +78,7 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
         node_stats: &Default::default(),
     };
     let req = Request::new(method, path, Some(basic_auth(user, "pw"))).with_body(body.as_bytes());
-    handle(&ctx, &req, Instant::from_millis(0))
+    answered(&ctx, &req)
 }
 
 /// A GET with no `Authorization` header.
@@ -130,7 +141,7 @@ fn bad_password_is_401_login_failed() {
         "/api/whoami",
         Some(basic_auth("admin", "nope")),
     );
-    let r = handle(&ctx, &req, Instant::from_millis(0));
+    let r = answered(&ctx, &req);
     assert_eq!(r.status, 401);
     assert_eq!(
         r.body,
@@ -164,7 +175,7 @@ fn loopback_users_are_refused_from_elsewhere() {
     };
     let mut req = Request::new(Method::Get, "/api/whoami", Some(basic_auth("admin", "pw")));
     req.peer_loopback = false;
-    assert_eq!(handle(&ctx, &req, Instant::from_millis(0)).status, 401);
+    assert_eq!(answered(&ctx, &req).status, 401);
 }
 
 #[test]
@@ -416,6 +427,100 @@ fn permissions_put_and_get() {
     );
     assert_eq!(get(&b, "admin", "/api/permissions/nowhere/mon").status, 404);
     assert_eq!(get(&b, "admin", "/api/permissions/other/pm").status, 404);
+}
+
+/// A queue listing (written as text) shows each queue as its own page does (built as a
+/// value), and takes the listing parameters as the value listings do.
+#[test]
+fn queue_listings_match_queue_pages_and_take_the_listing_parameters() {
+    let b = broker();
+    let put = |path: &str, body: &str| {
+        let r = call(&b, "admin", Method::Put, path, body);
+        assert!(r.status == 201 || r.status == 204, "{path}: {r:?}");
+    };
+    put(
+        "/api/policies/%2F/lim",
+        r#"{"pattern":"^b","definition":{"max-length":7,"queue-mode":"lazy"},"apply-to":"queues"}"#,
+    );
+    // A name that needs escaping, arguments of every kind, a policy, a plain queue.
+    put(
+        "/api/queues/%2F/al%22pha%5C%C3%BC",
+        r#"{"durable":true,"arguments":{"x-max-length":5,"x-queue-mode":"lazy","x-t":{"k":[1,"two",true]}}}"#,
+    );
+    put(
+        "/api/queues/%2F/beta",
+        r#"{"durable":false,"auto_delete":true}"#,
+    );
+    put("/api/queues/%2F/gamma", r#"{"durable":true}"#);
+    let odd = "al\"pha\\\u{fc}";
+    let listing = get(&b, "admin", "/api/queues").body.unwrap();
+    let listed = listing.as_array().unwrap();
+    assert_eq!(listed.len(), 3);
+    for q in listed {
+        let name = q["name"].as_str().unwrap();
+        let path = format!("/api/queues/%2F/{}", encode(name));
+        let mut page = get(&b, "admin", &path).body.unwrap();
+        let o = page.as_object_mut().unwrap();
+        // Warren's and RabbitMQ's single-queue extras.
+        for extra in ["gm_ring", "epoch", "sync_running", "consumer_details"] {
+            assert!(o.remove(extra).is_some(), "{extra}");
+        }
+        assert_eq!(q, &page, "{name}");
+    }
+    assert_eq!(listed[0]["name"], odd);
+    assert_eq!(
+        listed[0]["arguments"]["x-t"],
+        json!({"k": [1, "two", true]})
+    );
+    assert_eq!(
+        listed[1]["effective_policy_definition"],
+        json!({"max-length": 7, "queue-mode": "lazy"})
+    );
+    assert_eq!(listed[1]["policy"], "lim");
+    // Columns, sorting, pages, the name filter.
+    assert_eq!(
+        get(&b, "admin", "/api/queues?columns=name,durable").body,
+        Some(json!([{"name": odd, "durable": true},
+                    {"name": "beta", "durable": false},
+                    {"name": "gamma", "durable": true}]))
+    );
+    assert_eq!(
+        get(
+            &b,
+            "admin",
+            "/api/queues/%2F?page=2&page_size=2&columns=name&sort=name&sort_reverse=true"
+        )
+        .body,
+        Some(
+            json!({"filtered_count": 3, "item_count": 1, "items": [{"name": odd}],
+                    "page": 2, "page_count": 2, "page_size": 2, "total_count": 3})
+        )
+    );
+    assert_eq!(
+        get(
+            &b,
+            "admin",
+            "/api/queues?page=1&name=MM&columns=name,vhost&sort=durable"
+        )
+        .body,
+        Some(
+            json!({"filtered_count": 1, "item_count": 1, "items": [{"name": "gamma", "vhost": "/"}],
+                    "page": 1, "page_count": 1, "page_size": 100, "total_count": 3})
+        )
+    );
+    assert_eq!(
+        get(&b, "admin", "/api/queues?sort=durable&columns=name").body,
+        Some(json!([{"name": "beta"}, {"name": odd}, {"name": "gamma"}]))
+    );
+    let r = get(&b, "admin", "/api/queues?page=3&page_size=2");
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body.unwrap()["error"], "page_out_of_range");
+    let r = get(&b, "admin", "/api/queues?page=1&name=(&use_regex=true");
+    assert_eq!(r.status, 400);
+}
+
+fn encode(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[test]
@@ -782,7 +887,7 @@ fn definitions_export_and_import_round_trip() {
         Some(basic_auth("guest", "guest")),
     )
     .with_body(d.to_string().as_bytes());
-    let r = handle(&ctx, &req, Instant::from_millis(0));
+    let r = answered(&ctx, &req);
     assert_eq!(r.status, 204, "{}", r.body_text());
     assert_eq!(get(&fresh, "mon", "/api/whoami").status, 200);
     let again = get(&fresh, "admin", "/api/definitions").body.unwrap();
@@ -933,6 +1038,7 @@ fn queue_actions_sync_mirrored_queues_and_refuse_unknown_ones() {
         Response {
             status: 400,
             body: Some(json!({"error": "bad_request", "reason": ["unknown", "bogus"]})),
+            raw: None,
             headers: Vec::new(),
         }
     );
@@ -1784,9 +1890,7 @@ fn a_node_that_answered_shows_its_figures() {
             "/api/nodes/warren@test",
             Some(basic_auth("admin", "pw")),
         );
-        handle(&ctx, &req, Instant::from_millis(0))
-            .body
-            .expect("a body")
+        answered(&ctx, &req).body.expect("a body")
     };
     let n = answer(&[("amqp", 5672)]);
     for (field, value) in [

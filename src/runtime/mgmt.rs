@@ -296,14 +296,16 @@ fn asset_http(asset: mgmt::console::Asset) -> HttpResponse {
 }
 
 fn to_http(r: Response) -> HttpResponse {
-    let body = match &r.body {
-        Some(v) => Body::from(v.to_string()),
-        None => Body::empty(),
+    let json = r.body.is_some() || r.raw.is_some();
+    let body = match (r.raw, &r.body) {
+        (Some(raw), _) => Body::from(raw),
+        (None, Some(v)) => Body::from(serde_json::to_vec(v).unwrap_or_default()),
+        (None, None) => Body::empty(),
     };
     let mut out = HttpResponse::new(body);
     *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = out.headers_mut();
-    if r.body.is_some() {
+    if json {
         h.insert("content-type", HeaderValue::from_static("application/json"));
     }
     h.insert("cache-control", HeaderValue::from_static("no-cache"));

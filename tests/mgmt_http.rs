@@ -637,7 +637,10 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         ch.basic_consume(
             "on1c".into(),
             "c-on1".into(),
-            lapin::options::BasicConsumeOptions::default(),
+            lapin::options::BasicConsumeOptions {
+                exclusive: true,
+                ..lapin::options::BasicConsumeOptions::default()
+            },
             lapin::types::FieldTable::default(),
         ),
     )
@@ -661,6 +664,8 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
         (&json!("c-on1"), &json!("warren1@test")),
         "{q}"
     );
+    // Node 1's exclusive consumer, in node 1's figures (the relay carries them).
+    assert_eq!(q["exclusive_consumer_tag"], "c-on1", "{q}");
     // Node 3 lists node 1's client connection (and its channel), naming node 1.
     let (s, conns) = api(3).call("GET", "/api/connections", None).await;
     assert_eq!(s, 200);
@@ -1040,6 +1045,104 @@ async fn connections_channels_and_consumers_are_listed_with_rabbitmqs_fields() {
     })
     .await;
     node.shutdown().await;
+}
+
+/// `head_message_timestamp`, `exclusive_consumer_tag` and `single_active_consumer_tag`, as
+/// RabbitMQ 3.10 shows them, on a queue's page and in the listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_shows_its_head_timestamp_and_its_exclusive_or_active_consumer() {
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions};
+    use lapin::BasicProperties;
+    let node = TestNode::start().await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    let conn = node.connect().await;
+    let ch = confirm_channel(&conn).await;
+    for (name, body) in [
+        ("ts", r#"{"durable":true}"#),
+        ("excl", r#"{"durable":true}"#),
+        (
+            "sac",
+            r#"{"durable":true,"arguments":{"x-single-active-consumer":true}}"#,
+        ),
+    ] {
+        let path = format!("/api/queues/%2F/{name}");
+        assert_eq!(api.call("PUT", &path, Some(body)).await.0, 201);
+    }
+    for stamp in [1_700_000_000u64, 1_600_000_000] {
+        let confirm = within(
+            "basic.publish",
+            ch.basic_publish(
+                "".into(),
+                "ts".into(),
+                BasicPublishOptions::default(),
+                b"m",
+                BasicProperties::default().with_timestamp(stamp),
+            ),
+        )
+        .await
+        .expect("publish");
+        within("confirm", confirm).await.expect("confirm");
+    }
+    let page = |name: &'static str| {
+        let api = &api;
+        async move {
+            let (s, q) = api
+                .call("GET", &format!("/api/queues/%2F/{name}"), None)
+                .await;
+            assert_eq!(s, 200, "{q}");
+            q
+        }
+    };
+    assert_eq!(page("ts").await["head_message_timestamp"], 1_700_000_000u64);
+    // The head goes out unacknowledged: the smaller of the next one's and its.
+    get(&ch, "ts", false).await.expect("the head");
+    assert_eq!(page("ts").await["head_message_timestamp"], 1_600_000_000u64);
+    let consume = |queue: &'static str, tag: &'static str, exclusive: bool| {
+        let ch = ch.clone();
+        async move {
+            within(
+                "basic.consume",
+                ch.basic_consume(
+                    queue.into(),
+                    tag.into(),
+                    BasicConsumeOptions {
+                        exclusive,
+                        ..BasicConsumeOptions::default()
+                    },
+                    lapin::types::FieldTable::default(),
+                ),
+            )
+            .await
+            .expect("consume")
+        }
+    };
+    let _solo = consume("excl", "solo", true).await;
+    let _one = consume("sac", "one", false).await;
+    let _two = consume("sac", "two", false).await;
+    let tags = |q: &Value| {
+        (
+            q["exclusive_consumer_tag"].clone(),
+            q["single_active_consumer_tag"].clone(),
+        )
+    };
+    assert_eq!(tags(&page("excl").await), (json!("solo"), Value::Null));
+    assert_eq!(tags(&page("sac").await), (Value::Null, json!("one")));
+    assert_eq!(tags(&page("ts").await), (Value::Null, Value::Null));
+    // The listing, written apart from the page, shows the same.
+    let (s, list) = api.call("GET", "/api/queues/%2F", None).await;
+    assert_eq!(s, 200);
+    let row = |name: &str| {
+        list.as_array()
+            .and_then(|l| l.iter().find(|q| q["name"] == name))
+            .unwrap_or_else(|| panic!("{name} not in {list}"))
+            .clone()
+    };
+    assert_eq!(tags(&row("excl")), (json!("solo"), Value::Null));
+    assert_eq!(tags(&row("sac")), (Value::Null, json!("one")));
+    assert_eq!(row("ts")["head_message_timestamp"], 1_600_000_000u64);
+    assert_eq!(row("ts")["recoverable_slaves"], Value::Null);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

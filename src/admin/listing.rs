@@ -113,6 +113,9 @@ const QUEUE_COLUMNS: &[&str] = &[
     "auto_delete",
     "exclusive",
     "arguments",
+    "exclusive_consumer_tag",
+    "single_active_consumer_tag",
+    "head_message_timestamp",
 ];
 const EXCHANGE_COLUMNS: &[&str] = &[
     "name",
@@ -350,6 +353,20 @@ fn queue_row(info: &QueueInfo<'_>) -> BTreeMap<&'static str, String> {
         ("auto_delete", q.auto_delete.to_string()),
         ("exclusive", q.exclusive_owner.is_some().to_string()),
         ("arguments", format_table(&q.arguments)),
+        // As rabbitmqctl: empty when there is none.
+        (
+            "exclusive_consumer_tag",
+            f.exclusive_consumer_tag.clone().unwrap_or_default(),
+        ),
+        (
+            "single_active_consumer_tag",
+            f.single_active_consumer_tag.clone().unwrap_or_default(),
+        ),
+        (
+            "head_message_timestamp",
+            f.head_message_timestamp
+                .map_or_else(String::new, |t| t.to_string()),
+        ),
     ])
 }
 

@@ -39,7 +39,7 @@ impl<'a> QueueInfo<'a> {
         let figures = match broker.queue(&v.name, &q.name) {
             Some(h) => h.lock().figures(),
             // Another node's queue: the figures its node gave the caller, if any.
-            None => remote_counts.get(&q.name).copied().unwrap_or_default(),
+            None => remote_counts.get(&q.name).cloned().unwrap_or_default(),
         };
         QueueInfo {
             def: q,

@@ -25,6 +25,8 @@ enum Field<'a> {
     /// A name, `null` when there is none.
     OptStr(Option<&'a str>),
     Int(u64),
+    /// A number, `null` when there is none.
+    OptInt(Option<u64>),
     Bool(bool),
     Names(Vec<&'a str>),
     Table(&'a FieldTable),
@@ -36,7 +38,8 @@ impl Field<'_> {
         match self {
             Field::Str(s) | Field::OptStr(Some(s)) => Value::String(s.to_string()),
             Field::OptStr(None) => Value::Null,
-            Field::Int(n) => Value::from(*n),
+            Field::Int(n) | Field::OptInt(Some(n)) => Value::from(*n),
+            Field::OptInt(None) => Value::Null,
             Field::Bool(b) => Value::Bool(*b),
             Field::Names(names) => names.iter().map(|n| Value::String(n.to_string())).collect(),
             Field::Table(t) => table_json(t),
@@ -47,7 +50,9 @@ impl Field<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         match self {
             Field::Str(s) | Field::OptStr(Some(s)) => write_str(out, s),
-            Field::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
+            Field::Int(n) | Field::OptInt(Some(n)) => {
+                out.extend_from_slice(n.to_string().as_bytes())
+            }
             Field::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
             Field::Names(names) => {
                 out.push(b'[');
@@ -60,9 +65,8 @@ impl Field<'_> {
                 out.push(b']');
             }
             Field::Table(t) if t.inner().is_empty() => out.extend_from_slice(b"{}"),
-            Field::OptStr(None) | Field::Table(_) | Field::Definition(_) => {
-                write_json(out, &self.to_value())
-            }
+            Field::OptStr(None) | Field::OptInt(None) => out.extend_from_slice(b"null"),
+            Field::Table(_) | Field::Definition(_) => write_json(out, &self.to_value()),
         }
     }
 }
@@ -88,6 +92,14 @@ impl<'a> QueueObject<'a> {
             Field::Definition(&p.definition),
         );
         f("exclusive", Field::Bool(q.exclusive_owner.is_some()));
+        f(
+            "exclusive_consumer_tag",
+            Field::OptStr(n.exclusive_consumer_tag.as_deref()),
+        );
+        f(
+            "head_message_timestamp",
+            Field::OptInt(n.head_message_timestamp),
+        );
         f("message_bytes", Field::Int(n.bytes()));
         f("message_bytes_paged_out", Field::Int(n.paged_out_bytes));
         f("message_bytes_persistent", Field::Int(n.persistent_bytes));
@@ -109,11 +121,24 @@ impl<'a> QueueObject<'a> {
             Field::OptStr(p.operator_policy.as_deref()),
         );
         f("policy", Field::OptStr(p.policy.as_deref()));
+        // As RabbitMQ's: the nodes whose mirrors could bring the queue back, every mirror's
+        // (Warren's keep their copy across restarts); `null` when there are none.
+        match mirrors.filter(|m| !m.is_empty()) {
+            Some(members) => {
+                let nodes = members.iter().map(|m| m.node.as_str()).collect();
+                f("recoverable_slaves", Field::Names(nodes));
+            }
+            None => f("recoverable_slaves", Field::OptStr(None)),
+        }
         // As RabbitMQ: the mirror fields only on a mirrored queue.
         if let Some(members) = mirrors {
             let nodes = members.iter().map(|m| m.node.as_str()).collect();
             f("slave_nodes", Field::Names(nodes));
         }
+        f(
+            "single_active_consumer_tag",
+            Field::OptStr(n.single_active_consumer_tag.as_deref()),
+        );
         f("state", Field::Str("running"));
         if let Some(members) = mirrors {
             let synced = members.iter().filter(|m| m.synchronised);

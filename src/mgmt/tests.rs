@@ -569,7 +569,9 @@ fn queues_put_lists_with_rabbitmq_fields_and_delete() {
             "message_bytes_ram": 0, "message_bytes_persistent": 0,
             "message_bytes_paged_out": 0,
             "operator_policy": null, "effective_policy_definition": {}, "state": "running",
-            "type": "classic", "consumer_details": [],
+            "type": "classic", "consumer_details": [], "exclusive_consumer_tag": null,
+            "single_active_consumer_tag": null, "head_message_timestamp": null,
+            "recoverable_slaves": null,
             // Warren's extension (`ring`): an unmirrored queue has no ring.
             "gm_ring": [], "epoch": 0, "sync_running": false
         }))

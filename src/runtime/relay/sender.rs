@@ -191,7 +191,7 @@ impl Inner {
                     unacked: *unacked,
                 },
                 Some(RelayReply::Purged(n)) => QueueReply::Purged(*n),
-                Some(RelayReply::Figures(f)) => QueueReply::Figures(*f),
+                Some(RelayReply::Figures(f)) => QueueReply::Figures(f.clone()),
                 Some(RelayReply::Missing(text)) => QueueReply::Unavailable(text.clone()),
                 _ => QueueReply::Unavailable("unexpected answer from the queue's node".into()),
             };

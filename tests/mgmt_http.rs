@@ -142,8 +142,41 @@ async fn every_endpoint_answers_with_rabbitmq_codes() {
     let (s, o) = api.call("GET", "/api/overview", None).await;
     assert_eq!(s, 200);
     assert_eq!(o["product_name"], "Warren");
+    // Its listeners with the addresses they are bound to, and its web context.
+    let listener = |protocol: &str| {
+        o["listeners"]
+            .as_array()
+            .and_then(|l| l.iter().find(|x| x["protocol"] == protocol))
+            .unwrap_or_else(|| panic!("no {protocol} listener in {o}"))
+            .clone()
+    };
+    let amqp = listener("amqp");
+    assert_eq!(
+        (
+            &amqp["ip_address"],
+            &amqp["port"],
+            &amqp["socket_opts"]["nodelay"]
+        ),
+        (
+            &json!(node.addr.ip().to_string()),
+            &json!(node.addr.port()),
+            &json!(true)
+        ),
+        "{o}"
+    );
+    let http = listener("http");
+    assert_eq!(http["port"], node.mgmt_addr().port(), "{o}");
+    let prometheus = listener("http/prometheus");
+    assert_eq!(
+        o["contexts"],
+        json!([{"node": o["node"], "description": "RabbitMQ Management", "path": "/",
+                "port": node.mgmt_addr().port().to_string()},
+               {"node": o["node"], "description": "RabbitMQ Prometheus", "path": "/",
+                "port": prometheus["port"].to_string()}])
+    );
     let (s, n) = api.call("GET", "/api/nodes", None).await;
     assert_eq!((s, n[0]["running"].clone()), (200, json!(true)));
+    assert_eq!(n[0]["contexts"], o["contexts"]);
     // vhosts
     assert_eq!(api.call("PUT", "/api/vhosts/v1", None).await.0, 201);
     assert_eq!(api.call("PUT", "/api/vhosts/v1", None).await.0, 204);
@@ -666,6 +699,31 @@ async fn any_node_of_a_cluster_answers_for_the_whole_cluster() {
     );
     // Node 1's exclusive consumer, in node 1's figures (the relay carries them).
     assert_eq!(q["exclusive_consumer_tag"], "c-on1", "{q}");
+    // Node 3's overview lists every node's listeners, each at its own address.
+    let (s, o) = api(3).call("GET", "/api/overview", None).await;
+    assert_eq!(s, 200);
+    let amqp: Vec<(String, String)> = o["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .filter(|l| l["protocol"] == "amqp")
+        .map(|l| {
+            (
+                l["node"].as_str().unwrap_or_default().to_string(),
+                l["ip_address"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = (1..=3)
+        .map(|i| (format!("warren{i}@test"), cluster.node(i).ip.to_string()))
+        .collect();
+    let mut got = amqp.clone();
+    got.sort();
+    assert_eq!(got, want, "{o}");
+    // Node 1's node object, as node 3 shows it, carries node 1's web context.
+    let (_, n1) = api(3).call("GET", "/api/nodes/warren1@test", None).await;
+    assert_eq!(n1["contexts"][0]["node"], "warren1@test", "{n1}");
+    assert_eq!(n1["contexts"][0]["port"], "15672", "{n1}");
     // Node 3 lists node 1's client connection (and its channel), naming node 1.
     let (s, conns) = api(3).call("GET", "/api/connections", None).await;
     assert_eq!(s, 200);

@@ -2,7 +2,7 @@
 //! sockets, uptime and where its files are. The runtime reads the figures (from `/proc`,
 //! `statvfs` and its clock) and other nodes ask for them over the node links
 //! ([`super::remote::NodeCall::Stats`]); the management core renders them as RabbitMQ's
-//! node object.
+//! node object, and the overview's listeners.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,4 +39,16 @@ pub struct NodeStats {
     pub config_file: Option<String>,
     /// The data folder.
     pub db_dir: String,
+    /// Its listeners.
+    pub listeners: Vec<ListenerInfo>,
+}
+
+/// One of a node's listeners.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerInfo {
+    /// The protocol, as RabbitMQ names it (`amqp`, `amqp/ssl`, `http`, `https`,
+    /// `http/prometheus`, `clustering`) or Warren's own (`warren/admin`).
+    pub protocol: String,
+    /// The address it is bound to.
+    pub addr: std::net::SocketAddr,
 }

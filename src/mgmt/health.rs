@@ -22,8 +22,18 @@ use serde_json::{json, Value};
 use super::{Context, Response};
 use crate::meta::MetaState;
 
-/// One of the node's listeners: (protocol as RabbitMQ names it, port).
-pub type Listener = (&'static str, u16);
+/// One of the node's listeners: (protocol as RabbitMQ names it, bound address).
+pub type Listener = (&'static str, std::net::SocketAddr);
+
+/// A listener on loopback (tests).
+#[cfg(test)]
+pub const fn loopback(protocol: &'static str, port: u16) -> Listener {
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    (
+        protocol,
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)),
+    )
+}
 
 fn ok(extra: Value) -> Response {
     let mut body = json!({"status": "ok"});
@@ -164,7 +174,7 @@ fn mirror_sync_critical(ctx: &Context<'_>, meta: &MetaState) -> Response {
 }
 
 fn port_listener(ctx: &Context<'_>, port: &str) -> Response {
-    let ports: Vec<u16> = ctx.listeners.iter().map(|(_, p)| *p).collect();
+    let ports: Vec<u16> = ctx.listeners.iter().map(|(_, a)| a.port()).collect();
     match port.parse::<u16>() {
         Ok(p) if ports.contains(&p) => ok(json!({"port": p})),
         Ok(p) => failed("No active listener", json!({"missing": p, "ports": ports})),
@@ -198,7 +208,11 @@ mod tests {
     use crate::meta::Command;
     use crate::mgmt::RemoteCountsByVhost;
 
-    const LISTENERS: &[Listener] = &[("amqp", 5672), ("http", 15672), ("clustering", 25672)];
+    const LISTENERS: &[Listener] = &[
+        loopback("amqp", 5672),
+        loopback("http", 15672),
+        loopback("clustering", 25672),
+    ];
 
     fn record(id: u64) -> NodeRecord {
         NodeRecord {

@@ -31,6 +31,7 @@ pub mod convert;
 pub mod definitions;
 pub mod direct;
 pub mod health;
+pub mod listeners;
 pub mod live;
 pub mod parameters;
 pub mod query;

@@ -3,16 +3,20 @@
 //! ([`crate::admin::plan_with_counts`]); simple changes too (vhosts, permissions, policies),
 //! so their checks are `warrenctl`'s.
 
+use std::net::SocketAddr;
+
 use serde_json::{json, Map, Value};
 
 use super::bindings::{self, Filter};
 use super::convert::{self, Kind};
+use super::listeners::{contexts_json, listener_json};
 use super::live;
 use super::query::{write_shaped, ListQuery};
 use super::queue_object::QueueObject;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::queue_info::QueueInfo;
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
+use crate::broker::node_stats::NodeStats;
 use crate::meta::limits::LimitScope;
 use crate::meta::state::{
     ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User, VhostMetadata,
@@ -491,6 +495,22 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
     }
     let conns = ctx.broker.sessions().connections();
     let channels: usize = conns.iter().map(|c| c.channels.len()).sum();
+    // As RabbitMQ, every node's: this one's as it knows them, the others' as they answered.
+    let mut by_node: Vec<(&str, Vec<(&str, SocketAddr)>)> = vec![(
+        ctx.node.name.as_str(),
+        ctx.listeners.iter().map(|(p, a)| (*p, *a)).collect(),
+    )];
+    for (name, stats) in ctx.node_stats {
+        if *name != ctx.node.name {
+            by_node.push((name.as_str(), node_listeners(stats)));
+        }
+    }
+    let mut listeners = Vec::new();
+    let mut contexts = Vec::new();
+    for (node, list) in &by_node {
+        listeners.extend(list.iter().map(|(p, a)| listener_json(node, p, *a)));
+        contexts.extend(contexts_json(node, list.iter().copied()));
+    }
     Response::ok(json!({
         "management_version": env!("CARGO_PKG_VERSION"),
         "rabbitmq_version": "3.10.8",
@@ -512,9 +532,8 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
         },
         "message_stats": message_stats(ctx.broker.metrics()),
         "exchange_types": exchange_types(),
-        "listeners": ctx.listeners.iter().map(|(protocol, port)| {
-            json!({"node": ctx.node.name, "protocol": protocol, "port": port})
-        }).collect::<Vec<_>>(),
+        "listeners": listeners,
+        "contexts": contexts,
         // No statistics database: no rates.
         "rates_mode": "none",
     }))
@@ -632,8 +651,8 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
             })
         })
         .collect();
-    let amqps = ctx
-        .listeners
+    let listeners = node_listeners(s);
+    let amqps = listeners
         .iter()
         .any(|(protocol, _)| *protocol == "amqp/ssl");
     let figures = json!({
@@ -665,12 +684,20 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
         "config_files": s.config_file.iter().collect::<Vec<_>>(),
         "db_dir": s.db_dir,
         "log_files": ["<stdout>"],
-        "contexts": [],
+        "contexts": contexts_json(name, listeners),
     });
     if let (Value::Object(node), Value::Object(figures)) = (&mut node, figures) {
         node.extend(figures);
     }
     node
+}
+
+/// A node's listeners as it reported them.
+fn node_listeners(s: &NodeStats) -> Vec<(&str, SocketAddr)> {
+    s.listeners
+        .iter()
+        .map(|l| (l.protocol.as_str(), l.addr))
+        .collect()
 }
 
 /// Each node's state, by name (a vhost runs on every node): `cluster_state`.

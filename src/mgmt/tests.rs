@@ -5,6 +5,7 @@ use serde_json::json;
 use super::*;
 use crate::config::Config;
 use crate::meta::state::{Permission, User};
+use crate::mgmt::health::loopback as on_loopback;
 
 fn node() -> NodeInfo {
     NodeInfo {
@@ -73,7 +74,7 @@ fn call(b: &Broker, user: &str, method: Method, path: &str, body: &str) -> Respo
         node: &node(),
         loopback_users: &loopback,
         remote_counts: &counts,
-        listeners: &[("amqp", 5672), ("http", 15672)],
+        listeners: &[on_loopback("amqp", 5672), on_loopback("http", 15672)],
         remote_sessions: &[],
         node_stats: &Default::default(),
     };
@@ -89,7 +90,7 @@ fn without_credentials(b: &Broker, path: &str) -> Response {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
-        listeners: &[("amqp", 5672), ("http", 15672)],
+        listeners: &[on_loopback("amqp", 5672), on_loopback("http", 15672)],
         remote_sessions: &[],
         node_stats: &Default::default(),
     };
@@ -132,7 +133,7 @@ fn bad_password_is_401_login_failed() {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
-        listeners: &[("amqp", 5672), ("http", 15672)],
+        listeners: &[on_loopback("amqp", 5672), on_loopback("http", 15672)],
         remote_sessions: &[],
         node_stats: &Default::default(),
     };
@@ -169,7 +170,7 @@ fn loopback_users_are_refused_from_elsewhere() {
         node: &node(),
         loopback_users: &lb,
         remote_counts: &counts,
-        listeners: &[("amqp", 5672), ("http", 15672)],
+        listeners: &[on_loopback("amqp", 5672), on_loopback("http", 15672)],
         remote_sessions: &[],
         node_stats: &Default::default(),
     };
@@ -879,7 +880,7 @@ fn definitions_export_and_import_round_trip() {
         node: &node(),
         loopback_users: &[],
         remote_counts: &counts,
-        listeners: &[("amqp", 5672), ("http", 15672)],
+        listeners: &[on_loopback("amqp", 5672), on_loopback("http", 15672)],
         remote_sessions: &[],
         node_stats: &Default::default(),
     };
@@ -1874,16 +1875,27 @@ fn a_node_that_answered_shows_its_figures() {
         processors: 2,
         config_file: Some("/etc/warren/warren.toml".into()),
         db_dir: "/var/lib/warren".into(),
+        listeners: Vec::new(),
     };
-    let figures = [("warren@test".to_string(), stats)].into_iter().collect();
     let counts = RemoteCountsByVhost::new();
+    // The node's listeners as it reported them (not this node's: the object is the
+    // reporting node's).
     let answer = |listeners: &[crate::mgmt::health::Listener]| {
+        let mut stats = stats.clone();
+        stats.listeners = listeners
+            .iter()
+            .map(|(protocol, addr)| crate::broker::node_stats::ListenerInfo {
+                protocol: protocol.to_string(),
+                addr: *addr,
+            })
+            .collect();
+        let figures = [("warren@test".to_string(), stats)].into_iter().collect();
         let ctx = Context {
             broker: &b,
             node: &node(),
             loopback_users: &[],
             remote_counts: &counts,
-            listeners,
+            listeners: &[],
             remote_sessions: &[],
             node_stats: &figures,
         };
@@ -1894,7 +1906,7 @@ fn a_node_that_answered_shows_its_figures() {
         );
         answered(&ctx, &req).body.expect("a body")
     };
-    let n = answer(&[("amqp", 5672)]);
+    let n = answer(&[on_loopback("amqp", 5672)]);
     for (field, value) in [
         ("name", json!("warren@test")),
         ("running", json!(true)),
@@ -1940,6 +1952,16 @@ fn a_node_that_answered_shows_its_figures() {
         names("auth_mechanisms", &n),
         [("PLAIN", true), ("AMQPLAIN", true), ("EXTERNAL", false)].map(|(m, e)| (m.to_string(), e))
     );
-    let with_tls = answer(&[("amqp", 5672), ("amqp/ssl", 5671)]);
+    assert_eq!(n["contexts"], json!([]));
+    let with_tls = answer(&[
+        on_loopback("amqp", 5672),
+        on_loopback("amqp/ssl", 5671),
+        on_loopback("http", 15672),
+    ]);
     assert_eq!(with_tls["auth_mechanisms"][2]["enabled"], true);
+    assert_eq!(
+        with_tls["contexts"],
+        json!([{"node": "warren@test", "description": "RabbitMQ Management", "path": "/",
+                "port": "15672"}])
+    );
 }

@@ -211,9 +211,11 @@ fn live_path(method: &Method, path: &str) -> bool {
             && p.strip_prefix("/api/queues/").is_some_and(|r| r.split('/').count() == 2))
 }
 
-/// Whether the path shows node objects.
+/// Whether the path shows what nodes report of themselves: node objects, or the
+/// overview's listeners and contexts of every node.
 fn nodes_path(path: &str) -> bool {
-    path == "/api/nodes" || path.starts_with("/api/nodes/")
+    let path = path.trim_end_matches('/');
+    path == "/api/nodes" || path.starts_with("/api/nodes/") || path == "/api/overview"
 }
 
 /// This node's figures and those of every other node not recorded down that answers

@@ -126,6 +126,7 @@ impl Node {
             disk_free_limit: config.limits.disk_free_limit_bytes,
             config_file: config.source.as_ref().map(|p| p.display().to_string()),
             data_dir: config.node.data_dir.display().to_string(),
+            listeners: std::sync::OnceLock::new(),
         });
         let listeners = listeners::bind(&config, &transport).await?;
         let addrs = listeners.addrs;

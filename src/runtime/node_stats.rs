@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::broker::node_stats::NodeStats;
+use crate::broker::node_stats::{ListenerInfo, NodeStats};
 use crate::broker::Broker;
 
 /// What a node knows about itself from its start.
@@ -18,6 +18,8 @@ pub struct NodeFacts {
     pub config_file: Option<String>,
     /// The data folder.
     pub data_dir: String,
+    /// Its listeners, once all are bound.
+    pub listeners: std::sync::OnceLock<Vec<ListenerInfo>>,
 }
 
 /// The node's figures now.
@@ -42,6 +44,7 @@ pub fn read(broker: &Broker, facts: &NodeFacts) -> NodeStats {
         processors: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         config_file: facts.config_file.clone(),
         db_dir: facts.data_dir.clone(),
+        listeners: facts.listeners.get().cloned().unwrap_or_default(),
     }
 }
 

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use super::listeners::{Addrs, AdminTls};
+use crate::broker::node_stats::ListenerInfo;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::runtime::clock::Clock;
@@ -64,6 +65,33 @@ impl Endpoints<'_> {
         ))
     }
 
+    /// The node's listeners; recorded in its facts too, for other nodes that ask.
+    fn listeners(&self) -> Vec<crate::mgmt::health::Listener> {
+        let addrs = self.addrs;
+        let list: Vec<crate::mgmt::health::Listener> = [
+            Some(("amqp", addrs.amqp)),
+            addrs.amqps.map(|a| ("amqp/ssl", a)),
+            addrs.mgmt.map(|a| ("http", a)),
+            addrs.mgmt_tls.map(|a| ("https", a)),
+            addrs.prometheus.map(|a| ("http/prometheus", a)),
+            self.cluster
+                .map(|c| ("clustering", c.transport().local_addr())),
+            Some(("warren/admin", addrs.admin)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let _ = self.facts.listeners.set(
+            list.iter()
+                .map(|(protocol, addr)| ListenerInfo {
+                    protocol: protocol.to_string(),
+                    addr: *addr,
+                })
+                .collect(),
+        );
+        list
+    }
+
     /// Spawns the management API (HTTP, and HTTPS with `[management.tls]`) and the
     /// Prometheus endpoint, each only when its listener is configured.
     pub fn serve_http(
@@ -82,21 +110,7 @@ impl Endpoints<'_> {
             clock: self.clock,
             meta: self.meta.clone(),
             loopback_users: Arc::new(config.amqp.loopback_users.clone()),
-            listeners: Arc::new(
-                [
-                    Some(("amqp", addrs.amqp.port())),
-                    addrs.amqps.map(|a| ("amqp/ssl", a.port())),
-                    addrs.mgmt.map(|a| ("http", a.port())),
-                    addrs.mgmt_tls.map(|a| ("https", a.port())),
-                    addrs.prometheus.map(|a| ("http/prometheus", a.port())),
-                    self.cluster
-                        .map(|c| ("clustering", c.transport().local_addr().port())),
-                    Some(("warren/admin", addrs.admin.port())),
-                ]
-                .into_iter()
-                .flatten()
-                .collect(),
-            ),
+            listeners: Arc::new(self.listeners()),
             amqp: addrs.amqp,
             facts: self.facts.clone(),
         };

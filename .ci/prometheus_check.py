@@ -77,6 +77,9 @@ def main():
         ("rabbitmq_connections_opened", "counter"),
         ("warren_confirm_latency_seconds", "histogram"),
         ("warren_fsync_latency_seconds", "histogram"),
+        ("rabbitmq_io_write_ops", "counter"),
+        ("rabbitmq_io_sync_time_seconds", "counter"),
+        ("rabbitmq_msg_store_write", "counter"),
     ]:
         f = fams.get(name)
         check(f"{name} is a {kind}", f is not None and f.type == kind)

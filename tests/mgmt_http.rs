@@ -828,6 +828,11 @@ async fn every_node_object_carries_that_nodes_own_figures() {
         assert!(n["mem_used"].as_u64().expect("mem_used") > 1 << 20, "{n}");
         assert!(n["uptime"].as_u64().expect("uptime") > 0, "{n}");
         assert_eq!(n["running"], true);
+        // Each node's own storage I/O counts (their values: the single-node test).
+        for f in ["io_write_count", "io_sync_count", "msg_store_write_count"] {
+            assert!(n[f].is_u64(), "{f} of node {id}: {n}");
+        }
+        assert_eq!(n["contexts"][0]["port"], "15672", "{n}");
     }
     // Node 3 killed: once it is recorded down it is listed stopped, without figures.
     cluster.nodes[2].kill();
@@ -1201,6 +1206,89 @@ async fn a_queue_shows_its_head_timestamp_and_its_exclusive_or_active_consumer()
     assert_eq!(tags(&row("sac")), (Value::Null, json!("one")));
     assert_eq!(row("ts")["head_message_timestamp"], 1_600_000_000u64);
     assert_eq!(row("ts")["recoverable_slaves"], Value::Null);
+}
+
+/// A node object counts its storage's file I/O (RabbitMQ's `io_*`, `msg_store_*` and
+/// `queue_index_*` fields), and its Prometheus endpoint shows the same counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_object_counts_its_storage_io() {
+    use lapin::{options::BasicPublishOptions, BasicProperties};
+    let node = TestNode::start().await;
+    let api = Api {
+        base: format!("http://{}", node.mgmt_addr()),
+    };
+    let conn = node.connect().await;
+    let ch = confirm_channel(&conn).await;
+    assert_eq!(
+        api.call("PUT", "/api/queues/%2F/io", Some(r#"{"durable":true}"#))
+            .await
+            .0,
+        201
+    );
+    let io = |n: &Value, f: &str| n[f].as_u64().unwrap_or_else(|| panic!("no {f} in {n}"));
+    let (_, before) = api.call("GET", "/api/nodes", None).await;
+    // Persistent messages over the index's embedding limit: each goes to the message
+    // store, its record to the queue index, and both are fsynced before the confirm.
+    for _ in 0..3 {
+        let confirm = within(
+            "basic.publish",
+            ch.basic_publish(
+                "".into(),
+                "io".into(),
+                BasicPublishOptions::default(),
+                &[7u8; 8192],
+                BasicProperties::default().with_delivery_mode(2),
+            ),
+        )
+        .await
+        .expect("publish");
+        within("confirm", confirm).await.expect("confirm");
+    }
+    let (s, after) = api.call("GET", "/api/nodes", None).await;
+    assert_eq!(s, 200);
+    let (b, a) = (&before[0], &after[0]);
+    for f in [
+        "io_write_count",
+        "io_sync_count",
+        "msg_store_write_count",
+        "queue_index_write_count",
+    ] {
+        assert!(io(a, f) > io(b, f), "{f}: {b} then {a}");
+    }
+    assert!(
+        io(a, "io_write_bytes") >= io(b, "io_write_bytes") + 3 * 8192,
+        "{b} then {a}"
+    );
+    assert!(a["io_write_avg_time"].as_f64().is_some(), "{a}");
+    // The same counters, under RabbitMQ's Prometheus names.
+    let (_, o) = api.call("GET", "/api/overview", None).await;
+    let port = o["listeners"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["protocol"] == "http/prometheus"))
+        .and_then(|x| x["port"].as_u64())
+        .unwrap_or_else(|| panic!("no prometheus listener in {o}"));
+    let metrics = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).expect("connect");
+        use std::io::{Read, Write};
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .expect("request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("answer");
+        text
+    })
+    .await
+    .expect("scrape");
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in the scrape")) as u64
+    };
+    assert!(value("rabbitmq_io_write_ops_total") >= io(a, "io_write_count"));
+    assert!(value("rabbitmq_msg_store_write_total") >= io(a, "msg_store_write_count"));
+    assert!(value("rabbitmq_queue_index_write_ops_total") >= io(a, "queue_index_write_count"));
+    assert!(value("rabbitmq_io_sync_ops_total") >= io(a, "io_sync_count"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,6 +41,8 @@ pub struct NodeStats {
     pub db_dir: String,
     /// Its listeners.
     pub listeners: Vec<ListenerInfo>,
+    /// Its storage's file I/O so far.
+    pub io: crate::metrics::IoSnapshot,
 }
 
 /// One of a node's listeners.

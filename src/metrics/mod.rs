@@ -13,6 +13,7 @@
 //! (counters and histograms by clone, sharing their values), so nothing but the render
 //! holds the registry.
 
+mod io;
 mod sample;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use io::{FileKind, IoCounters, IoSnapshot};
 pub use sample::{QueueSample, RaftSample, Sample};
 
 /// Bucket bounds (seconds) of the latency histograms: 100 µs to 10 s.
@@ -89,6 +91,8 @@ pub struct Metrics {
     pub fsync_latency: Histogram,
     /// From a GM broadcast to its lap's end back at the sender.
     pub gm_lap_latency: Histogram,
+    /// The storage's file I/O.
+    pub io: IoCounters,
     /// Free bytes on the data directory's disk, as last measured (-1: not yet).
     pub disk_free_bytes: AtomicI64,
     /// Whether free disk space is below `disk_free_limit_bytes` (1) or not (0).
@@ -128,6 +132,7 @@ impl Default for Metrics {
             confirm_latency: latency(),
             fsync_latency: latency(),
             gm_lap_latency: latency(),
+            io: IoCounters::default(),
             disk_free_bytes: AtomicI64::new(-1),
             disk_alarm: AtomicI64::new(0),
             syncs: Mutex::default(),
@@ -223,6 +228,11 @@ impl Builder {
         self.registry.register(name, help, c.clone());
     }
 
+    /// As [`Builder::counter`], of seconds.
+    fn counter_f64(&mut self, name: &str, help: &str, c: &io::Seconds) {
+        self.registry.register(name, help, c.clone());
+    }
+
     fn labelled_counter(&mut self, name: &str, help: &str, rows: &[(Labels, u64)]) {
         let f: Family<Labels, Counter> = Family::default();
         for (labels, v) in rows {
@@ -260,6 +270,7 @@ pub fn render(metrics: &Metrics, sample: &Sample, detail: Detail, format: Format
     node_metrics(&mut b, metrics, sample);
     queue_metrics(&mut b, sample, detail);
     global_metrics(&mut b, metrics);
+    io::io_metrics(&mut b, &metrics.io);
     warren_metrics(&mut b, metrics, sample);
     let mut out = String::new();
     let written = match format {

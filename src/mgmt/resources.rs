@@ -685,6 +685,22 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
         "db_dir": s.db_dir,
         "log_files": ["<stdout>"],
         "contexts": contexts_json(name, listeners),
+        // The storage's file I/O (`crate::metrics::IoCounters`), averages in ms.
+        "io_read_count": s.io.read_count,
+        "io_read_bytes": s.io.read_bytes,
+        "io_read_avg_time": s.io.read_avg_ms,
+        "io_write_count": s.io.write_count,
+        "io_write_bytes": s.io.write_bytes,
+        "io_write_avg_time": s.io.write_avg_ms,
+        "io_sync_count": s.io.sync_count,
+        "io_sync_avg_time": s.io.sync_avg_ms,
+        "io_seek_count": s.io.seek_count,
+        "io_seek_avg_time": s.io.seek_avg_ms,
+        "io_reopen_count": s.io.reopen_count,
+        "msg_store_read_count": s.io.msg_store_read_count,
+        "msg_store_write_count": s.io.msg_store_write_count,
+        "queue_index_read_count": s.io.queue_index_read_count,
+        "queue_index_write_count": s.io.queue_index_write_count,
     });
     if let (Value::Object(node), Value::Object(figures)) = (&mut node, figures) {
         node.extend(figures);

@@ -1876,6 +1876,13 @@ fn a_node_that_answered_shows_its_figures() {
         config_file: Some("/etc/warren/warren.toml".into()),
         db_dir: "/var/lib/warren".into(),
         listeners: Vec::new(),
+        io: crate::metrics::IoSnapshot {
+            write_count: 10,
+            write_bytes: 4096,
+            write_avg_ms: 0.25,
+            msg_store_write_count: 4,
+            ..Default::default()
+        },
     };
     let counts = RemoteCountsByVhost::new();
     // The node's listeners as it reported them (not this node's: the object is the
@@ -1928,6 +1935,11 @@ fn a_node_that_answered_shows_its_figures() {
         ("config_files", json!(["/etc/warren/warren.toml"])),
         ("db_dir", json!("/var/lib/warren")),
         ("log_files", json!(["<stdout>"])),
+        ("io_write_count", json!(10)),
+        ("io_write_bytes", json!(4096)),
+        ("io_write_avg_time", json!(0.25)),
+        ("msg_store_write_count", json!(4)),
+        ("io_sync_count", json!(0)),
     ] {
         assert_eq!(n[field], value, "{field}");
     }

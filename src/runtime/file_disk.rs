@@ -7,8 +7,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use std::time::Instant;
+
 use prometheus_client::metrics::histogram::Histogram;
 
+use crate::metrics::{FileKind, IoCounters};
 use crate::store::disk::{Disk, DiskError, FileBytes};
 
 /// Files on the local file system. Keeps append handles open so appends cost one syscall.
@@ -17,6 +20,8 @@ pub struct FileDisk {
     open: Mutex<HashMap<PathBuf, File>>,
     /// Where each file fsync's duration goes (`warren_fsync_latency_seconds`), if anywhere.
     fsync_latency: Option<Histogram>,
+    /// Where reads, writes, seeks and syncs are counted (the node's storage), if anywhere.
+    io: Option<IoCounters>,
 }
 
 impl FileDisk {
@@ -25,11 +30,48 @@ impl FileDisk {
         FileDisk::default()
     }
 
-    /// A file disk that records how long each file fsync takes in `h`.
-    pub fn timing_fsyncs(h: Histogram) -> FileDisk {
+    /// A file disk that records how long each file fsync takes in `h`, and counts its I/O
+    /// into `io`.
+    pub fn measured(h: Histogram, io: IoCounters) -> FileDisk {
         FileDisk {
             fsync_latency: Some(h),
+            io: Some(io),
             ..FileDisk::default()
+        }
+    }
+
+    /// Counts one read of `bytes` from `path`, started at `started`.
+    fn count_read(&self, path: &Path, bytes: usize, started: Instant) {
+        if let Some(io) = &self.io {
+            io.read(kind(path), bytes as u64, started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Counts one write of `bytes` to `path`, started at `started`.
+    fn count_write(&self, path: &Path, bytes: usize, started: Instant) {
+        if let Some(io) = &self.io {
+            io.write(kind(path), bytes as u64, started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Counts one seek (or, with `sync`, one fsync), started at `started`.
+    fn count(&self, sync: bool, started: Instant) {
+        if let Some(io) = &self.io {
+            let took = started.elapsed().as_secs_f64();
+            if sync {
+                io.sync_ops.inc();
+                io.sync_seconds.inc_by(took);
+            } else {
+                io.seek_ops.inc();
+                io.seek_seconds.inc_by(took);
+            }
+        }
+    }
+
+    /// Counts a file opened again to read it.
+    fn count_reopen(&self) {
+        if let Some(io) = &self.io {
+            io.reopen_ops.inc();
         }
     }
 
@@ -61,6 +103,10 @@ impl FileDisk {
 }
 
 /// Names in `dir` whose type `keep` accepts, sorted; none when `dir` is missing.
+fn kind(path: &Path) -> FileKind {
+    FileKind::of(path.file_name().and_then(|n| n.to_str()).unwrap_or(""))
+}
+
 fn names(dir: &Path, keep: fn(&std::fs::FileType) -> bool) -> Result<Vec<String>, DiskError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -92,11 +138,16 @@ impl Disk for FileDisk {
     }
 
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
-        std::fs::read(path).map_err(|e| DiskError::io("read", path, e))
+        let started = Instant::now();
+        let data = std::fs::read(path).map_err(|e| DiskError::io("read", path, e))?;
+        self.count_read(path, data.len(), started);
+        Ok(data)
     }
 
     fn read_view(&self, path: &Path) -> Result<FileBytes, DiskError> {
+        let started = Instant::now();
         let file = File::open(path).map_err(|e| DiskError::io("open", path, e))?;
+        self.count_reopen();
         let len = file
             .metadata()
             .map_err(|e| DiskError::io("stat", path, e))?
@@ -110,34 +161,48 @@ impl Disk for FileDisk {
         // of which invalidates mapped pages), so no access can fault past the end.
         let map =
             unsafe { memmap2::Mmap::map(&file) }.map_err(|e| DiskError::io("mmap", path, e))?;
+        // Mapped whole: counted as one read of the file (its pages come in as touched).
+        self.count_read(path, map.len(), started);
         Ok(FileBytes::new(map))
     }
 
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
         let mut f = File::open(path).map_err(|e| DiskError::io("open", path, e))?;
+        self.count_reopen();
+        let started = Instant::now();
         f.seek(SeekFrom::Start(offset))
             .map_err(|e| DiskError::io("seek", path, e))?;
+        self.count(false, started);
+        let started = Instant::now();
         let mut buf = Vec::with_capacity(len);
         f.take(len as u64)
             .read_to_end(&mut buf)
             .map_err(|e| DiskError::io("read", path, e))?;
+        self.count_read(path, buf.len(), started);
         Ok(buf)
     }
 
     fn append(&self, path: &Path, data: &[u8]) -> Result<u64, DiskError> {
         self.with_file(path, |f| {
+            let started = Instant::now();
             let offset = f
                 .seek(SeekFrom::End(0))
                 .map_err(|e| DiskError::io("seek", path, e))?;
+            self.count(false, started);
+            let started = Instant::now();
             f.write_all(data)
                 .map_err(|e| DiskError::io("append", path, e))?;
+            self.count_write(path, data.len(), started);
             Ok(offset)
         })
     }
 
     fn write_file(&self, path: &Path, data: &[u8]) -> Result<(), DiskError> {
         self.forget(path);
-        std::fs::write(path, data).map_err(|e| DiskError::io("write", path, e))
+        let started = Instant::now();
+        std::fs::write(path, data).map_err(|e| DiskError::io("write", path, e))?;
+        self.count_write(path, data.len(), started);
+        Ok(())
     }
 
     fn truncate(&self, path: &Path, len: u64) -> Result<(), DiskError> {
@@ -164,18 +229,23 @@ impl Disk for FileDisk {
 
     fn sync(&self, path: &Path) -> Result<(), DiskError> {
         self.with_file(path, |f| {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let r = f.sync_data().map_err(|e| DiskError::io("fsync", path, e));
             if let Some(h) = &self.fsync_latency {
                 h.observe(started.elapsed().as_secs_f64());
             }
+            self.count(true, started);
             r
         })
     }
 
     fn sync_dir(&self, dir: &Path) -> Result<(), DiskError> {
         let d = File::open(dir).map_err(|e| DiskError::io("open dir", dir, e))?;
-        d.sync_all().map_err(|e| DiskError::io("fsync dir", dir, e))
+        let started = Instant::now();
+        d.sync_all()
+            .map_err(|e| DiskError::io("fsync dir", dir, e))?;
+        self.count(true, started);
+        Ok(())
     }
 
     fn remove_dir(&self, dir: &Path) -> Result<(), DiskError> {
@@ -192,5 +262,43 @@ impl Disk for FileDisk {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(DiskError::io("stat", path, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_measured_disk_counts_reads_writes_seeks_and_syncs_by_file() {
+        let dir = std::env::temp_dir().join(format!("warren-file-disk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let io = IoCounters::default();
+        let disk = FileDisk::measured(Histogram::new([0.001]), io.clone());
+        disk.create_dir_all(&dir).unwrap();
+        let rdq = dir.join("00000000000000000001.rdq");
+        let journal = dir.join("journal.jif");
+        assert_eq!(disk.append(&rdq, b"hello").unwrap(), 0);
+        assert_eq!(disk.append(&rdq, b" world").unwrap(), 5);
+        disk.sync(&rdq).unwrap();
+        disk.write_file(&journal, b"j").unwrap();
+        disk.sync_dir(&dir).unwrap();
+        assert_eq!(disk.read_at(&rdq, 6, 5).unwrap(), b"world");
+        assert_eq!(&disk.read(&journal).unwrap()[..], b"j");
+        let s = io.snapshot();
+        assert_eq!((s.write_count, s.write_bytes), (3, 12));
+        assert_eq!((s.read_count, s.read_bytes), (2, 6));
+        // Two appends seek to the end, the positioned read seeks once.
+        assert_eq!((s.seek_count, s.sync_count, s.reopen_count), (3, 2, 1));
+        assert_eq!((s.msg_store_write_count, s.msg_store_read_count), (2, 1));
+        assert_eq!(
+            (s.queue_index_write_count, s.queue_index_read_count),
+            (1, 1)
+        );
+        // An unmeasured disk counts nothing.
+        let plain = FileDisk::new();
+        plain.append(&rdq, b"!").unwrap();
+        assert_eq!(io.snapshot().write_count, 3);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

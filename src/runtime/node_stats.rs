@@ -45,6 +45,7 @@ pub fn read(broker: &Broker, facts: &NodeFacts) -> NodeStats {
         config_file: facts.config_file.clone(),
         db_dir: facts.data_dir.clone(),
         listeners: facts.listeners.get().cloned().unwrap_or_default(),
+        io: broker.metrics().io.snapshot(),
     }
 }
 

@@ -160,7 +160,8 @@ impl Storage<Arc<FileDisk>> {
         config: &StorageConfig,
         now: crate::time::Instant,
     ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
-        let disk = FileDisk::timing_fsyncs(broker.metrics().fsync_latency.clone());
+        let metrics = broker.metrics();
+        let disk = FileDisk::measured(metrics.fsync_latency.clone(), metrics.io.clone());
         Self::open_with(Arc::new(disk), broker, durability, data_dir, config, now)
     }
 }

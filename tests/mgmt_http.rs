@@ -833,6 +833,27 @@ async fn every_node_object_carries_that_nodes_own_figures() {
             assert!(n[f].is_u64(), "{f} of node {id}: {n}");
         }
         assert_eq!(n["contexts"][0]["port"], "15672", "{n}");
+        // Its links to the two others, each at the other's address, bytes both ways.
+        let mut links: Vec<(String, String)> = n["cluster_links"]
+            .as_array()
+            .unwrap_or_else(|| panic!("cluster_links of node {id}: {n}"))
+            .iter()
+            .map(|l| {
+                assert!(l["send_bytes"].as_u64() > Some(0), "{l}");
+                assert!(l["recv_bytes"].as_u64() > Some(0), "{l}");
+                assert_eq!(l["sock_addr"], json!(proc.ip.to_string()), "{l}");
+                (
+                    l["name"].as_str().unwrap_or_default().to_string(),
+                    l["peer_addr"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        links.sort();
+        let others: Vec<(String, String)> = (1..=3u64)
+            .filter(|&j| j != id)
+            .map(|j| (format!("warren{j}@test"), cluster.node(j).ip.to_string()))
+            .collect();
+        assert_eq!(links, others, "node {id}: {n}");
     }
     // Node 3 killed: once it is recorded down it is listed stopped, without figures.
     cluster.nodes[2].kill();

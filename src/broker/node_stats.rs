@@ -43,6 +43,23 @@ pub struct NodeStats {
     pub listeners: Vec<ListenerInfo>,
     /// Its storage's file I/O so far.
     pub io: crate::metrics::IoSnapshot,
+    /// Its open node links.
+    pub cluster_links: Vec<ClusterLink>,
+}
+
+/// One of a node's open links to another node (`cluster_links`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterLink {
+    /// The other node's name.
+    pub name: String,
+    /// This end's address.
+    pub sock_addr: Option<std::net::SocketAddr>,
+    /// The other end's.
+    pub peer_addr: Option<std::net::SocketAddr>,
+    /// Bytes sent on the link.
+    pub send_bytes: u64,
+    /// Bytes received on it.
+    pub recv_bytes: u64,
 }
 
 /// One of a node's listeners.

@@ -16,7 +16,7 @@ use super::queue_object::QueueObject;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::queue_info::QueueInfo;
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
-use crate::broker::node_stats::NodeStats;
+use crate::broker::node_stats::{ClusterLink, NodeStats};
 use crate::meta::limits::LimitScope;
 use crate::meta::state::{
     ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User, VhostMetadata,
@@ -701,11 +701,27 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
         "msg_store_write_count": s.io.msg_store_write_count,
         "queue_index_read_count": s.io.queue_index_read_count,
         "queue_index_write_count": s.io.queue_index_write_count,
+        "cluster_links": s.cluster_links.iter().map(cluster_link_json).collect::<Vec<_>>(),
     });
     if let (Value::Object(node), Value::Object(figures)) = (&mut node, figures) {
         node.extend(figures);
     }
     node
+}
+
+/// One of a node's links to another node, as RabbitMQ shows a distribution link (byte
+/// counts twice, as it does: at the top and under `stats`, where it adds rates).
+fn cluster_link_json(l: &ClusterLink) -> Value {
+    json!({
+        "name": l.name,
+        "peer_addr": l.peer_addr.map(|a| a.ip().to_string()),
+        "peer_port": l.peer_addr.map(|a| a.port()),
+        "sock_addr": l.sock_addr.map(|a| a.ip().to_string()),
+        "sock_port": l.sock_addr.map(|a| a.port()),
+        "send_bytes": l.send_bytes,
+        "recv_bytes": l.recv_bytes,
+        "stats": {"send_bytes": l.send_bytes, "recv_bytes": l.recv_bytes},
+    })
 }
 
 /// A node's listeners as it reported them.

@@ -1883,6 +1883,13 @@ fn a_node_that_answered_shows_its_figures() {
             msg_store_write_count: 4,
             ..Default::default()
         },
+        cluster_links: vec![crate::broker::node_stats::ClusterLink {
+            name: "warren2@test".into(),
+            sock_addr: "127.0.0.1:40000".parse().ok(),
+            peer_addr: "127.0.0.2:25672".parse().ok(),
+            send_bytes: 1000,
+            recv_bytes: 2000,
+        }],
     };
     let counts = RemoteCountsByVhost::new();
     // The node's listeners as it reported them (not this node's: the object is the
@@ -1940,6 +1947,12 @@ fn a_node_that_answered_shows_its_figures() {
         ("io_write_avg_time", json!(0.25)),
         ("msg_store_write_count", json!(4)),
         ("io_sync_count", json!(0)),
+        (
+            "cluster_links",
+            json!([{"name": "warren2@test", "peer_addr": "127.0.0.2", "peer_port": 25672,
+                    "sock_addr": "127.0.0.1", "sock_port": 40000, "send_bytes": 1000,
+                    "recv_bytes": 2000, "stats": {"send_bytes": 1000, "recv_bytes": 2000}}]),
+        ),
     ] {
         assert_eq!(n[field], value, "{field}");
     }

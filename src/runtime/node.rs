@@ -127,6 +127,7 @@ impl Node {
             config_file: config.source.as_ref().map(|p| p.display().to_string()),
             data_dir: config.node.data_dir.display().to_string(),
             listeners: std::sync::OnceLock::new(),
+            links: std::sync::OnceLock::new(),
         });
         let listeners = listeners::bind(&config, &transport).await?;
         let addrs = listeners.addrs;
@@ -182,6 +183,7 @@ impl Node {
             let id = record.id;
             tracing::info!(node_id = id, "waiting to catch up with the cluster");
             c.wait_ready().await;
+            let _ = facts.links.set(c.transport().clone());
             c.install_relay(meta.clone(), clock, facts.clone());
             c.join_metadata(&config, record).await;
             c.start_watchers();

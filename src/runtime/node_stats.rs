@@ -4,8 +4,9 @@
 
 use std::time::Instant;
 
-use crate::broker::node_stats::{ListenerInfo, NodeStats};
+use crate::broker::node_stats::{ClusterLink, ListenerInfo, NodeStats};
 use crate::broker::Broker;
+use crate::runtime::node_link::TcpTransport;
 
 /// What a node knows about itself from its start.
 #[derive(Clone, Debug)]
@@ -20,6 +21,8 @@ pub struct NodeFacts {
     pub data_dir: String,
     /// Its listeners, once all are bound.
     pub listeners: std::sync::OnceLock<Vec<ListenerInfo>>,
+    /// A clustered node's node links, once they run.
+    pub links: std::sync::OnceLock<TcpTransport>,
 }
 
 /// The node's figures now.
@@ -46,7 +49,30 @@ pub fn read(broker: &Broker, facts: &NodeFacts) -> NodeStats {
         db_dir: facts.data_dir.clone(),
         listeners: facts.listeners.get().cloned().unwrap_or_default(),
         io: broker.metrics().io.snapshot(),
+        cluster_links: cluster_links(broker, facts),
     }
+}
+
+/// The open node links, named by the metadata's node names (`#ID` for one it does not
+/// know).
+fn cluster_links(broker: &Broker, facts: &NodeFacts) -> Vec<ClusterLink> {
+    let Some(t) = facts.links.get() else {
+        return Vec::new();
+    };
+    let meta = broker.snapshot();
+    t.link_stats()
+        .into_iter()
+        .map(|l| ClusterLink {
+            name: meta
+                .nodes
+                .get(&l.peer)
+                .map_or_else(|| format!("#{}", l.peer), |n| n.name.clone()),
+            sock_addr: l.sock_addr,
+            peer_addr: l.peer_addr,
+            send_bytes: l.send_bytes,
+            recv_bytes: l.recv_bytes,
+        })
+        .collect()
 }
 
 /// Resident memory of this process, from `/proc/self/statm` (Linux).

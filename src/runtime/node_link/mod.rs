@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::runtime::raft::NodeId;
 
-pub use transport::{GmService, TcpTransport};
+pub use transport::{GmService, LinkStats, TcpTransport};
 
 /// Settings of one node's links.
 #[derive(Clone, Debug, PartialEq, Eq)]

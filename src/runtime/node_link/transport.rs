@@ -67,6 +67,12 @@ struct Link {
     peer: NodeId,
     /// Who dialled it: decides which link survives when both nodes dial at once.
     dialer: NodeId,
+    /// The connection's local and remote addresses, where the socket told them.
+    addrs: (Option<SocketAddr>, Option<SocketAddr>),
+    /// Bytes written to and read from the connection so far (its writer and reader
+    /// count them; these follow after every write and read).
+    sent: AtomicU64,
+    received: AtomicU64,
     out: mpsc::Sender<Envelope>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     next_id: AtomicU64,
@@ -126,6 +132,21 @@ struct Backoff {
     next_attempt: Option<Instant>,
 }
 
+/// One open link as [`TcpTransport::link_stats`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkStats {
+    /// The node at the other end.
+    pub peer: NodeId,
+    /// This end's address.
+    pub sock_addr: Option<SocketAddr>,
+    /// The other end's.
+    pub peer_addr: Option<SocketAddr>,
+    /// Bytes sent on it.
+    pub send_bytes: u64,
+    /// Bytes received on it.
+    pub recv_bytes: u64,
+}
+
 struct Shared {
     cfg: NodeLinkConfig,
     local_addr: SocketAddr,
@@ -158,6 +179,15 @@ struct Shared {
 #[derive(Clone)]
 pub struct TcpTransport {
     shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("node", &self.shared.cfg.node_id)
+            .field("local_addr", &self.shared.local_addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TcpTransport {
@@ -303,6 +333,21 @@ impl TcpTransport {
     /// missing; whether a peer is still up is the failure detector's call).
     pub fn peer_alarms(&self) -> BTreeMap<NodeId, u8> {
         lock(&self.shared.peer_alarms).clone()
+    }
+
+    /// The open links: each peer's addresses and the bytes sent and received.
+    pub fn link_stats(&self) -> Vec<LinkStats> {
+        lock(&self.shared.links)
+            .iter()
+            .filter(|(_, l)| !l.closed.is_cancelled())
+            .map(|(&peer, l)| LinkStats {
+                peer,
+                sock_addr: l.addrs.0,
+                peer_addr: l.addrs.1,
+                send_bytes: l.sent.load(Ordering::Relaxed),
+                recv_bytes: l.received.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// Peers with an open link right now.

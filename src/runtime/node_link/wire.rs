@@ -177,6 +177,8 @@ pub(crate) struct FrameReader<R = LinkRead> {
     buf: BytesMut,
     codec: LengthDelimitedCodec,
     max_frame: usize,
+    /// Bytes read from the stream so far.
+    read: u64,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -186,7 +188,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             buf: BytesMut::with_capacity(8 * 1024),
             codec: codec(max_frame),
             max_frame,
+            read: 0,
         }
+    }
+
+    /// Bytes read from the stream so far.
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.read
     }
 
     /// The next envelope; `None` at a clean end of stream. Any error means the link is
@@ -196,7 +204,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(env) = next_envelope(&mut self.codec, &mut self.buf, self.max_frame)? {
                 return Ok(Some(env));
             }
-            if self.rd.read_buf(&mut self.buf).await? == 0 {
+            let n = self.rd.read_buf(&mut self.buf).await?;
+            self.read += n as u64;
+            if n == 0 {
                 return if self.buf.is_empty() {
                     Ok(None)
                 } else {
@@ -213,6 +223,8 @@ pub(crate) struct FrameWriter<W = LinkWrite> {
     buf: BytesMut,
     codec: LengthDelimitedCodec,
     max_frame: usize,
+    /// Bytes written to the stream so far.
+    written: u64,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -222,7 +234,13 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             buf: BytesMut::with_capacity(8 * 1024),
             codec: codec(max_frame),
             max_frame,
+            written: 0,
         }
+    }
+
+    /// Bytes written to the stream so far.
+    pub(crate) fn bytes_written(&self) -> u64 {
+        self.written
     }
 
     /// Encodes and writes one envelope.
@@ -249,6 +267,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// need, instead of one per frame.
     pub(crate) async fn write_pushed(&mut self) -> Result<(), LinkError> {
         self.wr.write_all(&self.buf).await?;
+        self.written += self.buf.len() as u64;
         self.buf.clear();
         // A no-op on TCP; a TLS stream may keep the end of a record in its buffer when the
         // socket was full, and nothing else would push it out before the next frame.
@@ -347,6 +366,8 @@ mod tests {
             writer.push(env).expect("encodes");
         }
         assert!(writer.pushed() > 5 * 4, "all five are buffered");
+        let pushed = writer.pushed() as u64;
+        assert_eq!(writer.bytes_written(), 0);
         let mut reader = FrameReader::new(server, max);
         let early = tokio::time::timeout(std::time::Duration::from_millis(50), reader.next()).await;
         assert!(early.is_err(), "nothing is written before write_pushed");
@@ -355,5 +376,8 @@ mod tests {
         for env in &envs {
             assert_eq!(reader.next().await.expect("reads").as_ref(), Some(env));
         }
+        // Both ends count the bytes that crossed: the link's cluster_links figures.
+        assert_eq!(writer.bytes_written(), pushed);
+        assert_eq!(reader.bytes_read(), pushed);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,6 +164,7 @@ pub(super) async fn dial_peer(
     let stream = connect_from(shared.local_addr, addr).await?;
     // Raft RPCs are small and latency-bound.
     stream.set_nodelay(true)?;
+    let addrs = (stream.local_addr().ok(), stream.peer_addr().ok());
     let (rd, wr) = match &shared.tls {
         None => tcp_halves(stream),
         Some(tls) => tls_halves(tls.connect(addr, stream).await.map_err(LinkError::Tls)?),
@@ -184,7 +185,14 @@ pub(super) async fn dial_peer(
             "{addr} is node {got}, expected node {peer}"
         )));
     }
-    Ok(start_link(shared, peer, shared.cfg.node_id, reader, writer))
+    Ok(start_link(
+        shared,
+        peer,
+        shared.cfg.node_id,
+        addrs,
+        reader,
+        writer,
+    ))
 }
 
 pub(super) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
@@ -214,6 +222,7 @@ pub(super) async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: Soc
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!("set_nodelay on a link from {from}: {e}");
     }
+    let addrs = (stream.local_addr().ok(), Some(from));
     // The TLS peer's certificate, to bind the node id its `Hello` claims.
     let mut certificate = None;
     let (rd, wr) = match &shared.tls {
@@ -275,7 +284,7 @@ pub(super) async fn accept_one(shared: Arc<Shared>, stream: TcpStream, from: Soc
         );
         return;
     }
-    start_link(&shared, peer, peer, reader, writer);
+    start_link(&shared, peer, peer, addrs, reader, writer);
 }
 
 /// Registers a handshaken connection and starts its reader and writer tasks; returns the
@@ -284,6 +293,7 @@ pub(super) fn start_link(
     shared: &Arc<Shared>,
     peer: NodeId,
     dialer: NodeId,
+    addrs: (Option<SocketAddr>, Option<SocketAddr>),
     reader: FrameReader,
     writer: FrameWriter,
 ) -> Arc<Link> {
@@ -292,6 +302,9 @@ pub(super) fn start_link(
     let link = Arc::new(Link {
         peer,
         dialer,
+        addrs,
+        sent: AtomicU64::new(writer.bytes_written()),
+        received: AtomicU64::new(reader.bytes_read()),
         out,
         pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(0),
@@ -340,6 +353,7 @@ pub(super) async fn write_loop(
             link.close();
             return;
         }
+        link.sent.store(writer.bytes_written(), Ordering::Relaxed);
     }
 }
 
@@ -355,6 +369,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: 
             _ = link.closed.cancelled() => break,
             n = reader.next() => n,
         };
+        link.received.store(reader.bytes_read(), Ordering::Relaxed);
         let env = match next {
             Ok(Some(env)) => env,
             Ok(None) => {

@@ -1407,6 +1407,23 @@ async fn a_queues_figures_count_bytes_persistence_ram_and_paging() {
     ] {
         assert_eq!(field(&q, f), n, "{f} in {q}");
     }
+    // The overview counts messages written to disk (five persistent ones so far) and
+    // read back from it: the three paged out, as they go out.
+    let stat = |o: &Value, f: &str| {
+        o["message_stats"][f]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no message_stats.{f} in {o}"))
+    };
+    let (_, o) = api.call("GET", "/api/overview", None).await;
+    assert_eq!(stat(&o, "disk_writes"), 5, "{o}");
+    let reads = stat(&o, "disk_reads");
+    for _ in 0..4 {
+        get(&ch, "figs-lazy", true)
+            .await
+            .expect("a lazy queue's message");
+    }
+    let (_, o) = api.call("GET", "/api/overview", None).await;
+    assert_eq!(stat(&o, "disk_reads"), reads + 3, "{o}");
     node.shutdown().await;
 }
 

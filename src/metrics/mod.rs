@@ -93,6 +93,10 @@ pub struct Metrics {
     pub gm_lap_latency: Histogram,
     /// The storage's file I/O.
     pub io: IoCounters,
+    /// Messages written to disk by queues (persistent ones, and transient ones paged out).
+    pub disk_writes: Counter,
+    /// Messages read back from disk by queues (paged in, or a body read from a store).
+    pub disk_reads: Counter,
     /// Free bytes on the data directory's disk, as last measured (-1: not yet).
     pub disk_free_bytes: AtomicI64,
     /// Whether free disk space is below `disk_free_limit_bytes` (1) or not (0).
@@ -133,6 +137,8 @@ impl Default for Metrics {
             fsync_latency: latency(),
             gm_lap_latency: latency(),
             io: IoCounters::default(),
+            disk_writes: Counter::default(),
+            disk_reads: Counter::default(),
             disk_free_bytes: AtomicI64::new(-1),
             disk_alarm: AtomicI64::new(0),
             syncs: Mutex::default(),

@@ -602,6 +602,8 @@ fn message_stats(m: &crate::metrics::Metrics) -> Value {
         "ack": m.acknowledged.get(),
         "drop_unroutable": m.unroutable_dropped.get(),
         "return_unroutable": m.unroutable_returned.get(),
+        "disk_reads": m.disk_reads.get(),
+        "disk_writes": m.disk_writes.get(),
     })
 }
 

@@ -125,6 +125,10 @@ pub struct Storage<D: Disk + Clone = Arc<FileDisk>> {
     head_entries: usize,
     /// Group commit's bookkeeping: rounds out, their order, what each settles.
     commit: Mutex<GroupCommit>,
+    /// Messages written to disk and read back from it (the overview's `disk_writes` and
+    /// `disk_reads`): clones of the broker's counters.
+    disk_writes: prometheus_client::metrics::counter::Counter,
+    disk_reads: prometheus_client::metrics::counter::Counter,
 }
 
 /// A stable folder name for a queue's index: FNV-1a 64 of `vhost \0 name`, in hex. The full
@@ -351,6 +355,8 @@ impl<D: Disk + Clone> Storage<D> {
             tap: Mutex::new(None),
             head_entries: config.queue_paging_head_messages.max(1),
             commit: Mutex::new(GroupCommit::new(config.fsync_interval_ms > 0)),
+            disk_writes: broker.metrics().disk_writes.clone(),
+            disk_reads: broker.metrics().disk_reads.clone(),
         });
         let wake = storage.wake.clone();
         storage.durability.set_syncer_waker(Box::new(move || {
@@ -496,6 +502,7 @@ impl<D: Disk + Clone> Storage<D> {
                             embedded,
                         })
                         .map_err(wrap)?;
+                    self.disk_writes.inc();
                 }
                 IndexOp::Deliver { seq } => index.deliver(seq).map_err(wrap)?,
                 IndexOp::Ack {
@@ -597,6 +604,7 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
                 tracing::error!(queue = %format!("{vhost}/{name}"), seq = p.seq, "paged message unreadable; skipped");
                 continue;
             };
+            self.disk_reads.inc();
             entries.push(queue_entry(&e, message, 0, self.epoch_unix_ms, on_disk));
         }
         Ok((entries, next))
@@ -615,7 +623,11 @@ impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
         let bytes = store
             .read(msg_id(id))
             .map_err(|e| PageError(e.to_string()))?;
-        Ok(bytes.and_then(|b| decode_message(&b, id)))
+        let message = bytes.and_then(|b| decode_message(&b, id));
+        if message.is_some() {
+            self.disk_reads.inc();
+        }
+        Ok(message)
     }
 }
 

@@ -5,7 +5,9 @@
 //! Paths, JSON field names, status codes and error bodies follow RabbitMQ 3.10's management
 //! plugin (`docs/management.md` lists what is built and the deliberate differences). The
 //! listings reuse the admin protocol's ([`crate::admin`], what `warrenctl` shows) and turn
-//! its rows into RabbitMQ's JSON; changes are checked here and committed by the driver
+//! its rows into RabbitMQ's JSON, but the queues' (written as JSON text from their typed
+//! rows, [`queue_object`]: there can be tens of thousands); changes are checked here and
+//! committed by the driver
 //! ([`crate::runtime::mgmt`]) through the node's `MetaCommit`, like `warrenctl`'s.
 //!
 //! Authentication is HTTP basic auth against Warren's users, with the password check of the

@@ -4,7 +4,8 @@
 //! most 500), `name` (a case-insensitive substring, or with `use_regex=true` a
 //! case-insensitive regular expression, searched in the object's `name`). A paginated
 //! answer is an object with the page and the counts around it; the name filter applies only
-//! with `page`, as in RabbitMQ.
+//! with `page`, as in RabbitMQ. The parameters shape any [`Listed`] objects: JSON values,
+//! or the queue objects a listing writes as text ([`write_shaped`]).
 
 use regex::RegexBuilder;
 use serde_json::{Map, Value};

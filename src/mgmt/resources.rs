@@ -1,7 +1,8 @@
 //! The endpoints: one function per resource, each checking the caller's tags and vhost
 //! access as RabbitMQ 3.10 does. Listings go through the admin protocol's handler
-//! ([`crate::admin::plan_with_counts`]); simple changes too (vhosts, permissions, policies),
-//! so their checks are `warrenctl`'s.
+//! ([`crate::admin::plan_with_counts`]), except the queues', written as JSON text from their
+//! typed rows ([`crate::admin::queue_info::QueueInfo`], [`super::queue_object`]); simple
+//! changes too (vhosts, permissions, policies), so their checks are `warrenctl`'s.
 
 use std::net::SocketAddr;
 

@@ -53,9 +53,9 @@ pub struct ClusterLink {
     /// The other node's name.
     pub name: String,
     /// This end's address.
-    pub sock_addr: Option<std::net::SocketAddr>,
+    pub sock: Option<Endpoint>,
     /// The other end's.
-    pub peer_addr: Option<std::net::SocketAddr>,
+    pub peer: Option<Endpoint>,
     /// Bytes sent on the link.
     pub send_bytes: u64,
     /// Bytes received on it.
@@ -69,5 +69,14 @@ pub struct ListenerInfo {
     /// `http/prometheus`, `clustering`) or Warren's own (`warren/admin`).
     pub protocol: String,
     /// The address it is bound to.
-    pub addr: std::net::SocketAddr,
+    pub addr: Endpoint,
+}
+
+/// A socket's address, as listings show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The IP address, as text (`127.0.0.1`, `::`).
+    pub ip: String,
+    /// The port.
+    pub port: u16,
 }

@@ -22,17 +22,19 @@ use serde_json::{json, Value};
 use super::{Context, Response};
 use crate::meta::MetaState;
 
-/// One of the node's listeners: (protocol as RabbitMQ names it, bound address).
-pub type Listener = (&'static str, std::net::SocketAddr);
+/// One of the node's listeners: its protocol as RabbitMQ names it, and its bound address.
+pub type Listener = crate::broker::node_stats::ListenerInfo;
 
 /// A listener on loopback (tests).
 #[cfg(test)]
-pub const fn loopback(protocol: &'static str, port: u16) -> Listener {
-    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-    (
-        protocol,
-        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)),
-    )
+pub fn loopback(protocol: &str, port: u16) -> Listener {
+    Listener {
+        protocol: protocol.to_string(),
+        addr: crate::broker::node_stats::Endpoint {
+            ip: "127.0.0.1".to_string(),
+            port,
+        },
+    }
 }
 
 fn ok(extra: Value) -> Response {
@@ -174,7 +176,7 @@ fn mirror_sync_critical(ctx: &Context<'_>, meta: &MetaState) -> Response {
 }
 
 fn port_listener(ctx: &Context<'_>, port: &str) -> Response {
-    let ports: Vec<u16> = ctx.listeners.iter().map(|(_, a)| a.port()).collect();
+    let ports: Vec<u16> = ctx.listeners.iter().map(|l| l.addr.port).collect();
     match port.parse::<u16>() {
         Ok(p) if ports.contains(&p) => ok(json!({"port": p})),
         Ok(p) => failed("No active listener", json!({"missing": p, "ports": ports})),
@@ -183,7 +185,7 @@ fn port_listener(ctx: &Context<'_>, port: &str) -> Response {
 }
 
 fn protocol_listener(ctx: &Context<'_>, protocol: &str) -> Response {
-    let protocols: Vec<&str> = ctx.listeners.iter().map(|(p, _)| *p).collect();
+    let protocols: Vec<&str> = ctx.listeners.iter().map(|l| l.protocol.as_str()).collect();
     if protocols.contains(&protocol) {
         ok(json!({ "protocol": protocol }))
     } else {
@@ -208,11 +210,13 @@ mod tests {
     use crate::meta::Command;
     use crate::mgmt::RemoteCountsByVhost;
 
-    const LISTENERS: &[Listener] = &[
-        loopback("amqp", 5672),
-        loopback("http", 15672),
-        loopback("clustering", 25672),
-    ];
+    fn listeners() -> Vec<Listener> {
+        vec![
+            loopback("amqp", 5672),
+            loopback("http", 15672),
+            loopback("clustering", 25672),
+        ]
+    }
 
     fn record(id: u64) -> NodeRecord {
         NodeRecord {
@@ -263,12 +267,13 @@ mod tests {
 
     fn run(broker: &Broker, meta: &MetaState, path: &[&str]) -> Response {
         let counts = RemoteCountsByVhost::new();
+        let listeners = listeners();
         let ctx = Context {
             broker,
             node: &NodeInfo { name: "n1".into() },
             loopback_users: &[],
             remote_counts: &counts,
-            listeners: LISTENERS,
+            listeners: &listeners,
             remote_sessions: &[],
             node_stats: &Default::default(),
         };

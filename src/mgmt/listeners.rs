@@ -2,18 +2,18 @@
 //! them: each listener's protocol, bound address, port and socket options, and a context per
 //! web endpoint (the management API and console, the Prometheus endpoint).
 
-use std::net::SocketAddr;
-
 use serde_json::{json, Value};
 
+use crate::broker::node_stats::ListenerInfo;
+
 /// `listeners[]`: one listener of `node`.
-pub fn listener_json(node: &str, protocol: &str, addr: SocketAddr) -> Value {
+pub fn listener_json(node: &str, l: &ListenerInfo) -> Value {
     json!({
         "node": node,
-        "protocol": protocol,
-        "ip_address": addr.ip().to_string(),
-        "port": addr.port(),
-        "socket_opts": socket_opts(protocol, addr.port()),
+        "protocol": l.protocol,
+        "ip_address": l.addr.ip,
+        "port": l.addr.port,
+        "socket_opts": socket_opts(&l.protocol, l.addr.port),
     })
 }
 
@@ -32,12 +32,12 @@ fn socket_opts(protocol: &str, port: u16) -> Value {
 /// plugin's context (the port as a string, as RabbitMQ writes it).
 pub fn contexts_json<'a>(
     node: &str,
-    listeners: impl IntoIterator<Item = (&'a str, SocketAddr)>,
+    listeners: impl IntoIterator<Item = &'a ListenerInfo>,
 ) -> Vec<Value> {
     listeners
         .into_iter()
-        .filter_map(|(protocol, addr)| {
-            let description = match protocol {
+        .filter_map(|l| {
+            let description = match l.protocol.as_str() {
                 "http" | "https" => "RabbitMQ Management",
                 "http/prometheus" => "RabbitMQ Prometheus",
                 _ => return None,
@@ -46,9 +46,9 @@ pub fn contexts_json<'a>(
                 "node": node,
                 "description": description,
                 "path": "/",
-                "port": addr.port().to_string(),
+                "port": l.addr.port.to_string(),
             });
-            if protocol == "https" {
+            if l.protocol == "https" {
                 c["ssl"] = json!(true);
             }
             Some(c)
@@ -59,32 +59,37 @@ pub fn contexts_json<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::node_stats::Endpoint;
+
+    fn listener(protocol: &str, ip: &str, port: u16) -> ListenerInfo {
+        ListenerInfo {
+            protocol: protocol.to_string(),
+            addr: Endpoint {
+                ip: ip.to_string(),
+                port,
+            },
+        }
+    }
 
     #[test]
     fn listeners_and_contexts_carry_address_port_and_options() {
-        let addr: SocketAddr = "127.0.0.1:5672".parse().unwrap();
+        let amqp = listener("amqp", "127.0.0.1", 5672);
         assert_eq!(
-            listener_json("n1", "amqp", addr),
+            listener_json("n1", &amqp),
             json!({"node": "n1", "protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672,
                    "socket_opts": {"backlog": 1024, "nodelay": true}})
         );
-        let v6: SocketAddr = "[::]:25672".parse().unwrap();
-        assert_eq!(
-            listener_json("n1", "clustering", v6)["ip_address"],
-            json!("::")
-        );
-        assert_eq!(
-            listener_json("n1", "clustering", v6)["socket_opts"],
-            json!([])
-        );
+        let clustering = listener("clustering", "::", 25672);
+        assert_eq!(listener_json("n1", &clustering)["ip_address"], json!("::"));
+        assert_eq!(listener_json("n1", &clustering)["socket_opts"], json!([]));
         let web = [
-            ("amqp", addr),
-            ("http", "127.0.0.1:15672".parse().unwrap()),
-            ("https", "127.0.0.1:15671".parse().unwrap()),
-            ("http/prometheus", "127.0.0.1:15692".parse().unwrap()),
+            amqp,
+            listener("http", "127.0.0.1", 15672),
+            listener("https", "127.0.0.1", 15671),
+            listener("http/prometheus", "127.0.0.1", 15692),
         ];
         assert_eq!(
-            contexts_json("n1", web),
+            contexts_json("n1", &web),
             vec![
                 json!({"node": "n1", "description": "RabbitMQ Management", "path": "/", "port": "15672"}),
                 json!({"node": "n1", "description": "RabbitMQ Management", "path": "/", "port": "15671", "ssl": true}),

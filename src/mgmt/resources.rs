@@ -4,8 +4,6 @@
 //! typed rows ([`crate::admin::queue_info::QueueInfo`], [`super::queue_object`]); simple
 //! changes too (vhosts, permissions, policies), so their checks are `warrenctl`'s.
 
-use std::net::SocketAddr;
-
 use serde_json::{json, Map, Value};
 
 use super::bindings::{self, Filter};
@@ -17,7 +15,7 @@ use super::queue_object::QueueObject;
 use super::{Caller, Context, Handled, Method, Request, Response};
 use crate::admin::queue_info::QueueInfo;
 use crate::admin::{self, Request as AdminRequest, Response as AdminResponse};
-use crate::broker::node_stats::{ClusterLink, NodeStats};
+use crate::broker::node_stats::{ClusterLink, ListenerInfo};
 use crate::meta::limits::LimitScope;
 use crate::meta::state::{
     ExchangeDef, ExchangeKind, Hashing, Permission, QueueDef, User, VhostMetadata,
@@ -497,20 +495,17 @@ fn overview(ctx: &Context<'_>, meta: &MetaState, caller: &Caller) -> Response {
     let conns = ctx.broker.sessions().connections();
     let channels: usize = conns.iter().map(|c| c.channels.len()).sum();
     // As RabbitMQ, every node's: this one's as it knows them, the others' as they answered.
-    let mut by_node: Vec<(&str, Vec<(&str, SocketAddr)>)> = vec![(
-        ctx.node.name.as_str(),
-        ctx.listeners.iter().map(|(p, a)| (*p, *a)).collect(),
-    )];
+    let mut by_node: Vec<(&str, &[ListenerInfo])> = vec![(&ctx.node.name, ctx.listeners)];
     for (name, stats) in ctx.node_stats {
         if *name != ctx.node.name {
-            by_node.push((name.as_str(), node_listeners(stats)));
+            by_node.push((name, &stats.listeners));
         }
     }
     let mut listeners = Vec::new();
     let mut contexts = Vec::new();
-    for (node, list) in &by_node {
-        listeners.extend(list.iter().map(|(p, a)| listener_json(node, p, *a)));
-        contexts.extend(contexts_json(node, list.iter().copied()));
+    for (node, list) in by_node {
+        listeners.extend(list.iter().map(|l| listener_json(node, l)));
+        contexts.extend(contexts_json(node, list));
     }
     Response::ok(json!({
         "management_version": env!("CARGO_PKG_VERSION"),
@@ -654,10 +649,7 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
             })
         })
         .collect();
-    let listeners = node_listeners(s);
-    let amqps = listeners
-        .iter()
-        .any(|(protocol, _)| *protocol == "amqp/ssl");
+    let amqps = s.listeners.iter().any(|l| l.protocol == "amqp/ssl");
     let figures = json!({
         "mem_used": s.mem_used,
         "mem_limit": s.mem_limit,
@@ -687,7 +679,7 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
         "config_files": s.config_file.iter().collect::<Vec<_>>(),
         "db_dir": s.db_dir,
         "log_files": ["<stdout>"],
-        "contexts": contexts_json(name, listeners),
+        "contexts": contexts_json(name, &s.listeners),
         // The storage's file I/O (`crate::metrics::IoCounters`), averages in ms.
         "io_read_count": s.io.read_count,
         "io_read_bytes": s.io.read_bytes,
@@ -717,22 +709,14 @@ fn node_json(ctx: &Context<'_>, name: &str, running: bool) -> Value {
 fn cluster_link_json(l: &ClusterLink) -> Value {
     json!({
         "name": l.name,
-        "peer_addr": l.peer_addr.map(|a| a.ip().to_string()),
-        "peer_port": l.peer_addr.map(|a| a.port()),
-        "sock_addr": l.sock_addr.map(|a| a.ip().to_string()),
-        "sock_port": l.sock_addr.map(|a| a.port()),
+        "peer_addr": l.peer.as_ref().map(|a| &a.ip),
+        "peer_port": l.peer.as_ref().map(|a| a.port),
+        "sock_addr": l.sock.as_ref().map(|a| &a.ip),
+        "sock_port": l.sock.as_ref().map(|a| a.port),
         "send_bytes": l.send_bytes,
         "recv_bytes": l.recv_bytes,
         "stats": {"send_bytes": l.send_bytes, "recv_bytes": l.recv_bytes},
     })
-}
-
-/// A node's listeners as it reported them.
-fn node_listeners(s: &NodeStats) -> Vec<(&str, SocketAddr)> {
-    s.listeners
-        .iter()
-        .map(|l| (l.protocol.as_str(), l.addr))
-        .collect()
 }
 
 /// Each node's state, by name (a vhost runs on every node): `cluster_state`.

@@ -1885,8 +1885,14 @@ fn a_node_that_answered_shows_its_figures() {
         },
         cluster_links: vec![crate::broker::node_stats::ClusterLink {
             name: "warren2@test".into(),
-            sock_addr: "127.0.0.1:40000".parse().ok(),
-            peer_addr: "127.0.0.2:25672".parse().ok(),
+            sock: Some(crate::broker::node_stats::Endpoint {
+                ip: "127.0.0.1".into(),
+                port: 40000,
+            }),
+            peer: Some(crate::broker::node_stats::Endpoint {
+                ip: "127.0.0.2".into(),
+                port: 25672,
+            }),
             send_bytes: 1000,
             recv_bytes: 2000,
         }],
@@ -1896,13 +1902,7 @@ fn a_node_that_answered_shows_its_figures() {
     // reporting node's).
     let answer = |listeners: &[crate::mgmt::health::Listener]| {
         let mut stats = stats.clone();
-        stats.listeners = listeners
-            .iter()
-            .map(|(protocol, addr)| crate::broker::node_stats::ListenerInfo {
-                protocol: protocol.to_string(),
-                addr: *addr,
-            })
-            .collect();
+        stats.listeners = listeners.to_vec();
         let figures = [("warren@test".to_string(), stats)].into_iter().collect();
         let ctx = Context {
             broker: &b,

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::broker::node_stats::{ClusterLink, ListenerInfo, NodeStats};
+use crate::broker::node_stats::{ClusterLink, Endpoint, ListenerInfo, NodeStats};
 use crate::broker::Broker;
 use crate::runtime::node_link::TcpTransport;
 
@@ -67,12 +67,20 @@ fn cluster_links(broker: &Broker, facts: &NodeFacts) -> Vec<ClusterLink> {
                 .nodes
                 .get(&l.peer)
                 .map_or_else(|| format!("#{}", l.peer), |n| n.name.clone()),
-            sock_addr: l.sock_addr,
-            peer_addr: l.peer_addr,
+            sock: l.sock_addr.map(endpoint),
+            peer: l.peer_addr.map(endpoint),
             send_bytes: l.send_bytes,
             recv_bytes: l.recv_bytes,
         })
         .collect()
+}
+
+/// A socket address as the listings show it.
+pub fn endpoint(a: std::net::SocketAddr) -> Endpoint {
+    Endpoint {
+        ip: a.ip().to_string(),
+        port: a.port(),
+    }
 }
 
 /// Resident memory of this process, from `/proc/self/statm` (Linux).

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::runtime::clock::Clock;
 use crate::runtime::cluster::Cluster;
 use crate::runtime::conn_task::MetaCommit;
-use crate::runtime::node_stats::NodeFacts;
+use crate::runtime::node_stats::{endpoint, NodeFacts};
 use crate::runtime::{admin, mgmt, prometheus, tls};
 
 /// What every endpoint serves from.
@@ -66,9 +66,9 @@ impl Endpoints<'_> {
     }
 
     /// The node's listeners; recorded in its facts too, for other nodes that ask.
-    fn listeners(&self) -> Vec<crate::mgmt::health::Listener> {
+    fn listeners(&self) -> Vec<ListenerInfo> {
         let addrs = self.addrs;
-        let list: Vec<crate::mgmt::health::Listener> = [
+        let list: Vec<ListenerInfo> = [
             Some(("amqp", addrs.amqp)),
             addrs.amqps.map(|a| ("amqp/ssl", a)),
             addrs.mgmt.map(|a| ("http", a)),
@@ -80,15 +80,12 @@ impl Endpoints<'_> {
         ]
         .into_iter()
         .flatten()
+        .map(|(protocol, addr)| ListenerInfo {
+            protocol: protocol.to_string(),
+            addr: endpoint(addr),
+        })
         .collect();
-        let _ = self.facts.listeners.set(
-            list.iter()
-                .map(|(protocol, addr)| ListenerInfo {
-                    protocol: protocol.to_string(),
-                    addr: *addr,
-                })
-                .collect(),
-        );
+        let _ = self.facts.listeners.set(list.clone());
         list
     }
 

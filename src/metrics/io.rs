@@ -85,7 +85,7 @@ impl IoCounters {
         match kind {
             FileKind::MsgStore => self.msg_store_reads.inc(),
             FileKind::QueueIndex => self.queue_index_reads.inc(),
-            FileKind::Other => 0,
+            FileKind::Other => return,
         };
     }
 
@@ -97,7 +97,7 @@ impl IoCounters {
         match kind {
             FileKind::MsgStore => self.msg_store_writes.inc(),
             FileKind::QueueIndex => self.queue_index_writes.inc(),
-            FileKind::Other => 0,
+            FileKind::Other => return,
         };
     }
 

@@ -217,14 +217,6 @@ impl Response {
             (None, body) => body.as_ref().map(Value::to_string).unwrap_or_default(),
         }
     }
-
-    /// The body as a value, whether built as one or written as text.
-    pub fn json(&self) -> Option<Value> {
-        match &self.raw {
-            Some(raw) => serde_json::from_slice(raw).ok(),
-            None => self.body.clone(),
-        }
-    }
 }
 
 /// What a request needs: an answer now, or metadata commands to commit first.

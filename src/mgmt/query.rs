@@ -253,7 +253,7 @@ pub fn write_shaped<T>(
     for (k, n) in page.counts(shaped.items.len()) {
         write_str(out, k);
         out.push(b':');
-        out.extend_from_slice(n.to_string().as_bytes());
+        write_u64(out, n);
         out.push(b',');
     }
     out.extend_from_slice(b"\"items\":");
@@ -265,6 +265,13 @@ pub fn write_shaped<T>(
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     // Writing into a vector cannot fail, and a string always serializes.
     let _ = serde_json::to_writer(out, s);
+}
+
+/// Writes `n` as a JSON number.
+pub fn write_u64(out: &mut Vec<u8>, n: u64) {
+    use std::io::Write;
+    // As above: a vector takes every write.
+    let _ = write!(out, "{n}");
 }
 
 /// Writes `v` as JSON text.

@@ -9,7 +9,7 @@ use amq_protocol::types::FieldTable;
 use serde_json::{Map, Value};
 
 use super::convert::{definition_json, table_json};
-use super::query::{write_json, write_str, Listed};
+use super::query::{write_json, write_str, write_u64, Listed};
 use crate::admin::queue_info::QueueInfo;
 use crate::meta::policy::PolicyValue;
 
@@ -50,9 +50,7 @@ impl Field<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         match self {
             Field::Str(s) | Field::OptStr(Some(s)) => write_str(out, s),
-            Field::Int(n) | Field::OptInt(Some(n)) => {
-                out.extend_from_slice(n.to_string().as_bytes())
-            }
+            Field::Int(n) | Field::OptInt(Some(n)) => write_u64(out, *n),
             Field::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
             Field::Names(names) => {
                 out.push(b'[');

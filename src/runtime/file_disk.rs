@@ -54,17 +54,19 @@ impl FileDisk {
         }
     }
 
-    /// Counts one seek (or, with `sync`, one fsync), started at `started`.
-    fn count(&self, sync: bool, started: Instant) {
+    /// Counts one seek, started at `started`.
+    fn count_seek(&self, started: Instant) {
         if let Some(io) = &self.io {
-            let took = started.elapsed().as_secs_f64();
-            if sync {
-                io.sync_ops.inc();
-                io.sync_seconds.inc_by(took);
-            } else {
-                io.seek_ops.inc();
-                io.seek_seconds.inc_by(took);
-            }
+            io.seek_ops.inc();
+            io.seek_seconds.inc_by(started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Counts one fsync, started at `started`.
+    fn count_sync(&self, started: Instant) {
+        if let Some(io) = &self.io {
+            io.sync_ops.inc();
+            io.sync_seconds.inc_by(started.elapsed().as_secs_f64());
         }
     }
 
@@ -172,7 +174,7 @@ impl Disk for FileDisk {
         let started = Instant::now();
         f.seek(SeekFrom::Start(offset))
             .map_err(|e| DiskError::io("seek", path, e))?;
-        self.count(false, started);
+        self.count_seek(started);
         let started = Instant::now();
         let mut buf = Vec::with_capacity(len);
         f.take(len as u64)
@@ -188,7 +190,7 @@ impl Disk for FileDisk {
             let offset = f
                 .seek(SeekFrom::End(0))
                 .map_err(|e| DiskError::io("seek", path, e))?;
-            self.count(false, started);
+            self.count_seek(started);
             let started = Instant::now();
             f.write_all(data)
                 .map_err(|e| DiskError::io("append", path, e))?;
@@ -234,7 +236,7 @@ impl Disk for FileDisk {
             if let Some(h) = &self.fsync_latency {
                 h.observe(started.elapsed().as_secs_f64());
             }
-            self.count(true, started);
+            self.count_sync(started);
             r
         })
     }
@@ -244,7 +246,7 @@ impl Disk for FileDisk {
         let started = Instant::now();
         d.sync_all()
             .map_err(|e| DiskError::io("fsync dir", dir, e))?;
-        self.count(true, started);
+        self.count_sync(started);
         Ok(())
     }
 

@@ -20,7 +20,8 @@ use crate::runtime::raft::NodeId;
 /// Bumped when [`Envelope`] changes incompatibly; a peer speaking another version is refused.
 /// 4: heartbeats carry the sender's resource alarms. 5: a listed connection carries its
 /// start time and socket counters. 6: a queue's listed figures carry its head message's
-/// timestamp and its exclusive or single active consumer's tag.
+/// timestamp and its exclusive or single active consumer's tag; a node's figures carry its
+/// listeners, storage I/O and node links.
 pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded

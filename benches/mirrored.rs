@@ -20,6 +20,14 @@
 //!                             [1]; the publisher uses the next node. Node 1 initialises the
 //!                             cluster, so it is normally also the Raft leader: killing it
 //!                             adds a leader election before `NodeDown` can commit.
+//!   --publisher-on-master     the publisher connects to the master's node, so the kill drops
+//!                             its connection: it reconnects to the next node (connect,
+//!                             channel, `confirm.select`, the queue's declare again), the
+//!                             path a client of the lost node takes (issue 18's target)
+//!   --pause                   the master's node vanishes: SIGSTOP instead of SIGKILL (its
+//!                             sockets stay open and nothing refuses, as with a host that
+//!                             lost power or a cut cable), so only `peer_timeout_ms` of
+//!                             silence finds it; killed at the end of the run
 //!   --stop                    a controlled stop: SIGTERM instead of SIGKILL (the node hands
 //!                             its mirrored queues over to a synchronised mirror, then stops);
 //!                             the figures then count from the signal, and the stopping
@@ -60,6 +68,8 @@ struct Opts {
     queue: String,
     kill_pid: Option<i32>,
     stop: bool,
+    pause: bool,
+    publisher_on_master: bool,
 }
 
 fn opts() -> Opts {
@@ -74,6 +84,8 @@ fn opts() -> Opts {
         queue: "ha.failover".into(),
         kill_pid: None,
         stop: false,
+        pause: false,
+        publisher_on_master: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -89,6 +101,8 @@ fn opts() -> Opts {
             "--queue" => o.queue = val(),
             "--kill-pid" => o.kill_pid = Some(val().parse().expect("pid")),
             "--stop" => o.stop = true,
+            "--pause" => o.pause = true,
+            "--publisher-on-master" => o.publisher_on_master = true,
             "--bench" => {}
             other => panic!("unknown option {other} (see benches/mirrored.rs)"),
         }
@@ -246,7 +260,13 @@ struct Record {
     reconnects: usize,
 }
 
-async fn open(uris: &[String], start_at: usize) -> Option<(Connection, Channel, usize)> {
+/// A connection to the first of `uris` from `start_at` on that serves: a channel in confirm
+/// mode and the queue declared again (what a reconnecting client does).
+async fn open(
+    uris: &[String],
+    start_at: usize,
+    queue: &str,
+) -> Option<(Connection, Channel, usize)> {
     for k in 0..uris.len() {
         let i = (start_at + k) % uris.len();
         let Ok(Ok(conn)) = tokio::time::timeout(
@@ -263,8 +283,21 @@ async fn open(uris: &[String], start_at: usize) -> Option<(Connection, Channel, 
         if ch
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .is_ok()
+            .is_err()
         {
+            continue;
+        }
+        let declared = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        if declared.is_ok() {
             return Some((conn, ch, i));
         }
     }
@@ -278,7 +311,7 @@ async fn publisher(
     killed: Arc<Mutex<Option<Instant>>>,
     rec: Arc<Mutex<Record>>,
 ) {
-    let (mut conn, mut ch, mut at) = open(&uris, 0).await.expect("publisher connects");
+    let (mut conn, mut ch, mut at) = open(&uris, 0, &queue).await.expect("publisher connects");
     let body = vec![7u8; 64];
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut acks_after = 0;
@@ -329,7 +362,7 @@ async fn publisher(
                         }
                     }
                 }
-                if let Some((c, h, i)) = open(&uris, at + 1).await {
+                if let Some((c, h, i)) = open(&uris, at + 1, &queue).await {
                     (conn, ch, at) = (c, h, i);
                     rec.lock().unwrap().reconnects += 1;
                 }
@@ -483,11 +516,23 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
         o.heartbeat_ms
             .map_or("default (250)".into(), |v| v.to_string())
     );
-    let what = if o.stop { "SIGTERM" } else { "kill" };
+    assert!(
+        !(o.pause && (o.stop || o.publisher_on_master)),
+        "--pause goes with neither --stop nor --publisher-on-master"
+    );
+    let what = if o.stop {
+        "SIGTERM"
+    } else if o.pause {
+        "SIGSTOP"
+    } else {
+        "kill"
+    };
     println!(
         "Warren, 3 nodes on {IPS:?}, {settings}, master ({}) on node {}",
         if o.stop {
             "stopped with SIGTERM"
+        } else if o.pause {
+            "paused with SIGSTOP"
         } else {
             "killed"
         },
@@ -534,13 +579,32 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
                 .map(|l| l.split('\t').map(String::from).collect::<Vec<_>>())
                 .find(|c| c.get(3).map(String::as_str) == Some("leader"))
                 .map_or("?".to_string(), |c| c[1].clone());
-            println!("run {run}: master on node {m} (Raft leader: node {leader}), both mirrors synchronised; publisher on node {p}");
-            let victim = nodes.children[m - 1].take();
+            let uris = if o.publisher_on_master {
+                vec![uri(m), uri(p), uri(q)]
+            } else {
+                vec![uri(p), uri(q)]
+            };
+            let on = if o.publisher_on_master { m } else { p };
+            println!("run {run}: master on node {m} (Raft leader: node {leader}), both mirrors synchronised; publisher on node {on}");
+            let pid = nodes.children[m - 1].as_ref().map(|c| c.id() as i32);
+            // A paused node stays in `nodes`, which kills it at the end.
+            let victim = if o.pause {
+                None
+            } else {
+                nodes.children[m - 1].take()
+            };
             let killed_wall = killed_wall.clone();
-            let (stop, exited) = (o.stop, exited.clone());
-            let got = measure(vec![uri(p), uri(q)], &o.queue, what, move || {
-                let mut c = victim.expect("the master's node");
+            let (stop, pause, exited) = (o.stop, o.pause, exited.clone());
+            let got = measure(uris, &o.queue, what, move || {
                 *killed_wall.lock().unwrap() = Some(std::time::SystemTime::now());
+                if pause {
+                    // SAFETY: kill(2) of our own child.
+                    unsafe {
+                        libc::kill(pid.expect("the master's node"), libc::SIGSTOP);
+                    }
+                    return;
+                }
+                let mut c = victim.expect("the master's node");
                 if stop {
                     let at = Instant::now();
                     // SAFETY: kill(2) of our own child.
@@ -589,6 +653,8 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
                     || l.contains("NodeDown")
                     || l.contains("node down")
                     || l.contains("is down")
+                    || l.contains("election timeout passed")
+                    || l.contains("calling an election")
             }) {
                 let at = match (kill_tod, log_tod(line)) {
                     (Some(k), Some(t)) => format!("{what} + {:.0} ms", (t - k) * 1000.0),
@@ -605,7 +671,16 @@ fn warren(o: &Opts, rt: &tokio::runtime::Runtime) {
         }
         drop(nodes);
     }
-    let label = format!("Warren ({settings}, master on node {})", o.master);
+    let label = format!(
+        "Warren ({settings}, master on node {}{}{})",
+        o.master,
+        if o.pause { ", paused" } else { "" },
+        if o.publisher_on_master {
+            ", publisher on it, reconnecting"
+        } else {
+            ""
+        }
+    );
     summary(
         &label,
         &format!("{what} -> first confirm of a publish sent after it"),

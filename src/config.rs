@@ -100,6 +100,15 @@ pub struct ClusterConfig {
     /// How long a metadata command may take to commit before the client gets an error.
     #[serde(default = "default_commit_timeout_ms")]
     pub commit_timeout_ms: u64,
+    /// The metadata Raft group's longest election timeout, which is also its leader lease:
+    /// a voter that heard the leader this recently refuses to vote for another. The
+    /// shortest is half of it and the leader's heartbeat a sixth. When the leader's process
+    /// is gone (its link address refuses connections) a follower calls an election as soon
+    /// as this has passed since the leader was last heard, so it bounds the failover of a
+    /// killed leader's node; a leader that hangs or is cut off is replaced after this plus
+    /// up to this again of silence.
+    #[serde(default = "default_election_timeout_ms")]
+    pub election_timeout_ms: u64,
     /// `[cluster.tls]`: node links over mutual TLS, checked against the cluster's CA
     /// (plaintext when absent). Every node of a cluster needs it, or none.
     #[serde(default)]
@@ -122,6 +131,10 @@ fn default_peer_timeout_ms() -> u64 {
 
 fn default_link_heartbeat_ms() -> u64 {
     250
+}
+
+fn default_election_timeout_ms() -> u64 {
+    300
 }
 
 fn default_commit_timeout_ms() -> u64 {
@@ -538,6 +551,12 @@ impl Config {
             if let Some(t) = &c.tls {
                 t.validate(TlsUse::NodeLink)?;
             }
+            if !(60..=60_000).contains(&c.election_timeout_ms) {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.election_timeout_ms",
+                    reason: "must be between 60 and 60000".into(),
+                });
+            }
             if c.peer_timeout_ms <= c.heartbeat_ms {
                 return Err(ConfigError::Invalid {
                     key: "cluster.peer_timeout_ms",
@@ -634,6 +653,10 @@ mod tests {
             (
                 format!("{base}node_id = 1\nheartbeat_ms = 500\npeer_timeout_ms = 400\n"),
                 "cluster.peer_timeout_ms",
+            ),
+            (
+                format!("{base}node_id = 1\nelection_timeout_ms = 10\n"),
+                "cluster.election_timeout_ms",
             ),
         ];
         for (text, key) in cases {

@@ -283,6 +283,47 @@ async fn declare_until_ok(uri: &str, name: &str, deadline: Instant) -> bool {
     false
 }
 
+/// The leader's node is killed: its address refuses connections, so the lowest surviving
+/// voter calls an election as soon as the leader's lease has run out, instead of also
+/// waiting out an election timeout of its own (issue 18's failover; `cluster::election`).
+/// With a 3 s lease (`election_timeout_ms = 3000`: heartbeats every 500 ms, timeouts
+/// drawn from 1.5–3 s), openraft's own timers fire no earlier than 4 s after the kill, and
+/// the early call at about 3.25 s, so the caller is the one elected. Without the call,
+/// the log line is missing and either follower may win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_lowest_follower_calls_the_election_once_the_lease_runs_out() {
+    let mut cluster = Cluster::start_with_keys(
+        "early-election",
+        TEST_TIMEOUTS,
+        "election_timeout_ms = 3000",
+    )
+    .await;
+    let (leader, _) = cluster.wait_leader(1, |_| true).await;
+    let caller = (1..=3).find(|&n| n != leader).expect("a follower");
+    let other = (1..=3)
+        .find(|&n| n != leader && n != caller)
+        .expect("a third node");
+    // Both followers know the leader (and have heard it, so its refusal counts).
+    cluster.wait_leader(other, |l| l == leader).await;
+    cluster.wait_leader(caller, |l| l == leader).await;
+    cluster.nodes[leader as usize - 1].kill();
+    let (new_leader, took) = cluster.wait_leader(other, |l| l != leader).await;
+    eprintln!("node {new_leader} elected {took:?} after the kill");
+    let log = cluster.node(caller).log_text();
+    assert!(
+        log.contains("calling an election"),
+        "node {caller} did not call the election"
+    );
+    assert_eq!(new_leader, caller, "the caller was elected");
+    assert!(
+        !cluster
+            .node(other)
+            .log_text()
+            .contains("calling an election"),
+        "only the lowest follower calls"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_follower_and_the_leader_loses_no_acknowledged_definition() {
     let mut cluster = Cluster::start("failover").await;

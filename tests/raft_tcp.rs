@@ -661,3 +661,57 @@ async fn follower_proposals_while_the_leader_dies_succeed_or_fail_clearly_and_ne
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_process_exits_is_seen_refusing_at_once_not_at_the_next_heartbeat() {
+    bounded(async {
+        // A fake node 2: completes the handshake, sends a heartbeat, then exits (its
+        // connection and its listener close, so its port refuses).
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<()>();
+        let fake = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = BytesMut::new();
+            let first = read_frame(&mut s, &mut buf).await;
+            assert!(matches!(first, Some(Envelope::Hello { node_id: 1, .. })));
+            for env in [hello(CLUSTER, 2), Envelope::Heartbeat { alarms: 0 }] {
+                let frame = wire::encode_frame(&env, MAX_FRAME).expect("encode");
+                s.write_all(&frame).await.expect("write");
+            }
+            let _ = exit_rx.await;
+            drop(s);
+            drop(listener);
+        });
+        let mut cfg = link_config(1);
+        cfg.peers.insert(2, addr.clone());
+        // No heartbeat tick during the test: only the redial on the link's end can find
+        // the refusal.
+        cfg.heartbeat_interval = Duration::from_secs(3600);
+        let me = TcpTransport::bind("127.0.0.1:0", cfg).await.expect("bind");
+        let _ = me
+            .call(2, &addr, vec![0; 10], Duration::from_millis(200))
+            .await;
+        // The handshake and the heartbeat arrived (the call itself gets no answer).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while me.last_seen(2).is_none() {
+            assert!(tokio::time::Instant::now() < deadline, "node 2 never heard");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!me.peer_refused(2), "up and linked");
+        let _ = exit_tx.send(());
+        fake.await.expect("fake node");
+        // The link's end, then the refusal, each wake the detector's waiter.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !me.peer_refused(2) {
+            assert!(
+                tokio::time::timeout_at(deadline, me.peer_event())
+                    .await
+                    .is_ok(),
+                "the exit was not seen refusing within 5 s (heartbeats every hour)"
+            );
+        }
+        me.shutdown();
+    })
+    .await;
+}

@@ -2,7 +2,11 @@
 //! (`runtime::cluster`) and the simulation take alike, with time passed in.
 //!
 //! - [`detector`]: the failure detector (which nodes are down; which the leader records).
+//! - [`election`]: when a follower calls a Raft election early, because the leader's
+//!   process is gone.
 
 pub mod detector;
+pub mod election;
 
 pub use detector::{Detector, Verdict};
+pub use election::{Call, ElectionCaller};

@@ -104,7 +104,7 @@ fn raft_config(cc: &ClusterConfig) -> MetaRaftConfig {
     MetaRaftConfig {
         cluster_name: cc.cluster_id.clone(),
         propose_timeout: Duration::from_millis(cc.commit_timeout_ms),
-        ..MetaRaftConfig::default()
+        ..MetaRaftConfig::with_election_timeout(Duration::from_millis(cc.election_timeout_ms))
     }
 }
 

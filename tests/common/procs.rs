@@ -166,7 +166,7 @@ pub const TEST_TIMEOUTS: (u64, u64) = (1500, 100);
 pub const DEFAULT_TIMEOUTS: (u64, u64) = (5000, 250);
 
 pub fn config_text(id: u64, ip: &str, cluster: &str, ips: &[String], data: &Path) -> String {
-    config_text_with(id, ip, cluster, ips, data, TEST_TIMEOUTS)
+    config_text_with(id, ip, cluster, ips, data, TEST_TIMEOUTS, "")
 }
 
 pub fn config_text_with(
@@ -176,6 +176,7 @@ pub fn config_text_with(
     ips: &[String],
     data: &Path,
     (peer_timeout_ms, heartbeat_ms): (u64, u64),
+    cluster_keys: &str,
 ) -> String {
     let mut members = String::new();
     for (i, peer) in ips.iter().enumerate() {
@@ -211,7 +212,7 @@ listen = "{ip}:25672"
 peer_timeout_ms = {peer_timeout_ms}
 heartbeat_ms = {heartbeat_ms}
 commit_timeout_ms = 5000
-
+{cluster_keys}
 {members}"#,
         data = data.display(),
     )
@@ -244,6 +245,29 @@ impl Cluster {
         extra: impl Fn(u64, &str) -> String,
         ctl_options: Vec<String>,
     ) -> Cluster {
+        Cluster::start_keyed(name, timeouts, "", extra, ctl_options).await
+    }
+
+    /// [`Cluster::start_with`] with `cluster_keys` (lines such as
+    /// `election_timeout_ms = 3000`) added to every node's `[cluster]` section.
+    pub async fn start_with_keys(name: &str, timeouts: (u64, u64), cluster_keys: &str) -> Cluster {
+        Cluster::start_keyed(
+            name,
+            timeouts,
+            cluster_keys,
+            |_, _| String::new(),
+            Vec::new(),
+        )
+        .await
+    }
+
+    async fn start_keyed(
+        name: &str,
+        timeouts: (u64, u64),
+        cluster_keys: &str,
+        extra: impl Fn(u64, &str) -> String,
+        ctl_options: Vec<String>,
+    ) -> Cluster {
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let dir = std::env::temp_dir().join(format!("warren-cluster-{name}-{pid}-{n}"));
@@ -255,7 +279,7 @@ impl Cluster {
             let id = i as u64 + 1;
             let config = dir.join(format!("node{id}.toml"));
             let data = dir.join(format!("data{id}"));
-            let text = config_text_with(id, ip, &ips[0], &ips, &data, timeouts);
+            let text = config_text_with(id, ip, &ips[0], &ips, &data, timeouts, cluster_keys);
             std::fs::write(&config, format!("{text}\n{}", extra(id, ip))).expect("config");
             nodes.push(NodeProc {
                 id,

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::MAX_VOTERS;
 use crate::broker::Broker;
-use crate::cluster::Detector;
+use crate::cluster::{Call, Detector, ElectionCaller};
 use crate::meta::Command;
 use crate::runtime::clock::Clock;
 use crate::runtime::node_link::TcpTransport;
@@ -71,7 +71,9 @@ pub(super) async fn follow(
 
 /// Drives the failure detector (`cluster::detector`, whose rules these are): every node
 /// tells its broker and relay which nodes are down; the leader proposes `NodeDown` once
-/// per outage.
+/// per outage; a follower calls an election early when the leader's process is gone
+/// (`cluster::election`). It looks every 200 ms, and at once when a link ends, a peer
+/// refuses a connection or the leadership changes.
 pub(super) async fn watch_nodes(
     raft: MetaRaft,
     broker: Arc<Broker>,
@@ -83,17 +85,62 @@ pub(super) async fn watch_nodes(
     let base = tokio::time::Instant::now();
     let ms = |t: tokio::time::Instant| t.saturating_duration_since(base).as_millis() as u64;
     let mut detector = Detector::new(raft.id(), peer_timeout.as_millis() as u64, 0);
+    let mut caller = ElectionCaller::new(
+        raft.id(),
+        raft.lease().as_millis() as u64,
+        raft.heartbeat().as_millis() as u64,
+    );
+    let mut leadership = raft.leader_watch();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut call_at: Option<tokio::time::Instant> = None;
     loop {
-        tick.tick().await;
+        let call_due = async {
+            match call_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = transport.peer_event() => {}
+            _ = leadership.changed() => {}
+            _ = call_due => {}
+        }
         let state = raft.snapshot();
+        let now = ms(tokio::time::Instant::now());
+        let last_heard = |id| transport.last_seen(id).map(ms);
+        let refused = |id| transport.peer_refused(id);
         let verdict = detector.handle_tick(
-            ms(tokio::time::Instant::now()),
+            now,
             raft.is_leader(),
             state.nodes.keys().copied(),
-            |id| transport.last_seen(id).map(ms),
-            |id| transport.peer_refused(id),
+            last_heard,
+            refused,
         );
+        let voters: BTreeSet<NodeId> = raft.membership().voters.keys().copied().collect();
+        call_at = None;
+        match caller.handle_tick(
+            now,
+            raft.leader(),
+            &voters,
+            &verdict.down,
+            last_heard,
+            refused,
+        ) {
+            Call::None => {}
+            Call::At(t) => call_at = Some(base + Duration::from_millis(t)),
+            Call::Now => {
+                tracing::warn!(
+                    leader = ?raft.leader(),
+                    "calling an election: the leader's process is gone and its lease has run out"
+                );
+                if let Err(e) = raft.call_election().await {
+                    tracing::warn!(error = %e, "cannot call an election");
+                }
+                // Look again after a retry's wait, if no leader came of it.
+                call_at = Some(tokio::time::Instant::now() + raft.heartbeat() * 2);
+            }
+        }
         broker.set_down_nodes(verdict.down);
         // Resource alarms are cluster-wide: ours go out with the heartbeats, theirs come in.
         transport.set_local_alarms(broker.local_alarms());

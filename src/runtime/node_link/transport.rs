@@ -161,6 +161,9 @@ struct Shared {
     /// Peers whose address refused a connection since they were last heard from: nothing
     /// listens there, so the node is down (a killed process closes its port at once).
     refused: Mutex<BTreeMap<NodeId, Instant>>,
+    /// Woken when a link ends or a peer's address refuses a connection, for the failure
+    /// detector (its one waiter: see [`TcpTransport::peer_event`]).
+    events: tokio::sync::Notify,
     /// This node's resource alarms, sent with every heartbeat.
     local_alarms: std::sync::atomic::AtomicU8,
     /// Each peer's resource alarms, as its last heartbeat said.
@@ -215,6 +218,7 @@ impl TcpTransport {
             dials: Mutex::new(BTreeMap::new()),
             last_seen: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            events: tokio::sync::Notify::new(),
             local_alarms: std::sync::atomic::AtomicU8::new(0),
             peer_alarms: Mutex::new(BTreeMap::new()),
             raft: Mutex::new(None),
@@ -310,6 +314,13 @@ impl TcpTransport {
     pub fn peer_alive(&self, node: NodeId) -> bool {
         self.last_seen(node)
             .is_some_and(|t| t.elapsed() < self.shared.cfg.peer_timeout)
+    }
+
+    /// Returns when a link has ended or a peer's address refused a connection since the
+    /// last call returned (at once if one did meanwhile). Meant for one waiter, the failure
+    /// detector's task.
+    pub async fn peer_event(&self) {
+        self.shared.events.notified().await;
     }
 
     /// Whether `node`'s address refused a connection since it was last heard from (its

@@ -49,21 +49,31 @@ pub struct MetaRaftConfig {
 }
 
 impl Default for MetaRaftConfig {
+    /// `[cluster] election_timeout_ms`'s default, 300 ms (see
+    /// [`MetaRaftConfig::with_election_timeout`]).
     fn default() -> MetaRaftConfig {
+        MetaRaftConfig::with_election_timeout(Duration::from_millis(300))
+    }
+}
+
+impl MetaRaftConfig {
+    /// Timings from the longest election timeout, which openraft 0.9 also takes as the
+    /// leader lease (a voter that heard the leader this recently refuses to vote): the
+    /// shortest is half of it and the heartbeat a sixth, so a follower elects itself after
+    /// 1.5 to 2 times `max` of silence, which is 9 to 12 heartbeats.
+    pub fn with_election_timeout(max: Duration) -> MetaRaftConfig {
         MetaRaftConfig {
             cluster_name: "warren".into(),
-            heartbeat: Duration::from_millis(100),
-            election_timeout_min: Duration::from_millis(500),
-            election_timeout_max: Duration::from_millis(1000),
+            heartbeat: max / 6,
+            election_timeout_min: max / 2,
+            election_timeout_max: max,
             snapshot_after: 5000,
             logs_kept_after_snapshot: 1000,
             segment_bytes: 8 << 20,
             propose_timeout: Duration::from_secs(10),
         }
     }
-}
 
-impl MetaRaftConfig {
     fn to_openraft(&self) -> Result<Config, StartError> {
         let ms = |d: Duration| d.as_millis().try_into().unwrap_or(u64::MAX);
         Config {
@@ -189,6 +199,34 @@ pub struct Membership {
 #[error("raft task ended abnormally: {0}")]
 pub struct StopError(String);
 
+/// Who leads and whether this node does: what [`LeaderWatch`] compares.
+fn leadership(m: &RaftMetrics<NodeId, BasicNode>) -> (Option<NodeId>, ServerState) {
+    (m.current_leader, m.state)
+}
+
+/// See [`MetaRaft::leader_watch`].
+pub struct LeaderWatch {
+    metrics: watch::Receiver<RaftMetrics<NodeId, BasicNode>>,
+    seen: (Option<NodeId>, ServerState),
+}
+
+impl LeaderWatch {
+    /// Returns once the leader or this node's role differs from when last returned (or the
+    /// watch began); never, once the node has stopped.
+    pub async fn changed(&mut self) {
+        loop {
+            if self.metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let now = leadership(&self.metrics.borrow_and_update());
+            if now != self.seen {
+                self.seen = now;
+                return;
+            }
+        }
+    }
+}
+
 /// One running node of the metadata group.
 #[derive(Clone)]
 pub struct MetaRaft {
@@ -196,6 +234,9 @@ pub struct MetaRaft {
     raft: Raft<TypeConfig>,
     view: watch::Receiver<MetaView>,
     propose_timeout: Duration,
+    /// The voters' leader lease (`election_timeout_max`) and the leader's heartbeat.
+    lease: Duration,
+    heartbeat: Duration,
     forwarder: Forwarder,
 }
 
@@ -226,6 +267,8 @@ impl MetaRaft {
             raft,
             view,
             propose_timeout: config.propose_timeout,
+            lease: config.election_timeout_max,
+            heartbeat: config.heartbeat,
             forwarder,
         })
     }
@@ -233,6 +276,17 @@ impl MetaRaft {
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// How long a voter that heard the leader refuses to vote for another (openraft 0.9's
+    /// leader lease: the longest election timeout).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// How often the leader sends heartbeats.
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
     }
 
     /// Creates the cluster with `members` (id → cluster address) as its voters. Call it once,
@@ -343,6 +397,25 @@ impl MetaRaft {
             last_log_index: m.last_log_index.unwrap_or(0),
             leader: m.current_leader,
         }
+    }
+
+    /// A watch of who leads, as this node knows it: [`LeaderWatch::changed`] returns when
+    /// the leader, or this node's Raft role, changed.
+    pub fn leader_watch(&self) -> LeaderWatch {
+        let metrics = self.raft.metrics();
+        let seen = leadership(&metrics.borrow());
+        LeaderWatch { metrics, seen }
+    }
+
+    /// Starts an election with this node as the candidate now, without waiting for its
+    /// election timeout (a leader ignores it). Voters still refuse while their lease on
+    /// the old leader runs.
+    pub async fn call_election(&self) -> Result<(), StopError> {
+        self.raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| StopError(e.to_string()))
     }
 
     /// Whether this node believes it leads (an isolated old leader may, until it hears of

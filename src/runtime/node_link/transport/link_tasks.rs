@@ -87,6 +87,7 @@ pub(super) async fn link_to(
         lock(&shared.refused)
             .entry(peer)
             .or_insert_with(Instant::now);
+        shared.events.notify_one();
     }
     // Doubling from backoff_min, capped, so a dead peer costs a dial now and then.
     let exp = backoff.failures.min(16);
@@ -364,9 +365,14 @@ const WRITE_BATCH_BYTES: usize = 256 * 1024;
 pub(super) async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: FrameReader) {
     let me = shared.cfg.node_id;
     let peer = link.peer;
+    // Whether the link ended from the other side (or its bytes), not by a close here.
+    let mut ended_there = true;
     loop {
         let next = tokio::select! {
-            _ = link.closed.cancelled() => break,
+            _ = link.closed.cancelled() => {
+                ended_there = false;
+                break;
+            }
             n = reader.next() => n,
         };
         link.received.store(reader.bytes_read(), Ordering::Relaxed);
@@ -473,6 +479,17 @@ pub(super) async fn read_loop(shared: Arc<Shared>, link: Arc<Link>, mut reader: 
     }
     link.close();
     shared.remove_link(&link);
+    shared.events.notify_one();
+    // The peer's process may have exited: dial it again now, so that a refused connection
+    // reaches the failure detector at once, not at the next heartbeat tick.
+    if ended_there && !shared.stop.is_cancelled() && shared.live_link(peer).is_none() {
+        let dial = shared.dial_state(peer);
+        if dial.try_lock().is_ok() {
+            tokio::spawn(async move {
+                let _ = link_to(&shared, peer, None).await;
+            });
+        }
+    }
 }
 
 pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {

@@ -1586,3 +1586,89 @@ async fn a_definitions_import_through_a_follower_reaches_every_node_in_batches()
     common::close_connection(&c1).await;
     common::close_connection(&c3).await;
 }
+
+/// Publishes forwarded to a queue's node wait in the relay's send queue for that node. When
+/// the node link stops draining (node 1 cut off, and not yet recorded down: a long
+/// `peer_timeout_ms`), those bytes count toward the memory alarm of the publishing node
+/// (`Broker::count_relayed`), so its publishers are blocked (`connection.blocked`) instead
+/// of the send queue growing without bound; once the cut heals and node 1 has answered,
+/// the alarm clears. Before, nothing counted them: node 2 held every publish in memory
+/// (in the relay's queue and the link's) and never raised an alarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_queued_for_a_cut_off_node_raise_the_memory_alarm() {
+    if !common::faults::available() {
+        return;
+    }
+    let mut cluster = Cluster::start_with("relay-credit", (60_000, 100)).await;
+    // Node 2 again, with a 32 MiB memory high watermark.
+    cluster.nodes[1].stop();
+    let config = std::fs::read_to_string(&cluster.nodes[1].config).expect("config");
+    let limited = config.replace(
+        "memory_high_watermark_bytes = 1073741824",
+        "memory_high_watermark_bytes = 33554432",
+    );
+    assert_ne!(limited, config, "the limits section is in the config");
+    std::fs::write(&cluster.nodes[1].config, &limited).expect("config");
+    cluster.restart(2).await;
+
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(&channel(&c1).await, "credit.q", true, FieldTable::default())
+        .await
+        .expect("declare on node 1");
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    // The queue is node 1's, and node 2 knows it.
+    assert!(publish_acked(&confirm_channel_on(&c2).await, "", "credit.q", b"first").await);
+
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
+    let body = vec![7u8; 64 * 1024];
+    let mut sent = 0usize;
+    // 2,000 × 64 KiB = 125 MiB, four times the watermark: blocked long before, or never.
+    while !c2.status().blocked() && sent < 2000 {
+        let publish = ch2.basic_publish(
+            "".into(),
+            "credit.q".into(),
+            Default::default(),
+            &body,
+            Default::default(),
+        );
+        // A blocked connection is no longer read: the publish then waits in the client.
+        if let Ok(r) = tokio::time::timeout(Duration::from_secs(1), publish).await {
+            r.expect("publish");
+            sent += 1;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c2.status().blocked() {
+        assert!(
+            Instant::now() < deadline,
+            "node 2's publisher was never blocked ({sent} publishes of 64 KiB queued for node 1)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("blocked after {sent} publishes of 64 KiB");
+    assert!(
+        cluster.node(2).log_text().contains("resource alarm set"),
+        "node 2 logged its alarm"
+    );
+    // Healed: node 1 answers what waited, the bytes are no longer held, and the alarm
+    // clears (nothing was counted twice or left behind).
+    drop(cut);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c2.status().blocked() {
+        assert!(
+            Instant::now() < deadline,
+            "node 2's publisher was never unblocked after the cut healed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn confirm_channel_on(conn: &Connection) -> Channel {
+    let ch = channel(conn).await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    ch
+}

@@ -323,7 +323,14 @@ impl Broker {
         self.version.load(Ordering::Acquire)
     }
 
-    /// Message bytes held by queues.
+    /// Counts `delta` bytes of messages queued for other nodes (the relay's per-node send
+    /// queues: publishes forwarded to a queue's node) in [`Broker::memory_used`], so the
+    /// memory alarm sees a node link that stopped draining.
+    pub fn count_relayed(&self, delta: i64) {
+        self.memory.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Message bytes held by queues, and by the relay for other nodes' queues.
     pub fn memory_used(&self) -> u64 {
         self.memory.load(Ordering::Relaxed).max(0) as u64
     }

@@ -67,8 +67,14 @@ impl Inner {
         let (tx, _) = senders
             .entry(node)
             .or_insert_with(|| self.spawn_sender(node));
+        // Counted until its answer came (or it failed): a node link that stops draining
+        // raises the memory alarm here, which blocks publishers, instead of what waits for
+        // that node growing without bound.
+        let held = out.msg.held_bytes();
+        self.broker.count_relayed(held);
         if let Err(mpsc::error::SendError(out)) = tx.send(out) {
             // The sender task ended (shutdown): fail what needed an answer.
+            self.broker.count_relayed(-held);
             self.failed(node, out);
         }
     }
@@ -94,10 +100,12 @@ impl Inner {
         let mut sender_down = down.clone();
         tokio::spawn(async move {
             while let Some((outs, reply)) = reply_rx.recv().await {
+                let held: i64 = outs.iter().map(|o| o.msg.held_bytes()).sum();
                 let answer = tokio::select! {
                     r = reply => Some(r),
                     _ = down.wait_for(|d| *d) => None,
                 };
+                answers.broker.count_relayed(-held);
                 let replies: Option<Vec<RelayReply>> = match answer {
                     Some(Ok(Ok(bytes))) => bincode::deserialize(&bytes).ok(),
                     _ => None,
@@ -125,6 +133,7 @@ impl Inner {
                         Err(_) => break,
                     }
                 }
+                let held: i64 = batch.iter().map(|o| o.msg.held_bytes()).sum();
                 let msgs: Vec<&RelayMsg> = batch.iter().map(|o| &o.msg).collect();
                 let payload = encode(&msgs);
                 // Under a partition the link stops draining and this send waits for room
@@ -137,23 +146,29 @@ impl Inner {
                 };
                 let Some(sent) = sent else {
                     tracing::info!(node, "relay: node down; failing what was queued for it");
+                    inner.broker.count_relayed(-held);
                     batch.into_iter().for_each(|o| inner.failed(node, o));
                     rx.close();
                     while let Some(o) = rx.recv().await {
+                        inner.broker.count_relayed(-o.msg.held_bytes());
                         inner.failed(node, o);
                     }
                     return;
                 };
                 match sent {
+                    // Held (and counted) until answered: the link's own queue, and its
+                    // socket, can hold much more than the watermark when it stops draining.
                     Ok(reply) => {
                         if let Err(mpsc::error::SendError((outs, _))) =
                             reply_tx.send((batch, reply))
                         {
+                            inner.broker.count_relayed(-held);
                             outs.into_iter().for_each(|o| inner.failed(node, o));
                         }
                     }
                     Err(e) => {
                         tracing::debug!(node, error = %e, "relay: cannot reach node");
+                        inner.broker.count_relayed(-held);
                         batch.into_iter().for_each(|o| inner.failed(node, o));
                     }
                 }

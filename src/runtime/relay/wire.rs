@@ -151,6 +151,16 @@ impl RelayMsg {
             _ => 64,
         }
     }
+
+    /// The message bytes it holds that no queue counts yet: a publish forwarded to the
+    /// queue's node. While it waits in a node's send queue, the memory alarm counts it
+    /// (deliveries and replies are bounded by prefetch and by what asked for them).
+    pub(super) fn held_bytes(&self) -> i64 {
+        match self {
+            RelayMsg::Publish { message, .. } => message.bytes.len() as i64,
+            _ => 0,
+        }
+    }
 }
 
 /// The answer to a [`RelayMsg`].

@@ -105,8 +105,8 @@ pub struct ClusterConfig {
     /// shortest is half of it and the leader's heartbeat a sixth. When the leader's process
     /// is gone (its link address refuses connections) a follower calls an election as soon
     /// as this has passed since the leader was last heard, so it bounds the failover of a
-    /// killed leader's node; a leader that hangs or is cut off is replaced after this plus
-    /// up to this again of silence.
+    /// killed leader's node; a leader that hangs or is cut off is replaced after 1.5 to 2
+    /// times this of silence.
     #[serde(default = "default_election_timeout_ms")]
     pub election_timeout_ms: u64,
     /// `[cluster.tls]`: node links over mutual TLS, checked against the cluster's CA

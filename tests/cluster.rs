@@ -1455,15 +1455,12 @@ async fn a_resource_alarm_on_one_node_blocks_publishers_on_every_node() {
     let mut cluster = Cluster::start("alarms").await;
     wait_check(&cluster, 1, "alarms", 200).await;
     // Node 2 again, asking for a petabyte free.
-    cluster.nodes[1].stop();
-    let config = std::fs::read_to_string(&cluster.nodes[1].config).expect("config");
-    let limited = config.replace(
-        "memory_high_watermark_bytes = 1073741824",
+    let config = restart_with_limits(
+        &mut cluster,
+        2,
         "memory_high_watermark_bytes = 1073741824\ndisk_free_limit_bytes = 1000000000000000",
-    );
-    assert_ne!(limited, config, "the limits section is in the config");
-    std::fs::write(&cluster.nodes[1].config, &limited).expect("config");
-    cluster.restart(2).await;
+    )
+    .await;
     let body2 = wait_check(&cluster, 2, "local-alarms", 503).await;
     assert!(
         body2.contains("warren2@test") && body2.contains("disk space"),
@@ -1601,15 +1598,7 @@ async fn publishes_queued_for_a_cut_off_node_raise_the_memory_alarm() {
     }
     let mut cluster = Cluster::start_with("relay-credit", (60_000, 100)).await;
     // Node 2 again, with a 32 MiB memory high watermark.
-    cluster.nodes[1].stop();
-    let config = std::fs::read_to_string(&cluster.nodes[1].config).expect("config");
-    let limited = config.replace(
-        "memory_high_watermark_bytes = 1073741824",
-        "memory_high_watermark_bytes = 33554432",
-    );
-    assert_ne!(limited, config, "the limits section is in the config");
-    std::fs::write(&cluster.nodes[1].config, &limited).expect("config");
-    cluster.restart(2).await;
+    restart_with_limits(&mut cluster, 2, "memory_high_watermark_bytes = 33554432").await;
 
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     declare(&channel(&c1).await, "credit.q", true, FieldTable::default())
@@ -1618,7 +1607,15 @@ async fn publishes_queued_for_a_cut_off_node_raise_the_memory_alarm() {
     let c2 = connect(&cluster.node(2).amqp_uri()).await;
     let ch2 = channel(&c2).await;
     // The queue is node 1's, and node 2 knows it.
-    assert!(publish_acked(&confirm_channel_on(&c2).await, "", "credit.q", b"first").await);
+    assert!(
+        publish_acked(
+            &common::confirm_channel(&c2).await,
+            "",
+            "credit.q",
+            b"first"
+        )
+        .await
+    );
 
     let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
     let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
@@ -1665,10 +1662,15 @@ async fn publishes_queued_for_a_cut_off_node_raise_the_memory_alarm() {
     }
 }
 
-async fn confirm_channel_on(conn: &Connection) -> Channel {
-    let ch = channel(conn).await;
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
-    ch
+/// Stops node `id`, puts `limits` in place of its config's memory watermark line and
+/// starts it again; returns the config as it was.
+async fn restart_with_limits(cluster: &mut Cluster, id: u64, limits: &str) -> String {
+    let node = id as usize - 1;
+    cluster.nodes[node].stop();
+    let config = std::fs::read_to_string(&cluster.nodes[node].config).expect("config");
+    let limited = config.replace("memory_high_watermark_bytes = 1073741824", limits);
+    assert_ne!(limited, config, "the limits section is in the config");
+    std::fs::write(&cluster.nodes[node].config, &limited).expect("config");
+    cluster.restart(id).await;
+    config
 }

@@ -1491,3 +1491,62 @@ async fn a_masters_node_restarted_at_once_hands_over_without_losing_a_confirm() 
     eprintln!("{} confirmed, {} drained", acked.len(), drained.len());
     check(&acked, &drained);
 }
+
+/// Issue 16: a dead letter for a queue another node runs is forwarded until a home node
+/// has taken it. The source queue `dl.src` is node 2's (every message expires at once,
+/// `x-message-ttl` 0, and is dead-lettered through the default exchange to `ha.dlq`);
+/// `ha.dlq` is mirrored and mastered on node 1, which is cut off. The letters wait for node
+/// 1 until it is recorded down (1.5 s), then go to the promoted mirror. Before, a letter
+/// whose forward failed was dropped: every one sent during the cut was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_for_another_nodes_mirrored_queue_reach_it_across_its_failover() {
+    if !common::faults::available() {
+        return;
+    }
+    let cluster = mirrored_cluster("dlx", "ha.dlq").await;
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    use amq_protocol::types::AMQPValue as Value;
+    let mut args = locator("client-local");
+    for (k, v) in [
+        ("x-message-ttl", Value::LongLongInt(0)),
+        ("x-dead-letter-exchange", Value::LongString("".into())),
+        (
+            "x-dead-letter-routing-key",
+            Value::LongString("ha.dlq".into()),
+        ),
+    ] {
+        args.insert(k.into(), v);
+    }
+    declare(&channel(&c2).await, "dl.src", true, args)
+        .await
+        .expect("declare dl.src on node 2");
+    let publisher = common::confirm_channel(&c2).await;
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
+    const LETTERS: u32 = 50;
+    for i in 0..LETTERS {
+        assert!(
+            publish_acked(&publisher, "", "dl.src", &i.to_be_bytes()).await,
+            "dl.src is node 2's own queue"
+        );
+    }
+    let (master, took) = wait_state(&cluster, 2, "ha.dlq", off_node1, &[]).await;
+    eprintln!("ha.dlq on {master} {took:?} after the letters were sent");
+    let counter = channel(&c2).await;
+    let start = Instant::now();
+    loop {
+        let (messages, _) = common::queue_counts(&counter, "ha.dlq").await;
+        if messages == LETTERS {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "ha.dlq holds {messages} of the {LETTERS} dead letters (master {master})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(cut);
+    let drained = drain(&cluster, 2, "ha.dlq").await;
+    let numbers: BTreeSet<u32> = drained.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, (0..LETTERS).collect(), "each letter, once");
+}

@@ -871,13 +871,14 @@ impl Broker {
                         continue;
                     }
                     let Some(handle) = self.queue(&vhost.name, &name) else {
-                        // A queue another node runs: forwarded there (RabbitMQ dead-letters
-                        // without confirms too, so nobody waits for the answer).
+                        // A queue another node runs: forwarded there, and again until its
+                        // node has taken it (RabbitMQ's classic queues send and forget; a
+                        // link failure or a failover lost the letter here too, before).
                         if let (Some(link), Some(def)) =
                             (self.remote.get(), vhost.queues.get(&name))
                         {
                             if def.home != self.node_id {
-                                link.publish(def.home, &vhost.name, vec![name], message.clone(), 0);
+                                link.dead_letter(&vhost.name, name, message.clone());
                             }
                         }
                         continue;
@@ -889,6 +890,26 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// Puts a dead letter forwarded again ([`RemoteLink::dead_letter`]) into this node's
+    /// queue `name`, now that the queue lives here (a mirror promoted on this node); false
+    /// when this node does not run it (yet).
+    pub fn dead_letter_here(
+        &self,
+        vhost: &str,
+        name: &str,
+        message: Arc<Message>,
+        now: Instant,
+    ) -> bool {
+        let Some(handle) = self.queue(vhost, name) else {
+            return false;
+        };
+        let r = handle.lock().publish(&handle, message, now);
+        if !r.dead.is_empty() {
+            self.dead_letter(&handle, r.dead, now);
+        }
+        true
     }
 
     /// Periodic work: message TTL at queue heads. Returns the commands that delete queues

@@ -80,6 +80,10 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
         message: Arc<Message>,
         outcome: u64,
     );
+    /// Forwards a dead letter to queue `queue` of `vhost`, on whichever node is its home, and
+    /// again (to its new home, after a failover) until a home node has taken it: at least
+    /// once as long as this node runs. Given up only when the queue is deleted.
+    fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>);
     /// Hands `message`, published to the default exchange with the reply name `name` among
     /// its routing keys, to `node`, which runs that name's reply consumer (direct reply-to:
     /// nobody waits for an answer, as RabbitMQ's `delegate:invoke_no_result`).

@@ -42,6 +42,7 @@ use crate::broker::remote::QueueReply;
 use crate::broker::{Broker, ChannelKey, ChannelLink, OutItem, Outbox, QueueRef, Settle};
 use crate::meta::{Command, NodeId};
 
+mod dead_letter;
 mod link;
 mod sender;
 mod serve;
@@ -245,6 +246,7 @@ impl Relay {
                 reply_to: Some(tx),
                 node_reply_to: None,
                 source: None,
+                published: None,
             },
         );
         matches!(rx.await, Ok(QueueReply::Counts { .. }))

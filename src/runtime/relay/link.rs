@@ -32,6 +32,10 @@ impl RemoteLink for Relay {
         self.inner.send(node, msg, outcome);
     }
 
+    fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>) {
+        super::dead_letter::forward(self.inner.clone(), vhost.to_string(), queue, message);
+    }
+
     fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>) {
         let msg = RelayMsg::DeliverReply {
             name: name.to_string(),
@@ -135,6 +139,7 @@ impl RemoteLink for Relay {
                 reply_to: Some(tx),
                 node_reply_to: None,
                 source: Some(q.clone()),
+                published: None,
             },
         );
         Box::pin(async move {
@@ -161,6 +166,7 @@ impl RemoteLink for Relay {
                 reply_to: None,
                 node_reply_to: Some(tx),
                 source: None,
+                published: None,
             },
         );
         Box::pin(async move {

@@ -28,6 +28,8 @@ pub(super) struct Outgoing {
     pub(super) node_reply_to: Option<oneshot::Sender<NodeReply>>,
     /// The queue a call is about.
     pub(super) source: Option<Arc<RemoteQueue>>,
+    /// A forwarded dead letter's sender, told whether the queue's node took it.
+    pub(super) published: Option<oneshot::Sender<bool>>,
 }
 
 impl Inner {
@@ -52,6 +54,7 @@ impl Inner {
             reply_to: None,
             node_reply_to: None,
             source: None,
+            published: None,
         };
         self.enqueue(node, out);
     }
@@ -230,6 +233,9 @@ impl Inner {
             let taken = matches!(reply, Some(RelayReply::Published(true)));
             self.broker.remote_outcomes().resolve(out.outcome, taken);
         }
+        if let Some(tx) = out.published {
+            let _ = tx.send(matches!(reply, Some(RelayReply::Published(true))));
+        }
         if let Some(proxy) = out.after {
             if let Some(RelayReply::Undelivered(list)) = reply {
                 // The consumer's connection went away before they reached it.
@@ -274,6 +280,9 @@ impl Inner {
         }
         if out.outcome != 0 {
             self.broker.remote_outcomes().resolve(out.outcome, false);
+        }
+        if let Some(tx) = out.published {
+            let _ = tx.send(false);
         }
         if let Some(proxy) = out.after {
             if matches!(out.msg, RelayMsg::Deliver { .. }) {

@@ -1,0 +1,84 @@
+//! Dead letters for another node's queue: forwarded to the queue's home, and again after a
+//! failure (a link that broke, a node recorded down, a master replaced) to wherever the
+//! queue lives then, until a home node has taken the letter. At least once while this node
+//! runs; a letter still in flight when this node stops is lost, since its source queue has
+//! let it go (`docs/clustering.md`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::sender::Outgoing;
+use super::wire::{RelayMsg, WireMessage};
+use super::Inner;
+use crate::broker::Message;
+
+/// The first wait before sending a letter again; it doubles up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Forwards `message`, a dead letter for `queue` of `vhost`, until its home took it.
+pub(super) fn forward(inner: Arc<Inner>, vhost: String, queue: String, message: Arc<Message>) {
+    // Held here between attempts, so the memory alarm sees letters piling up in an outage.
+    let held = message.body.len() as i64;
+    inner.broker.count_relayed(held);
+    tokio::spawn(async move {
+        let mut wait = RETRY_MIN;
+        let mut attempts = 0u32;
+        loop {
+            if inner.link.strong_count() == 0 {
+                // The relay is gone (the node stops).
+                break;
+            }
+            let home = inner
+                .broker
+                .snapshot()
+                .vhost(&vhost)
+                .and_then(|v| v.queues.get(&queue))
+                .map(|def| def.home);
+            let Some(home) = home else {
+                // Deleted: nowhere to go, as for a letter routed to no queue.
+                tracing::debug!(vhost = %vhost, queue = %queue, "dead letter dropped: its queue is gone");
+                break;
+            };
+            let taken = if home == inner.me {
+                inner
+                    .broker
+                    .dead_letter_here(&vhost, &queue, message.clone(), inner.clock.now())
+            } else if inner.broker.node_is_down(home) {
+                false
+            } else {
+                let (tx, rx) = oneshot::channel();
+                inner.enqueue(
+                    home,
+                    Outgoing {
+                        msg: RelayMsg::Publish {
+                            vhost: vhost.clone(),
+                            queues: vec![queue.clone()],
+                            message: WireMessage::of(&message),
+                        },
+                        outcome: 0,
+                        after: None,
+                        released: 0,
+                        reply_to: None,
+                        node_reply_to: None,
+                        source: None,
+                        published: Some(tx),
+                    },
+                );
+                rx.await.unwrap_or(false)
+            };
+            if taken {
+                break;
+            }
+            attempts += 1;
+            if attempts == 1 {
+                tracing::info!(vhost = %vhost, queue = %queue, node = home, "dead letter not taken by its queue's node; sending it again");
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+        inner.broker.count_relayed(-held);
+    });
+}

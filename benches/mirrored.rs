@@ -42,7 +42,8 @@
 //! connection drops) and kills PID (the OS process of the master's node) with SIGKILL (SIGTERM
 //! with `--stop`).
 //!
-//! It prints figures; it asserts nothing about timings.
+//! It prints figures; it asserts nothing about timings. `WARREN_BENCH_LOG` sets the nodes'
+//! `RUST_LOG` (default `info`); `KEEP_LOGS=1` keeps their logs.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -194,7 +195,10 @@ fn start(o: &Opts, run: usize) -> Nodes {
             Command::new(env!("CARGO_BIN_EXE_warren"))
                 .arg("--config")
                 .arg(&cfg)
-                .env("RUST_LOG", "info")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("WARREN_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+                )
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log)
                 .stdin(Stdio::null())

@@ -134,7 +134,7 @@ fn default_link_heartbeat_ms() -> u64 {
 }
 
 fn default_election_timeout_ms() -> u64 {
-    300
+    400
 }
 
 fn default_commit_timeout_ms() -> u64 {

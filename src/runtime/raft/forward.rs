@@ -338,6 +338,7 @@ impl Forwarder {
         let mut pause = PAUSE_MIN;
         let mut why = String::from("no leader known");
         for _ in 0..ATTEMPTS_MAX {
+            let leader_before = self.raft.metrics().borrow().current_leader;
             let next = match hint.take() {
                 Some((leader, addr)) => Route::Remote { leader, addr },
                 None => route(self.me, &self.raft.metrics().borrow()),
@@ -375,7 +376,14 @@ impl Forwarder {
             if left < FORWARD_MIN {
                 break;
             }
-            tokio::time::sleep(pause.min(left)).await;
+            // The pause ends early when another leader is known (an election ended while
+            // the attempts went to a dead one): up to PAUSE_MAX would otherwise be added to
+            // every failover.
+            let mut metrics = self.raft.metrics();
+            tokio::select! {
+                _ = tokio::time::sleep(pause.min(left)) => {}
+                _ = metrics.wait_for(|m| m.current_leader.is_some() && m.current_leader != leader_before) => {}
+            }
             pause = (pause * 2).min(PAUSE_MAX);
         }
         let e = ProposeError::NoLeader {

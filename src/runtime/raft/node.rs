@@ -49,10 +49,10 @@ pub struct MetaRaftConfig {
 }
 
 impl Default for MetaRaftConfig {
-    /// `[cluster] election_timeout_ms`'s default, 300 ms (see
+    /// `[cluster] election_timeout_ms`'s default, 400 ms (see
     /// [`MetaRaftConfig::with_election_timeout`]).
     fn default() -> MetaRaftConfig {
-        MetaRaftConfig::with_election_timeout(Duration::from_millis(300))
+        MetaRaftConfig::with_election_timeout(Duration::from_millis(400))
     }
 }
 

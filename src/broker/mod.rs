@@ -323,9 +323,10 @@ impl Broker {
         self.version.load(Ordering::Acquire)
     }
 
-    /// Counts `delta` bytes of messages queued for other nodes (the relay's per-node send
-    /// queues: publishes forwarded to a queue's node) in [`Broker::memory_used`], so the
-    /// memory alarm sees a node link that stopped draining.
+    /// Counts `delta` bytes of messages held for other nodes' queues (publishes forwarded
+    /// to a queue's node until it answers, dead letters until their queue's node has taken
+    /// them) in [`Broker::memory_used`], so the memory alarm sees a node link that stopped
+    /// draining.
     pub fn count_relayed(&self, delta: i64) {
         self.memory.fetch_add(delta, Ordering::Relaxed);
     }

@@ -118,29 +118,23 @@ pub(super) async fn watch_nodes(
             refused,
         );
         let voters: BTreeSet<NodeId> = raft.membership().voters.keys().copied().collect();
-        call_at = None;
-        match caller.handle_tick(
-            now,
-            raft.leader(),
-            &voters,
-            &verdict.down,
-            last_heard,
-            refused,
-        ) {
-            Call::None => {}
-            Call::At(t) => call_at = Some(base + Duration::from_millis(t)),
-            Call::Now => {
-                tracing::warn!(
-                    leader = ?raft.leader(),
-                    "calling an election: the leader's process is gone and its lease has run out"
-                );
-                if let Err(e) = raft.call_election().await {
-                    tracing::warn!(error = %e, "cannot call an election");
-                }
-                // Look again after a retry's wait, if no leader came of it.
-                call_at = Some(tokio::time::Instant::now() + raft.heartbeat() * 2);
+        let leader = raft.leader();
+        let mut call = caller.handle_tick(now, leader, &voters, &verdict.down, last_heard, refused);
+        if call == Call::Now {
+            tracing::warn!(
+                ?leader,
+                "calling an election: the leader's process is gone and its lease has run out"
+            );
+            if let Err(e) = raft.call_election().await {
+                tracing::warn!(error = %e, "cannot call an election");
             }
+            // The core says when to look again, should no leader come of it.
+            call = caller.handle_tick(now, leader, &voters, &verdict.down, last_heard, refused);
         }
+        call_at = match call {
+            Call::At(t) => Some(base + Duration::from_millis(t)),
+            Call::None | Call::Now => None,
+        };
         broker.set_down_nodes(verdict.down);
         // Resource alarms are cluster-wide: ours go out with the heartbeats, theirs come in.
         transport.set_local_alarms(broker.local_alarms());

@@ -15,7 +15,7 @@ use warren::meta::Command;
 use warren::runtime::gm_host::{GmHandle, GmHost, GmHostConfig};
 use warren::runtime::node_link::{NodeLinkConfig, TcpTransport};
 use warren::runtime::raft::{MetaRaft, MetaRaftConfig, NodeId};
-use warren::store::{Disk, MemDisk};
+use warren::store::{Disk, DiskError, MemDisk};
 
 async fn bounded<F: Future<Output = ()>>(test: F) {
     let _ = tracing_subscriber::fmt()
@@ -46,6 +46,30 @@ async fn cluster_with(
     max_frame: Option<usize>,
     host_cfg: GmHostConfig,
 ) -> BTreeMap<NodeId, Node> {
+    cluster_on(n, max_frame, host_cfg, |_| Arc::new(MemDisk::new()), None).await
+}
+
+/// A cluster whose nodes keep their Raft logs on `disk_of(id)`; node `apart`, if any, runs
+/// its link and Raft tasks on a runtime of its own, so that a call that blocks one of its
+/// threads stalls that node alone, as it would a process.
+async fn cluster_on(
+    n: u64,
+    max_frame: Option<usize>,
+    host_cfg: GmHostConfig,
+    disk_of: impl Fn(NodeId) -> Arc<dyn Disk>,
+    apart: Option<NodeId>,
+) -> BTreeMap<NodeId, Node> {
+    let own: Option<&'static tokio::runtime::Runtime> = apart.map(|_| {
+        // Leaked: the node's tasks may be blocked for good when the test ends, and dropping
+        // a runtime inside another one's task panics.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        &*Box::leak(Box::new(rt))
+    });
+    let rt_of = |id: NodeId| own.filter(|_| apart == Some(id));
     let mut links = BTreeMap::new();
     let mut addrs = BTreeMap::new();
     for id in 1..=n {
@@ -60,7 +84,9 @@ async fn cluster_with(
         if let Some(max) = max_frame {
             cfg.max_frame = max;
         }
-        let link = TcpTransport::bind("127.0.0.1:0", cfg).await.expect("bind");
+        let link = on(rt_of(id), TcpTransport::bind("127.0.0.1:0", cfg))
+            .await
+            .expect("bind");
         addrs.insert(id, link.local_addr().to_string());
         links.insert(id, link);
     }
@@ -71,22 +97,19 @@ async fn cluster_with(
                 link.set_peer(*peer, addr.clone());
             }
         }
-        let disk: Arc<dyn Disk> = Arc::new(MemDisk::new());
-        let raft = MetaRaft::start(
-            id,
-            link.clone(),
-            disk,
-            Path::new("/raft"),
-            &MetaRaftConfig {
+        let disk = disk_of(id);
+        let raft_link = link.clone();
+        let raft = on(rt_of(id), async move {
+            let cfg = MetaRaftConfig {
                 cluster_name: "gm-test".into(),
                 heartbeat: Duration::from_millis(50),
                 election_timeout_min: Duration::from_millis(250),
                 election_timeout_max: Duration::from_millis(500),
                 propose_timeout: Duration::from_secs(3),
                 ..MetaRaftConfig::default()
-            },
-            7 + id,
-        )
+            };
+            MetaRaft::start(id, raft_link, disk, Path::new("/raft"), &cfg, 7 + id).await
+        })
         .await
         .expect("raft starts");
         link.serve(raft.rpc_server());
@@ -97,6 +120,17 @@ async fn cluster_with(
     }
     nodes[&1].raft.initialize(addrs).await.expect("initialise");
     nodes
+}
+
+/// Runs `fut` on `rt` when given (a node's own runtime), else here.
+async fn on<T: Send + 'static>(
+    rt: Option<&'static tokio::runtime::Runtime>,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> T {
+    match rt {
+        Some(rt) => rt.spawn(fut).await.expect("the node's runtime ran it"),
+        None => fut.await,
+    }
 }
 
 async fn kill(nodes: &mut BTreeMap<NodeId, Node>, id: NodeId) {
@@ -471,6 +505,145 @@ async fn members_joining_at_once_on_one_node_each_get_their_own_id_and_route() {
                 .await
                 .expect("every member's lap completes (each one's route exists)");
         }
+    })
+    .await;
+}
+
+/// A [`MemDisk`] whose writes (`append`) block their caller while the gate is shut: a leader
+/// whose disk stalls as it writes an entry, before the entry can be replicated.
+struct StallDisk {
+    inner: MemDisk,
+    shut: std::sync::Mutex<bool>,
+    /// Callers waiting at the gate.
+    held: std::sync::atomic::AtomicUsize,
+    opened: std::sync::Condvar,
+}
+
+impl StallDisk {
+    fn set_shut(&self, shut: bool) {
+        *self.shut.lock().expect("gate") = shut;
+        self.opened.notify_all();
+    }
+
+    fn wait_open(&self) {
+        let mut shut = self.shut.lock().expect("gate");
+        if *shut {
+            self.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            while *shut {
+                shut = self.opened.wait(shut).expect("gate");
+            }
+        }
+    }
+}
+
+impl Disk for StallDisk {
+    fn create_dir_all(&self, dir: &Path) -> Result<(), DiskError> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> Result<Vec<String>, DiskError> {
+        self.inner.list(dir)
+    }
+    fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
+        self.inner.read(path)
+    }
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
+        self.inner.read_at(path, offset, len)
+    }
+    fn append(&self, path: &Path, data: &[u8]) -> Result<u64, DiskError> {
+        self.wait_open();
+        self.inner.append(path, data)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> Result<(), DiskError> {
+        self.inner.write_file(path, data)
+    }
+    fn truncate(&self, path: &Path, len: u64) -> Result<(), DiskError> {
+        self.inner.truncate(path, len)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), DiskError> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> Result<(), DiskError> {
+        self.inner.remove(path)
+    }
+    fn sync(&self, path: &Path) -> Result<(), DiskError> {
+        self.inner.sync(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> Result<(), DiskError> {
+        self.inner.sync_dir(dir)
+    }
+    fn len(&self, path: &Path) -> Result<Option<u64>, DiskError> {
+        self.inner.len(path)
+    }
+    fn remove_dir(&self, dir: &Path) -> Result<(), DiskError> {
+        self.inner.remove_dir(dir)
+    }
+}
+
+/// Bug 20 (`docs/reliability.md`): a member's join proposal reaches the leader, whose log
+/// fsync stalls, and the leader dies before anything is replicated; the joiner is told
+/// "outcome unknown" and the other two elect a leader. The join must settle the outcome with
+/// a quorum read and go on under the new leader, not wait for a record version that can no
+/// longer come (it waited 30 s, holding every other join on its node behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_whose_proposal_died_with_the_leader_settles_it_and_joins_under_the_next() {
+    bounded(async {
+        let stall = Arc::new(StallDisk {
+            inner: MemDisk::new(),
+            shut: std::sync::Mutex::new(false),
+            held: std::sync::atomic::AtomicUsize::new(0),
+            opened: std::sync::Condvar::new(),
+        });
+        let on_1 = Arc::clone(&stall);
+        let disk_of = move |id| {
+            if id == 1 {
+                Arc::clone(&on_1) as Arc<dyn Disk>
+            } else {
+                Arc::new(MemDisk::new()) as Arc<dyn Disk>
+            }
+        };
+        let mut nodes = cluster_on(3, None, GmHostConfig::default(), disk_of, Some(1)).await;
+        let first = nodes[&1].host.join("g", false).await.expect("join on 1");
+        first
+            .confirmed_broadcast(Bytes::from_static(b"warm-up"))
+            .await
+            .expect("lap");
+        assert_eq!(
+            nodes[&1].raft.leader(),
+            Some(1),
+            "node 1 initialised and leads"
+        );
+
+        // Node 1's next log write (the join's entry) stalls; then node 1 vanishes.
+        stall.set_shut(true);
+        let host2 = nodes[&2].host.clone();
+        let joining = tokio::spawn(async move { host2.join("g", false).await });
+        let mut polls = 0;
+        while stall.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            polls += 1;
+            assert!(polls < 1000, "the join's entry reached node 1's log");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let dead = nodes.remove(&1).expect("node 1");
+        dead.link.shutdown();
+
+        let outcome = tokio::time::timeout(Duration::from_secs(10), joining).await;
+        // Let node 1's stalled tasks go before any assertion can fail.
+        stall.set_shut(false);
+        let joined = outcome
+            .expect("the join ends well before the 30 s wait for a version that cannot come")
+            .expect("join task")
+            .expect("joined");
+        let leader = nodes[&2].raft.leader();
+        assert!(matches!(leader, Some(2 | 3)), "a new leader: {leader:?}");
+        let record = nodes[&2].raft.snapshot().gm_groups["g"].clone();
+        assert!(
+            record
+                .members
+                .contains(&warren::gm::Slot::Alive(joined.id())),
+            "the record names the member that runs: {record:?}"
+        );
+        drop(first);
+        let _ = dead.raft.shutdown().await;
     })
     .await;
 }

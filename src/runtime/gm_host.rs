@@ -104,6 +104,10 @@ type Route = mpsc::UnboundedSender<Vec<GmMsg<Bytes>>>;
 
 /// Commands a member task takes before it flushes, at most (flush when idle or past this).
 const FLUSH_AFTER: usize = 512;
+/// How long a join tries to learn whether its proposal of unknown outcome committed.
+const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+/// One quorum read's bound within that.
+const SETTLE_ATTEMPT: Duration = Duration::from_secs(2);
 
 struct Inner<N> {
     node: NodeId,
@@ -368,18 +372,13 @@ impl<N: GmNet + Clone> GmHost<N> {
                     tracing::debug!(group, "gm join: {e}");
                 }
                 Err(e) => {
-                    // It may have committed: the record tells.
+                    // It may have committed, or may yet: a quorum read settles which. Waiting
+                    // for our version instead waited for ever when the entry died with its
+                    // leader (bug 20).
                     tracing::debug!(group, "gm join, outcome unknown: {e}");
-                    if let Ok(record) = self.wait_for_version(group, me.since).await {
-                        if record.members.contains(&Slot::Alive(me)) {
-                            return Ok(self.start_member(
-                                group,
-                                me,
-                                &record,
-                                durable_acks,
-                                route_rx,
-                            ));
-                        }
+                    let record = self.settled_record(group).await?;
+                    if record.members.contains(&Slot::Alive(me)) {
+                        return Ok(self.start_member(group, me, &record, durable_acks, route_rx));
                     }
                 }
             }
@@ -390,6 +389,37 @@ impl<N: GmNet + Clone> GmHost<N> {
             group: group.to_string(),
             reason: "too many lost compare-and-set races".into(),
         })
+    }
+
+    /// `group`'s record once every proposal made before the call has its outcome: a read
+    /// index from a leader, applied here. The leader confirms its term (openraft reads at
+    /// or after its own first entry), so an earlier term's entry that is not in the state
+    /// read can never commit afterwards (Raft's log matching). Retried while no leader
+    /// answers, for as long as [`GmHost::wait_for_version`] would wait.
+    async fn settled_record(&self, group: &str) -> Result<GroupRecord, GmError> {
+        let inner = &self.inner;
+        let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+        loop {
+            match inner.raft.quorum_snapshot(SETTLE_ATTEMPT).await {
+                Ok(state) => return Ok(state.gm_groups.get(group).cloned().unwrap_or_default()),
+                Err(ProposeError::Stopped(reason)) => {
+                    return Err(GmError::Membership {
+                        group: group.to_string(),
+                        reason,
+                    })
+                }
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(GmError::Membership {
+                        group: group.to_string(),
+                        reason: format!("could not learn whether a join committed: {e}"),
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(group, "gm join, settling an unknown outcome: {e}");
+                    tokio::time::sleep(inner.cfg.cas_retry).await;
+                }
+            }
+        }
     }
 
     /// Waits until the local metadata has `group` at `version` or later (bounded).

@@ -58,6 +58,7 @@ mod held;
 mod master;
 mod mirror;
 mod promotion;
+mod sync;
 mod tasks;
 #[cfg(test)]
 mod tests;

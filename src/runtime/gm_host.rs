@@ -376,9 +376,21 @@ impl<N: GmNet + Clone> GmHost<N> {
                     // for our version instead waited for ever when the entry died with its
                     // leader (bug 20).
                     tracing::debug!(group, "gm join, outcome unknown: {e}");
-                    let record = self.settled_record(group).await?;
-                    if record.members.contains(&Slot::Alive(me)) {
-                        return Ok(self.start_member(group, me, &record, durable_acks, route_rx));
+                    match self.settled_record(group).await {
+                        Ok(record) if record.members.contains(&Slot::Alive(me)) => {
+                            return Ok(self.start_member(
+                                group,
+                                me,
+                                &record,
+                                durable_acks,
+                                route_rx,
+                            ));
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            lock(&inner.routes).remove(&(group.to_string(), me));
+                            return Err(e);
+                        }
                     }
                 }
             }

@@ -514,7 +514,7 @@ async fn members_joining_at_once_on_one_node_each_get_their_own_id_and_route() {
 struct StallDisk {
     inner: MemDisk,
     shut: std::sync::Mutex<bool>,
-    /// Callers waiting at the gate.
+    /// Callers that have waited at the gate (never decremented: the test asks whether any did).
     held: std::sync::atomic::AtomicUsize,
     opened: std::sync::Condvar,
 }

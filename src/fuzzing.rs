@@ -111,6 +111,7 @@ fn properties(properties: amq_protocol::protocol::basic::AMQPProperties, raw: by
         let letter = DeadLetter {
             message: msg.clone(),
             reason,
+            held: None,
         };
         let dead = Arc::new(dead_letter::rewrite(&letter, "q", "dlx", None, 1_000, 2));
         let _ = dead_letter::is_cycle(&dead, "q");

@@ -881,6 +881,170 @@ async fn dead_letters_reach_a_queue_on_another_node() {
     common::close_connection(&c2).await;
 }
 
+/// Issue 16: a dead letter for another node's queue is kept until that node took it, across
+/// a `kill -9` of the node it left. `dl.src` (node 1, `x-message-ttl` 0) dead-letters every
+/// message through the default exchange to `dl.target` (node 3), which is stopped; node 1
+/// is killed while its letters wait for node 3. Before, the source ack was written with the
+/// publish, so each confirmed message was in neither queue after the restart; now the ack
+/// waits for node 3's answer, and the restarted node 1 finds the messages in `dl.src`
+/// again, expires them again and sends them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_after_it_restarts() {
+    let mut cluster = Cluster::start("dlx-kill").await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    declare(
+        &channel(&c3).await,
+        "dl.target",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare dl.target on node 3");
+    common::close_connection(&c3).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let mut args = locator("client-local");
+    for (k, v) in [
+        ("x-message-ttl", AMQPValue::LongLongInt(0)),
+        ("x-dead-letter-exchange", AMQPValue::LongString("".into())),
+        (
+            "x-dead-letter-routing-key",
+            AMQPValue::LongString("dl.target".into()),
+        ),
+    ] {
+        args.insert(k.into(), v);
+    }
+    declare(&ch1, "dl.src", true, args)
+        .await
+        .expect("declare dl.src on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    cluster.nodes[2].stop();
+    const LETTERS: u32 = 50;
+    for i in 0..LETTERS {
+        assert!(
+            publish_acked(&ch1, "", "dl.src", &i.to_be_bytes()).await,
+            "dl.src is node 1's own queue"
+        );
+    }
+    // Every letter has left dl.src for node 3 (none is ready there), and cannot arrive.
+    let (ready, _) = common::queue_counts(&ch1, "dl.src").await;
+    assert_eq!(ready, 0, "the letters left dl.src");
+    cluster.nodes[0].kill();
+    cluster.restart(3).await;
+    cluster.restart(1).await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    let start = Instant::now();
+    loop {
+        let (messages, _) = common::queue_counts(&ch3, "dl.target").await;
+        if messages >= LETTERS {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "dl.target holds {messages} of the {LETTERS} confirmed messages dead-lettered \
+             before node 1 was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut numbers = Vec::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch3.basic_get("dl.target".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    {
+        let b: [u8; 4] = m.delivery.data[..].try_into().expect("a 4-byte body");
+        numbers.push(u32::from_be_bytes(b));
+    }
+    numbers.sort_unstable();
+    assert_eq!(
+        numbers,
+        (0..LETTERS).collect::<Vec<_>>(),
+        "each letter, once"
+    );
+    common::close_connection(&c3).await;
+}
+
+/// The contract for a rejected letter still in flight when its node stops (RabbitMQ's
+/// quorum queues would send it on after the restart): it is back in its source queue,
+/// flagged redelivered, not lost. `dl.src` (node 1) dead-letters to `dl.target` (node 3,
+/// stopped); a consumer rejects a message with requeue=false; node 1 stops (SIGTERM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_letter_in_flight_when_its_node_stops_is_back_in_its_queue() {
+    let mut cluster = Cluster::start("dlx-stop").await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    declare(
+        &channel(&c3).await,
+        "dl.target",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare dl.target on node 3");
+    common::close_connection(&c3).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let mut args = locator("client-local");
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString("dl.target".into()),
+    );
+    declare(&ch1, "dl.src", true, args)
+        .await
+        .expect("declare dl.src on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", "dl.src", b"poison").await);
+    cluster.nodes[2].stop();
+    let got = within(
+        "basic.get",
+        ch1.basic_get("dl.src".into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .expect("get")
+    .expect("the message");
+    within(
+        "basic.reject",
+        got.delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: false }),
+    )
+    .await
+    .expect("reject");
+    let (ready, _) = common::queue_counts(&ch1, "dl.src").await;
+    assert_eq!(ready, 0, "the letter left dl.src");
+    cluster.nodes[0].stop();
+    cluster.restart(3).await;
+    cluster.restart(1).await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let got = within(
+        "basic.get",
+        ch1.basic_get("dl.src".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("get")
+    .expect("the rejected message is back in dl.src");
+    assert_eq!(got.delivery.data, b"poison");
+    assert!(got.delivery.redelivered, "flagged redelivered");
+    common::close_connection(&c1).await;
+}
+
 /// Issue 16: a transaction whose publish the queue's node never took must not be
 /// answered with tx.commit-ok. The queue lives on node 1, the transactional channel on
 /// node 2; node 1 freezes (SIGSTOP, sockets open) before the commit. Once node 2's failure

@@ -1,12 +1,14 @@
-//! Dead-lettering: the message rewrite RabbitMQ does (x-death, x-first-death-*, expiration).
+//! Dead-lettering: the message rewrite RabbitMQ does (x-death, x-first-death-*, expiration),
+//! and the hold that keeps a letter's source ack back until every queue it goes to took it.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use bytes::Bytes;
 
 use super::message::Message;
-use super::queue::DeadLetter;
+use super::queue::{DeadLetter, HeldAck, QueueHandle};
 use crate::amqp::frame::encode_properties;
 
 fn lstr(s: &str) -> AMQPValue {
@@ -15,6 +17,63 @@ fn lstr(s: &str) -> AMQPValue {
 
 fn field_str(t: &FieldTable, k: &str) -> Option<String> {
     t.inner().get(k).and_then(crate::meta::args::string)
+}
+
+/// A dead letter's source ack ([`HeldAck`]), shared by the remote queues the letter goes to:
+/// recorded in the source queue once the last of them has [`taken`](LetterHold::taken) it.
+/// Dropped without that (the node stops with the letter in flight), the ack is never
+/// recorded, and the node's next start finds the message in its source queue again.
+#[derive(Debug)]
+pub struct LetterHold {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    queue: Weak<QueueHandle>,
+    ack: Mutex<Option<HeldAck>>,
+    /// Holds not yet taken.
+    open: AtomicUsize,
+}
+
+impl LetterHold {
+    /// A hold of `ack` for queue `queue` (nothing to record when `ack` is None).
+    pub fn new(queue: &Arc<QueueHandle>, ack: Option<HeldAck>) -> LetterHold {
+        LetterHold {
+            shared: Arc::new(Shared {
+                queue: Arc::downgrade(queue),
+                ack: Mutex::new(ack),
+                open: AtomicUsize::new(1),
+            }),
+        }
+    }
+
+    /// This part of the letter is where it goes (or has nowhere to go); the last part
+    /// taken records the ack. Takes the source queue's lock: never call it under one.
+    pub fn taken(self) {
+        if self.shared.open.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let ack = self
+            .shared
+            .ack
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let (Some(ack), Some(queue)) = (ack, self.shared.queue.upgrade()) {
+            queue.lock().release_letter(ack);
+        }
+    }
+}
+
+impl Clone for LetterHold {
+    /// One more part that must be taken before the ack is recorded.
+    fn clone(&self) -> LetterHold {
+        self.shared.open.fetch_add(1, Ordering::AcqRel);
+        LetterHold {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 /// Builds the dead-lettered copy of a message leaving `queue` for `dlx`.
@@ -164,6 +223,7 @@ mod tests {
         let letter = DeadLetter {
             message: message(),
             reason: DeathReason::Expired,
+            held: None,
         };
         let m = rewrite(&letter, "q1", "dlx", None, 5_000, 2);
         assert_eq!(m.exchange, "dlx");
@@ -178,6 +238,7 @@ mod tests {
             &DeadLetter {
                 message: Arc::new(m),
                 reason: DeathReason::Expired,
+                held: None,
             },
             "q1",
             "dlx",

@@ -821,13 +821,20 @@ impl Broker {
         (taken, ticket)
     }
 
-    /// Republishes dead letters of `from` to its dead-letter exchange.
+    /// Republishes dead letters of `from` to its dead-letter exchange. A letter's source
+    /// ack ([`DeadLetter::held`]) is recorded once every queue it is routed to has it: at
+    /// once for this node's queues, when the home node answered for another node's.
     pub fn dead_letter(&self, from: &Arc<QueueHandle>, letters: Vec<DeadLetter>, now: Instant) {
         let mut work = vec![(from.clone(), letters)];
         // Each round is one hop; bounded so a misconfigured DLX cycle cannot spin.
         for _ in 0..16 {
             let Some((queue, letters)) = work.pop() else {
                 return;
+            };
+            let holds = |letters: Vec<DeadLetter>| {
+                letters
+                    .into_iter()
+                    .map(|l| (dead_letter::LetterHold::new(&queue, l.held.clone()), l))
             };
             let (dlx, dlrk) = {
                 let q = queue.lock();
@@ -837,15 +844,18 @@ impl Broker {
                     a.dead_letter_routing_key.clone(),
                 )
             };
-            let Some(dlx) = dlx else { continue };
             let snapshot = self.snapshot();
-            let Some(vhost) = snapshot.vhost(&queue.vhost) else {
+            let vhost = snapshot.vhost(&queue.vhost);
+            let (Some(dlx), Some(vhost)) = (dlx, vhost) else {
+                // Nowhere to go: dropped, as RabbitMQ drops them.
+                holds(letters).for_each(|(hold, _)| hold.taken());
                 continue;
             };
             if !vhost.exchanges.contains_key(&dlx) {
+                holds(letters).for_each(|(hold, _)| hold.taken());
                 continue;
             }
-            for letter in letters {
+            for (hold, letter) in holds(letters) {
                 let wall_ms = self.epoch_unix_ms + now.as_millis();
                 let message = dead_letter::rewrite(
                     &letter,
@@ -873,13 +883,13 @@ impl Broker {
                     }
                     let Some(handle) = self.queue(&vhost.name, &name) else {
                         // A queue another node runs: forwarded there, and again until its
-                        // node has taken it (RabbitMQ's classic queues send and forget; a
-                        // link failure or a failover lost the letter here too, before).
+                        // node has taken it; the source ack waits for that (RabbitMQ's
+                        // classic queues send and forget).
                         if let (Some(link), Some(def)) =
                             (self.remote.get(), vhost.queues.get(&name))
                         {
                             if def.home != self.node_id {
-                                link.dead_letter(&vhost.name, name, message.clone());
+                                link.dead_letter(&vhost.name, name, message.clone(), hold.clone());
                             }
                         }
                         continue;
@@ -889,6 +899,13 @@ impl Broker {
                         work.push((handle.clone(), r.dead));
                     }
                 }
+                hold.taken();
+            }
+        }
+        // Past the bound: what is left is dropped.
+        for (queue, letters) in work {
+            for l in letters {
+                dead_letter::LetterHold::new(&queue, l.held).taken();
             }
         }
     }

@@ -145,12 +145,25 @@ impl DeathReason {
 }
 
 /// A message leaving the queue towards its dead-letter exchange.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DeadLetter {
     /// The message.
     pub message: Arc<Message>,
     /// Why.
     pub reason: DeathReason,
+    /// The index ack of a message the queue had on disk, withheld until the letter is
+    /// where it goes ([`Queue::release_letter`]): a node that stops before then finds the
+    /// message in this queue again at its next start, so a letter is kept at least once.
+    pub held: Option<HeldAck>,
+}
+
+/// The index record that removes a dead-lettered message from its queue, not yet recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldAck {
+    seq: u64,
+    message_id: u128,
+    size: usize,
+    persistent: bool,
 }
 
 #[derive(Debug)]
@@ -632,16 +645,44 @@ impl Queue {
         self.fill_front();
         while self.peek_next().is_some_and(|e| e.expired(now, at_expiry)) {
             if let Some(e) = self.pop_next() {
-                self.drop_entry(&e);
-                self.dead_letter(e.message, DeathReason::Expired, dead);
+                self.dead_letter(e, DeathReason::Expired, dead);
             }
         }
     }
 
-    fn dead_letter(&self, message: Arc<Message>, reason: DeathReason, dead: &mut Vec<DeadLetter>) {
-        if self.args.dead_letter_exchange.is_some() {
-            dead.push(DeadLetter { message, reason });
+    /// Drops `e` from the queue towards the dead-letter exchange, if the queue has one;
+    /// its index ack is then held by the letter, not recorded.
+    fn dead_letter(&mut self, e: Entry, reason: DeathReason, dead: &mut Vec<DeadLetter>) {
+        if self.args.dead_letter_exchange.is_none() {
+            self.drop_entry(&e);
+            return;
         }
+        self.account(-(e.message.size() as i64));
+        let held = (e.on_disk != OnDisk::No).then(|| HeldAck {
+            seq: e.seq,
+            message_id: e.message.id,
+            size: e.message.size() as usize,
+            persistent: e.on_disk == OnDisk::Persistent,
+        });
+        dead.push(DeadLetter {
+            message: e.message,
+            reason,
+            held,
+        });
+    }
+
+    /// Records the ack a dead letter held, now that the letter is where it goes (or has
+    /// nowhere to go). A deleted queue's index is gone already.
+    pub fn release_letter(&mut self, held: HeldAck) {
+        if self.deleted {
+            return;
+        }
+        self.record(IndexOp::Ack {
+            seq: held.seq,
+            message_id: held.message_id,
+            size: held.size,
+            persistent: held.persistent,
+        });
     }
 
     /// Enqueues a message and delivers what consumers can take.
@@ -662,7 +703,12 @@ impl Queue {
             match self.args.overflow {
                 Overflow::RejectPublish | Overflow::RejectPublishDlx => {
                     if self.args.overflow == Overflow::RejectPublishDlx {
-                        self.dead_letter(message, DeathReason::Maxlen, &mut result.dead);
+                        // Never enqueued: nothing on disk to hold.
+                        result.dead.push(DeadLetter {
+                            message,
+                            reason: DeathReason::Maxlen,
+                            held: None,
+                        });
                     }
                     return result;
                 }
@@ -671,8 +717,7 @@ impl Queue {
                     // unless a consumer takes it right now.
                     while len > 0 && self.over_limit(1, body) {
                         let Some(e) = self.pop_next() else { break };
-                        self.drop_entry(&e);
-                        self.dead_letter(e.message, DeathReason::Maxlen, &mut result.dead);
+                        self.dead_letter(e, DeathReason::Maxlen, &mut result.dead);
                     }
                 }
             }
@@ -742,8 +787,7 @@ impl Queue {
     fn drop_over_limit(&mut self, dead: &mut Vec<DeadLetter>) {
         while self.over_limit(0, 0) {
             let Some(e) = self.pop_next() else { break };
-            self.drop_entry(&e);
-            self.dead_letter(e.message, DeathReason::Maxlen, dead);
+            self.dead_letter(e, DeathReason::Maxlen, dead);
         }
     }
 
@@ -919,8 +963,7 @@ impl Queue {
                 self.ready_bytes += e.message.body.len() as u64;
                 self.returned.insert((Reverse(e.priority), e.seq), e);
             } else {
-                self.drop_entry(&e);
-                self.dead_letter(e.message, DeathReason::Rejected, dead);
+                self.dead_letter(e, DeathReason::Rejected, dead);
             }
         }
         self.deliver(me, now, dead);
@@ -1280,6 +1323,101 @@ mod tests {
             0,
             "memory accounting returns to zero"
         );
+    }
+
+    /// A durable queue with a dead-letter exchange, recording its index operations.
+    fn durable_queue(args: QueueArgs) -> Arc<QueueHandle> {
+        let q = Queue::new(
+            args,
+            None,
+            false,
+            Arc::new(AtomicI64::new(0)),
+            Instant::from_millis(0),
+        )
+        .with_persistence(
+            Arc::new(crate::broker::Durability::default()),
+            true,
+            PagingConfig {
+                threshold: u64::MAX,
+                keep_entries: 2048,
+                embed_below: 4096,
+            },
+        );
+        QueueHandle::new("/", "q", q)
+    }
+
+    fn persistent(body: &str) -> Arc<Message> {
+        let mut m = (*msg(body)).clone();
+        m.properties = m.properties.with_delivery_mode(2);
+        Arc::new(m)
+    }
+
+    fn acks(ops: &[IndexOp]) -> Vec<u64> {
+        ops.iter()
+            .filter_map(|op| match op {
+                IndexOp::Ack { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A dead letter holds its message's index ack until it is released: a node that
+    /// stops first finds the message in the queue again (at least once).
+    #[test]
+    fn a_dead_letter_holds_its_index_ack_until_released() {
+        let h = durable_queue(QueueArgs {
+            dead_letter_exchange: Some("dlx".into()),
+            ..QueueArgs::default()
+        });
+        h.lock().publish(&h, persistent("a"), now());
+        let mut dead = Vec::new();
+        let (e, _) = h.lock().get(now(), true, &mut dead).expect("a");
+        h.lock().settle(&h, &[e.seq], false, now(), &mut dead);
+        assert_eq!(dead.len(), 1);
+        let held = dead[0].held.clone().expect("on disk: its ack is held");
+        let (ops, _) = h.lock().take_pending_ops();
+        assert_eq!(
+            acks(&ops),
+            Vec::<u64>::new(),
+            "no ack while the letter is out"
+        );
+        assert_eq!(h.lock().message_count(), 0);
+        h.lock().release_letter(held.clone());
+        let (ops, _) = h.lock().take_pending_ops();
+        assert_eq!(acks(&ops), vec![e.seq], "released: acked");
+
+        // A deleted queue's index is gone: nothing to record.
+        h.lock().delete(&h);
+        let _ = h.lock().take_pending_ops();
+        h.lock().release_letter(held);
+        let (ops, _) = h.lock().take_pending_ops();
+        assert!(ops.is_empty(), "{ops:?}");
+    }
+
+    /// Without a dead-letter exchange a dropped message is acked at once; a message
+    /// rejected at the limit (`reject-publish-dlx`) never had a record, so holds none.
+    #[test]
+    fn only_dead_letters_of_recorded_messages_hold_an_ack() {
+        let h = durable_queue(QueueArgs {
+            max_length: Some(1),
+            ..QueueArgs::default()
+        });
+        h.lock().publish(&h, persistent("a"), now());
+        h.lock().publish(&h, persistent("b"), now());
+        let (ops, _) = h.lock().take_pending_ops();
+        assert_eq!(acks(&ops), vec![0], "the head dropped with no DLX: acked");
+
+        let h = durable_queue(QueueArgs {
+            max_length: Some(1),
+            overflow: Overflow::RejectPublishDlx,
+            dead_letter_exchange: Some("dlx".into()),
+            ..QueueArgs::default()
+        });
+        h.lock().publish(&h, persistent("a"), now());
+        let r = h.lock().publish(&h, persistent("b"), now());
+        assert!(!r.accepted);
+        assert_eq!(r.dead.len(), 1);
+        assert_eq!(r.dead[0].held, None);
     }
 
     /// RabbitMQ drops a TTL 0 message no consumer took at its publish: a basic.get in the

@@ -81,9 +81,17 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
         outcome: u64,
     );
     /// Forwards a dead letter to queue `queue` of `vhost`, on whichever node is its home, and
-    /// again (to its new home, after a failover) until a home node has taken it: at least
-    /// once as long as this node runs. Given up only when the queue is deleted.
-    fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>);
+    /// again (to its new home, after a failover) until a home node has taken it, then
+    /// [`taken`](super::dead_letter::LetterHold::taken)s `hold`. Given up (and `hold` taken)
+    /// only when the queue is deleted; a node that stops first drops `hold` untaken, so the
+    /// letter's source keeps the message.
+    fn dead_letter(
+        &self,
+        vhost: &str,
+        queue: String,
+        message: Arc<Message>,
+        hold: super::dead_letter::LetterHold,
+    );
     /// Hands `message`, published to the default exchange with the reply name `name` among
     /// its routing keys, to `node`, which runs that name's reply consumer (direct reply-to:
     /// nobody waits for an answer, as RabbitMQ's `delegate:invoke_no_result`).

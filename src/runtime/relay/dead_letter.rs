@@ -1,8 +1,8 @@
 //! Dead letters for another node's queue: forwarded to the queue's home, and again after a
 //! failure (a link that broke, a node recorded down, a master replaced) to wherever the
-//! queue lives then, until a home node has taken the letter. At least once while this node
-//! runs; a letter still in flight when this node stops is lost, since its source queue has
-//! let it go (`docs/clustering.md`).
+//! queue lives then, until a home node has taken the letter; only then is the message acked
+//! in its source queue ([`LetterHold`]). A letter still in flight when this node stops is
+//! in its source queue again at the next start (`docs/clustering.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,14 +12,22 @@ use tokio::sync::oneshot;
 use super::sender::Outgoing;
 use super::wire::{RelayMsg, WireMessage};
 use super::Inner;
+use crate::broker::dead_letter::LetterHold;
 use crate::broker::Message;
 
 /// The first wait before sending a letter again; it doubles up to [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// Forwards `message`, a dead letter for `queue` of `vhost`, until its home took it.
-pub(super) fn forward(inner: Arc<Inner>, vhost: String, queue: String, message: Arc<Message>) {
+/// Forwards `message`, a dead letter for `queue` of `vhost`, until its home took it; then
+/// takes `hold`, which records the ack in the letter's source queue.
+pub(super) fn forward(
+    inner: Arc<Inner>,
+    vhost: String,
+    queue: String,
+    message: Arc<Message>,
+    hold: LetterHold,
+) {
     // Held here between attempts, so the memory alarm sees letters piling up in an outage.
     let held = message.body.len() as i64;
     inner.broker.count_relayed(held);
@@ -28,8 +36,10 @@ pub(super) fn forward(inner: Arc<Inner>, vhost: String, queue: String, message: 
         let mut attempts = 0u32;
         loop {
             if inner.link.strong_count() == 0 {
-                // The relay is gone (the node stops).
-                break;
+                // The relay is gone (the node stops): `hold` is dropped untaken, so the
+                // source queue keeps the message.
+                inner.broker.count_relayed(-held);
+                return;
             }
             let home = inner
                 .broker
@@ -40,6 +50,7 @@ pub(super) fn forward(inner: Arc<Inner>, vhost: String, queue: String, message: 
             let Some(home) = home else {
                 // Deleted: nowhere to go, as for a letter routed to no queue.
                 tracing::debug!(vhost = %vhost, queue = %queue, "dead letter dropped: its queue is gone");
+                hold.taken();
                 break;
             };
             let taken = if home == inner.me {
@@ -70,6 +81,7 @@ pub(super) fn forward(inner: Arc<Inner>, vhost: String, queue: String, message: 
                 rx.await.unwrap_or(false)
             };
             if taken {
+                hold.taken();
                 break;
             }
             attempts += 1;

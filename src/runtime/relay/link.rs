@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use super::sender::Outgoing;
 use super::wire::{RelayMsg, WireMessage, WireSettle};
 use super::{lock, ConsumerSink, Relay, SinkTag};
+use crate::broker::dead_letter::LetterHold;
 use crate::broker::remote::{
     CallFuture, NodeCall, NodeCallFuture, NodeReply, QueueCall, QueueReply,
 };
@@ -32,8 +33,8 @@ impl RemoteLink for Relay {
         self.inner.send(node, msg, outcome);
     }
 
-    fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>) {
-        super::dead_letter::forward(self.inner.clone(), vhost.to_string(), queue, message);
+    fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>, hold: LetterHold) {
+        super::dead_letter::forward(self.inner.clone(), vhost.to_string(), queue, message, hold);
     }
 
     fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>) {

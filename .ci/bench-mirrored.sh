@@ -28,6 +28,12 @@
 #                                             of the master's node, 3 times
 #   failover-warren-stop failover-rabbitmq-stop   the same with a controlled stop (SIGTERM)
 #                                             of the master's node instead of kill -9
+#   cpu-warren         cpu-rabbitmq           issue 18's CPU at everyday rates: 1 KiB persistent,
+#                                             confirms (200 in flight), manual acks, 1p1c on node 1,
+#                                             ha-mode all, at a fixed 100, 1,000 and 10,000 msg/s
+#                                             and flat out: the brokers' CPU (utime + stime of the
+#                                             three processes over the run) in cores and in µs per
+#                                             confirmed message, beside confirm p50 / p99
 #   all                                       every step above but the -stop ones
 set -euo pipefail
 
@@ -43,12 +49,12 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|large-*|sync-*|resync-*|failover-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,32p' "$0" >&2; exit 2 ;;
+        throughput-*|large-*|sync-*|resync-*|failover-*|cpu-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        *) sed -n '2,38p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,32p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,38p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -412,6 +418,52 @@ for l in sys.stdin:
     rmq_down
 }
 
+# CPU ticks (utime + stime, every thread) of the given pids, summed.
+cpu_ticks() {
+    local t=0 p f
+    for p in "$@"; do
+        f=$(sed 's/^.*) //' "/proc/$p/stat") || { echo "no /proc/$p/stat" >&2; return 1; }
+        # Fields after the command: state is 1, utime 12, stime 13.
+        t=$((t + $(echo "$f" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
+
+cpu_bench() { # broker: CPU at fixed rates, then flat out
+    local b="$1" pids rate t0 t1 s0 s1
+    ha_all_up "$b" > /dev/null
+    if [[ $b == warren ]]; then pids=("${WPIDS[@]}"); else pids=($(rmq_pid 1) $(rmq_pid 2) $(rmq_pid 3)); fi
+    local hz; hz=$(getconf CLK_TCK)
+    echo "| broker | rate msg/s | confirmed msg/s | broker CPU, cores (3 nodes) | CPU µs per message | confirm p50 µs | confirm p99 µs |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    for rate in 100 1000 10000 0; do
+        local json="$OUT/$b-cpu-$rate.json"
+        s0=$(cpu_ticks "${pids[@]}"); t0=$(date +%s.%N)
+        local rc=0
+        "$PERF" --uri "$URI" --size 1024 --confirm 200 --persistent --duration "$DURATION" \
+            --producers 1 --consumers 1 --queue "ha.cpu$rate" --rate "$rate" --json \
+            > "$json" 2> "$OUT/$b-cpu-$rate.stderr" || rc=$?
+        if [[ $rc != 0 ]]; then
+            echo "| $b | $rate | FAILED: warren-perf exited $rc (see $OUT/$b-cpu-$rate.stderr) |"
+            continue
+        fi
+        s1=$(cpu_ticks "${pids[@]}"); t1=$(date +%s.%N)
+        python3 - "$json" "$b" "$rate" "$((s1 - s0))" "$hz" "$t0" "$t1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+b, rate, ticks, hz, t0, t1 = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
+cpu_s = ticks / hz
+wall = t1 - t0
+confirmed = d["confirmed_rate"] * d.get("duration_s", wall)
+cl = d.get("confirm_latency_us") or {}
+per = cpu_s / confirmed * 1e6 if confirmed else float("nan")
+print(f"| {b} | {rate or 'flat out'} | {d['confirmed_rate']:.0f} | {cpu_s / wall:.3f} | {per:.0f} | {cl.get('p50', 0):.0f} | {cl.get('p99', 0):.0f} |")
+PY
+        sleep 2
+    done
+    if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+}
+
 for step in "${STEPS[@]}"; do
     log "=== $step"
     case "$step" in
@@ -433,5 +485,7 @@ for step in "${STEPS[@]}"; do
         failover-warren-stop)
             for m in 1 2; do cargo bench --bench mirrored -- --runs 3 --master "$m" --stop; done ;;
         failover-rabbitmq-stop) failover_rabbitmq --stop ;;
+        cpu-warren) cpu_bench warren ;;
+        cpu-rabbitmq) cpu_bench rabbitmq ;;
     esac
 done

@@ -826,6 +826,86 @@ async fn consumers_on_the_old_masters_node_follow_a_queue_a_nodes_policy_moves()
     none_lost(&cluster, c1, "ha.moved", &acked, left, stayed).await;
 }
 
+/// Issue 16, dead letters from a mirrored queue: the source ack a letter holds never
+/// reaches the mirrors, so a promoted mirror still has every message its dead master had
+/// dead-lettered but not yet handed over. `ha.src` (`x-message-ttl` 0, mastered on node 1,
+/// mirrored on node 3 only) dead-letters through the default exchange to `dl.target` on
+/// node 2, which is frozen (SIGSTOP). 50 confirmed messages expire into letters node 1
+/// cannot hand over; node 1 is killed; node 2 resumes. Before, node 1 acked each message
+/// as it dead-lettered it, the acks went round to the mirror, and all 50 were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_a_killed_master_held_are_sent_again_by_its_promoted_mirror() {
+    let mut cluster = Cluster::start("dlx-mirrored").await;
+    cluster
+        .set_ha_policy(r#"{"ha-mode":"nodes","ha-params":["warren1@test","warren3@test"],"ha-sync-mode":"automatic"}"#)
+        .await;
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    declare(
+        &channel(&c2).await,
+        "dl.target",
+        true,
+        locator("client-local"),
+    )
+    .await
+    .expect("declare dl.target on node 2");
+    common::close_connection(&c2).await;
+    use amq_protocol::types::AMQPValue as Value;
+    let mut args = locator("client-local");
+    for (k, v) in [
+        ("x-message-ttl", Value::LongLongInt(0)),
+        ("x-dead-letter-exchange", Value::LongString("".into())),
+        (
+            "x-dead-letter-routing-key",
+            Value::LongString("dl.target".into()),
+        ),
+    ] {
+        args.insert(k.into(), v);
+    }
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(&channel(&c1).await, "ha.src", true, args)
+        .await
+        .expect("declare ha.src on node 1");
+    wait_state(
+        &cluster,
+        1,
+        "ha.src",
+        |m| m == "warren1@test",
+        &["warren3@test"],
+    )
+    .await;
+    let publisher = common::confirm_channel(&c1).await;
+    cluster.nodes[1].pause();
+    const LETTERS: u32 = 50;
+    for i in 0..LETTERS {
+        assert!(
+            publish_acked(&publisher, "", "ha.src", &i.to_be_bytes()).await,
+            "ha.src confirms through its mirror on node 3"
+        );
+    }
+    cluster.nodes[0].kill();
+    cluster.nodes[1].resume();
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    let start = Instant::now();
+    loop {
+        let (messages, _) = common::queue_counts(&ch3, "dl.target").await;
+        if messages >= LETTERS {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "dl.target holds {messages} of the {LETTERS} confirmed messages node 1 had \
+             dead-lettered before it was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drained = drain(&cluster, 3, "dl.target").await;
+    let numbers: BTreeSet<u32> = drained.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, (0..LETTERS).collect(), "every letter arrived");
+    common::close_connection(&c3).await;
+    cluster.restart(1).await;
+}
+
 /// Messages bigger than a GM frame's byte budget (8 MiB: they go round in parts) and a
 /// round of small ones in between reach the mirrors whole: after `kill -9` of the master,
 /// the promoted mirror serves each one byte for byte.

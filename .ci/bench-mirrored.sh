@@ -34,6 +34,11 @@
 #                                             and flat out: the brokers' CPU (utime + stime of the
 #                                             three processes over the run) in cores and in µs per
 #                                             confirmed message, beside confirm p50 / p99
+#   many-warren        many-rabbitmq          issue 18's many queues: 1,000 mirrored queues
+#                                             (ha-mode all) declared across the three nodes,
+#                                             the brokers' RSS per idle queue, then 100
+#                                             producers and 100 consumers over the three
+#                                             nodes (1 KiB persistent, confirms 50 each)
 #   all                                       every step above but the -stop ones
 set -euo pipefail
 
@@ -49,12 +54,12 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|large-*|sync-*|resync-*|failover-*|cpu-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,38p' "$0" >&2; exit 2 ;;
+        throughput-*|large-*|sync-*|resync-*|failover-*|cpu-*|many-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        *) sed -n '2,43p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,38p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,43p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -464,6 +469,50 @@ PY
     if [[ $b == warren ]]; then warren_down; else rmq_down; fi
 }
 
+# Resident memory (KiB) of the given pids, summed.
+rss_kib() {
+    local t=0 p
+    for p in "$@"; do t=$((t + $(awk '/^VmRSS/ {print $2}' "/proc/$p/status"))); done
+    echo "$t"
+}
+
+many_bench() { # broker: 1,000 mirrored queues, idle and then under 100 producers and 100 consumers
+    local b="$1" pids u1 u2 u3 rc=0
+    ha_all_up "$b"
+    if [[ $b == warren ]]; then
+        pids=("${WPIDS[@]}"); u1="$(wuri 1)"; u2="$(wuri 2)"; u3="$(wuri 3)"
+    else
+        pids=($(rmq_pid 1) $(rmq_pid 2) $(rmq_pid 3)); u1="$(ruri 1)"; u2="$(ruri 2)"; u3="$(ruri 3)"
+    fi
+    local before; before=$(rss_kib "${pids[@]}")
+    local t0=$SECONDS
+    # Declares ha.many-1..ha.many-1000 through the three nodes in turn (one message to the first).
+    "$PERF" --uri "$u1" --uri "$u2" --uri "$u3" --queue ha.many --queues 1000 --persistent \
+        --publish-only --producers 1 --count 1 --json > "$OUT/$b-many-declare.json" 2> "$OUT/$b-many-declare.stderr" || rc=$?
+    if [[ $rc != 0 ]]; then
+        echo "many-$b: FAILED: declaring 1,000 queues: warren-perf exited $rc (see $OUT/$b-many-declare.stderr)"
+        if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+        return
+    fi
+    log "$b: 1,000 queues declared in $((SECONDS - t0)) s"
+    local synced=0
+    for _ in $(seq 1 120); do
+        if [[ $b == warren ]]; then
+            synced=$(wctl 1 list_queues name synchronised_slave_pids 2>/dev/null | awk -F'\t' '$1 ~ /^ha\.many-/ && gsub(/warren[0-9]@bench/, "&", $2) == 2' | wc -l)
+        else
+            synced=$(rctl 1 list_queues -q --no-table-headers name synchronised_slave_pids 2>/dev/null | awk '$1 ~ /^ha\.many-/ && gsub(/rabbit[0-9]@localhost/, "&") == 2' | wc -l)
+        fi
+        [[ $synced -ge 1000 ]] && break
+        sleep 1
+    done
+    local after; after=$(rss_kib "${pids[@]}")
+    echo "many-$b: $synced of 1,000 queues with both mirrors synchronised after $((SECONDS - t0)) s; RSS of the 3 nodes $((before / 1024)) MiB before, $((after / 1024)) MiB after: $(( (after - before) / 1000 )) KiB per idle mirrored queue (master and 2 mirrors)"
+    perf_json "$b" many-1000q-100p100c --uri "$u1" --uri "$u2" --uri "$u3" --queue ha.many --queues 1000 \
+        --producers 100 --consumers 100 --size 1024 --confirm 50 --persistent --duration "$DURATION" --threads 2
+    echo "many-$b: RSS of the 3 nodes at the end of the load: $(( $(rss_kib "${pids[@]}") / 1024 )) MiB"
+    if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+}
+
 for step in "${STEPS[@]}"; do
     log "=== $step"
     case "$step" in
@@ -487,5 +536,7 @@ for step in "${STEPS[@]}"; do
         failover-rabbitmq-stop) failover_rabbitmq --stop ;;
         cpu-warren) cpu_bench warren ;;
         cpu-rabbitmq) cpu_bench rabbitmq ;;
+        many-warren) many_bench warren ;;
+        many-rabbitmq) many_bench rabbitmq ;;
     esac
 done

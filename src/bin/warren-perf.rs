@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use amq_protocol::types::FieldTable;
 use amq_protocol::uri::AMQPUri;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use hdrhistogram::Histogram;
 
@@ -50,10 +50,12 @@ use stats::{q_us, Json, Stats};
       warren-perf --consume-only --queue backlog --autoack"
 )]
 struct Args {
-    /// Broker URI (amqp://user:pass@host:port/vhost; the vhost is percent-encoded)
+    /// Broker URI (amqp://user:pass@host:port/vhost; the vhost is percent-encoded). Given
+    /// more than once (a cluster's nodes), producers, consumers and the declarations of
+    /// --queues take the URIs in turn
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
-    uri: String,
-    /// Broker URI the consumers connect to (default: --uri): in a cluster, consume on
+    uri: Vec<String>,
+    /// Broker URI every consumer connects to (default: --uri): in a cluster, consume on
     /// another node than the one producers publish to
     #[arg(long)]
     consumer_uri: Option<String>,
@@ -88,6 +90,11 @@ struct Args {
     /// 'perf-test' with --publish-only/--consume-only]. An existing queue is used as is.
     #[arg(long, short = 'u')]
     queue: Option<String>,
+    /// With --queue Q: N queues, Q-1 to Q-N (declared when missing, each through the next
+    /// --uri in turn, as PerfTest's --queue-pattern); producer and consumer i use queue
+    /// (i mod N) + 1
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    queues: usize,
     /// Arguments for a queue this tool creates, e.g. x-queue-mode=lazy,x-max-length=1000
     #[arg(long, value_name = "K=V[,K=V...]")]
     queue_args: Vec<String>,
@@ -174,18 +181,20 @@ async fn wait_for_signal() {
 }
 
 async fn run(args: Args) -> Result<bool> {
-    let uri: AMQPUri = args
+    let uris: Vec<AMQPUri> = args
         .uri
-        .parse()
-        .map_err(|e| anyhow!("invalid --uri '{}': {e}", args.uri))?;
+        .iter()
+        .map(|u| u.parse().map_err(|e| anyhow!("invalid --uri '{u}': {e}")))
+        .collect::<Result<_>>()?;
+    let uri = uris[0].clone();
     if let Some(ca) = &args.cacert {
         stream::trust(ca)?;
     }
-    let consumer_uri: AMQPUri = match &args.consumer_uri {
-        None => uri.clone(),
-        Some(s) => s
+    let consumer_uris: Vec<AMQPUri> = match &args.consumer_uri {
+        None => uris.clone(),
+        Some(s) => vec![s
             .parse()
-            .map_err(|e| anyhow!("invalid --consumer-uri '{s}': {e}"))?,
+            .map_err(|e| anyhow!("invalid --consumer-uri '{s}': {e}"))?],
     };
     let producers = match (args.consume_only, args.producers) {
         (true, Some(n)) if n > 0 => bail!("--consume-only conflicts with --producers {n}"),
@@ -214,13 +223,23 @@ async fn run(args: Args) -> Result<bool> {
         );
     }
     let queue_args = amqp::parse_queue_args(&args.queue_args)?;
-    let named = args
+    let pattern = args
         .queue
         .clone()
         .or_else(|| (args.publish_only || args.consume_only).then(|| "perf-test".to_string()));
-    if let Some(q) = &named {
+    if args.queues > 1 && pattern.is_none() {
+        bail!("--queues {} needs --queue (the names' prefix)", args.queues);
+    }
+    let names: Vec<String> = match &pattern {
+        Some(q) if args.queues > 1 => (1..=args.queues).map(|k| format!("{q}-{k}")).collect(),
+        Some(q) => vec![q.clone()],
+        None => Vec::new(),
+    };
+    for q in &names {
         amqp::short(q, "--queue")?;
     }
+    // The first is declared (and its depth reported at the end) by the setup connection.
+    let named = names.first().cloned();
 
     // Setup connection: declares the queue, reports its depth at the end,
     // and deletes it if it was server-named.
@@ -269,6 +288,42 @@ async fn run(args: Args) -> Result<bool> {
         }
     };
 
+    // The other queues of --queues, each through the next URI in turn.
+    if names.len() > 1 {
+        let mut conns = Vec::new();
+        for u in &uris {
+            let mut c = Conn::open(u, "warren-perf declare").await?;
+            c.channel_open(1).await?;
+            conns.push(c);
+        }
+        let declared: Result<()> = async {
+            for (k, q) in names.iter().enumerate().skip(1) {
+                let c = &mut conns[k % uris.len()];
+                c.queue_declare(1, q, false, args.persistent, false, queue_args.clone())
+                    .await
+                    .with_context(|| format!("declare {q}"))?;
+            }
+            Ok(())
+        }
+        .await;
+        for c in conns {
+            amqp::close_quietly(c).await;
+        }
+        if let Err(e) = declared {
+            amqp::close_quietly(setup).await;
+            return Err(e);
+        }
+    }
+    let queue_label = match (&pattern, names.len()) {
+        (Some(p), n) if n > 1 => format!("{p}-1..{p}-{n}"),
+        _ => queue.clone(),
+    };
+    let queue_of = |i: usize| {
+        names
+            .get(i % names.len().max(1))
+            .cloned()
+            .unwrap_or_else(|| queue.clone())
+    };
     let ccfg = ConsumerCfg {
         queue: queue.clone(),
         autoack: args.autoack,
@@ -288,18 +343,35 @@ async fn run(args: Args) -> Result<bool> {
     let mut pconns = Vec::new();
     let opened: Result<()> = async {
         for i in 0..consumers {
-            cconns.push(
-                consumer::setup(&consumer_uri, &format!("warren-perf consumer-{i}"), &ccfg).await?,
-            );
+            let cfg = ConsumerCfg {
+                queue: queue_of(i),
+                ..ccfg.clone()
+            };
+            let u = &consumer_uris[i % consumer_uris.len()];
+            cconns.push((
+                consumer::setup(u, &format!("warren-perf consumer-{i}"), &cfg).await?,
+                cfg,
+            ));
         }
         for i in 0..producers {
-            pconns.push(producer::setup(&uri, &format!("warren-perf producer-{i}"), &pcfg).await?);
+            let cfg = ProducerCfg {
+                queue: queue_of(i),
+                ..pcfg.clone()
+            };
+            let u = &uris[i % uris.len()];
+            pconns.push((
+                producer::setup(u, &format!("warren-perf producer-{i}"), &cfg).await?,
+                cfg,
+            ));
         }
         Ok(())
     }
     .await;
     if let Err(e) = opened {
-        for c in cconns.into_iter().chain(pconns) {
+        for (c, _) in cconns {
+            amqp::close_quietly(c).await;
+        }
+        for (c, _) in pconns {
             amqp::close_quietly(c).await;
         }
         amqp::close_quietly(setup).await;
@@ -318,7 +390,7 @@ async fn run(args: Args) -> Result<bool> {
         plural(producers, "producer"),
         plural(consumers, "consumer"),
         size,
-        queue
+        queue_label
     );
     if producers > 0 {
         desc += &match args.confirm {
@@ -364,11 +436,11 @@ async fn run(args: Args) -> Result<bool> {
     let start = Instant::now();
     stats.last_recv_ns.store(stats.now_ns(), Relaxed);
     let mut tasks = Vec::new();
-    for c in cconns {
-        tasks.push(tokio::spawn(consumer::run(c, ccfg.clone(), stats.clone())));
+    for (c, cfg) in cconns {
+        tasks.push(tokio::spawn(consumer::run(c, cfg, stats.clone())));
     }
-    for p in pconns {
-        tasks.push(tokio::spawn(producer::run(p, pcfg.clone(), stats.clone())));
+    for (p, cfg) in pconns {
+        tasks.push(tokio::spawn(producer::run(p, cfg, stats.clone())));
     }
 
     // Report once per second; check stop conditions 10 times per second.
@@ -491,6 +563,8 @@ async fn run(args: Args) -> Result<bool> {
             .map(|d| d.1)
     };
     let depth = match depth {
+        // Only the first of --queues was asked: its depth is not the run's.
+        Ok(_) if names.len() > 1 => None,
         Ok(d) => Some(d),
         Err(e) => {
             if !(server_named && is_not_found(&e)) && stats.error().is_none() {
@@ -551,7 +625,7 @@ async fn run(args: Args) -> Result<bool> {
             .int("consumers", consumers as u64)
             .int("size", size as u64)
             .int("requested_size", args.size as u64)
-            .str("queue", Some(&queue))
+            .str("queue", Some(&queue_label))
             .int("confirm", args.confirm as u64)
             .boolean("autoack", args.autoack)
             .int("prefetch", args.prefetch as u64)

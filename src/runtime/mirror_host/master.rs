@@ -185,6 +185,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
             }
         }
+        // Not held through the master's life (see `tasks::queue_task`).
+        drop(state);
         loop {
             tokio::select! {
                 ev = m.handle.next_event() => match ev {

@@ -451,8 +451,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         // a deposed master's, whose last operations must not touch the copy
         // (`Storage::start_copy`).
         let since = crate::broker::queue::next_generation();
-        let state = self.raft.snapshot();
-        let incarnation = incarnation_of(&state, key);
+        let (incarnation, first_master) = {
+            // Not held through the mirror's life (see `tasks::queue_task`).
+            let state = self.raft.snapshot();
+            (
+                incarnation_of(&state, key),
+                self.home_of(&state, key).unwrap_or(0),
+            )
+        };
         // The copy starts empty (or as kept from the last run, not yet compared), and a
         // member releases what it cannot write yet (before its sync starts): while the metadata still counts this mirror synchronised (a
         // write failed and recording that did not get through), its releases would let
@@ -482,7 +488,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         };
         tracing::debug!(queue = %key.1, member = ?m.handle.id(), "mirror joined the queue's group");
         let mut views = self.raft.subscribe();
-        m.master = self.home_of(&state, key).unwrap_or(0);
+        m.master = first_master;
         loop {
             tokio::select! {
                 ev = m.handle.next_event() => match self.follow_events(key, &mut m, ev).await {

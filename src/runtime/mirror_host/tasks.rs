@@ -14,13 +14,18 @@ use crate::mirror::message::group_name;
 use crate::runtime::gm_host::GmNet;
 
 /// One task per queue this node has a part in.
+///
+/// No snapshot of the metadata is held across a role's run: each such task would pin the
+/// version it read for as long as the role lasts, and a node with N mirrored queues
+/// declared one after another held N versions of a metadata that grows with N (about
+/// 320 KiB per idle mirrored queue per node at 1,000 queues; `docs/performance.md`).
 pub(super) async fn queue_task<N: GmNet + Clone, D: StorageDisk>(
     inner: Arc<Inner<N, D>>,
     key: Key,
 ) {
     loop {
-        let state = inner.raft.snapshot();
-        match role_of(&state, &inner.broker, &key, inner.node) {
+        let role = role_of(&inner.raft.snapshot(), &inner.broker, &key, inner.node);
+        match role {
             Role::None => return,
             Role::Adopt => {
                 if let Some(m) = inner.adopt(&key, None).await {
@@ -34,8 +39,8 @@ pub(super) async fn queue_task<N: GmNet + Clone, D: StorageDisk>(
             Role::Mirror => {
                 if let Some(m) = inner.run_mirror(&key).await {
                     let member = inner.adopt(&key, Some(m)).await;
-                    let state = inner.raft.snapshot();
-                    match (member, role_of(&state, &inner.broker, &key, inner.node)) {
+                    let role = role_of(&inner.raft.snapshot(), &inner.broker, &key, inner.node);
+                    match (member, role) {
                         (Some(m), Role::Master) => inner.run_master(&key, Some(m)).await,
                         (Some(mut m), _) => {
                             inner.masters.remove(&key);

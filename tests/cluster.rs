@@ -881,16 +881,9 @@ async fn dead_letters_reach_a_queue_on_another_node() {
     common::close_connection(&c2).await;
 }
 
-/// Issue 16: a dead letter for another node's queue is kept until that node took it, across
-/// a `kill -9` of the node it left. `dl.src` (node 1, `x-message-ttl` 0) dead-letters every
-/// message through the default exchange to `dl.target` (node 3), which is stopped; node 1
-/// is killed while its letters wait for node 3. Before, the source ack was written with the
-/// publish, so each confirmed message was in neither queue after the restart; now the ack
-/// waits for node 3's answer, and the restarted node 1 finds the messages in `dl.src`
-/// again, expires them again and sends them on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_after_it_restarts() {
-    let mut cluster = Cluster::start("dlx-kill").await;
+/// `dl.target` on node 3, and `dl.src` on node 1 (with `x-message-ttl` `ttl`, if any)
+/// dead-lettering to it through the default exchange; a confirm channel on node 1.
+async fn dead_letter_pair(cluster: &Cluster, ttl: Option<i64>) -> (Connection, Channel) {
     let c3 = connect(&cluster.node(3).amqp_uri()).await;
     declare(
         &channel(&c3).await,
@@ -904,15 +897,16 @@ async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_afte
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     let ch1 = channel(&c1).await;
     let mut args = locator("client-local");
-    for (k, v) in [
-        ("x-message-ttl", AMQPValue::LongLongInt(0)),
-        ("x-dead-letter-exchange", AMQPValue::LongString("".into())),
-        (
-            "x-dead-letter-routing-key",
-            AMQPValue::LongString("dl.target".into()),
-        ),
-    ] {
-        args.insert(k.into(), v);
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString("dl.target".into()),
+    );
+    if let Some(ttl) = ttl {
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
     }
     declare(&ch1, "dl.src", true, args)
         .await
@@ -923,6 +917,20 @@ async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_afte
     )
     .await
     .expect("confirm.select");
+    (c1, ch1)
+}
+
+/// Issue 16: a dead letter for another node's queue is kept until that node took it, across
+/// a `kill -9` of the node it left. `dl.src` (node 1, `x-message-ttl` 0) dead-letters every
+/// message through the default exchange to `dl.target` (node 3), which is stopped; node 1
+/// is killed while its letters wait for node 3. Before, the source ack was written with the
+/// publish, so each confirmed message was in neither queue after the restart; now the ack
+/// waits for node 3's answer, and the restarted node 1 finds the messages in `dl.src`
+/// again, expires them again and sends them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_after_it_restarts() {
+    let mut cluster = Cluster::start("dlx-kill").await;
+    let (_c1, ch1) = dead_letter_pair(&cluster, Some(0)).await;
     cluster.nodes[2].stop();
     const LETTERS: u32 = 50;
     for i in 0..LETTERS {
@@ -979,36 +987,7 @@ async fn dead_letters_in_flight_when_their_node_is_killed_reach_their_queue_afte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_letter_in_flight_when_its_node_stops_is_back_in_its_queue() {
     let mut cluster = Cluster::start("dlx-stop").await;
-    let c3 = connect(&cluster.node(3).amqp_uri()).await;
-    declare(
-        &channel(&c3).await,
-        "dl.target",
-        true,
-        locator("client-local"),
-    )
-    .await
-    .expect("declare dl.target on node 3");
-    common::close_connection(&c3).await;
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    let ch1 = channel(&c1).await;
-    let mut args = locator("client-local");
-    args.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString("".into()),
-    );
-    args.insert(
-        "x-dead-letter-routing-key".into(),
-        AMQPValue::LongString("dl.target".into()),
-    );
-    declare(&ch1, "dl.src", true, args)
-        .await
-        .expect("declare dl.src on node 1");
-    within(
-        "confirm.select",
-        ch1.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .expect("confirm.select");
+    let (_c1, ch1) = dead_letter_pair(&cluster, None).await;
     assert!(publish_acked(&ch1, "", "dl.src", b"poison").await);
     cluster.nodes[2].stop();
     let got = within(

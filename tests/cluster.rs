@@ -836,21 +836,7 @@ async fn dead_letters_reach_a_queue_on_another_node() {
     .await
     .expect("confirm.select");
     assert!(publish_acked(&ch1, "", "work", b"poison").await);
-    let got = within(
-        "basic.get",
-        ch1.basic_get("work".into(), BasicGetOptions { no_ack: false }),
-    )
-    .await
-    .expect("get")
-    .expect("the message");
-    within(
-        "basic.reject",
-        got.delivery
-            .acker
-            .reject(BasicRejectOptions { requeue: false }),
-    )
-    .await
-    .expect("reject");
+    get_and_reject(&ch1, "work").await;
     // The rejected message is dead-lettered by node 1 into the queue on node 2.
     let start = Instant::now();
     let dead = loop {
@@ -879,6 +865,25 @@ async fn dead_letters_reach_a_queue_on_another_node() {
     assert!(death.is_some(), "x-death is set");
     common::close_connection(&c1).await;
     common::close_connection(&c2).await;
+}
+
+/// Takes one message from `queue` (manual ack) and rejects it without requeue.
+async fn get_and_reject(ch: &Channel, queue: &str) {
+    let got = within(
+        "basic.get",
+        ch.basic_get(queue.into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .expect("get")
+    .expect("the message");
+    within(
+        "basic.reject",
+        got.delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: false }),
+    )
+    .await
+    .expect("reject");
 }
 
 /// `dl.target` on node 3, and `dl.src` on node 1 (with `x-message-ttl` `ttl`, if any)
@@ -990,21 +995,7 @@ async fn a_rejected_letter_in_flight_when_its_node_stops_is_back_in_its_queue() 
     let (_c1, ch1) = dead_letter_pair(&cluster, None).await;
     assert!(publish_acked(&ch1, "", "dl.src", b"poison").await);
     cluster.nodes[2].stop();
-    let got = within(
-        "basic.get",
-        ch1.basic_get("dl.src".into(), BasicGetOptions { no_ack: false }),
-    )
-    .await
-    .expect("get")
-    .expect("the message");
-    within(
-        "basic.reject",
-        got.delivery
-            .acker
-            .reject(BasicRejectOptions { requeue: false }),
-    )
-    .await
-    .expect("reject");
+    get_and_reject(&ch1, "dl.src").await;
     let (ready, _) = common::queue_counts(&ch1, "dl.src").await;
     assert_eq!(ready, 0, "the letter left dl.src");
     cluster.nodes[0].stop();

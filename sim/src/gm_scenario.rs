@@ -33,13 +33,14 @@ use warren::cluster::Detector;
 use warren::gm::{Event, GroupRecord, MemberId, Slot, View};
 use warren::meta::state::NodeRecord;
 use warren::meta::Command;
+use warren::runtime::cluster::record_down_nodes;
 use warren::runtime::gm_host::{GmHost, GmHostConfig, GmNet};
 use warren::runtime::raft::{MetaRaft, NodeId, TransportError};
 use warren::store::MemDisk;
 
 use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
-use crate::transport::{serve, Handler, Kind, RequestError, TurmoilTransport};
+use crate::transport::{serve_hearing, Handler, Hearing, Kind, RequestError, TurmoilTransport};
 
 /// Nodes (Raft voters, one GM member each).
 pub const NODES: u64 = 4;
@@ -238,7 +239,8 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             }
         })
     });
-    tokio::task::spawn_local(serve(listener, handler));
+    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
+    tokio::task::spawn_local(serve_hearing(listener, handler, hearing(last_seen.clone())));
 
     tokio::task::spawn_local(watch_records(
         id,
@@ -246,7 +248,6 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         shared.clone(),
         trace.clone(),
     ));
-    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
     tokio::task::spawn_local(ping_peers(id, NODES, transport.clone(), last_seen.clone()));
     tokio::task::spawn_local(detect_failures(id, raft.clone(), last_seen, trace.clone()));
 
@@ -273,6 +274,21 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     // Keep serving after the app is done.
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// The failure detector's other input: every request a node's host receives counts as
+/// hearing from its sender, as every frame on a node link does (`runtime::node_link`).
+/// Clients' hosts are not nodes and are ignored.
+pub(crate) fn hearing(seen: Arc<Mutex<BTreeMap<NodeId, u64>>>) -> Hearing {
+    Arc::new(move |ip| {
+        let node = turmoil::reverse_lookup(ip).and_then(|name| {
+            name.strip_prefix('n')
+                .and_then(|n| n.parse::<NodeId>().ok())
+        });
+        if let Some(node) = node {
+            lock(&seen).insert(node, now_ms());
+        }
+    })
 }
 
 /// The failure detector's input: probes every peer, notes when each last answered.
@@ -320,18 +336,11 @@ async fn detect_failures(
             |p| Some(lock(&seen).get(&p).copied().unwrap_or(0)),
             |_| false,
         );
-        for peer in verdict.to_declare {
-            // A leader cut off from the majority keeps believing it leads, and its peers
-            // look down from there: only a leadership a quorum confirms may decide (a
-            // proposal would otherwise be forwarded to the real leader and commit).
-            if raft.linearizable_snapshot().await.is_err() {
-                break;
-            }
-            trace.log(format!("n{id} (leader) records n{peer} down"));
-            if raft.propose(Command::NodeDown { id: peer }).await.is_ok() {
-                detector.handle_declared(peer);
-            }
-        }
+        raft.fence_reads(&verdict.to_declare);
+        record_down_nodes(&raft, &mut detector, verdict.to_declare, |peer| {
+            trace.log(format!("n{id} (leader) records n{peer} down"))
+        })
+        .await;
     }
 }
 

@@ -45,6 +45,7 @@ use warren::meta::policy::{ApplyTo, Policy, PolicyValue};
 use warren::meta::state::{NodeRecord, QueueDef};
 use warren::meta::Command;
 use warren::runtime::clock::Clock;
+use warren::runtime::cluster::record_down_nodes;
 use warren::runtime::gm_host::{GmHost, GmHostConfig};
 use warren::runtime::mirror_host::MirrorHost;
 use warren::runtime::raft::{MetaRaft, NodeId};
@@ -54,7 +55,7 @@ use warren::store::MemDisk;
 use crate::gm_scenario::SimGmNet;
 use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
-use crate::transport::{serve, Handler, Kind, TurmoilTransport};
+use crate::transport::{serve_hearing, Handler, Kind, TurmoilTransport};
 
 /// Nodes (Raft voters; every one holds a copy of the queue under `ha-mode: all`).
 pub const NODES: u64 = 3;
@@ -427,7 +428,9 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             }
         })
     });
-    tokio::task::spawn_local(serve(listener, handler));
+    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
+    let heard = crate::gm_scenario::hearing(last_seen.clone());
+    tokio::task::spawn_local(serve_hearing(listener, handler, heard));
 
     let config = Config::default();
     let durability = Arc::new(Durability::default());
@@ -438,7 +441,6 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     );
     let clock = Clock::start();
     let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
-    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
     // The failure detector's input (the joiner's host may not exist yet: its probes fail).
     tokio::task::spawn_local(crate::gm_scenario::ping_peers(
         id,
@@ -713,21 +715,17 @@ async fn detect_failures(
             |p| lock(&seen).get(&p).copied(),
             |_| false,
         );
+        raft.fence_reads(&verdict.to_declare);
         let down = verdict.down;
         if *lock(&down_now) != down {
             trace.log(format!("n{id} sees down: {down:?}"));
         }
         broker.set_down_nodes(down.clone());
         *lock(&down_now) = down;
-        for peer in verdict.to_declare {
-            if raft.linearizable_snapshot().await.is_err() {
-                break;
-            }
-            trace.log(format!("n{id} (leader) records n{peer} down"));
-            if raft.propose(Command::NodeDown { id: peer }).await.is_ok() {
-                detector.handle_declared(peer);
-            }
-        }
+        record_down_nodes(&raft, &mut detector, verdict.to_declare, |peer| {
+            trace.log(format!("n{id} (leader) records n{peer} down"))
+        })
+        .await;
     }
 }
 

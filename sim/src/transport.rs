@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -251,18 +252,28 @@ impl RaftTransport for TurmoilTransport {
 /// A request handler: gets the kind and body, returns the reply body.
 pub type Handler = Arc<dyn Fn(Kind, Vec<u8>) -> Pin<Box<dyn Future<Output = Vec<u8>>>>>;
 
+/// Told the caller's address of every request frame received (before it is handled).
+pub type Hearing = Arc<dyn Fn(IpAddr)>;
+
 /// Accepts connections on `listener` forever and answers every request with `handler`.
 /// Runs on the host's (single-threaded) runtime, so nothing here needs to be `Send`.
 pub async fn serve(listener: TcpListener, handler: Handler) {
+    serve_hearing(listener, handler, Arc::new(|_| {})).await
+}
+
+/// [`serve`], telling `heard` of each request frame's sender first, as the node links tell
+/// the failure detector of every frame (`runtime::node_link`).
+pub async fn serve_hearing(listener: TcpListener, handler: Handler, heard: Hearing) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, from)) = listener.accept().await else {
             continue;
         };
-        tokio::task::spawn_local(serve_conn(stream, Arc::clone(&handler)));
+        let conn = serve_conn(stream, Arc::clone(&handler), Arc::clone(&heard), from.ip());
+        tokio::task::spawn_local(conn);
     }
 }
 
-async fn serve_conn(stream: TcpStream, handler: Handler) {
+async fn serve_conn(stream: TcpStream, handler: Handler, heard: Hearing, from: IpAddr) {
     let (mut read, mut write) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::task::spawn_local(async move {
@@ -276,6 +287,7 @@ async fn serve_conn(stream: TcpStream, handler: Handler) {
         if body.is_empty() {
             break;
         }
+        heard(from);
         let kind = match body.remove(0) {
             0 => Kind::Raft,
             1 => Kind::Propose,

@@ -4,9 +4,13 @@
 //! - [`detector`]: the failure detector (which nodes are down; which the leader records).
 //! - [`election`]: when a follower calls a Raft election early, because the leader's
 //!   process is gone.
+//! - [`read_fence`]: which nodes' read-index requests the leader refuses while it records
+//!   them down.
 
 pub mod detector;
 pub mod election;
+pub mod read_fence;
 
 pub use detector::{Detector, Verdict};
 pub use election::{Call, ElectionCaller};
+pub use read_fence::ReadFence;

@@ -47,6 +47,7 @@ mod tests;
 
 pub use control::ClusterControl;
 pub use raft_meta::{Locator, RaftMeta};
+pub use tasks::record_down_nodes;
 use tasks::{follow, reconcile_membership, watch_nodes};
 
 /// The most voters the group has; later nodes stay learners (they replicate, do not vote).

@@ -10,7 +10,6 @@ use tokio::sync::watch;
 use super::MAX_VOTERS;
 use crate::broker::Broker;
 use crate::cluster::{Call, Detector, ElectionCaller};
-use crate::meta::Command;
 use crate::runtime::clock::Clock;
 use crate::runtime::node_link::TcpTransport;
 use crate::runtime::raft::{MetaRaft, NodeId};
@@ -117,6 +116,9 @@ pub(super) async fn watch_nodes(
             last_heard,
             refused,
         );
+        // From the decision on (no await in between), the nodes to record are refused
+        // lease renewals here until their record is applied (`cluster::read_fence`).
+        raft.fence_reads(&verdict.to_declare);
         let voters: BTreeSet<NodeId> = raft.membership().voters.keys().copied().collect();
         let leader = raft.leader();
         let mut call = caller.handle_tick(now, leader, &voters, &verdict.down, last_heard, refused);
@@ -149,21 +151,34 @@ pub(super) async fn watch_nodes(
             // A promoted mirror serves once it adopted its copy, after the metadata moved.
             r.rehome();
         }
-        for id in verdict.to_declare {
-            // A leader cut off from the majority keeps believing it leads, and from there
-            // every peer looks down: only a leadership a quorum confirms may decide (the
-            // proposal would otherwise be forwarded to the real leader and commit).
-            if raft.linearizable_snapshot().await.is_err() {
-                break;
-            }
-            tracing::warn!(
-                node = id,
-                "node down: removing its transient and exclusive queues"
-            );
-            match raft.propose(Command::NodeDown { id }).await {
-                Ok(_) => detector.handle_declared(id),
-                Err(e) => tracing::warn!(node = id, error = %e, "cannot record a node as down"),
-            }
+        record_down_nodes(&raft, &mut detector, verdict.to_declare, |_| {}).await;
+    }
+}
+
+/// The leader's part of a detector tick, as the node and the simulation drive it: records
+/// each node of `to_declare` down, in order, and tells `detector` of each record applied;
+/// `recording` hears of each just before its proposal. The caller fenced their reads
+/// ([`MetaRaft::fence_reads`]) when the detector decided, before any await.
+pub async fn record_down_nodes(
+    raft: &MetaRaft,
+    detector: &mut Detector,
+    to_declare: Vec<NodeId>,
+    mut recording: impl FnMut(NodeId),
+) {
+    for id in to_declare {
+        // A leader cut off from the majority keeps believing it leads, and from there
+        // every peer looks down: only a leadership a quorum confirms may decide.
+        if raft.linearizable_snapshot().await.is_err() {
+            return;
+        }
+        tracing::warn!(
+            node = id,
+            "node down: removing its transient and exclusive queues"
+        );
+        recording(id);
+        match raft.record_down(id).await {
+            Ok(_) => detector.handle_declared(id),
+            Err(e) => tracing::warn!(node = id, error = %e, "cannot record a node as down"),
         }
     }
 }

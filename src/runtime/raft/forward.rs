@@ -394,6 +394,26 @@ impl Forwarder {
         Err(e)
     }
 
+    /// Commits `request` only if this node leads now: never forwarded.
+    pub(super) async fn propose_here(
+        &self,
+        request: MetaRequest,
+    ) -> Result<MetaResponse, ProposeError> {
+        match self.settle(
+            write_as_leader(&self.raft, request, self.timeout).await,
+            self.me,
+        ) {
+            Attempt::Done(outcome) => outcome,
+            Attempt::Retry { hint, .. } => {
+                let (leader, leader_addr) = hint.unzip();
+                Err(ProposeError::NotLeader {
+                    leader,
+                    leader_addr,
+                })
+            }
+        }
+    }
+
     /// Raft's read index from whichever node leads (this one, or the leader it knows of,
     /// once), within `within`: the index this node must have applied for a read that sees
     /// every command committed before the call.

@@ -51,6 +51,7 @@ use serde::{Deserialize, Serialize};
 
 use super::forward::{self, ForwardReply, ForwardRequest, ReadIndexReply};
 use super::persist::{self, PersistError};
+use super::state_machine::SharedFence;
 use super::types::{NodeId, TypeConfig};
 
 /// Why a transport could not deliver a request or bring back its reply.
@@ -319,13 +320,31 @@ pub struct RpcServer {
     /// The longest a forwarded proposal may wait here for its outcome (the caller's budget
     /// is usually shorter).
     propose_timeout: Duration,
+    fence: SharedFence,
 }
 
 impl RpcServer {
-    pub(crate) fn new(raft: Raft<TypeConfig>, propose_timeout: Duration) -> RpcServer {
+    pub(crate) fn new(
+        raft: Raft<TypeConfig>,
+        propose_timeout: Duration,
+        fence: SharedFence,
+    ) -> RpcServer {
         RpcServer {
             raft,
             propose_timeout,
+            fence,
+        }
+    }
+
+    /// Whether this leader is recording `origin` down (`cluster::read_fence`).
+    fn fenced(&self, origin: NodeId) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        self.fence.lock().refuses(origin, term)
+    }
+
+    fn refusal(&self, origin: NodeId) -> ReadIndexReply {
+        ReadIndexReply::Failed {
+            reason: format!("node {origin} is being recorded down"),
         }
     }
 
@@ -340,7 +359,20 @@ impl RpcServer {
                 RpcReply::Forward(forward::serve(&self.raft, r, self.propose_timeout).await)
             }
             Ok(RpcRequest::ReadIndex { origin }) => {
-                let reply = forward::read_index_as_leader(&self.raft, self.propose_timeout).await;
+                // Checked before and after: a fence set while the quorum round ran also
+                // refuses (the index was taken before the decision, and may predate the
+                // `NodeDown` still to commit).
+                let reply = if self.fenced(origin) {
+                    self.refusal(origin)
+                } else {
+                    let reply =
+                        forward::read_index_as_leader(&self.raft, self.propose_timeout).await;
+                    if self.fenced(origin) {
+                        self.refusal(origin)
+                    } else {
+                        reply
+                    }
+                };
                 tracing::debug!(origin, "read index: {reply:?}");
                 RpcReply::ReadIndex(reply)
             }

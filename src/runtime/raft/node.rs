@@ -20,7 +20,7 @@ use super::log_store::LogStore;
 use super::network::{DynTransport, NetworkFactory, RaftTransport, RpcServer};
 use super::persist::PersistError;
 use super::rt;
-use super::state_machine::{MetaStateMachine, MetaView};
+use super::state_machine::{MetaStateMachine, MetaView, SharedFence};
 use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
 use crate::meta::{Command, MetaState};
 use crate::store::Disk;
@@ -238,6 +238,8 @@ pub struct MetaRaft {
     lease: Duration,
     heartbeat: Duration,
     forwarder: Forwarder,
+    /// Readers the leader refuses while it records them down (`cluster::read_fence`).
+    fence: SharedFence,
 }
 
 impl MetaRaft {
@@ -255,6 +257,7 @@ impl MetaRaft {
         let raft_config = Arc::new(config.to_openraft()?);
         let log = LogStore::open(Arc::clone(&disk), dir, config.segment_bytes)?;
         let (sm, view) = MetaStateMachine::open(disk, dir)?;
+        let fence = sm.fence();
         let transport = Arc::new(transport);
         let network = NetworkFactory::new(id, Arc::clone(&transport));
         let raft = rt::with_seed(seed, Raft::new(id, raft_config, network, log, sm))
@@ -270,6 +273,7 @@ impl MetaRaft {
             lease: config.election_timeout_max,
             heartbeat: config.heartbeat,
             forwarder,
+            fence,
         })
     }
 
@@ -568,7 +572,27 @@ impl MetaRaft {
 
     /// The handler a transport feeds this node's incoming Raft requests to.
     pub fn rpc_server(&self) -> RpcServer {
-        RpcServer::new(self.raft.clone(), self.propose_timeout)
+        RpcServer::new(self.raft.clone(), self.propose_timeout, self.fence.clone())
+    }
+
+    /// The failure detector's tick (`cluster::read_fence`): `deciding` are the nodes it
+    /// offers to record down now (empty off the leader). From now until their `NodeDown`
+    /// is applied, or the term ends, their read-index requests are refused here.
+    pub fn fence_reads(&self, deciding: &[NodeId]) {
+        let term = self.raft.metrics().borrow().current_term;
+        self.fence.lock().handle_tick(term, deciding);
+    }
+
+    /// Records `node` down (`Command::NodeDown`), only if this node leads: never forwarded,
+    /// since the decision rests on this leadership's watch (a new leader's reads would not
+    /// be fenced). Call [`MetaRaft::fence_reads`] with `node` first: the fence then holds
+    /// until the record is applied, whatever this call returns.
+    pub async fn record_down(&self, node: NodeId) -> Result<MetaResponse, ProposeError> {
+        self.fence.lock().handle_proposed(node);
+        let request = MetaRequest {
+            command: Command::NodeDown { id: node },
+        };
+        self.forwarder.propose_here(request).await
     }
 
     /// Stops the node's tasks. Its storage stays as it is, ready for a restart.

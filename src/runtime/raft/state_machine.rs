@@ -12,7 +12,7 @@
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use super::image::Image;
 use super::persist::{self, PersistError};
 use super::types::{AppliedSummary, MetaResponse, NodeId, Rejected, TypeConfig};
-use crate::meta::MetaState;
+use crate::cluster::ReadFence;
+use crate::meta::{Command, MetaState};
 use crate::store::Disk;
 
 const SNAPSHOT: &str = "snapshot";
@@ -81,6 +82,19 @@ impl SnapshotSlot {
     }
 }
 
+/// The leader's read fence (`cluster::read_fence`), shared by the state machine (which
+/// reports each applied `NodeDown`), the RPC server (which refuses fenced readers) and
+/// the failure detector's driver (which fences).
+#[derive(Clone, Debug, Default)]
+pub struct SharedFence(Arc<Mutex<ReadFence>>);
+
+impl SharedFence {
+    /// The fence, locked (briefly: every holder only looks or updates).
+    pub fn lock(&self) -> MutexGuard<'_, ReadFence> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The metadata state machine of one node.
 pub struct MetaStateMachine {
     state: Arc<MetaState>,
@@ -89,6 +103,7 @@ pub struct MetaStateMachine {
     digest: u32,
     slot: SnapshotSlot,
     view: watch::Sender<MetaView>,
+    fence: SharedFence,
 }
 
 /// Extends the digest with one applied entry.
@@ -123,6 +138,7 @@ impl MetaStateMachine {
                 current: Arc::default(),
             },
             view: watch::Sender::new(MetaView::default()),
+            fence: SharedFence::default(),
         };
         if let Some(snap) = stored {
             let image = decode_image(&snap.data, &dir.join(SNAPSHOT))?;
@@ -132,6 +148,11 @@ impl MetaStateMachine {
         let rx = sm.view.subscribe();
         sm.publish();
         Ok((sm, rx))
+    }
+
+    /// The read fence this state machine reports applied `NodeDown`s to.
+    pub fn fence(&self) -> SharedFence {
+        self.fence.clone()
     }
 
     fn restore(&mut self, meta: &SnapshotMeta<NodeId, BasicNode>, image: Image) {
@@ -164,6 +185,10 @@ impl MetaStateMachine {
                     .map(AppliedSummary::from)
                     .map_err(Rejected::from);
                 let body = persist::encode("applied command", &(&req.command, &outcome))?;
+                // Refused or not, it is committed: reads from now on have an index past it.
+                if let Command::NodeDown { id } = req.command {
+                    self.fence.lock().handle_recorded(id);
+                }
                 (outcome, body)
             }
             EntryPayload::Membership(m) => {

@@ -311,3 +311,49 @@ async fn a_quorum_read_on_a_follower_sees_every_earlier_commit_and_an_isolated_n
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_node_being_recorded_down_gets_no_quorum_read_until_its_record_is_applied() {
+    bounded(async {
+        let c = Cluster::new(3, fast_config()).await;
+        let leader = c.leader(&[], Duration::from_secs(5)).await;
+        c.propose(add_vhost(), &[]).await;
+        let followers: Vec<u64> = c.ids().into_iter().filter(|&id| id != leader).collect();
+        let (down, other) = (followers[0], followers[1]);
+        let read = |id: u64| c.nodes[&id].quorum_snapshot(Duration::from_secs(2));
+
+        // The detector offers `down` for recording: its lease renewals are refused from
+        // then on, the others' are not.
+        c.nodes[&leader].fence_reads(&[down]);
+        match read(down).await {
+            Err(ProposeError::NoQuorum(reason)) => {
+                assert!(reason.contains("recorded down"), "{reason}")
+            }
+            other => panic!("a fenced node's read: {other:?}"),
+        }
+        assert!(read(other).await.is_ok());
+        // Heard again before any proposal: the fence ends.
+        c.nodes[&leader].fence_reads(&[]);
+        assert!(read(down).await.is_ok());
+
+        // Offered again and proposed: the fence holds after the detector stops offering
+        // it, until the record is applied (here, at once: it committed).
+        c.nodes[&leader].fence_reads(&[down]);
+        assert!(
+            matches!(
+                c.nodes[&other].record_down(down).await,
+                Err(ProposeError::NotLeader { .. })
+            ),
+            "a follower must not forward a record a leader's watch did not decide"
+        );
+        assert!(read(down).await.is_err());
+        let recorded = c.nodes[&leader].record_down(down).await.expect("recorded");
+        c.nodes[&leader].fence_reads(&[]);
+        read(down).await.expect("a read after the record");
+        assert!(
+            c.nodes[&down].view().applied_index >= Some(recorded.index),
+            "the read after the record does not include it"
+        );
+    })
+    .await;
+}

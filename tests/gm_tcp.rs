@@ -448,6 +448,59 @@ async fn durable_acks_hold_the_confirm_until_every_member_released() {
     .await;
 }
 
+/// Bug 22: a mirror that holds back a release on purpose (a round it cannot write, a sync
+/// whose start it missed) must still get out of the group, or it never joins again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holding_back_a_release_cannot_drain_but_abandons_at_once() {
+    bounded(async {
+        let nodes = cluster(3).await;
+        let mut handles = Vec::new();
+        for id in 1..=3 {
+            handles.push(nodes[&id].host.join("a", true).await.expect("join"));
+        }
+        let mut c = handles.pop().expect("3");
+        let b = handles.pop().expect("2");
+        let mut a = handles.pop().expect("1");
+        let (seen, _seen) = tokio::sync::mpsc::unbounded_channel();
+        release_all(b, seen);
+        let confirm = tokio::spawn(a.confirmed_broadcast(Bytes::from_static(b"x")));
+        loop {
+            match a.next_event().await {
+                Some(Event::Deliver { from, num, .. }) if from == a.id() => {
+                    a.release(from, num);
+                    break;
+                }
+                Some(_) => {}
+                None => panic!("member 1 stopped"),
+            }
+        }
+        loop {
+            match c.next_event().await {
+                Some(Event::Deliver { msg, .. }) if msg == "x" => break,
+                Some(_) => {}
+                None => panic!("member 3 stopped"),
+            }
+        }
+        // 3 never releases "x": a draining leave waits for it.
+        let drained = tokio::time::timeout(Duration::from_millis(500), c.leave()).await;
+        assert!(drained.is_err(), "a draining leave finished: {drained:?}");
+        c.sender().abandon().await.expect("abandoned");
+        // Recorded dead, then maybe erased (node 1 applies it shortly after the leader).
+        let mut views = nodes[&1].raft.subscribe();
+        while views.borrow_and_update().state.gm_groups["a"]
+            .members
+            .contains(&warren::gm::Slot::Alive(c.id()))
+        {
+            views.changed().await.expect("node 1 runs");
+        }
+        confirm
+            .await
+            .expect("task")
+            .expect("the two that stay confirm without the abandoned member");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_leaves_drains_first_and_the_rest_carry_on() {
     bounded(async {

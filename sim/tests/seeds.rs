@@ -92,9 +92,12 @@ fn gm_same_seed_same_trace() {
 /// leader recorded a cut-off master down on silence just after the heal, though the master
 /// had renewed its lease with a read the leader served meanwhile, and two masters delivered
 /// at once (bug 21: the simulated transport did not count requests as hearing their
-/// sender; the leader now also refuses reads from a node it is recording down).
-const MIRROR_CI_SEEDS: [u64; 17] = [
-    1, 2, 3, 4, 5, 6, 7, 8, 53, 142, 189, 262, 355, 437, 485, 3452, 4485,
+/// sender; the leader now also refuses reads from a node it is recording down). 3542: a
+/// joiner whose left neighbour died before its catch-up missed a sync's start; it held back
+/// that release to start over, and its draining leave waited for the release forever, so
+/// it never joined again and was never synchronised (bug 22: it now abandons the group).
+const MIRROR_CI_SEEDS: [u64; 18] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 53, 142, 189, 262, 355, 437, 485, 3452, 3542, 4485,
 ];
 
 #[test]

@@ -150,7 +150,11 @@ enum Cmd {
     Broadcast(Bytes),
     Confirmed(Bytes, oneshot::Sender<Result<(), GmError>>),
     Release(MemberId, PubNum),
-    Leave(oneshot::Sender<Result<(), GmError>>),
+    /// Leave; `drain`: once nothing of this member is in flight.
+    Leave {
+        tx: oneshot::Sender<Result<(), GmError>>,
+        drain: bool,
+    },
 }
 
 /// The application's end of one member.
@@ -168,7 +172,7 @@ impl std::fmt::Debug for Cmd {
             Cmd::Broadcast(_) => "Broadcast",
             Cmd::Confirmed(..) => "Confirmed",
             Cmd::Release(..) => "Release",
-            Cmd::Leave(_) => "Leave",
+            Cmd::Leave { .. } => "Leave",
         })
     }
 }
@@ -199,8 +203,21 @@ impl GmSender {
     /// Leaves the group; see [`GmHandle::leave`]. With durable acks the owner must go on
     /// releasing what is delivered meanwhile: the drain waits for it.
     pub fn leave(&self) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
+        self.leave_as(true)
+    }
+
+    /// Leaves the group now, as if this member had died: recorded dead at once, without
+    /// waiting for what is in flight. For an owner that holds back a release on purpose
+    /// (a mirror whose copy is not what the master thinks): a draining leave would wait
+    /// for that release forever. Safe as a crash is: the ring repairs itself around a dead
+    /// member, and the owner's copy must no longer be counted on (recorded first).
+    pub fn abandon(&self) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
+        self.leave_as(false)
+    }
+
+    fn leave_as(&self, drain: bool) -> impl Future<Output = Result<(), GmError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        let sent = self.cmds.send(Cmd::Leave(tx)).is_ok();
+        let sent = self.cmds.send(Cmd::Leave { tx, drain }).is_ok();
         async move {
             if !sent {
                 return Err(GmError::Stopped);
@@ -279,7 +296,7 @@ impl GmHandle {
     pub async fn leave(&self) -> Result<(), GmError> {
         let (tx, rx) = oneshot::channel();
         self.cmds
-            .send(Cmd::Leave(tx))
+            .send(Cmd::Leave { tx, drain: true })
             .map_err(|_| GmError::Stopped)?;
         rx.await.unwrap_or(Err(GmError::Stopped))
     }
@@ -483,6 +500,7 @@ impl<N: GmNet + Clone> GmHost<N> {
             confirms: BTreeMap::new(),
             next_token: 0,
             leaving: None,
+            drain: true,
             events: ev_tx,
         };
         // The span is the task's (`instrument`), not entered across its awaits: an entered

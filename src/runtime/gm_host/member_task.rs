@@ -26,6 +26,8 @@ pub(super) struct MemberTask<N> {
         BTreeMap<u64, (oneshot::Sender<Result<(), GmError>>, tokio::time::Instant)>,
     pub(super) next_token: u64,
     pub(super) leaving: Option<oneshot::Sender<Result<(), GmError>>>,
+    /// Whether the leave waits until nothing of this member is in flight.
+    pub(super) drain: bool,
     pub(super) events: mpsc::UnboundedSender<Event<Bytes>>,
 }
 
@@ -122,8 +124,9 @@ impl<N: GmNet + Clone> MemberTask<N> {
                 self.member.release(origin, upto);
                 0
             }
-            Cmd::Leave(tx) => {
+            Cmd::Leave { tx, drain } => {
                 self.leaving = Some(tx);
+                self.drain = drain;
                 0
             }
         }
@@ -216,7 +219,7 @@ impl<N: GmNet + Clone> MemberTask<N> {
     }
 
     pub(super) fn maybe_leave(&mut self) {
-        if self.leaving.is_none() || !self.member.is_quiet() {
+        if self.leaving.is_none() || (self.drain && !self.member.is_quiet()) {
             return;
         }
         let Some(tx) = self.leaving.take() else {

@@ -500,7 +500,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     Followed::WriteFailed => {
                         self.set_synchronised(key, m.incarnation, None, self.node, false, None)
                             .await;
-                        leave(&mut m).await;
+                        // It held back the release of the round it could not take: a
+                        // draining leave would wait for that forever (bug 22).
+                        abandon(&mut m).await;
                         return None;
                     }
                 },
@@ -571,6 +573,20 @@ pub(super) fn want_backlog(m: &Membership, epoch: u64, sync: u64, from: u64) {
 /// releases of a member with durable acks; nothing is written any more).
 pub(super) async fn leave(m: &mut Membership) {
     let done = m.handle.sender().leave();
+    wait_gone(m, done).await
+}
+
+/// Leaves the group at once, as a crash would (`GmSender::abandon`): for a mirror that
+/// held back a release (a round it could not write, a sync whose start it missed).
+pub(super) async fn abandon(m: &mut Membership) {
+    let done = m.handle.sender().abandon();
+    wait_gone(m, done).await
+}
+
+async fn wait_gone(
+    m: &mut Membership,
+    done: impl std::future::Future<Output = Result<(), crate::runtime::gm_host::GmError>>,
+) {
     tokio::pin!(done);
     loop {
         tokio::select! {

@@ -66,6 +66,12 @@ struct Args {
     /// controller). Changes every seed's schedule.
     #[arg(long)]
     extended: bool,
+    /// A dead-letter stream joins the workload: confirmed persistent publishes to a source
+    /// queue with a 200 ms message TTL, dead-lettered into a target queue mastered on
+    /// another node. Its messages must not be lost; duplicates and order are not judged
+    /// (a dead letter in flight when its node stops is dead-lettered again).
+    #[arg(long)]
+    dead_letters: bool,
 }
 
 fn seeds(args: &Args) -> Result<Vec<u64>> {
@@ -117,6 +123,7 @@ fn main() -> Result<()> {
         bin,
         keep: args.keep,
         extended: args.extended,
+        dead_letters: args.dead_letters,
     };
     // A panic must not leave partitions behind.
     let hook = std::panic::take_hook();

@@ -15,6 +15,9 @@
 //! - **Order**: within one client stream (a consumer's or a getter's connection), the
 //!   first deliveries (`redelivered` unset) of one publisher session come in increasing
 //!   sequence order.
+//! - Neither duplicates nor order are judged for the dead-letter stream (`--dead-letters`):
+//!   a dead letter in flight when its node stops is dead-lettered again after the restart
+//!   (`docs/clustering.md`), as a new message without `redelivered`. Its losses count.
 //! - **Liveness after the faults**: every publisher gets an ack within `peer_timeout_ms + 3 s`
 //!   of the moment the faults were over and every node served again.
 //! - **Liveness under a minority partition**: a publisher whose session sat on a majority
@@ -29,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::cluster::PEER_TIMEOUT_MS;
 use super::history::{Inner, Outcome, Published};
+use super::workload::DL_SOURCE;
 
 /// The longest a majority publisher may go without an ack once a minority cut settled.
 pub const MAJORITY_GAP: Duration = Duration::from_secs(3);
@@ -42,6 +46,8 @@ pub struct Verdict {
     pub lost: u64,
     pub lost_transient_allowed: u64,
     pub dup_unflagged: u64,
+    /// Dead letters delivered more than once without `redelivered` (allowed).
+    pub dup_dead_letters: u64,
     pub order_errors: u64,
     pub liveness_errors: u64,
     pub reasons: Vec<String>,
@@ -58,6 +64,14 @@ pub fn excused_by_redeclare(h: &Inner, m: &Published) -> bool {
         .map(|r| r.done.unwrap_or_else(Instant::now))
         .max()
         .is_some_and(|r| m.sent <= r)
+}
+
+/// Whether publisher `p`'s message `seq` went to the dead-letter stream's source.
+fn dead_letter(h: &Inner, p: u32, seq: u64) -> bool {
+    h.published
+        .get(&p)
+        .and_then(|ms| ms.get(seq as usize))
+        .is_some_and(|m| m.queue == DL_SOURCE)
 }
 
 pub fn check(h: &Inner) -> Verdict {
@@ -78,7 +92,9 @@ pub fn check(h: &Inner) -> Verdict {
         }
     }
     for (&(p, s), &(_, unflagged)) in &seen {
-        if unflagged > 1 {
+        if unflagged > 1 && dead_letter(h, p, s) {
+            v.dup_dead_letters += 1;
+        } else if unflagged > 1 {
             v.dup_unflagged += 1;
             if v.dup_unflagged <= 3 {
                 v.reasons.push(format!(
@@ -178,7 +194,11 @@ pub fn check(h: &Inner) -> Verdict {
     }
     // Order: per stream, per publisher session, first deliveries increasing.
     let mut last: HashMap<(u64, u32, u32), u64> = HashMap::new();
-    for d in h.deliveries.iter().filter(|d| !d.redelivered) {
+    for d in h
+        .deliveries
+        .iter()
+        .filter(|d| !d.redelivered && !dead_letter(h, d.publisher, d.seq))
+    {
         let k = (d.stream, d.publisher, d.session);
         if let Some(&prev) = last.get(&k) {
             if d.seq <= prev {
@@ -376,5 +396,30 @@ mod tests {
         ]);
         let v = check(&h);
         assert_eq!((v.dup_unflagged, v.order_errors), (2, 1));
+    }
+
+    #[test]
+    fn dead_letters_may_come_twice_and_out_of_order_but_not_go_missing() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(10);
+        let mut h = Inner::default();
+        h.published.insert(
+            0,
+            (0..4)
+                .map(|_| msg(DL_SOURCE, true, t0, Outcome::Ack(t1)))
+                .collect(),
+        );
+        h.deliveries.extend([
+            got(1, 0, false),
+            got(0, 0, false), // out of order
+            got(1, 1, false), // unflagged twice
+            got(2, 1, false),
+        ]);
+        let v = check(&h);
+        assert_eq!(
+            (v.dup_unflagged, v.dup_dead_letters, v.order_errors),
+            (0, 1, 0)
+        );
+        assert_eq!(v.lost, 1, "#3 was confirmed and never delivered");
     }
 }

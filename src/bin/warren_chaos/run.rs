@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 
 use super::checker::{self, Verdict};
@@ -17,7 +17,7 @@ use super::copies;
 use super::faults::{self, Runner};
 use super::history::History;
 use super::schedule::{self, Step, QUEUES};
-use super::workload::{self, queue_name, Ctx, Mode};
+use super::workload::{self, queue_name, Ctx, Mode, DL_SOURCE, DL_TARGET, DL_TTL_MS};
 
 pub struct Opts {
     pub nodes: usize,
@@ -26,6 +26,8 @@ pub struct Opts {
     pub keep: bool,
     /// Disk faults in the schedule, data folders on their own file systems.
     pub extended: bool,
+    /// A dead-letter stream too (`workload::DL_SOURCE`).
+    pub dead_letters: bool,
 }
 
 /// After the faults: how long the workload goes on before it stops (liveness is judged here).
@@ -76,7 +78,14 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
     ) {
         Err(e) => reasons.push(format!("setup: {e:#}")),
         Ok(mut cluster) => {
-            if let Err(e) = campaign(&mut cluster, &steps, &history, &mut reasons).await {
+            let run = campaign(
+                &mut cluster,
+                &steps,
+                &history,
+                &mut reasons,
+                opts.dead_letters,
+            );
+            if let Err(e) = run.await {
                 reasons.push(format!("{e:#}"));
             }
             super::net::remove_all();
@@ -118,6 +127,9 @@ pub async fn run(seed: u64, opts: &Opts) -> (String, bool) {
     if verdict.returned > 0 {
         line.push_str(&format!(" (returned_unroutable={})", verdict.returned));
     }
+    if verdict.dup_dead_letters > 0 {
+        line.push_str(&format!(" (dead_letter_dups={})", verdict.dup_dead_letters));
+    }
     if verdict.lost_transient_allowed > 0 {
         line.push_str(&format!(
             " (transient_lost_allowed={})",
@@ -139,10 +151,11 @@ async fn campaign(
     steps: &[Step],
     history: &Arc<History>,
     reasons: &mut Vec<String>,
+    dead_letters: bool,
 ) -> Result<()> {
     let all: Vec<usize> = (0..cluster.nodes.len()).collect();
     cluster.start(&all).await.context("first start")?;
-    set_up(cluster).await?;
+    set_up(cluster, dead_letters).await?;
     let ctx = Ctx {
         uris: Arc::new(cluster.nodes.iter().map(|n| n.amqp_uri()).collect()),
         history: history.clone(),
@@ -176,8 +189,28 @@ async fn campaign(
             Mode::Tx,
         )),
     ));
+    // The dead-letter stream: a confirming publisher to the source through node 1 (its
+    // master's), a consumer of the target through node 3.
+    if dead_letters {
+        tasks.push((
+            format!("dead-letter publisher p{}", n + 1),
+            tokio::spawn(workload::publisher(
+                ctx.clone(),
+                n as u32 + 1,
+                0,
+                DL_SOURCE,
+                Mode::Confirms,
+            )),
+        ));
+    }
     // Consumers and the getter stop first (see BACKLOG).
     let mut takers = Vec::new();
+    if dead_letters {
+        takers.push((
+            format!("consumer of {}", queue_name(DL_TARGET)),
+            tokio::spawn(workload::consumer(ctx.clone(), 77, 2 % n, DL_TARGET)),
+        ));
+    }
     for q in 0..QUEUES {
         for k in 0..2 {
             let home = (q + k + 1) % n;
@@ -275,7 +308,13 @@ async fn campaign(
     }
     reasons.extend(copies::check(cluster, history).await);
     let deadline = Instant::now() + Duration::from_secs(120);
-    for q in 0..QUEUES {
+    // The source before the target: what expires meanwhile is in the target by then.
+    let dl: &[usize] = if dead_letters {
+        &[DL_SOURCE, DL_TARGET]
+    } else {
+        &[]
+    };
+    for &q in (0..QUEUES).collect::<Vec<_>>().iter().chain(dl) {
         let name = queue_name(q);
         let mut last = None;
         let mut drained = false;
@@ -330,8 +369,11 @@ async fn after_drain(cluster: &Cluster) {
     }
 }
 
-/// The `ha` policy (all, automatic sync), the durable queues, and their mirrors in sync.
-async fn set_up(cluster: &Cluster) -> Result<()> {
+/// The `ha` policy (all, automatic sync), the durable queues, and their mirrors in sync;
+/// with `dead_letters`, the dead-letter stream's queues too: the source declared through
+/// node 1 and the target through node 2, so their masters (client-local) differ and every
+/// dead letter crosses nodes.
+async fn set_up(cluster: &Cluster, dead_letters: bool) -> Result<()> {
     let json = r#"{"ha-mode":"all","ha-sync-mode":"automatic"}"#;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -362,6 +404,48 @@ async fn set_up(cluster: &Cluster) -> Result<()> {
         )
         .await
         .with_context(|| format!("declare {}", queue_name(q)))?;
+    }
+    if dead_letters {
+        let mut args = FieldTable::default();
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(DL_TTL_MS));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(queue_name(DL_TARGET).as_str().into()),
+        );
+        ch.queue_declare(
+            queue_name(DL_SOURCE).as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .context("declare the dead-letter source")?;
+        let target = Connection::connect(
+            &cluster.nodes[1].amqp_uri(),
+            ConnectionProperties::default(),
+        )
+        .await
+        .context("connect to node2")?;
+        target
+            .create_channel()
+            .await?
+            .queue_declare(
+                queue_name(DL_TARGET).as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .context("declare the dead-letter target")?;
+        let _ = target.close(200, "bye".into()).await;
     }
     let _ = conn.close(200, "bye".into()).await;
     faults::wait_mirrored(cluster, Duration::from_secs(20)).await

@@ -43,8 +43,20 @@ pub struct Ctx {
     pub streams: Arc<AtomicU64>,
 }
 
+/// The dead-letter stream's source (`--dead-letters`): no consumer; its messages expire
+/// after [`DL_TTL_MS`] into [`DL_TARGET`], whose master is on another node.
+pub const DL_SOURCE: usize = 100;
+/// The dead-letter stream's target queue.
+pub const DL_TARGET: usize = 101;
+/// The source's `x-message-ttl`.
+pub const DL_TTL_MS: i64 = 200;
+
 pub fn queue_name(q: usize) -> String {
-    format!("ha.q{q}")
+    match q {
+        DL_SOURCE => "ha.dl.source".to_string(),
+        DL_TARGET => "ha.dl.target".to_string(),
+        _ => format!("ha.q{q}"),
+    }
 }
 
 impl Ctx {
@@ -90,7 +102,9 @@ pub enum Mode {
 }
 
 /// A publisher to `ha.q<queue>`, preferring node `home`; messages whose sequence number is
-/// 3 mod 4 are transient, the rest persistent.
+/// 3 mod 4 are transient, the rest persistent (all of them to [`DL_SOURCE`]: a dead letter
+/// keeps its delivery mode, and the checker's transient excuse follows the source queue's
+/// master only).
 pub async fn publisher(ctx: Ctx, id: u32, home: usize, queue: usize, mode: Mode) {
     let mut seq = 0u64;
     let mut session = 0u32;
@@ -202,7 +216,7 @@ async fn publish_next(
 ) {
     let s = *seq;
     *seq += 1;
-    let persistent = s % 4 != 3;
+    let persistent = s % 4 != 3 || queue == DL_SOURCE;
     ctx.history.sent(
         id,
         s,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The short fault campaign (issue 16): warren-chaos against the release build, a few seeds
-# chosen for different fault mixes, within 10 minutes on a 2-core machine.
+# chosen for different fault mixes, within 12 minutes on a 2-core machine.
 #
 #   bash .ci/chaos.sh        builds warren, warrenctl and warren-chaos (release), then runs
 #
@@ -45,6 +45,13 @@ for seed in 7 9 21 39; do
     "$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --extended \
         --seed "$seed" | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 done
+# With the dead-letter stream (--dead-letters: confirmed messages expire from a source
+# queue into a target queue):
+#   19  kill -9 of the source's master while the target's master was on the same node
+#       (its promoted mirror dead-lettered into a target recorded as its node's but not
+#       adopted there yet: 180 confirmed messages lost before the fix)
+"$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --dead-letters --seed 19 \
+    | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1
 for seed in 10 16 19 20 25 37 54; do
     "$TARGET/release/warren-chaos" --bin "$TARGET/release" --duration 20 --seed "$seed" \
         | grep -E '^(seed=[0-9]+ nodes=|chaos:)' || status=1

@@ -884,13 +884,13 @@ impl Broker {
                     let Some(handle) = self.queue(&vhost.name, &name) else {
                         // A queue another node runs: forwarded there, and again until its
                         // node has taken it; the source ack waits for that (RabbitMQ's
-                        // classic queues send and forget).
-                        if let (Some(link), Some(def)) =
-                            (self.remote.get(), vhost.queues.get(&name))
+                        // classic queues send and forget). So is one recorded as this
+                        // node's that does not run here yet (a mirror promoted here, not
+                        // adopted yet): dropping the letter would ack a message no queue
+                        // holds.
+                        if let (Some(link), Some(_)) = (self.remote.get(), vhost.queues.get(&name))
                         {
-                            if def.home != self.node_id {
-                                link.dead_letter(&vhost.name, name, message.clone(), hold.clone());
-                            }
+                            link.dead_letter(&vhost.name, name, message.clone(), hold.clone());
                         }
                         continue;
                     };

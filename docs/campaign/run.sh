@@ -17,7 +17,9 @@ for s in $(seq $1 $(($2 - 1))); do
   args="--seed $s --duration 20 --bin $BIN"
   if [ $((s % 2)) -eq 1 ]; then args="$args --extended"; fi
   if [ $((s % 10)) -eq 0 ]; then args="$args --nodes 5"; fi
-  if [ $((s % 4)) -eq 2 ]; then args="$args --dead-letters"; fi
+  if [ $((s % 4)) -eq 2 ] && [[ "${CHAOS_EXTRA:-}" != *--dead-letters* ]]; then
+    args="$args --dead-letters"
+  fi
   if [ -n "${CHAOS_EXTRA:-}" ]; then args="$args $CHAOS_EXTRA"; fi
   start=$(date +%s)
   "$BIN/warren-chaos" $args > run-$s.out 2>&1

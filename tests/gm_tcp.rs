@@ -255,6 +255,31 @@ async fn a_burst_bigger_than_a_frame_goes_round_in_activities_that_fit() {
     .await;
 }
 
+/// Waits for `h`'s next delivery of its own broadcast and releases it (durable at once).
+async fn release_own_next(h: &mut GmHandle) {
+    loop {
+        match h.next_event().await {
+            Some(Event::Deliver { from, num, .. }) if from == h.id() => {
+                h.release(from, num);
+                return;
+            }
+            Some(_) => {}
+            None => panic!("member {:?} stopped", h.id()),
+        }
+    }
+}
+
+/// Waits until `h` delivers `body`; its origin and number (not released).
+async fn delivered(h: &mut GmHandle, body: &str) -> (MemberId, warren::gm::PubNum) {
+    loop {
+        match h.next_event().await {
+            Some(Event::Deliver { from, num, msg }) if msg == body => return (from, num),
+            Some(_) => {}
+            None => panic!("member {:?} stopped", h.id()),
+        }
+    }
+}
+
 /// Releases everything `h` delivers, and reports each delivery's body on `seen`.
 fn release_all(mut h: GmHandle, seen: tokio::sync::mpsc::UnboundedSender<Bytes>) {
     tokio::spawn(async move {
@@ -415,23 +440,8 @@ async fn durable_acks_hold_the_confirm_until_every_member_released() {
         });
         let confirm = a.confirmed_broadcast(Bytes::from_static(b"x"));
         // The origin's own copy is durable at once here.
-        loop {
-            match a.next_event().await {
-                Some(Event::Deliver { from, num, .. }) if from == a.id() => {
-                    a.release(from, num);
-                    break;
-                }
-                Some(_) => {}
-                None => panic!("member 1 stopped"),
-            }
-        }
-        let (held_from, held_num) = loop {
-            match c.next_event().await {
-                Some(Event::Deliver { from, num, msg }) if msg == "x" => break (from, num),
-                Some(_) => {}
-                None => panic!("member 3 stopped"),
-            }
-        };
+        release_own_next(&mut a).await;
+        let (held_from, held_num) = delivered(&mut c, "x").await;
         let confirm = tokio::spawn(confirm);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
@@ -464,23 +474,8 @@ async fn a_member_holding_back_a_release_cannot_drain_but_abandons_at_once() {
         let (seen, _seen) = tokio::sync::mpsc::unbounded_channel();
         release_all(b, seen);
         let confirm = tokio::spawn(a.confirmed_broadcast(Bytes::from_static(b"x")));
-        loop {
-            match a.next_event().await {
-                Some(Event::Deliver { from, num, .. }) if from == a.id() => {
-                    a.release(from, num);
-                    break;
-                }
-                Some(_) => {}
-                None => panic!("member 1 stopped"),
-            }
-        }
-        loop {
-            match c.next_event().await {
-                Some(Event::Deliver { msg, .. }) if msg == "x" => break,
-                Some(_) => {}
-                None => panic!("member 3 stopped"),
-            }
-        }
+        release_own_next(&mut a).await;
+        delivered(&mut c, "x").await;
         // 3 never releases "x": a draining leave waits for it.
         let drained = tokio::time::timeout(Duration::from_millis(500), c.leave()).await;
         assert!(drained.is_err(), "a draining leave finished: {drained:?}");

@@ -850,18 +850,7 @@ async fn dead_letters_a_killed_master_held_are_sent_again_by_its_promoted_mirror
     .await
     .expect("declare dl.target on node 2");
     common::close_connection(&c2).await;
-    use amq_protocol::types::AMQPValue as Value;
-    let mut args = locator("client-local");
-    for (k, v) in [
-        ("x-message-ttl", Value::LongLongInt(0)),
-        ("x-dead-letter-exchange", Value::LongString("".into())),
-        (
-            "x-dead-letter-routing-key",
-            Value::LongString("dl.target".into()),
-        ),
-    ] {
-        args.insert(k.into(), v);
-    }
+    let args = dead_letter_args(0, "dl.target");
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     declare(&channel(&c1).await, "ha.src", true, args)
         .await
@@ -921,18 +910,7 @@ async fn dead_letters_for_a_target_not_yet_adopted_here_wait_for_it() {
     cluster
         .set_ha_policy(r#"{"ha-mode":"nodes","ha-params":["warren1@test","warren3@test"],"ha-sync-mode":"automatic"}"#)
         .await;
-    use amq_protocol::types::AMQPValue as Value;
-    let mut args = locator("client-local");
-    for (k, v) in [
-        ("x-message-ttl", Value::LongLongInt(1000)),
-        ("x-dead-letter-exchange", Value::LongString("".into())),
-        (
-            "x-dead-letter-routing-key",
-            Value::LongString("ha.dl.z-target".into()),
-        ),
-    ] {
-        args.insert(k.into(), v);
-    }
+    let args = dead_letter_args(1000, "ha.dl.z-target");
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     let ch1 = channel(&c1).await;
     declare(&ch1, "ha.dl.a-source", true, args)
@@ -1017,6 +995,24 @@ async fn dead_letters_for_a_target_not_yet_adopted_here_wait_for_it() {
     assert!(missing.is_empty(), "confirmed letters missing: {missing:?}");
     common::close_connection(&c3).await;
     cluster.nodes[0].kill();
+}
+
+/// A client-local queue's arguments: messages expire after `ttl_ms` into `target`, through
+/// the default exchange.
+fn dead_letter_args(ttl_ms: i64, target: &str) -> FieldTable {
+    use amq_protocol::types::AMQPValue as Value;
+    let mut args = locator("client-local");
+    for (k, v) in [
+        ("x-message-ttl", Value::LongLongInt(ttl_ms)),
+        ("x-dead-letter-exchange", Value::LongString("".into())),
+        (
+            "x-dead-letter-routing-key",
+            Value::LongString(target.into()),
+        ),
+    ] {
+        args.insert(k.into(), v);
+    }
+    args
 }
 
 /// Resident memory of node process `n` in KiB (0 if it is not running).
@@ -1766,18 +1762,7 @@ async fn dead_letters_for_another_nodes_mirrored_queue_reach_it_across_its_failo
     }
     let cluster = mirrored_cluster("dlx", "ha.dlq").await;
     let c2 = connect(&cluster.node(2).amqp_uri()).await;
-    use amq_protocol::types::AMQPValue as Value;
-    let mut args = locator("client-local");
-    for (k, v) in [
-        ("x-message-ttl", Value::LongLongInt(0)),
-        ("x-dead-letter-exchange", Value::LongString("".into())),
-        (
-            "x-dead-letter-routing-key",
-            Value::LongString("ha.dlq".into()),
-        ),
-    ] {
-        args.insert(k.into(), v);
-    }
+    let args = dead_letter_args(0, "ha.dlq");
     declare(&channel(&c2).await, "dl.src", true, args)
         .await
         .expect("declare dl.src on node 2");

@@ -1796,3 +1796,72 @@ async fn dead_letters_for_another_nodes_mirrored_queue_reach_it_across_its_failo
     let numbers: BTreeSet<u32> = drained.iter().map(|(n, _)| *n).collect();
     assert_eq!(numbers, (0..LETTERS).collect(), "each letter, once");
 }
+
+/// A dead letter this node's mirrored queue took in a round that never completes its lap:
+/// `dl.local` is node 1's own queue (not mirrored; messages expire after 1 s into `ha.dlq`,
+/// which node 1 masters with mirrors on nodes 2 and 3). 50 confirmed messages wait in
+/// `dl.local`; node 1 is cut off; they expire into `ha.dlq` on node 1, whose rounds cannot
+/// go round its mirrors. The others promote a mirror, and once the cut heals node 1 learns
+/// it was deposed and voids those rounds. Before, a letter counted as delivered the moment
+/// node 1's queue took it (the source ack was written), and was lost with the voided round;
+/// now it waits for its round, and is sent again to the promoted master when the round is
+/// voided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_in_a_round_voided_by_a_deposed_master_are_sent_again() {
+    if !common::faults::available() {
+        return;
+    }
+    const LETTERS: u32 = 50;
+    let cluster = mirrored_cluster("dlx-voided", "ha.dlq").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    declare(
+        &channel(&c1).await,
+        "dl.local",
+        true,
+        dead_letter_args(1000, "ha.dlq"),
+    )
+    .await
+    .expect("declare dl.local on node 1");
+    let publisher = common::confirm_channel(&c1).await;
+    let mut confirms = Vec::new();
+    for i in 0..LETTERS {
+        let body = i.to_be_bytes();
+        let sent = publisher.basic_publish(
+            "".into(),
+            "dl.local".into(),
+            BasicPublishOptions::default(),
+            &body,
+            BasicProperties::default().with_delivery_mode(2),
+        );
+        confirms.push(sent.await.expect("publish"));
+    }
+    for c in confirms {
+        let confirmed = c.await.expect("confirm").is_ack();
+        assert!(confirmed, "dl.local is node 1's own queue");
+    }
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
+    let (master, _) = wait_state(&cluster, 2, "ha.dlq", off_node1, &[]).await;
+    // Past the TTL on node 1 too (its clock runs on while it is cut off).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(cut);
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let counter = channel(&c2).await;
+    let start = Instant::now();
+    loop {
+        let (messages, _) = common::queue_counts(&counter, "ha.dlq").await;
+        if messages >= LETTERS {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "ha.dlq holds {messages} of the {LETTERS} confirmed messages that expired on \
+             node 1 while it was cut off (master now {master})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let drained = drain(&cluster, 2, "ha.dlq").await;
+    let numbers: BTreeSet<u32> = drained.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, (0..LETTERS).collect(), "each letter");
+    common::close_connection(&c1).await;
+}

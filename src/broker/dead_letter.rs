@@ -266,3 +266,19 @@ mod tests {
         assert!(is_cycle(&Arc::new(again), "q1"));
     }
 }
+
+/// A dead letter one of this node's queues took in the group-commit round of `ticket`,
+/// with its part of the source's hold ([`super::RemoteLink::dead_letters_written`]).
+#[derive(Debug)]
+pub struct WrittenLetter {
+    /// The target queue's vhost.
+    pub vhost: String,
+    /// The target queue.
+    pub queue: String,
+    /// The letter, to send again if its round is voided.
+    pub message: Arc<Message>,
+    /// Its part of the source's hold.
+    pub hold: LetterHold,
+    /// The round that writes it (never 0).
+    pub ticket: u64,
+}

@@ -824,7 +824,26 @@ impl Broker {
     /// Republishes dead letters of `from` to its dead-letter exchange. A letter's source
     /// ack ([`DeadLetter::held`]) is recorded once every queue it is routed to has it: at
     /// once for this node's queues, when the home node answered for another node's.
+    ///
+    /// With a remote link (a cluster), a letter this node's queue takes in a group-commit
+    /// round holds its part until that round is durable, and is sent again if the round is
+    /// voided (the queue's master deposed before the lap): taking it at once lost letters
+    /// whose round never completed while the source ack did.
     pub fn dead_letter(&self, from: &Arc<QueueHandle>, letters: Vec<DeadLetter>, now: Instant) {
+        let mut written = Vec::new();
+        self.dead_letter_hops(from, letters, now, &mut written);
+        if let (Some(link), false) = (self.remote.get(), written.is_empty()) {
+            link.dead_letters_written(written);
+        }
+    }
+
+    fn dead_letter_hops(
+        &self,
+        from: &Arc<QueueHandle>,
+        letters: Vec<DeadLetter>,
+        now: Instant,
+        written: &mut Vec<dead_letter::WrittenLetter>,
+    ) {
         let mut work = vec![(from.clone(), letters)];
         // Each round is one hop; bounded so a misconfigured DLX cycle cannot spin.
         for _ in 0..16 {
@@ -895,6 +914,15 @@ impl Broker {
                         continue;
                     };
                     let r = handle.lock().publish(&handle, message.clone(), now);
+                    if r.accepted && r.ticket != 0 && self.remote.get().is_some() {
+                        written.push(dead_letter::WrittenLetter {
+                            vhost: vhost.name.clone(),
+                            queue: name.clone(),
+                            message: message.clone(),
+                            hold: hold.clone(),
+                            ticket: r.ticket,
+                        });
+                    }
                     if !r.dead.is_empty() {
                         work.push((handle.clone(), r.dead));
                     }
@@ -911,23 +939,22 @@ impl Broker {
     }
 
     /// Puts a dead letter forwarded again ([`RemoteLink::dead_letter`]) into this node's
-    /// queue `name`, now that the queue lives here (a mirror promoted on this node); false
-    /// when this node does not run it (yet).
+    /// queue `name`, now that the queue lives here (a mirror promoted on this node): the
+    /// group-commit ticket that writes it (0: none), or `None` when this node does not run
+    /// the queue (yet).
     pub fn dead_letter_here(
         &self,
         vhost: &str,
         name: &str,
         message: Arc<Message>,
         now: Instant,
-    ) -> bool {
-        let Some(handle) = self.queue(vhost, name) else {
-            return false;
-        };
+    ) -> Option<u64> {
+        let handle = self.queue(vhost, name)?;
         let r = handle.lock().publish(&handle, message, now);
         if !r.dead.is_empty() {
             self.dead_letter(&handle, r.dead, now);
         }
-        true
+        Some(if r.accepted { r.ticket } else { 0 })
     }
 
     /// Periodic work: message TTL at queue heads. Returns the commands that delete queues

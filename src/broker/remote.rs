@@ -92,6 +92,11 @@ pub trait RemoteLink: Send + Sync + std::fmt::Debug {
         message: Arc<Message>,
         hold: super::dead_letter::LetterHold,
     );
+    /// Dead letters this node's queues took, each in the group-commit round of its `ticket`:
+    /// takes each letter's hold once its round is durable; a letter whose round was voided
+    /// (a mirrored queue's master deposed before the lap) is forwarded as by
+    /// [`RemoteLink::dead_letter`] instead, to wherever the queue lives by then.
+    fn dead_letters_written(&self, letters: Vec<super::dead_letter::WrittenLetter>);
     /// Hands `message`, published to the default exchange with the reply name `name` among
     /// its routing keys, to `node`, which runs that name's reply consumer (direct reply-to:
     /// nobody waits for an answer, as RabbitMQ's `delegate:invoke_no_result`).

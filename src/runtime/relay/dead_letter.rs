@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::sender::Outgoing;
 use super::wire::{RelayMsg, WireMessage};
 use super::Inner;
-use crate::broker::dead_letter::LetterHold;
+use crate::broker::dead_letter::{LetterHold, WrittenLetter};
 use crate::broker::Message;
 
 /// The first wait before sending a letter again; it doubles up to [`RETRY_MAX`].
@@ -54,9 +54,16 @@ pub(super) fn forward(
                 break;
             };
             let taken = if home == inner.me {
-                inner
-                    .broker
-                    .dead_letter_here(&vhost, &queue, message.clone(), inner.clock.now())
+                let here = inner.broker.dead_letter_here(
+                    &vhost,
+                    &queue,
+                    message.clone(),
+                    inner.clock.now(),
+                );
+                match here {
+                    None => false,
+                    Some(ticket) => written(&inner, ticket).await,
+                }
             } else if inner.broker.node_is_down(home) {
                 false
             } else {
@@ -92,5 +99,41 @@ pub(super) fn forward(
             wait = (wait * 2).min(RETRY_MAX);
         }
         inner.broker.count_relayed(-held);
+    });
+}
+
+/// Whether the write in group-commit round `ticket` (0: none) is durable and its round was
+/// not voided; waits for the round.
+async fn written(inner: &Inner, ticket: u64) -> bool {
+    match inner.broker.durability() {
+        Some(d) if ticket != 0 => {
+            super::serve::wait_durable(d, ticket).await && !d.any_void(ticket, ticket)
+        }
+        _ => true,
+    }
+}
+
+/// Takes the holds of dead letters this node's queues took once their rounds are durable
+/// (one wait: rounds are marked durable in order); a letter whose round was voided is
+/// forwarded again, to wherever its queue lives by then. Storage that failed takes none
+/// (the node stops; the source keeps the messages).
+pub(super) fn when_written(inner: Arc<Inner>, letters: Vec<WrittenLetter>) {
+    let Some(d) = inner.broker.durability().cloned() else {
+        letters.into_iter().for_each(|l| l.hold.taken());
+        return;
+    };
+    let last = letters.iter().map(|l| l.ticket).max().unwrap_or(0);
+    tokio::spawn(async move {
+        if !super::serve::wait_durable(&d, last).await {
+            return;
+        }
+        for l in letters {
+            if d.any_void(l.ticket, l.ticket) {
+                tracing::info!(vhost = %l.vhost, queue = %l.queue, "dead letter's round voided (its queue's master was deposed); sending it again");
+                forward(inner.clone(), l.vhost, l.queue, l.message, l.hold);
+            } else {
+                l.hold.taken();
+            }
+        }
     });
 }

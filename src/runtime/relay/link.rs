@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use super::sender::Outgoing;
 use super::wire::{RelayMsg, WireMessage, WireSettle};
 use super::{lock, ConsumerSink, Relay, SinkTag};
-use crate::broker::dead_letter::LetterHold;
+use crate::broker::dead_letter::{LetterHold, WrittenLetter};
 use crate::broker::remote::{
     CallFuture, NodeCall, NodeCallFuture, NodeReply, QueueCall, QueueReply,
 };
@@ -35,6 +35,10 @@ impl RemoteLink for Relay {
 
     fn dead_letter(&self, vhost: &str, queue: String, message: Arc<Message>, hold: LetterHold) {
         super::dead_letter::forward(self.inner.clone(), vhost.to_string(), queue, message, hold);
+    }
+
+    fn dead_letters_written(&self, letters: Vec<WrittenLetter>) {
+        super::dead_letter::when_written(self.inner.clone(), letters);
     }
 
     fn deliver_reply(&self, node: NodeId, name: &str, message: Arc<Message>) {

@@ -381,6 +381,10 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             .filter(|id| *id != inner.node && !inner.broker.node_is_down(*id))
             .collect();
         let mut moving = Vec::new();
+        // One deadline for the proposals and the waits: with the other nodes stopping too
+        // (a whole-cluster stop), every proposal would wait out its own timeout, one queue
+        // after another, and the node would not stop for minutes.
+        let deadline = tokio::time::Instant::now() + within;
         for (key, shipping) in masters {
             let Some(set) = state.mirror_sets.get(&key) else {
                 continue;
@@ -398,17 +402,20 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             shipping
                 .handing_over
                 .store(true, std::sync::atomic::Ordering::Release);
-            match inner.raft.propose(promote_to(&key, set, node)).await {
-                Ok(r) if r.outcome.is_ok() => {
+            let proposal = inner.raft.propose(promote_to(&key, set, node));
+            match tokio::time::timeout_at(deadline, proposal).await {
+                Ok(Ok(r)) if r.outcome.is_ok() => {
                     tracing::info!(queue = %key.1, to = node, "handing the queue over");
                     moving.push((key, shipping.member, shipping.incarnation));
                 }
-                other => {
+                Ok(other) => {
                     tracing::warn!(queue = %key.1, outcome = ?other.map(|r| r.outcome), "cannot hand the queue over")
+                }
+                Err(_) => {
+                    tracing::warn!(queue = %key.1, "cannot hand the queue over: out of time")
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + within;
         for (key, member, incarnation) in moving {
             let group = group_name(&key.0, &key.1, incarnation);
             while tokio::time::Instant::now() < deadline

@@ -924,25 +924,13 @@ async fn dead_letters_for_a_target_not_yet_adopted_here_wait_for_it() {
     }
     // Published together, so none expires before node 1 freezes.
     let publisher = common::confirm_channel(&c1).await;
-    let mut confirms = Vec::new();
-    for i in 0..LETTERS {
-        let body = i.to_be_bytes();
-        let sent = publisher.basic_publish(
-            "".into(),
-            "ha.dl.a-source".into(),
-            BasicPublishOptions::default(),
-            &body,
-            BasicProperties::default().with_delivery_mode(2),
-        );
-        confirms.push(sent.await.expect("publish"));
-    }
-    for c in confirms {
-        let confirmed = c.await.expect("confirm").is_ack();
-        assert!(
-            confirmed,
-            "the source confirms through its mirror on node 3"
-        );
-    }
+    publish_confirmed_together(
+        &publisher,
+        "ha.dl.a-source",
+        LETTERS,
+        "the source confirms through its mirror on node 3",
+    )
+    .await;
     cluster.nodes[0].pause();
     let c3 = connect(&cluster.node(3).amqp_uri()).await;
     // A publish expires the queue's head at once (as RabbitMQ's does), so the letters go
@@ -995,6 +983,27 @@ async fn dead_letters_for_a_target_not_yet_adopted_here_wait_for_it() {
     assert!(missing.is_empty(), "confirmed letters missing: {missing:?}");
     common::close_connection(&c3).await;
     cluster.nodes[0].kill();
+}
+
+/// Publishes `0..n` (persistent) to `queue` without waiting between them, then asserts
+/// every confirm is an ack (`why` says why it must be).
+async fn publish_confirmed_together(ch: &lapin::Channel, queue: &str, n: u32, why: &str) {
+    let mut confirms = Vec::new();
+    for i in 0..n {
+        let body = i.to_be_bytes();
+        let sent = ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            &body,
+            BasicProperties::default().with_delivery_mode(2),
+        );
+        confirms.push(sent.await.expect("publish"));
+    }
+    for c in confirms {
+        let confirmed = c.await.expect("confirm").is_ack();
+        assert!(confirmed, "{why}");
+    }
 }
 
 /// A client-local queue's arguments: messages expire after `ttl_ms` into `target`, through
@@ -1823,22 +1832,13 @@ async fn dead_letters_in_a_round_voided_by_a_deposed_master_are_sent_again() {
     .await
     .expect("declare dl.local on node 1");
     let publisher = common::confirm_channel(&c1).await;
-    let mut confirms = Vec::new();
-    for i in 0..LETTERS {
-        let body = i.to_be_bytes();
-        let sent = publisher.basic_publish(
-            "".into(),
-            "dl.local".into(),
-            BasicPublishOptions::default(),
-            &body,
-            BasicProperties::default().with_delivery_mode(2),
-        );
-        confirms.push(sent.await.expect("publish"));
-    }
-    for c in confirms {
-        let confirmed = c.await.expect("confirm").is_ack();
-        assert!(confirmed, "dl.local is node 1's own queue");
-    }
+    publish_confirmed_together(
+        &publisher,
+        "dl.local",
+        LETTERS,
+        "dl.local is node 1's own queue",
+    )
+    .await;
     let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
     let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
     let (master, _) = wait_state(&cluster, 2, "ha.dlq", off_node1, &[]).await;

@@ -822,13 +822,10 @@ impl Broker {
     }
 
     /// Republishes dead letters of `from` to its dead-letter exchange. A letter's source
-    /// ack ([`DeadLetter::held`]) is recorded once every queue it is routed to has it: at
-    /// once for this node's queues, when the home node answered for another node's.
-    ///
-    /// With a remote link (a cluster), a letter this node's queue takes in a group-commit
-    /// round holds its part until that round is durable, and is sent again if the round is
-    /// voided (the queue's master deposed before the lap): taking it at once lost letters
-    /// whose round never completed while the source ack did.
+    /// ack ([`DeadLetter::held`]) is recorded once every queue it is routed to has it: for
+    /// another node's queue, when the home node answered; for this node's, in a cluster,
+    /// once the group-commit round that writes it is durable (sent again if the round is
+    /// voided: the queue's master deposed before the lap), and at once on a single node.
     pub fn dead_letter(&self, from: &Arc<QueueHandle>, letters: Vec<DeadLetter>, now: Instant) {
         let mut written = Vec::new();
         self.dead_letter_hops(from, letters, now, &mut written);

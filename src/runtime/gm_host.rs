@@ -294,11 +294,7 @@ impl GmHandle {
     /// Leaves the group: waits until nothing of this member is in flight (drain before
     /// stop), then records it dead, so the rest carry on without waiting for a timeout.
     pub async fn leave(&self) -> Result<(), GmError> {
-        let (tx, rx) = oneshot::channel();
-        self.cmds
-            .send(Cmd::Leave { tx, drain: true })
-            .map_err(|_| GmError::Stopped)?;
-        rx.await.unwrap_or(Err(GmError::Stopped))
+        self.sender().leave().await
     }
 }
 

@@ -1,8 +1,10 @@
 //! Dead letters for another node's queue: forwarded to the queue's home, and again after a
 //! failure (a link that broke, a node recorded down, a master replaced) to wherever the
 //! queue lives then, until a home node has taken the letter; only then is the message acked
-//! in its source queue ([`LetterHold`]). A letter still in flight when this node stops is
-//! in its source queue again at the next start (`docs/clustering.md`).
+//! in its source queue ([`LetterHold`]). Letters this node's queues took wait for their
+//! group-commit round ([`when_written`]), and are forwarded so if it is voided. A letter
+//! still in flight when this node stops is in its source queue again at the next start
+//! (`docs/clustering.md`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,5 +23,5 @@ pub mod wire;
 mod tests;
 
 pub use member::{Event, GmMsg, Item, Member, Pending, PubNum};
-pub use view::{GroupRecord, MemberId, Slot, View};
+pub use view::{late_join, GroupRecord, LateJoin, MemberId, Slot, View};
 pub use wire::{Batch, GmFrame, GmReply, Inbox, Outbox, Part};

@@ -54,6 +54,31 @@ impl GroupRecord {
     }
 }
 
+/// What became of a join of `me` that its joiner gave up on without learning the outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LateJoin {
+    /// It may still commit: the group (`record`, `None` when forgotten) has not passed the
+    /// version the join expected.
+    Pending,
+    /// It committed: the record names `me` alive, with no member behind it.
+    Named,
+    /// It never can: the record moved past the version the join expected without it.
+    Never,
+}
+
+/// Whether the abandoned join of `me` committed. The join is a compare-and-set from version
+/// `me.since - 1` to `me.since`, and a record never goes back (a forgotten group aside), so
+/// once the record is at `me.since` or later the answer is final. A proposal forwarded to
+/// the leader can reach its log after the joiner gave up, even after a quorum read that did
+/// not show it (bug 26), so the joiner cannot settle this when it gives up.
+pub fn late_join(record: Option<&GroupRecord>, me: MemberId) -> LateJoin {
+    match record {
+        Some(r) if r.members.contains(&Slot::Alive(me)) => LateJoin::Named,
+        Some(r) if r.version >= me.since => LateJoin::Never,
+        _ => LateJoin::Pending,
+    }
+}
+
 /// A member's view of the group at one record version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct View {
@@ -148,6 +173,31 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abandoned_join_is_settled_once_the_record_reaches_its_version() {
+        let me = MemberId { node: 4, since: 7 };
+        let other = MemberId { node: 4, since: 8 };
+        let at = |version, members: Vec<Slot>| GroupRecord { version, members };
+        let six = at(6, vec![Slot::Alive(m(1))]);
+        assert_eq!(late_join(None, me), LateJoin::Pending, "a forgotten group");
+        assert_eq!(late_join(Some(&six), me), LateJoin::Pending);
+        let named = at(7, vec![Slot::Alive(m(1)), Slot::Alive(me)]);
+        assert_eq!(late_join(Some(&named), me), LateJoin::Named);
+        let later = at(
+            8,
+            vec![Slot::Alive(m(1)), Slot::Alive(me), Slot::Alive(other)],
+        );
+        assert_eq!(late_join(Some(&later), me), LateJoin::Named);
+        let without = at(7, vec![Slot::Alive(m(1)), Slot::Alive(other)]);
+        assert_eq!(late_join(Some(&without), me), LateJoin::Never);
+        let dead = at(9, vec![Slot::Alive(m(1)), Slot::Dead(me)]);
+        assert_eq!(
+            late_join(Some(&dead), me),
+            LateJoin::Never,
+            "already buried"
+        );
+    }
 
     fn m(node: u64) -> MemberId {
         MemberId { node, since: 0 }

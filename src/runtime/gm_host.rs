@@ -27,7 +27,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::gm::{Event, GmMsg, GmReply, GroupRecord, Inbox, Member, MemberId, PubNum, Slot};
+use crate::gm::{
+    late_join, Event, GmMsg, GmReply, GroupRecord, Inbox, LateJoin, Member, MemberId, PubNum, Slot,
+};
 use crate::meta::Command;
 use crate::runtime::raft::{MetaRaft, NodeId, ProposeError, TransportError};
 
@@ -377,8 +379,22 @@ impl<N: GmNet + Clone> GmHost<N> {
             };
             match inner.raft.propose(cmd).await {
                 Ok(resp) if resp.outcome.is_ok() => {
-                    let record = self.wait_for_version(group, me.since).await?;
-                    return Ok(self.start_member(group, me, &record, durable_acks, route_rx));
+                    match self.wait_for_version(group, me.since).await {
+                        Ok(record) => {
+                            return Ok(self.start_member(
+                                group,
+                                me,
+                                &record,
+                                durable_acks,
+                                route_rx,
+                            ))
+                        }
+                        Err(e) => {
+                            lock(&inner.routes).remove(&(group.to_string(), me));
+                            self.bury_late_join(group, me);
+                            return Err(e);
+                        }
+                    }
                 }
                 Ok(_) => {}
                 Err(e) if !e.outcome_unknown() => {
@@ -399,9 +415,11 @@ impl<N: GmNet + Clone> GmHost<N> {
                                 route_rx,
                             ));
                         }
-                        Ok(_) => {}
+                        // Not committed when read, but it may commit yet (bug 26).
+                        Ok(_) => self.bury_late_join(group, me),
                         Err(e) => {
                             lock(&inner.routes).remove(&(group.to_string(), me));
+                            self.bury_late_join(group, me);
                             return Err(e);
                         }
                     }
@@ -416,11 +434,11 @@ impl<N: GmNet + Clone> GmHost<N> {
         })
     }
 
-    /// `group`'s record once every proposal made before the call has its outcome: a read
-    /// index from a leader, applied here. The leader confirms its term (openraft reads at
-    /// or after its own first entry), so an earlier term's entry that is not in the state
-    /// read can never commit afterwards (Raft's log matching). Retried while no leader
-    /// answers, for as long as [`GmHost::wait_for_version`] would wait.
+    /// `group`'s record as of a read index from a leader, applied here: it shows a join
+    /// that committed. One it does not show can still commit: a proposal forwarded to the
+    /// leader may reach its log after the read (bug 26), which
+    /// [`GmHost::bury_late_join`] answers. Retried while no leader answers, for as long as
+    /// [`GmHost::wait_for_version`] would wait.
     async fn settled_record(&self, group: &str) -> Result<GroupRecord, GmError> {
         let inner = &self.inner;
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
@@ -445,6 +463,46 @@ impl<N: GmNet + Clone> GmHost<N> {
                 }
             }
         }
+    }
+
+    /// Follows `group`'s record until the join of `me` this host gave up on is settled
+    /// ([`late_join`]), and records `me` dead if it committed: no task runs behind it, and
+    /// a live member that nobody runs stalls every lap of the ring (bug 26).
+    fn bury_late_join(&self, group: &str, me: MemberId) {
+        let host = self.clone();
+        let group = group.to_string();
+        let mut views = self.inner.raft.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let record = views
+                    .borrow_and_update()
+                    .state
+                    .gm_groups
+                    .get(&group)
+                    .cloned();
+                match late_join(record.as_ref(), me) {
+                    LateJoin::Never => return,
+                    LateJoin::Named => break,
+                    LateJoin::Pending => {
+                        if views.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            {
+                // A later attempt made while the record had not moved proposes the same id,
+                // and owns it if it committed. Joins hold this lock until they are done.
+                let _joins = host.inner.joining.lock().await;
+                if lock(&host.inner.routes).contains_key(&(group.clone(), me)) {
+                    return;
+                }
+            }
+            tracing::info!(%group, since = me.since, "a join given up on committed late: recording it dead");
+            if let Err(e) = member_task::record_dead(host, group.clone(), me).await {
+                tracing::warn!(%group, "cannot record a late join dead: {e}");
+            }
+        });
     }
 
     /// Waits until the local metadata has `group` at `version` or later (bounded).

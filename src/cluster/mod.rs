@@ -6,11 +6,15 @@
 //!   process is gone.
 //! - [`read_fence`]: which nodes' read-index requests the leader refuses while it records
 //!   them down.
+//! - [`node_outbox`]: what the relay has for one other node: order, batches, the memory
+//!   alarm's count, and one fate (answered or failed) per item.
 
 pub mod detector;
 pub mod election;
+pub mod node_outbox;
 pub mod read_fence;
 
 pub use detector::{Detector, Verdict};
 pub use election::{Call, ElectionCaller};
+pub use node_outbox::NodeOutbox;
 pub use read_fence::ReadFence;

@@ -134,7 +134,7 @@ struct Inner {
     link: Weak<Relay>,
     /// Per node: its sender, and the signal that the node was declared down (what waits for
     /// its answers fails then: a frozen node keeps its sockets open and never answers).
-    senders: Mutex<HashMap<NodeId, NodeSender>>,
+    senders: Mutex<HashMap<NodeId, Arc<NodeSender>>>,
     proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
     sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
     /// Consumers waiting for their mirrored queue's new master.
@@ -353,9 +353,7 @@ impl Relay {
             }
         }
         sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
-        if let Some((_, down)) = lock(&self.inner.senders).remove(&node) {
-            let _ = down.send(true);
-        }
+        self.inner.sender_down(node);
     }
 }
 

@@ -1,18 +1,27 @@
-//! Sending to a node: one ordered sender task per node batches what is queued for it into
-//! requests; a second task matches the replies, in order, to what waits for them.
+//! Sending to a node: drives the node's [`NodeOutbox`] (order, batches, the memory alarm's
+//! count, one fate per item). One task hands its batches to the node link in order; a
+//! second takes the replies, in the same order, to what waits for them.
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::wire::{encode, encode_one, RelayMsg, RelayReply, WireSettle};
 use super::{lock, Inner, ProxyChannel, ABANDONED_GETS, RETRY_FOR, SEND_BATCH, SEND_BATCH_BYTES};
 use crate::broker::remote::{NodeReply, QueueReply, RemoteGot};
 use crate::broker::{ChannelKey, RemoteQueue, Settle};
+use crate::cluster::NodeOutbox;
 use crate::meta::NodeId;
+use crate::runtime::node_link::wire::RemoteFailure;
 
-/// A node's sender, and the signal that the node was declared down.
-pub(super) type NodeSender = (mpsc::UnboundedSender<Outgoing>, watch::Sender<bool>);
+/// A node's sender: its outbox, shared by whoever queues and the tasks that move it.
+pub(super) struct NodeSender {
+    outbox: std::sync::Mutex<NodeOutbox<Outgoing>>,
+    /// Something was queued.
+    wake: Notify,
+    /// The node was declared down: the tasks stop.
+    down: watch::Sender<bool>,
+}
 
 /// A message queued for another node, with what to do with its reply.
 pub(super) struct Outgoing {
@@ -31,6 +40,9 @@ pub(super) struct Outgoing {
     /// A forwarded dead letter's sender, told whether the queue's node took it.
     pub(super) published: Option<oneshot::Sender<bool>>,
 }
+
+/// A batch's reply from the node link.
+type ReplyRx = oneshot::Receiver<Result<Vec<u8>, RemoteFailure>>;
 
 impl Inner {
     /// Queues `msg` for `node`, in order with everything else sent there.
@@ -66,118 +78,68 @@ impl Inner {
             self.failed(node, out);
             return;
         }
-        let mut senders = lock(&self.senders);
-        let (tx, _) = senders
+        let sender = lock(&self.senders)
             .entry(node)
-            .or_insert_with(|| self.spawn_sender(node));
-        // Counted until its answer came (or it failed): a node link that stops draining
-        // raises the memory alarm here, which blocks publishers, instead of what waits for
-        // that node growing without bound.
-        let held = out.msg.held_bytes();
-        self.broker.count_relayed(held);
-        if let Err(mpsc::error::SendError(out)) = tx.send(out) {
-            // The sender task ended (shutdown): fail what needed an answer.
-            self.broker.count_relayed(-held);
-            self.failed(node, out);
+            .or_insert_with(|| self.spawn_sender(node))
+            .clone();
+        let (size, held) = (out.msg.size(), out.msg.held_bytes().max(0) as usize);
+        let queued = self.step(&sender, |o| o.handle_enqueue(out, size, held));
+        match queued {
+            Ok(()) => sender.wake.notify_one(),
+            Err(out) => self.failed(node, out),
         }
     }
 
-    /// The sender task for `node`: takes what is queued (up to [`SEND_BATCH`] messages or
-    /// 1 MiB at a time) as one request, in order; a second task handles the replies in the
-    /// same order.
-    pub(super) fn spawn_sender(&self, node: NodeId) -> NodeSender {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-        let (down_tx, mut down) = watch::channel(false);
+    /// Runs `f` on `sender`'s outbox and passes the change in held bytes to the memory
+    /// alarm. What `f` returns is handled after the lock is let go (a failure can queue
+    /// again).
+    fn step<R>(&self, sender: &NodeSender, f: impl FnOnce(&mut NodeOutbox<Outgoing>) -> R) -> R {
+        let (r, held) = {
+            let mut outbox = lock(&sender.outbox);
+            let r = f(&mut outbox);
+            (r, outbox.take_held())
+        };
+        if held != 0 {
+            self.broker.count_relayed(held);
+        }
+        r
+    }
+
+    /// `node` was declared down: everything queued, being sent or awaiting its answer
+    /// there fails now (publishes are nacked), and the sender's tasks stop.
+    pub(super) fn sender_down(&self, node: NodeId) {
+        let Some(sender) = lock(&self.senders).remove(&node) else {
+            return;
+        };
+        let failed = self.step(&sender, |o| o.handle_down());
+        let _ = sender.down.send(true);
+        if !failed.is_empty() {
+            tracing::info!(
+                node,
+                n = failed.len(),
+                "relay: node down; failing what was queued for it"
+            );
+        }
+        failed.into_iter().for_each(|o| self.failed(node, o));
+    }
+
+    /// The tasks that move `node`'s outbox: batches go to the link one at a time, in order
+    /// (up to [`SEND_BATCH`] messages or [`SEND_BATCH_BYTES`]); their replies are taken in
+    /// the same order.
+    pub(super) fn spawn_sender(&self, node: NodeId) -> Arc<NodeSender> {
+        let sender = Arc::new(NodeSender {
+            outbox: std::sync::Mutex::new(NodeOutbox::new(SEND_BATCH, SEND_BATCH_BYTES)),
+            wake: Notify::new(),
+            down: watch::channel(false).0,
+        });
         let Some(relay) = self.link.upgrade() else {
-            return (tx, down_tx);
+            return sender;
         };
         let inner = relay.inner.clone();
-        type Pending = (
-            Vec<Outgoing>,
-            tokio::sync::oneshot::Receiver<
-                Result<Vec<u8>, crate::runtime::node_link::wire::RemoteFailure>,
-            >,
-        );
-        let (reply_tx, mut reply_rx) = mpsc::unbounded_channel::<Pending>();
-        let answers = inner.clone();
-        let mut sender_down = down.clone();
-        tokio::spawn(async move {
-            while let Some((outs, reply)) = reply_rx.recv().await {
-                let held: i64 = outs.iter().map(|o| o.msg.held_bytes()).sum();
-                let answer = tokio::select! {
-                    r = reply => Some(r),
-                    _ = down.wait_for(|d| *d) => None,
-                };
-                answers.broker.count_relayed(-held);
-                let replies: Option<Vec<RelayReply>> = match answer {
-                    Some(Ok(Ok(bytes))) => bincode::deserialize(&bytes).ok(),
-                    _ => None,
-                };
-                match replies {
-                    Some(replies) => {
-                        for (i, out) in outs.into_iter().enumerate() {
-                            answers.answered(out, replies.get(i));
-                        }
-                    }
-                    None => outs.into_iter().for_each(|o| answers.failed(node, o)),
-                }
-            }
-        });
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut bytes = first.msg.size();
-                let mut batch = vec![first];
-                while batch.len() < SEND_BATCH && bytes < SEND_BATCH_BYTES {
-                    match rx.try_recv() {
-                        Ok(o) => {
-                            bytes += o.msg.size();
-                            batch.push(o);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let held: i64 = batch.iter().map(|o| o.msg.held_bytes()).sum();
-                let msgs: Vec<&RelayMsg> = batch.iter().map(|o| &o.msg).collect();
-                let payload = encode(&msgs);
-                // Under a partition the link stops draining and this send waits for room
-                // without end; once the node is recorded down nothing queued here can be
-                // answered before it returns, so all of it fails now (publishes are nacked)
-                // and the channels behind it go on.
-                let sent = tokio::select! {
-                    sent = inner.transport.send_broker(node, payload) => Some(sent),
-                    _ = sender_down.wait_for(|d| *d) => None,
-                };
-                let Some(sent) = sent else {
-                    tracing::info!(node, "relay: node down; failing what was queued for it");
-                    inner.broker.count_relayed(-held);
-                    batch.into_iter().for_each(|o| inner.failed(node, o));
-                    rx.close();
-                    while let Some(o) = rx.recv().await {
-                        inner.broker.count_relayed(-o.msg.held_bytes());
-                        inner.failed(node, o);
-                    }
-                    return;
-                };
-                match sent {
-                    // Held (and counted) until answered: the link's own queue, and its
-                    // socket, can hold much more than the watermark when it stops draining.
-                    Ok(reply) => {
-                        if let Err(mpsc::error::SendError((outs, _))) =
-                            reply_tx.send((batch, reply))
-                        {
-                            inner.broker.count_relayed(-held);
-                            outs.into_iter().for_each(|o| inner.failed(node, o));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(node, error = %e, "relay: cannot reach node");
-                        inner.broker.count_relayed(-held);
-                        batch.into_iter().for_each(|o| inner.failed(node, o));
-                    }
-                }
-            }
-        });
-        (tx, down_tx)
+        let (reply_tx, reply_rx) = mpsc::unbounded_channel::<(u64, ReplyRx)>();
+        tokio::spawn(take_replies(inner.clone(), node, sender.clone(), reply_rx));
+        tokio::spawn(send_batches(inner, node, sender.clone(), reply_tx));
+        sender
     }
 
     pub(super) fn answered(&self, out: Outgoing, reply: Option<&RelayReply>) {
@@ -343,5 +305,78 @@ impl Inner {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
         });
+    }
+}
+
+/// Hands `sender`'s batches to the node link, one at a time, in order.
+async fn send_batches(
+    inner: Arc<Inner>,
+    node: NodeId,
+    sender: Arc<NodeSender>,
+    replies: mpsc::UnboundedSender<(u64, ReplyRx)>,
+) {
+    let mut down = sender.down.subscribe();
+    loop {
+        let next = {
+            let mut outbox = lock(&sender.outbox);
+            outbox
+                .poll_batch()
+                .map(|(id, outs)| (id, encode(&outs.iter().map(|o| &o.msg).collect::<Vec<_>>())))
+        };
+        let Some((id, payload)) = next else {
+            tokio::select! {
+                _ = sender.wake.notified() => continue,
+                _ = down.wait_for(|d| *d) => return,
+            }
+        };
+        // Under a partition the link stops draining and this waits for room without end;
+        // once the node is declared down, `sender_down` failed it with the rest.
+        let sent = tokio::select! {
+            sent = inner.transport.send_broker(node, payload) => sent,
+            _ = down.wait_for(|d| *d) => return,
+        };
+        match sent {
+            Ok(reply) => {
+                inner.step(&sender, |o| o.handle_handed(id));
+                if let Err(mpsc::error::SendError((id, _))) = replies.send((id, reply)) {
+                    let failed = inner.step(&sender, |o| o.handle_unanswered(id));
+                    failed.into_iter().for_each(|o| inner.failed(node, o));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node, error = %e, "relay: cannot reach node");
+                let failed = inner.step(&sender, |o| o.handle_refused(id));
+                failed.into_iter().for_each(|o| inner.failed(node, o));
+            }
+        }
+    }
+}
+
+/// Takes the replies of `sender`'s batches, in order, to what waits for them.
+async fn take_replies(
+    inner: Arc<Inner>,
+    node: NodeId,
+    sender: Arc<NodeSender>,
+    mut replies: mpsc::UnboundedReceiver<(u64, ReplyRx)>,
+) {
+    let mut down = sender.down.subscribe();
+    while let Some((id, reply)) = replies.recv().await {
+        let answer = tokio::select! {
+            r = reply => r,
+            _ = down.wait_for(|d| *d) => return,
+        };
+        let answers: Option<Vec<RelayReply>> = match answer {
+            Ok(Ok(bytes)) => bincode::deserialize(&bytes).ok(),
+            _ => None,
+        };
+        let (outs, failed) = inner.step(&sender, |o| match answers {
+            Some(_) => o.handle_answered(id),
+            None => (Vec::new(), o.handle_unanswered(id)),
+        });
+        failed.into_iter().for_each(|o| inner.failed(node, o));
+        let answers = answers.unwrap_or_default();
+        for (i, out) in outs.into_iter().enumerate() {
+            inner.answered(out, answers.get(i));
+        }
     }
 }

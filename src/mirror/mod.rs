@@ -4,7 +4,7 @@
 //! metadata's mirror sets in line with the policies and the running nodes; [`ops`], the wire
 //! form of the queue operations a master ships to its mirrors; [`message`], what a mirrored
 //! queue's GM group carries; [`digest`], how a mirror's kept copy is compared with its master's
-//! queue. The policy and placement rules they follow are metadata
+//! queue; [`role`], a mirror member's side of the sync protocol (sans-IO). The policy and placement rules they follow are metadata
 //! (`meta::ha_policy`, `meta::placement`), since the state machine applies them too. The node
 //! runs them in `runtime::mirror_host` (master and mirror tasks, the storage tap, the leader's
 //! reconciler).
@@ -13,3 +13,4 @@ pub mod digest;
 pub mod message;
 pub mod ops;
 pub mod reconcile;
+pub mod role;

@@ -45,6 +45,7 @@ use crate::meta::HaPolicy;
 use crate::meta::{Command, MetaState};
 use crate::mirror::message::{group_name, MirrorMsg};
 use crate::mirror::ops;
+use crate::mirror::role::MirrorRole;
 use crate::runtime::raft::{MetaRaft, NodeId};
 
 type Key = (String, String);
@@ -232,17 +233,6 @@ fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
 /// before it starts the sync again.
 const SYNC_ACK_WAIT: Duration = Duration::from_secs(3);
 
-/// A mirror's state in its group.
-enum Mode {
-    /// Joined; waiting for the master's `SyncStart` (rounds before it are not ours).
-    Waiting,
-    /// Writing every round.
-    Live,
-    /// Taking the backlog of the sync `(epoch, sync)`; rounds are held (in order) until it
-    /// is in.
-    Syncing(Held, (u64, u64)),
-}
-
 /// What a mirror's event left it as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Followed {
@@ -255,7 +245,10 @@ enum Followed {
 struct Membership {
     handle: GmHandle,
     members: BTreeSet<MemberId>,
-    mode: Mode,
+    /// Its side of the sync protocol ([`MirrorRole`]).
+    role: MirrorRole,
+    /// The rounds an active sync holds back (the role's `BeginHold` to its `ApplyHeld`).
+    held: Option<Held>,
     /// The queue's master as this member last saw it.
     master: NodeId,
     /// The member on `master` whose messages it last delivered: after a promotion, the
@@ -269,26 +262,8 @@ struct Membership {
     /// The generation the mirror took before it read the metadata that made it one: its
     /// copy's (`Storage::start_copy`).
     since: u64,
-    /// The sync `(epoch, sync)` whose start made this mirror's copy the queue's (a natural
-    /// sync's `SyncStart`, an active one's `SyncEnd`): its `SyncEnd` is acknowledged.
-    synced_by: Option<(u64, u64)>,
-    /// The active sync in which this mirror compares a copy kept from its last run with
-    /// the master's summaries (`None`: the copy started empty).
-    delta: Option<DeltaSync>,
-}
-
-/// A kept copy being compared with the master's summaries, in the active sync `id`.
-#[derive(Debug, Clone, Copy)]
-struct DeltaSync {
-    /// (epoch, sync) of the sync.
-    id: (u64, u64),
-    /// The copy's next seq when the sync started: below it the copy holds what it holds
-    /// (the master's summaries cover `[0, copy_next)`), from it on the master sends.
-    copy_next: u64,
-    /// The summaries have been compared up to here.
-    covered: u64,
-    /// Time spent in the comparisons so far (reported when the digest is done).
-    compare_time: std::time::Duration,
+    /// Time spent comparing a kept copy with the master's summaries in the current sync.
+    compare_time: Duration,
 }
 
 /// The incarnation of `key`'s mirror set (0: not mirrored).

@@ -9,15 +9,15 @@ use bytes::Bytes;
 
 use super::held::Held;
 use super::{
-    incarnation_of, is_synchronised, role_of, DeltaSync, Followed, Inner, Key, Membership, Mode,
-    Role, StorageDisk,
+    incarnation_of, is_synchronised, role_of, Followed, Inner, Key, Membership, Role, StorageDisk,
 };
 use crate::gm::Event;
 use crate::gm::MemberId;
-use crate::mirror::digest::{RangeSummary, SummaryBuilder};
+use crate::mirror::digest::RangeSummary;
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
+use crate::mirror::role::{Action, MirrorRole, Mode, Why};
 use crate::runtime::gm_host::GmNet;
 use crate::runtime::storage::{Storage, StorageError};
 
@@ -129,188 +129,126 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         .await
     }
 
-    /// A kept copy that cannot be caught up after all: it starts empty, and the whole
-    /// backlog is asked for. `false` if the copy cannot be started.
-    async fn restart_copy(&self, key: &Key, m: &mut Membership, (epoch, sync): (u64, u64)) -> bool {
-        tracing::info!(queue = %key.1, "the kept mirror copy differs from the master's queue: copying the whole backlog");
-        m.delta = None;
-        if !self.start_copy(key, m.incarnation, m.since).await {
-            return false;
-        }
-        want_backlog(m, epoch, sync, 0);
-        true
-    }
-
-    /// A mirror's handling of one delivered message; `false`: its copy cannot be trusted
-    /// any more (it must leave and start again).
+    /// A mirror's handling of one delivered message: its role decides
+    /// ([`MirrorRole`]), this carries that out; `false`: its copy cannot be trusted any
+    /// more (it must leave and start again).
     pub(super) async fn on_message(&self, key: &Key, m: &mut Membership, msg: &[u8]) -> bool {
-        let me = m.handle.id();
-        match MirrorMsg::decode(msg) {
-            Some(MirrorMsg::Ops { ops, .. }) => match &mut m.mode {
-                Mode::Waiting => true,
-                Mode::Live => self.apply(key, m.incarnation, &ops).await,
-                Mode::Syncing(held, _) => match held.push(ops) {
-                    Ok(()) => true,
-                    Err(e) => {
+        let Some(msg) = MirrorMsg::decode(msg) else {
+            tracing::warn!(queue = %key.1, "not a mirror message; ignored");
+            return true;
+        };
+        if let MirrorMsg::SyncStart {
+            target,
+            from_seq,
+            active,
+            ..
+        } = &msg
+        {
+            if *target == m.handle.id() {
+                if !active {
+                    tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
+                }
+                m.compare_time = Duration::ZERO;
+            }
+        }
+        m.role.handle_message(msg);
+        while let Some(action) = m.role.poll_action() {
+            let done = match action {
+                Action::Write(ops) => self.apply(key, m.incarnation, &ops).await,
+                Action::Hold(ops) => match m.held.as_mut().map(|h| h.push(ops)) {
+                    Some(Ok(())) => true,
+                    Some(Err(e)) => {
                         tracing::error!(queue = %key.1, error = %e, "cannot hold a round during sync");
                         false
                     }
+                    None => false,
                 },
-            },
-            Some(MirrorMsg::SyncStart {
-                epoch,
-                target,
-                active,
-                from_seq,
-                sync,
-            }) if target == me => {
-                m.delta = None;
-                if active {
-                    // A copy kept from the last run is compared with the master's digest
-                    // first; otherwise the whole backlog is asked for at once.
-                    match self
+                Action::BeginHold => {
+                    m.held = Some(Held::new(self.hold_path(key)));
+                    true
+                }
+                Action::DiscardHeld => {
+                    m.held = None;
+                    true
+                }
+                Action::ApplyHeld => self.apply_held(key, m).await,
+                Action::ResumeCopy { from_seq } => {
+                    let resumed = self
                         .resume_copy(key, m.incarnation, from_seq, m.since)
-                        .await
-                    {
-                        None => return false,
+                        .await;
+                    match resumed {
                         Some(Some(copy_next)) if copy_next > 0 => {
                             tracing::info!(queue = %key.1, from_seq, copy_next, "mirror sync starts with the copy kept from the last run");
-                            m.delta = Some(DeltaSync {
-                                id: (epoch, sync),
-                                copy_next,
-                                covered: 0,
-                                compare_time: std::time::Duration::ZERO,
-                            });
-                            have_copy(m, epoch, sync, copy_next);
                         }
                         Some(_) => {
-                            tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
-                            want_backlog(m, epoch, sync, 0);
+                            tracing::info!(queue = %key.1, from_seq, active = true, "mirror sync starts");
+                        }
+                        None => {}
+                    }
+                    m.role.handle_resumed(resumed);
+                    true
+                }
+                Action::StartCopy { kept_copy_differs } => {
+                    if kept_copy_differs {
+                        tracing::info!(queue = %key.1, "the kept mirror copy differs from the master's queue: copying the whole backlog");
+                    }
+                    let started = self.start_copy(key, m.incarnation, m.since).await;
+                    m.role.handle_copy_started(started);
+                    true
+                }
+                Action::Reconcile(summary) => {
+                    let started = std::time::Instant::now();
+                    let matched = self.reconcile(key, m.incarnation, summary).await;
+                    m.compare_time += started.elapsed();
+                    m.role.handle_reconciled(matched);
+                    true
+                }
+                Action::Broadcast(msg) => {
+                    if let MirrorMsg::SyncWant { from, .. } = &msg {
+                        if *from > 0 {
+                            let compare_ms = m.compare_time.as_millis() as u64;
+                            tracing::info!(queue = %key.1, from, compare_ms, "the kept mirror copy matches the master's queue below its end");
                         }
                     }
-                } else {
-                    tracing::info!(queue = %key.1, from_seq, active, "mirror sync starts");
-                    if !self.start_copy(key, m.incarnation, m.since).await {
-                        return false;
+                    // Not confirmed: a lost one makes the master fall back to waiting for
+                    // the old messages to go, or start the sync again.
+                    if let Err(e) = m.handle.sender().broadcast(Bytes::from(msg.encode())) {
+                        tracing::debug!(error = %e, "cannot send a sync message");
                     }
+                    true
                 }
-                m.mode = if active {
-                    Mode::Syncing(Held::new(self.hold_path(key)), (epoch, sync))
-                } else {
-                    Mode::Live
-                };
-                m.synced_by = (!active).then_some((epoch, sync));
-                true
-            }
-            // A sync for this member whose start it never got (GM gives a joiner only what
-            // is sent after its left neighbour saw it join): its copy is not what the master
-            // thinks. It leaves without releasing this message, so the master cannot count
-            // the sync complete, and starts over with a new member (and a new sync).
-            Some(
-                MirrorMsg::SyncBatch { target, .. }
-                | MirrorMsg::SyncEnd { target, .. }
-                | MirrorMsg::SyncSummary { target, .. },
-            ) if target == me && matches!(m.mode, Mode::Waiting) => {
-                tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
-                false
-            }
-            // Batches of a sync this mirror is in; those of an aborted one are not.
-            Some(MirrorMsg::SyncBatch {
-                epoch,
-                target,
-                sync,
-                ops,
-            }) if target == me => match &m.mode {
-                Mode::Syncing(_, current) if *current == (epoch, sync) => {
-                    self.apply(key, m.incarnation, &ops).await
+                Action::Leave(Why::MissedSyncStart) => {
+                    tracing::warn!(queue = %key.1, "a sync for this mirror whose start it missed: starting over");
+                    false
                 }
-                _ => true,
-            },
-            // A summary of the sync this mirror compares its kept copy in.
-            Some(MirrorMsg::SyncSummary {
-                epoch,
-                target,
-                sync,
-                summary,
-            }) if target == me && m.delta.is_some_and(|d| d.id == (epoch, sync)) => {
-                let Some(mut d) = m.delta else { return true };
-                let hi = summary.hi;
-                if summary.lo != d.covered || hi > d.copy_next || hi <= summary.lo {
-                    // Not the range that follows: the comparison cannot go on.
-                    return self.restart_copy(key, m, d.id).await;
-                }
-                let started = std::time::Instant::now();
-                let matched = self.reconcile(key, m.incarnation, summary).await;
-                d.compare_time += started.elapsed();
-                match matched {
-                    None => false,
-                    Some(false) => self.restart_copy(key, m, d.id).await,
-                    Some(true) => {
-                        d.covered = hi;
-                        m.delta = Some(d);
-                        if hi >= d.copy_next {
-                            let compare_ms = d.compare_time.as_millis() as u64;
-                            tracing::info!(queue = %key.1, from = d.copy_next, compare_ms, "the kept mirror copy matches the master's queue below its end");
-                            want_backlog(m, epoch, sync, d.copy_next);
-                        }
-                        true
-                    }
-                }
-            }
-            Some(MirrorMsg::SyncEnd {
-                epoch,
-                target,
-                sync,
-            }) if target == me
-                && matches!(&m.mode, Mode::Syncing(_, current) if *current == (epoch, sync)) =>
-            {
-                // A sync that ended before the summaries were all compared (the master
-                // fell back to waiting for the old messages to go): whatever the kept
-                // copy still holds uncompared is gone from the queue.
-                if let Some(d) = m.delta.take().filter(|d| d.covered < d.copy_next) {
-                    let gone = SummaryBuilder::new(d.covered, d.copy_next).finish();
-                    match self.reconcile(key, m.incarnation, gone).await {
-                        Some(true) => {}
-                        _ => return false,
-                    }
-                }
-                if let Mode::Syncing(held, _) = std::mem::replace(&mut m.mode, Mode::Live) {
-                    let held = match held.drain() {
-                        Ok(h) => h,
-                        Err(e) => {
-                            tracing::error!(queue = %key.1, error = %e, "cannot read the held rounds back");
-                            return false;
-                        }
-                    };
-                    for batch in held {
-                        if !self.apply(key, m.incarnation, &batch).await {
-                            return false;
-                        }
-                    }
-                    tracing::info!(queue = %key.1, "mirror holds the backlog");
-                }
-                m.synced_by = Some((epoch, sync));
-                ack_sync(m, epoch, sync);
-                true
-            }
-            // A natural sync's end, for the sync this mirror has followed since its start.
-            Some(MirrorMsg::SyncEnd {
-                epoch,
-                target,
-                sync,
-            }) if target == me
-                && matches!(m.mode, Mode::Live)
-                && m.synced_by == Some((epoch, sync)) =>
-            {
-                ack_sync(m, epoch, sync);
-                true
-            }
-            Some(_) => true,
-            None => {
-                tracing::warn!(queue = %key.1, "not a mirror message; ignored");
-                true
+                Action::Leave(Why::Storage) => false,
+            };
+            if !done {
+                return false;
             }
         }
+        true
+    }
+
+    /// Writes the rounds an active sync held back, after its backlog.
+    async fn apply_held(&self, key: &Key, m: &mut Membership) -> bool {
+        let Some(held) = m.held.take() else {
+            return true;
+        };
+        let held = match held.drain() {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(queue = %key.1, error = %e, "cannot read the held rounds back");
+                return false;
+            }
+        };
+        for batch in held {
+            if !self.apply(key, m.incarnation, &batch).await {
+                return false;
+            }
+        }
+        tracing::info!(queue = %key.1, "mirror holds the backlog");
+        true
     }
 
     /// A mirror's handling of one event: a delivered message is written, then released
@@ -356,7 +294,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         loop {
             // (origin, publish number, the round's operations)
             let mut run: Vec<(MemberId, crate::gm::PubNum, Vec<u8>)> = Vec::new();
-            while matches!(m.mode, Mode::Live) {
+            while m.role.mode() == Mode::Live {
                 let (from, num, msg) = match next.take() {
                     Some(Event::Deliver { from, num, msg }) => (from, num, msg),
                     other => {
@@ -426,15 +364,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .await
         {
             Ok(handle) => Some(Membership {
+                role: MirrorRole::new(handle.id()),
                 handle,
                 members: BTreeSet::new(),
-                mode: Mode::Waiting,
+                held: None,
                 master: 0,
                 master_member: None,
                 incarnation,
                 since,
-                synced_by: None,
-                delta: None,
+                compare_time: Duration::ZERO,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -533,39 +471,6 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
             }
         }
-    }
-}
-
-/// Tells the master this mirror holds the whole queue as of sync `(epoch, sync)`. Not
-/// confirmed: a lost acknowledgement only makes the master start the sync again.
-pub(super) fn ack_sync(m: &Membership, epoch: u64, sync: u64) {
-    let ack = MirrorMsg::SyncAck { epoch, sync }.encode();
-    if let Err(e) = m.handle.sender().broadcast(Bytes::from(ack)) {
-        tracing::debug!(error = %e, "cannot acknowledge a sync");
-    }
-}
-
-/// Tells the master of an active sync that this mirror kept a copy below `copy_next`
-/// (it then summarises that range). Not confirmed: a lost message makes the master fall
-/// back to waiting for the old messages to go.
-pub(super) fn have_copy(m: &Membership, epoch: u64, sync: u64, copy_next: u64) {
-    let have = MirrorMsg::SyncHave {
-        epoch,
-        sync,
-        copy_next,
-    }
-    .encode();
-    if let Err(e) = m.handle.sender().broadcast(Bytes::from(have)) {
-        tracing::debug!(error = %e, "cannot tell the master about a kept copy");
-    }
-}
-
-/// Asks the master of an active sync for the backlog from seq `from` on. Not confirmed:
-/// a lost request makes the master fall back to waiting for the old messages to go.
-pub(super) fn want_backlog(m: &Membership, epoch: u64, sync: u64, from: u64) {
-    let want = MirrorMsg::SyncWant { epoch, sync, from }.encode();
-    if let Err(e) = m.handle.sender().broadcast(Bytes::from(want)) {
-        tracing::debug!(error = %e, "cannot ask for a sync's backlog");
     }
 }
 

@@ -133,6 +133,9 @@ impl Inner {
             down: watch::channel(false).0,
         });
         let Some(relay) = self.link.upgrade() else {
+            // The relay is gone (the node stops): nothing would move this outbox, so what
+            // is queued for the node fails at once.
+            lock(&sender.outbox).handle_down();
             return sender;
         };
         let inner = relay.inner.clone();

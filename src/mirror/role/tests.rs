@@ -31,6 +31,15 @@ fn start(active: bool, sync: u64) -> MirrorMsg {
     }
 }
 
+fn batch(target: MemberId, sync: u64, b: u8) -> MirrorMsg {
+    MirrorMsg::SyncBatch {
+        epoch: 1,
+        target,
+        sync,
+        ops: vec![b],
+    }
+}
+
 fn end(sync: u64) -> MirrorMsg {
     MirrorMsg::SyncEnd {
         epoch: 1,
@@ -60,6 +69,29 @@ fn summary(lo: u64, hi: u64) -> MirrorMsg {
     }
 }
 
+/// A member asked to start its copy for passive sync 1 (not answered yet).
+fn passive_start() -> MirrorRole {
+    let mut r = MirrorRole::new(ME);
+    r.handle_message(start(false, 1));
+    assert_eq!(
+        drain(&mut r),
+        [Action::StartCopy {
+            kept_copy_differs: false
+        }]
+    );
+    r
+}
+
+/// A member in active sync 1 with a kept copy below seq 100 (announced).
+fn keeping_100() -> MirrorRole {
+    let mut r = MirrorRole::new(ME);
+    r.handle_message(start(true, 1));
+    drain(&mut r);
+    r.handle_resumed(Some(Some(100)));
+    drain(&mut r);
+    r
+}
+
 #[test]
 fn a_waiting_mirror_writes_nothing_and_leaves_on_a_sync_it_missed_the_start_of() {
     let mut r = MirrorRole::new(ME);
@@ -69,19 +101,9 @@ fn a_waiting_mirror_writes_nothing_and_leaves_on_a_sync_it_missed_the_start_of()
         [],
         "released unwritten: the copy is not the queue's"
     );
-    r.handle_message(MirrorMsg::SyncBatch {
-        epoch: 1,
-        target: OTHER,
-        sync: 1,
-        ops: vec![9],
-    });
+    r.handle_message(batch(OTHER, 1, 9));
     assert_eq!(drain(&mut r), [], "another member's sync");
-    r.handle_message(MirrorMsg::SyncBatch {
-        epoch: 1,
-        target: ME,
-        sync: 1,
-        ops: vec![9],
-    });
+    r.handle_message(batch(ME, 1, 9));
     assert_eq!(drain(&mut r), [Action::Leave(Why::MissedSyncStart)]);
     r.handle_message(start(true, 2));
     assert_eq!(drain(&mut r), [], "a member that left does nothing more");
@@ -89,14 +111,7 @@ fn a_waiting_mirror_writes_nothing_and_leaves_on_a_sync_it_missed_the_start_of()
 
 #[test]
 fn a_passive_sync_makes_the_copy_live_and_acknowledges_its_end() {
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(false, 1));
-    assert_eq!(
-        drain(&mut r),
-        [Action::StartCopy {
-            kept_copy_differs: false
-        }]
-    );
+    let mut r = passive_start();
     r.handle_copy_started(true);
     assert_eq!(r.mode(), Mode::Live);
     r.handle_message(ops(1));
@@ -116,19 +131,9 @@ fn an_active_sync_holds_rounds_and_acknowledges_only_after_writing_them() {
     assert_eq!(drain(&mut r), [want(1, 0), Action::BeginHold]);
     r.handle_message(ops(1));
     assert_eq!(drain(&mut r), [Action::Hold(vec![1])]);
-    r.handle_message(MirrorMsg::SyncBatch {
-        epoch: 1,
-        target: ME,
-        sync: 0,
-        ops: vec![7],
-    });
+    r.handle_message(batch(ME, 0, 7));
     assert_eq!(drain(&mut r), [], "an aborted sync's batch");
-    r.handle_message(MirrorMsg::SyncBatch {
-        epoch: 1,
-        target: ME,
-        sync: 1,
-        ops: vec![8],
-    });
+    r.handle_message(batch(ME, 1, 8));
     assert_eq!(drain(&mut r), [Action::Write(vec![8])]);
     r.handle_message(end(1));
     assert_eq!(drain(&mut r), [Action::ApplyHeld, ack(1)]);
@@ -170,11 +175,7 @@ fn a_kept_copy_is_compared_range_by_range_and_restarted_when_it_differs() {
     );
 
     // A range that does not follow: the copy starts empty and asks for everything.
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(true, 1));
-    drain(&mut r);
-    r.handle_resumed(Some(Some(100)));
-    drain(&mut r);
+    let mut r = keeping_100();
     r.handle_message(summary(10, 60));
     assert_eq!(
         drain(&mut r),
@@ -187,11 +188,7 @@ fn a_kept_copy_is_compared_range_by_range_and_restarted_when_it_differs() {
     assert_eq!(r.mode(), Mode::Syncing((1, 1)), "still holding rounds back");
 
     // A range the copy cannot hold: the same.
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(true, 1));
-    drain(&mut r);
-    r.handle_resumed(Some(Some(100)));
-    drain(&mut r);
+    let mut r = keeping_100();
     r.handle_message(summary(0, 100));
     drain(&mut r);
     r.handle_reconciled(Some(false));
@@ -205,11 +202,7 @@ fn a_kept_copy_is_compared_range_by_range_and_restarted_when_it_differs() {
 
 #[test]
 fn a_sync_ending_before_the_comparison_drops_the_uncompared_rest_first() {
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(true, 1));
-    drain(&mut r);
-    r.handle_resumed(Some(Some(100)));
-    drain(&mut r);
+    let mut r = keeping_100();
     r.handle_message(summary(0, 40));
     drain(&mut r);
     r.handle_reconciled(Some(true));
@@ -230,22 +223,11 @@ fn every_storage_failure_leaves() {
     r.handle_resumed(None);
     assert_eq!(drain(&mut r), [Action::Leave(Why::Storage)]);
 
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(false, 1));
-    assert_eq!(
-        drain(&mut r),
-        [Action::StartCopy {
-            kept_copy_differs: false
-        }]
-    );
+    let mut r = passive_start();
     r.handle_copy_started(false);
     assert_eq!(drain(&mut r), [Action::Leave(Why::Storage)]);
 
-    let mut r = MirrorRole::new(ME);
-    r.handle_message(start(true, 1));
-    drain(&mut r);
-    r.handle_resumed(Some(Some(100)));
-    drain(&mut r);
+    let mut r = keeping_100();
     r.handle_message(end(1));
     drain(&mut r);
     r.handle_reconciled(Some(false));

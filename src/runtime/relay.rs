@@ -353,6 +353,9 @@ impl Relay {
             }
         }
         sinks.retain(|_, s| !s.tags.is_empty() && s.outbox.strong_count() > 0);
+        // Let go first: failing what was queued requeues and nacks, which must not run
+        // under this relay's locks.
+        drop(sinks);
         self.inner.sender_down(node);
     }
 }

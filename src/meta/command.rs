@@ -193,6 +193,26 @@ pub enum Command {
         /// Its description and tags.
         metadata: VhostMetadata,
     },
+    /// The master records a mirror synchronised: applied only while `member` (the mirror's
+    /// GM member that acknowledged the sync) is alive in the queue's group of
+    /// `incarnation`, and the queue is still at `epoch`. A mirror is synchronised only
+    /// while that member lives: the state machine unsynchronises it when its node's live
+    /// members in the group change (`docs/mirroring.md`). A proposal whose outcome its
+    /// master never learnt can commit later, after the member died and its node joined
+    /// again with a copy that holds nothing yet (bug 27). Last, so logs written before it
+    /// still decode.
+    MarkSynchronised {
+        /// The vhost.
+        vhost: String,
+        /// The queue.
+        queue: String,
+        /// The queue's incarnation ([`super::state::MirrorSet::incarnation`]).
+        incarnation: u64,
+        /// The master's epoch.
+        epoch: u64,
+        /// The mirror's member.
+        member: crate::gm::MemberId,
+    },
 }
 
 /// How many commands one [`Command::Batch`] made by [`Command::batched`] holds at most: a

@@ -518,6 +518,18 @@ pub struct MirrorRecord {
     pub synchronised: bool,
 }
 
+/// What every mirrored queue's GM group name starts with.
+pub const MIRROR_GROUP_PREFIX: &str = "mirror:";
+
+/// The GM group of one incarnation of a mirrored queue ([`MirrorSet::incarnation`]): a
+/// queue declared again under the same name has a group of its own.
+pub fn mirror_group_name(vhost: &str, queue: &str, incarnation: u64) -> String {
+    format!(
+        "{MIRROR_GROUP_PREFIX}{}:{vhost}:{incarnation}:{queue}",
+        vhost.len()
+    )
+}
+
 /// A mirrored queue's mirrors (its master is the queue's home node).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MirrorSet {
@@ -852,13 +864,12 @@ impl MetaState {
                     )));
                 }
                 applied.created = current == 0;
-                self.gm_groups.insert(
-                    name.clone(),
-                    crate::gm::GroupRecord {
-                        version: current + 1,
-                        members: members.clone(),
-                    },
-                );
+                let record = crate::gm::GroupRecord {
+                    version: current + 1,
+                    members: members.clone(),
+                };
+                let before = self.gm_groups.insert(name.clone(), record.clone());
+                self.unsynchronise_changed_members(name, before.as_ref(), &record);
             }
             Command::SetMirrors {
                 vhost,
@@ -872,6 +883,13 @@ impl MetaState {
                 expected_epoch,
                 node,
             } => self.promote_mirror(vhost, queue, *expected_epoch, *node)?,
+            Command::MarkSynchronised {
+                vhost,
+                queue,
+                incarnation,
+                epoch,
+                member,
+            } => self.mark_synchronised(vhost, queue, *incarnation, *epoch, *member)?,
             Command::PromoteSyncedMirror {
                 vhost,
                 queue,
@@ -1149,6 +1167,94 @@ impl MetaState {
     /// Marks every live GM member on `node` dead, one version step per group it was in, and
     /// its mirrors unsynchronised: a mirror that lost its member misses what the group
     /// carries from then on, so it must sync again before it may be promoted.
+    /// [`Command::MarkSynchronised`].
+    fn mark_synchronised(
+        &mut self,
+        vhost: &str,
+        queue: &str,
+        incarnation: u64,
+        epoch: u64,
+        member: crate::gm::MemberId,
+    ) -> Result<(), MetaError> {
+        let key = (vhost.to_string(), queue.to_string());
+        let refused = |why: &str| {
+            Err(MetaError::Admin(format!(
+                "mirror on node {} of queue '{queue}' in vhost '{vhost}' not recorded synchronised: {why}",
+                member.node
+            )))
+        };
+        let Some(set) = self.mirror_sets.get(&key) else {
+            return refused("the queue is not mirrored");
+        };
+        if set.incarnation != incarnation {
+            return refused("the queue was declared again");
+        }
+        if set.epoch != epoch {
+            return refused("its master was replaced");
+        }
+        if !set.mirrors.iter().any(|m| m.node == member.node) {
+            return refused("its node is not a mirror");
+        }
+        let alive = self
+            .gm_groups
+            .get(&mirror_group_name(vhost, queue, incarnation))
+            .is_some_and(|g| g.members.contains(&crate::gm::Slot::Alive(member)));
+        if !alive {
+            return refused("the member that acknowledged the sync is gone");
+        }
+        let Some(set) = self.mirror_sets.get_mut(&key) else {
+            return refused("the queue is not mirrored");
+        };
+        for m in &mut set.mirrors {
+            if m.node == member.node {
+                m.synchronised = true;
+            }
+        }
+        set.version += 1;
+        Ok(())
+    }
+
+    /// A mirror is synchronised only while the member that made it so lives: when a
+    /// node's live members in a mirrored queue's group change (one recorded dead, or a
+    /// new one joined), that node's mirror of the queue is unsynchronised.
+    fn unsynchronise_changed_members(
+        &mut self,
+        group: &str,
+        before: Option<&crate::gm::GroupRecord>,
+        after: &crate::gm::GroupRecord,
+    ) {
+        use crate::gm::Slot;
+        if !group.starts_with(MIRROR_GROUP_PREFIX) {
+            return;
+        }
+        let live =
+            |r: Option<&crate::gm::GroupRecord>, node: NodeId| -> BTreeSet<crate::gm::MemberId> {
+                r.into_iter()
+                    .flat_map(|r| r.members.iter())
+                    .filter_map(|s| match s {
+                        Slot::Alive(id) if id.node == node => Some(*id),
+                        _ => None,
+                    })
+                    .collect()
+            };
+        for ((vhost, queue), set) in self.mirror_sets.iter_mut() {
+            if mirror_group_name(vhost, queue, set.incarnation) != group {
+                continue;
+            }
+            let mut changed = false;
+            for m in &mut set.mirrors {
+                if m.synchronised && live(before, m.node) != live(Some(after), m.node) {
+                    m.synchronised = false;
+                    changed = true;
+                }
+            }
+            if changed {
+                set.version += 1;
+            }
+            return;
+        }
+    }
+
     fn gm_node_died(&mut self, node: NodeId) {
         use crate::gm::Slot;
         for set in self.mirror_sets.values_mut() {
@@ -1865,6 +1971,134 @@ mod tests {
         ));
         s.apply(&Command::promote("/", "m", set, 2)).unwrap();
         assert_eq!(s.vhost("/").unwrap().queues["m"].home, 2);
+    }
+
+    #[test]
+    fn a_mirror_is_synchronised_only_while_the_member_that_acknowledged_its_sync_lives() {
+        use crate::gm::{MemberId, Slot};
+        let mut s = state();
+        for id in [1, 2, 3] {
+            s.apply(&Command::RegisterNode(node(id))).unwrap();
+        }
+        let key = ("/".to_string(), "m".to_string());
+        let mut q = queue("m");
+        q.durable = true;
+        q.home = 1;
+        s.apply(&Command::DeclareQueue(q)).unwrap();
+        let mirror = |node| MirrorRecord {
+            node,
+            since: 0,
+            synchronised: false,
+        };
+        s.apply(&Command::SetMirrors {
+            vhost: "/".into(),
+            queue: "m".into(),
+            expected_version: 0,
+            mirrors: vec![mirror(2), mirror(3)],
+        })
+        .unwrap();
+        let incarnation = s.mirror_sets[&key].incarnation;
+        let group = mirror_group_name("/", "m", incarnation);
+        let (master, old, new, three) = (
+            MemberId { node: 1, since: 1 },
+            MemberId { node: 2, since: 2 },
+            MemberId { node: 2, since: 5 },
+            MemberId { node: 3, since: 3 },
+        );
+        let ring = |s: &mut MetaState, members: Vec<Slot>| {
+            let expected_version = s.gm_groups.get(&group).map_or(0, |g| g.version);
+            s.apply(&Command::GmGroup {
+                name: group.clone(),
+                expected_version,
+                members,
+            })
+            .unwrap();
+        };
+        ring(
+            &mut s,
+            vec![Slot::Alive(master), Slot::Alive(old), Slot::Alive(three)],
+        );
+        let mark = |member, epoch| Command::MarkSynchronised {
+            vhost: "/".into(),
+            queue: "m".into(),
+            incarnation,
+            epoch,
+            member,
+        };
+        let synced = |s: &MetaState, node| {
+            s.mirror_sets[&key]
+                .mirrors
+                .iter()
+                .any(|m| m.node == node && m.synchronised)
+        };
+        // The master vouches for node 2's member `old` (the one that acknowledged).
+        let late = mark(old, 0);
+        s.apply(&mark(three, 0)).unwrap();
+        assert!(s.apply(&mark(old, 1)).is_err(), "another epoch's master");
+        s.apply(&late).unwrap();
+        assert!(synced(&s, 2) && synced(&s, 3));
+        // Erasing a dead alias changes no node's live members.
+        ring(
+            &mut s,
+            vec![
+                Slot::Alive(master),
+                Slot::Alive(old),
+                Slot::Alive(three),
+                Slot::Dead(MemberId { node: 3, since: 0 }),
+            ],
+        );
+        ring(
+            &mut s,
+            vec![Slot::Alive(master), Slot::Alive(old), Slot::Alive(three)],
+        );
+        assert!(synced(&s, 2) && synced(&s, 3));
+        // `old`'s copy failed: it leaves (recorded dead), and node 2 joins again.
+        ring(
+            &mut s,
+            vec![Slot::Alive(master), Slot::Dead(old), Slot::Alive(three)],
+        );
+        assert!(!synced(&s, 2), "its member died: no longer synchronised");
+        assert!(synced(&s, 3), "another node's mirror is untouched");
+        ring(
+            &mut s,
+            vec![
+                Slot::Alive(master),
+                Slot::Dead(old),
+                Slot::Alive(three),
+                Slot::Alive(new),
+            ],
+        );
+        // The master's proposal for `old`, whose outcome it never learnt, commits now.
+        let copy = s.clone();
+        let err = s.apply(&late).expect_err("`old` is dead");
+        assert!(err.to_string().contains("is gone"), "{err}");
+        assert_eq!(s, copy, "a refused record changes nothing");
+        assert!(!synced(&s, 2), "node 2's new member holds nothing yet");
+        // Once `new` acknowledges its own sync, it is synchronised again.
+        s.apply(&mark(new, 0)).unwrap();
+        assert!(synced(&s, 2));
+        // A second member of the node joining (a late join nobody runs) unsynchronises too.
+        let zombie = MemberId { node: 2, since: 9 };
+        ring(
+            &mut s,
+            vec![
+                Slot::Alive(master),
+                Slot::Alive(three),
+                Slot::Alive(new),
+                Slot::Alive(zombie),
+            ],
+        );
+        assert!(!synced(&s, 2));
+        // Another queue's group changes nothing here.
+        let mut other = s.clone();
+        other
+            .apply(&Command::GmGroup {
+                name: mirror_group_name("/", "n", incarnation),
+                expected_version: 0,
+                members: vec![Slot::Alive(three)],
+            })
+            .unwrap();
+        assert_eq!(other.mirror_sets, s.mirror_sets);
     }
 
     #[test]

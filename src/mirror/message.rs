@@ -125,19 +125,9 @@ impl MirrorMsg {
     }
 }
 
-/// What every mirrored queue's GM group name starts with.
-pub const GROUP_PREFIX: &str = "mirror:";
-
-/// The GM group of one incarnation of a mirrored queue ([`MirrorSet::incarnation`]): a
-/// queue declared again under the same name has a group of its own.
-///
-/// [`MirrorSet::incarnation`]: crate::meta::state::MirrorSet::incarnation
-pub fn group_name(vhost: &str, queue: &str, incarnation: u64) -> String {
-    format!(
-        "{GROUP_PREFIX}{}:{vhost}:{incarnation}:{queue}",
-        vhost.len()
-    )
-}
+pub use crate::meta::state::{
+    mirror_group_name as group_name, MIRROR_GROUP_PREFIX as GROUP_PREFIX,
+};
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// the queue under; the change is made only while the metadata still says so (the
     /// compare-and-set on the set's version makes that hold when it commits), so a deposed
     /// master can neither vouch for a mirror nor unsync the new master's. `None`: a mirror
-    /// giving up on its own copy (always allowed: it can only prevent a promotion).
+    /// giving up on its own copy (always allowed: it can only prevent a promotion). The
+    /// master vouches for a mirror with `member`, the member that acknowledged its sync
+    /// ([`Command::MarkSynchronised`], applied only while that member lives).
     pub(super) async fn set_synchronised(
         &self,
         key: &Key,
@@ -86,11 +88,22 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     ..*m
                 })
                 .collect();
-            let cmd = Command::SetMirrors {
-                vhost: key.0.clone(),
-                queue: key.1.clone(),
-                expected_version: set.version,
-                mirrors,
+            let cmd = match (synchronised, member, as_master) {
+                // Applied only while that member lives (bug 27): a proposal of unknown
+                // outcome can commit after it died and its node joined again.
+                (true, Some(member), Some(epoch)) => Command::MarkSynchronised {
+                    vhost: key.0.clone(),
+                    queue: key.1.clone(),
+                    incarnation,
+                    epoch,
+                    member,
+                },
+                _ => Command::SetMirrors {
+                    vhost: key.0.clone(),
+                    queue: key.1.clone(),
+                    expected_version: set.version,
+                    mirrors,
+                },
             };
             match self.raft.propose(cmd).await {
                 Ok(r) if r.outcome.is_ok() => {

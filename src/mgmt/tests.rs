@@ -1098,7 +1098,7 @@ fn mirrored(slots: Vec<crate::gm::Slot>) -> Broker {
         vhost: "/".into(),
         queue: "ha.q".into(),
         expected_version: 0,
-        mirrors: vec![mirror(2, true), mirror(3, false)],
+        mirrors: vec![mirror(2, false), mirror(3, false)],
     };
     b.apply(&set, now).unwrap();
     let incarnation = b.snapshot().mirror_sets[&("/".to_string(), "ha.q".to_string())].incarnation;
@@ -1108,6 +1108,15 @@ fn mirrored(slots: Vec<crate::gm::Slot>) -> Broker {
         members: slots,
     };
     b.apply(&group, now).unwrap();
+    // Node 2's member (every caller has it alive) acknowledged its sync.
+    let synced = Command::MarkSynchronised {
+        vhost: "/".into(),
+        queue: "ha.q".into(),
+        incarnation,
+        epoch: 0,
+        member: crate::gm::MemberId { node: 2, since: 1 },
+    };
+    b.apply(&synced, now).unwrap();
     b
 }
 

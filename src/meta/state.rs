@@ -1921,31 +1921,37 @@ mod tests {
         assert!(s.mirror_sets.is_empty());
     }
 
-    /// A promotion decided because the mirror was synchronised is refused if, by the time
-    /// it commits, the mirror's node restarted (a new incarnation: its copy is gone).
-    #[test]
-    fn a_synced_promotion_is_refused_once_the_mirrors_node_restarted() {
+    /// Nodes 1-3 and the durable queue `m` mastered on node 1 with mirrors on nodes 2 and 3
+    /// (both `synchronised` or neither); the state and the queue's key.
+    fn mirrored_m(synchronised: bool) -> (MetaState, (String, String)) {
         let mut s = state();
         for id in [1, 2, 3] {
             s.apply(&Command::RegisterNode(node(id))).unwrap();
         }
-        let key = ("/".to_string(), "m".to_string());
         let mut q = queue("m");
         q.durable = true;
         q.home = 1;
         s.apply(&Command::DeclareQueue(q)).unwrap();
-        let synced = |node| MirrorRecord {
+        let mirror = |node| MirrorRecord {
             node,
             since: 0,
-            synchronised: true,
+            synchronised,
         };
         s.apply(&Command::SetMirrors {
             vhost: "/".into(),
             queue: "m".into(),
             expected_version: 0,
-            mirrors: vec![synced(2), synced(3)],
+            mirrors: vec![mirror(2), mirror(3)],
         })
         .unwrap();
+        (s, ("/".to_string(), "m".to_string()))
+    }
+
+    /// A promotion decided because the mirror was synchronised is refused if, by the time
+    /// it commits, the mirror's node restarted (a new incarnation: its copy is gone).
+    #[test]
+    fn a_synced_promotion_is_refused_once_the_mirrors_node_restarted() {
+        let (mut s, key) = mirrored_m(true);
         // Decided while both mirrors are synchronised.
         let to2 = Command::promote("/", "m", &s.mirror_sets[&key], 2);
         let to3 = Command::promote("/", "m", &s.mirror_sets[&key], 3);
@@ -1976,27 +1982,7 @@ mod tests {
     #[test]
     fn a_mirror_is_synchronised_only_while_the_member_that_acknowledged_its_sync_lives() {
         use crate::gm::{MemberId, Slot};
-        let mut s = state();
-        for id in [1, 2, 3] {
-            s.apply(&Command::RegisterNode(node(id))).unwrap();
-        }
-        let key = ("/".to_string(), "m".to_string());
-        let mut q = queue("m");
-        q.durable = true;
-        q.home = 1;
-        s.apply(&Command::DeclareQueue(q)).unwrap();
-        let mirror = |node| MirrorRecord {
-            node,
-            since: 0,
-            synchronised: false,
-        };
-        s.apply(&Command::SetMirrors {
-            vhost: "/".into(),
-            queue: "m".into(),
-            expected_version: 0,
-            mirrors: vec![mirror(2), mirror(3)],
-        })
-        .unwrap();
+        let (mut s, key) = mirrored_m(false);
         let incarnation = s.mirror_sets[&key].incarnation;
         let group = mirror_group_name("/", "m", incarnation);
         let (master, old, new, three) = (

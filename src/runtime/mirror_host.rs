@@ -229,9 +229,9 @@ fn role_of(state: &MetaState, broker: &Broker, key: &Key, me: NodeId) -> Role {
     }
 }
 
-/// How long a master waits for a mirror to acknowledge a sync whose end made its lap
-/// before it starts the sync again.
-const SYNC_ACK_WAIT: Duration = Duration::from_secs(3);
+/// How long a master waits for a mirror's answer to a sync's start (and, in the core, for
+/// its acknowledgement of a sync whose end made its lap).
+const SYNC_ACK_WAIT: Duration = Duration::from_millis(crate::mirror::master::SYNC_ACK_WAIT_MS);
 
 /// What a mirror's event left it as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

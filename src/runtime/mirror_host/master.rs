@@ -1,24 +1,25 @@
 //! The master role: ship each round to the mirrors and hold its confirms for the lap, keep
-//! the lease, start each new mirror's sync (`sync.rs`) and record it synchronised once the
-//! mirror acknowledged it.
+//! the lease, and feed the sync core (`mirror::master`, carried out by `sync.rs`) the
+//! group's members, the mirrors' sync messages, the metadata and a look at the queue.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::mirror::leave;
-use super::sync::SyncRun;
+use super::sync::SyncTasks;
 use super::tasks::kick;
 use super::{
-    incarnation_of, is_synchronised, lock, role_of, Inner, Key, Membership, Role, Shipping,
-    StorageDisk, SYNC_ACK_WAIT,
+    incarnation_of, lock, policy_of, role_of, Inner, Key, Membership, Role, Shipping, StorageDisk,
 };
 use crate::gm::Event;
 use crate::gm::MemberId;
 use crate::gm::Slot;
+use crate::meta::state::MetaState;
 use crate::meta::state::MirrorRecord;
 use crate::meta::Command;
 use crate::meta::NodeId;
+use crate::meta::SyncMode;
+use crate::mirror::master::{Look, MasterRole, SetView};
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::runtime::gm_host::GmNet;
@@ -184,23 +185,20 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         lock(&self.fenced).remove(key);
         self.lease_wake.notify_one();
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
-        let mut syncs: BTreeMap<MemberId, SyncRun> = BTreeMap::new();
-        let mut requests = (set.sync_requests, set.cancel_requests);
+        let me = m.handle.id();
+        // The syncs: decided by the core (`mirror::master`), carried out by `drive_syncs`.
+        let mut core = MasterRole::new(me, epoch, m.members.clone(), set_view(&state, key), !fresh);
+        let (mut tasks, mut done) = SyncTasks::new();
         let mut views = self.raft.subscribe();
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let me = m.handle.id();
-        // A promoted master knows its group already: unsynchronised mirrors start over.
-        if !fresh {
-            for mid in m.members.clone() {
-                if mid != me && !is_synchronised(&state, key, mid.node) {
-                    self.start_sync(key, &m, mid, epoch, &mut syncs, false)
-                        .await;
-                }
-            }
-        }
         // Not held through the master's life (see `tasks::queue_task`).
         drop(state);
         loop {
+            self.drive_syncs(key, &m, &mut core, &mut tasks, incarnation)
+                .await;
+            if std::mem::take(&mut tasks.tick_now) {
+                tick.reset_immediately();
+            }
             tokio::select! {
                 ev = m.handle.next_event() => match ev {
                     None | Some(Event::Stopped) => {
@@ -210,95 +208,30 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         break;
                     }
                     Some(Event::Deliver { from, num, msg }) => {
-                        match MirrorMsg::decode(&msg) {
-                            Some(MirrorMsg::SyncAck { epoch: e, sync }) => {
-                                for run in syncs.values_mut() {
-                                    if run.target == from && run.id == (e, sync) {
-                                        run.acked = true;
-                                        // Recorded at the next tick: now, not up to 200 ms on.
-                                        tick.reset_immediately();
-                                    }
-                                }
-                            }
-                            Some(MirrorMsg::SyncWant { epoch: e, sync, from: seq }) => {
-                                for run in syncs.values_mut() {
-                                    if run.target == from && run.id == (e, sync) {
-                                        if let Some(tx) = run.want.take() {
-                                            let _ = tx.send(seq);
-                                        }
-                                    }
-                                }
-                            }
-                            Some(MirrorMsg::SyncHave { epoch: e, sync, copy_next }) => {
-                                for run in syncs.values_mut() {
-                                    if run.target == from && run.id == (e, sync) {
-                                        if let Some(tx) = run.have.take() {
-                                            let _ = tx.send(copy_next);
-                                        }
-                                    }
-                                }
-                            }
-                            _ => {}
+                        if let Some(msg) = MirrorMsg::decode(&msg) {
+                            core.handle_message(from, &msg);
                         }
                         m.handle.release(from, num)
                     }
                     Some(ev) => {
-                        let before = m.members.clone();
                         Self::track(&mut m, &ev);
-                        for mid in m.members.difference(&before).copied().collect::<Vec<_>>() {
-                            if mid != me {
-                                self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
-                            }
-                        }
-                        syncs.retain(|mid, run| {
-                            let keep = m.members.contains(mid);
-                            if !keep {
-                                run.abort();
-                            }
-                            keep
-                        });
+                        // The set as it stands now: a member joins a node the view may
+                        // not show as a mirror yet.
+                        core.handle_view(set_view(&self.raft.snapshot(), key));
+                        core.handle_members(&m.members);
                     }
                 },
+                Some(report) = done.recv() => report.report(&mut core),
                 _ = tick.tick() => {
-                    let sender = m.handle.sender();
-                    // Syncs copy the index: while the queue holds a message that is not in
-                    // it, no mirror holds everything.
-                    let waiting = syncs.values().any(|r| !r.recorded);
-                    let unindexed = waiting && self.holds_unindexed(key);
-                    let done: Vec<MemberId> = syncs
-                        .iter_mut()
-                        .filter_map(|(mid, run)| {
-                            (!run.recorded
-                                && !unindexed
-                                && run.complete(&self.storage, key, &sender))
-                                .then_some(*mid)
-                        })
-                        .collect();
-                    // A sync whose end made its lap but that its mirror never acknowledged:
-                    // the mirror joined too late to get its start or its end (it would hold
-                    // nothing). Started again: the member is in the ring now.
-                    let unacked: Vec<(MemberId, bool)> = syncs
-                        .iter()
-                        .filter(|(_, run)| run.unacknowledged_for() > SYNC_ACK_WAIT)
-                        .map(|(mid, run)| (*mid, run.was_active))
-                        .collect();
-                    for (mid, was_active) in unacked {
-                        tracing::warn!(queue = %key.1, node = mid.node, "a sync's end made its lap but its mirror never acknowledged it: starting over");
-                        if let Some(run) = syncs.remove(&mid) {
-                            run.abort();
+                    let look = if core.syncing() {
+                        Look {
+                            low_seq: self.storage.low_seq(&key.0, &key.1),
+                            unindexed: self.holds_unindexed(key),
                         }
-                        self.start_sync(key, &m, mid, epoch, &mut syncs, was_active).await;
-                    }
-                    for mid in done {
-                        if self
-                            .set_synchronised(key, incarnation, Some(mid), mid.node, true, Some(epoch))
-                            .await
-                        {
-                            if let Some(run) = syncs.get_mut(&mid) {
-                                run.recorded = true;
-                            }
-                        }
-                    }
+                    } else {
+                        Look { low_seq: None, unindexed: false }
+                    };
+                    core.handle_tick(self.clock.now(), look);
                 }
                 changed = views.changed() => {
                     if changed.is_err() {
@@ -310,46 +243,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     {
                         break;
                     }
-                    let Some(set) = state.mirror_sets.get(key) else { break };
-                    // A mirror recorded unsynchronised again while its member stayed in the
-                    // group (its node was dropped from the set and added back while cut off,
-                    // so it never left): nothing else would start its sync.
-                    let reset: Vec<MemberId> = m
-                        .members
-                        .iter()
-                        .copied()
-                        .filter(|mid| {
-                            *mid != me
-                                && set.mirrors.iter().any(|r| r.node == mid.node && !r.synchronised)
-                                && syncs.get(mid).is_none_or(|run| run.recorded)
-                        })
-                        .collect();
-                    for mid in reset {
-                        if let Some(run) = syncs.remove(&mid) {
-                            run.abort();
-                        }
-                        self.start_sync(key, &m, mid, epoch, &mut syncs, false).await;
-                    }
-                    if (set.sync_requests, set.cancel_requests) != requests {
-                        let cancel = set.cancel_requests != requests.1;
-                        requests = (set.sync_requests, set.cancel_requests);
-                        // sync_queue restarts every unsynchronised mirror's sync as an active
-                        // one; cancel_sync_queue stops active ones (they fall back to waiting
-                        // for the old messages to go).
-                        let targets: Vec<MemberId> = m
-                            .members
-                            .iter()
-                            .copied()
-                            .filter(|mid| *mid != me && !is_synchronised(&state, key, mid.node))
-                            .filter(|mid| cancel == syncs.get(mid).is_some_and(|r| r.active()))
-                            .collect();
-                        for mid in targets {
-                            if let Some(run) = syncs.remove(&mid) {
-                                run.abort();
-                            }
-                            self.start_sync(key, &m, mid, epoch, &mut syncs, !cancel).await;
-                        }
-                    }
+                    core.handle_view(set_view(&state, key));
                 }
             }
         }
@@ -370,13 +264,24 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
             }
         }
-        for (_, run) in syncs {
-            run.abort();
-        }
+        // Its syncs' tasks stop with it.
+        drop(tasks);
         // Leave in good order (in-flight rounds first), so the others go on without a
         // timeout, and a promoted mirror knows no more rounds come from here. A deposed
         // master's member is dead already: that fails at once.
         leave(&mut m).await;
         tracing::info!(queue = %key.1, "no longer the master");
+    }
+}
+
+/// The metadata's view of `key`'s mirror set, as the sync core needs it.
+fn set_view(state: &MetaState, key: &Key) -> SetView {
+    let set = state.mirror_sets.get(key);
+    SetView {
+        mirrors: set
+            .map(|s| s.mirrors.iter().map(|m| (m.node, m.synchronised)).collect())
+            .unwrap_or_default(),
+        automatic: policy_of(state, key).is_some_and(|p| p.sync_mode == SyncMode::Automatic),
+        requests: set.map_or((0, 0), |s| (s.sync_requests, s.cancel_requests)),
     }
 }

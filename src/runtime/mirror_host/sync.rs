@@ -1,57 +1,153 @@
-//! The master's side of a mirror's sync: the start (ordered with the rounds), the summaries
-//! that tell which part of its kept copy the mirror lacks, the backlog copied in batches
-//! while the queue serves, and the run's bookkeeping until the mirror acknowledges it.
+//! The master's side of a mirror's sync, as I/O: carries out the sync core's actions
+//! (`mirror::master`): the start (ordered with the rounds), the summaries that tell which
+//! part of its kept copy the mirror lacks, the backlog copied in batches while the queue
+//! serves, the closing lap and the record; each task reports back to the core.
 
 use std::collections::BTreeMap;
-use std::future::Future as _;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::{policy_of, Inner, Key, Membership, StorageDisk, SYNC_ACK_WAIT};
 use crate::broker::queue::IndexOp;
 use crate::gm::MemberId;
-use crate::meta::SyncMode;
+use crate::mirror::master::{Action, Answer, MasterRole, Why};
 use crate::mirror::message::MirrorMsg;
 use crate::mirror::ops;
+use crate::mirror::role::SyncId;
 use crate::runtime::gm_host::GmNet;
 use crate::runtime::gm_host::GmSender;
-use crate::runtime::storage::Storage;
 use tokio::task::JoinHandle;
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
-    /// Starts `target`'s sync at this point of the stream (under the storage lock, so it is
-    /// ordered with the rounds). Active when the policy says automatic or `sync_queue` asked.
-    pub(super) async fn start_sync(
+    /// Carries out the sync core's actions until it has none: the master's loop calls it
+    /// after every input.
+    pub(super) async fn drive_syncs(
         self: &Arc<Self>,
         key: &Key,
         m: &Membership,
-        target: MemberId,
-        epoch: u64,
-        syncs: &mut BTreeMap<MemberId, SyncRun>,
-        requested: bool,
+        core: &mut MasterRole,
+        tasks: &mut SyncTasks,
+        incarnation: u64,
     ) {
-        let state = self.raft.snapshot();
-        if !state
-            .mirror_sets
-            .get(key)
-            .is_some_and(|s| s.mirrors.iter().any(|r| r.node == target.node))
-        {
-            return;
+        while let Some(action) = core.poll_action() {
+            match action {
+                Action::StartSync { target, active } => {
+                    let (sync, from_seq) =
+                        self.start_sync(key, m, target, active, core.epoch()).await;
+                    core.handle_sync_started(target, sync, from_seq);
+                }
+                Action::Copy { target, id, below } => {
+                    let (want_tx, want_rx) = tokio::sync::oneshot::channel();
+                    let (have_tx, have_rx) = tokio::sync::oneshot::channel();
+                    let batch = policy_of(&self.raft.snapshot(), key)
+                        .map_or(crate::meta::ha_policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
+                            p.sync_batch_size
+                        }) as usize;
+                    let inner = self.clone();
+                    let key = key.clone();
+                    let sender = m.handle.sender();
+                    let done = tasks.done_tx.clone();
+                    let copier = tokio::spawn(async move {
+                        let ok = inner
+                            .copy_backlog(
+                                &key,
+                                sender,
+                                target,
+                                id,
+                                below,
+                                batch.max(1),
+                                (have_rx, want_rx),
+                            )
+                            .await;
+                        let _ = done.send(SyncDone::Copy(target, id, ok));
+                    });
+                    let run = tasks.runs.entry(target).or_default();
+                    run.abort();
+                    *run = RunTasks {
+                        id,
+                        copier: Some(copier),
+                        end: None,
+                        want: Some(want_tx),
+                        have: Some(have_tx),
+                    };
+                }
+                Action::Answer { target, id, answer } => {
+                    if let Some(run) = tasks.runs.get_mut(&target).filter(|r| r.id == id) {
+                        let _ = match answer {
+                            Answer::Have(next) => run.have.take().map(|tx| tx.send(next)),
+                            Answer::Want(from) => run.want.take().map(|tx| tx.send(from)),
+                        };
+                    }
+                }
+                Action::SendEnd { target, id } => {
+                    let (epoch, sync) = id;
+                    let lap = m.handle.sender().confirmed_broadcast(Bytes::from(
+                        MirrorMsg::SyncEnd {
+                            epoch,
+                            target,
+                            sync,
+                        }
+                        .encode(),
+                    ));
+                    let done = tasks.done_tx.clone();
+                    let end = tokio::spawn(async move {
+                        let ok = lap.await.is_ok();
+                        let _ = done.send(SyncDone::End(target, id, ok));
+                    });
+                    let run = tasks.runs.entry(target).or_default();
+                    if run.id != id {
+                        run.abort();
+                        *run = RunTasks {
+                            id,
+                            ..RunTasks::default()
+                        };
+                    }
+                    run.end = Some(end);
+                }
+                Action::Record { target, id } => {
+                    let ok = self
+                        .set_synchronised(
+                            key,
+                            incarnation,
+                            Some(target),
+                            target.node,
+                            true,
+                            Some(id.0),
+                        )
+                        .await;
+                    core.handle_recorded(target, id, ok);
+                }
+                Action::Abort { target, id, why } => {
+                    if why == Why::Unacknowledged {
+                        tracing::warn!(queue = %key.1, node = target.node, "a sync's end made its lap but its mirror never acknowledged it: starting over");
+                    }
+                    if let Some(run) = tasks.runs.remove(&target) {
+                        if run.id == id {
+                            run.abort();
+                        } else {
+                            tasks.runs.insert(target, run);
+                        }
+                    }
+                }
+                Action::TickNow => tasks.tick_now = true,
+            }
         }
-        let policy = policy_of(&state, key);
-        let active = requested
-            || policy
-                .as_ref()
-                .is_some_and(|p| p.sync_mode == SyncMode::Automatic);
-        let batch = policy.map_or(crate::meta::ha_policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
-            p.sync_batch_size
-        }) as usize;
-        let sender = m.handle.sender();
+    }
+
+    /// Broadcasts `target`'s `SyncStart` at this point of the stream (under the storage
+    /// lock, so it is ordered with the rounds): its sync number and where it starts.
+    async fn start_sync(
+        &self,
+        key: &Key,
+        m: &Membership,
+        target: MemberId,
+        active: bool,
+        epoch: u64,
+    ) -> (u64, u64) {
         let storage = self.storage.clone();
         let (vhost, name) = key.clone();
-        let start_sender = sender.clone();
+        let start_sender = m.handle.sender();
         let sync = self
             .next_sync
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -71,41 +167,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             })
             .await
             .unwrap_or(0);
-        let (want_tx, want_rx) = tokio::sync::oneshot::channel();
-        let (have_tx, have_rx) = tokio::sync::oneshot::channel();
-        let copier = active.then(|| {
-            let inner = self.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                inner
-                    .copy_backlog(
-                        &key,
-                        sender,
-                        target,
-                        (epoch, sync),
-                        from_seq,
-                        batch.max(1),
-                        (have_rx, want_rx),
-                    )
-                    .await
-            })
-        });
-        syncs.insert(
-            target,
-            SyncRun {
-                target,
-                id: (epoch, sync),
-                from_seq,
-                copier,
-                confirm: None,
-                recorded: false,
-                was_active: active,
-                ended: None,
-                acked: false,
-                want: active.then_some(want_tx),
-                have: active.then_some(have_tx),
-            },
-        );
+        (sync, from_seq)
     }
 
     /// Active sync: summaries of what a mirror's kept copy holds (if it kept one), until
@@ -316,123 +378,72 @@ impl Drop for SyncProgress {
     }
 }
 
-/// One mirror's sync, as its master runs it.
-pub(super) struct SyncRun {
-    /// The mirror's member.
-    pub(super) target: MemberId,
-    /// (epoch, sync id) of this sync.
-    pub(super) id: (u64, u64),
-    /// Where the mirror's copy started.
-    from_seq: u64,
+/// The tasks the master runs for its syncs, and where they report.
+pub(super) struct SyncTasks {
+    runs: BTreeMap<MemberId, RunTasks>,
+    done_tx: tokio::sync::mpsc::UnboundedSender<SyncDone>,
+    /// The core asked for a tick now ([`Action::TickNow`]).
+    pub(super) tick_now: bool,
+}
+
+impl SyncTasks {
+    /// No tasks yet; their reports come out of the receiver.
+    pub(super) fn new() -> (SyncTasks, tokio::sync::mpsc::UnboundedReceiver<SyncDone>) {
+        let (done_tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let tasks = SyncTasks {
+            runs: BTreeMap::new(),
+            done_tx,
+            tick_now: false,
+        };
+        (tasks, rx)
+    }
+}
+
+impl Drop for SyncTasks {
+    fn drop(&mut self) {
+        for run in self.runs.values() {
+            run.abort();
+        }
+    }
+}
+
+/// What a sync task reports when it ends.
+#[derive(Debug)]
+pub(super) enum SyncDone {
+    /// The backlog copy (`true`: its end made its lap).
+    Copy(MemberId, SyncId, bool),
+    /// The closing `SyncEnd` lap (`true`: it completed).
+    End(MemberId, SyncId, bool),
+}
+
+impl SyncDone {
+    /// Hands the report to the core.
+    pub(super) fn report(self, core: &mut MasterRole) {
+        match self {
+            SyncDone::Copy(target, id, ok) => core.handle_copy_done(target, id, ok),
+            SyncDone::End(target, id, ok) => core.handle_end_lap(target, id, ok),
+        }
+    }
+}
+
+/// One sync's tasks.
+#[derive(Default)]
+struct RunTasks {
+    id: SyncId,
     /// The backlog copier (active sync).
-    copier: Option<JoinHandle<bool>>,
-    /// A natural sync's closing `SyncEnd` lap: the mirror shows it follows (a mirror that
-    /// missed its `SyncStart` leaves instead of releasing it).
-    confirm: Option<JoinHandle<bool>>,
-    /// Recorded synchronised in the metadata.
-    pub(super) recorded: bool,
-    /// Started as an active sync (what a restart of it asks for again).
-    pub(super) was_active: bool,
-    /// When its `SyncEnd` completed its lap (the copier's, or the natural sync's).
-    ended: Option<std::time::Instant>,
-    /// The mirror's [`MirrorMsg::SyncAck`] came.
-    pub(super) acked: bool,
-    /// Where the copier learns from which seq the mirror needs the backlog (its
-    /// [`MirrorMsg::SyncWant`]); taken when it comes.
-    pub(super) want: Option<tokio::sync::oneshot::Sender<u64>>,
-    /// Where the copier learns up to which seq the mirror kept a copy (its
-    /// [`MirrorMsg::SyncHave`]); taken when it comes.
-    pub(super) have: Option<tokio::sync::oneshot::Sender<u64>>,
+    copier: Option<JoinHandle<()>>,
+    /// The closing `SyncEnd`'s lap.
+    end: Option<JoinHandle<()>>,
+    /// Where the copier learns from which seq the mirror needs the backlog.
+    want: Option<tokio::sync::oneshot::Sender<u64>>,
+    /// Where the copier learns up to which seq the mirror kept a copy.
+    have: Option<tokio::sync::oneshot::Sender<u64>>,
 }
 
-impl SyncRun {
-    pub(super) fn active(&self) -> bool {
-        self.copier.as_ref().is_some_and(|c| !c.is_finished())
-    }
-
-    pub(super) fn abort(&self) {
-        for c in self.copier.iter().chain(self.confirm.iter()) {
-            c.abort();
+impl RunTasks {
+    fn abort(&self) {
+        for t in self.copier.iter().chain(self.end.iter()) {
+            t.abort();
         }
     }
-
-    /// How long its `SyncEnd` has waited for the mirror's acknowledgement (zero: not
-    /// ended, or acknowledged).
-    pub(super) fn unacknowledged_for(&self) -> Duration {
-        match self.ended {
-            Some(at) if !self.acked && !self.recorded => at.elapsed(),
-            _ => Duration::ZERO,
-        }
-    }
-
-    /// Whether the mirror holds everything: its `SyncEnd` completed its lap (after the
-    /// active copy, or once the backlog before its start is gone in a natural sync) and
-    /// the mirror acknowledged it.
-    pub(super) fn complete<D: StorageDisk>(
-        &mut self,
-        storage: &Storage<D>,
-        key: &Key,
-        sender: &GmSender,
-    ) -> bool {
-        if self.ended.is_none() && self.lap_complete(storage, key, sender) {
-            self.ended = Some(std::time::Instant::now());
-        }
-        self.ended.is_some() && self.acked
-    }
-
-    /// Whether the sync's `SyncEnd` completed its lap (sending a natural sync's once its
-    /// backlog is gone).
-    pub(super) fn lap_complete<D: StorageDisk>(
-        &mut self,
-        storage: &Storage<D>,
-        key: &Key,
-        sender: &GmSender,
-    ) -> bool {
-        if let Some(c) = &mut self.copier {
-            if !c.is_finished() {
-                return false;
-            }
-            // A finished copier: its result, once.
-            let ok = finished_result(c);
-            self.copier = None;
-            if ok {
-                return true;
-            }
-        }
-        if let Some(c) = &mut self.confirm {
-            if !c.is_finished() {
-                return false;
-            }
-            let ok = finished_result(c);
-            self.confirm = None;
-            // Not confirmed: sent again at the next look.
-            return ok;
-        }
-        let drained = storage
-            .low_seq(&key.0, &key.1)
-            .is_none_or(|low| low >= self.from_seq);
-        if drained {
-            let (epoch, sync) = self.id;
-            let lap = sender.confirmed_broadcast(Bytes::from(
-                MirrorMsg::SyncEnd {
-                    epoch,
-                    target: self.target,
-                    sync,
-                }
-                .encode(),
-            ));
-            self.confirm = Some(tokio::spawn(async move { lap.await.is_ok() }));
-        }
-        false
-    }
-}
-
-/// The result of a finished task (`false` when it failed or was aborted).
-pub(super) fn finished_result(task: &mut JoinHandle<bool>) -> bool {
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
-    matches!(
-        std::pin::Pin::new(task).poll(&mut cx),
-        std::task::Poll::Ready(Ok(true))
-    )
 }

@@ -393,15 +393,19 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
         }
         for (key, member, incarnation) in moving {
             let group = group_name(&key.0, &key.1, incarnation);
-            while tokio::time::Instant::now() < deadline
-                && inner
-                    .raft
-                    .snapshot()
-                    .gm_groups
-                    .get(&group)
-                    .is_some_and(|g| g.members.contains(&Slot::Alive(member)))
+            // Woken by each metadata change, not polled.
+            let mut views = inner.raft.subscribe();
+            while inner
+                .raft
+                .snapshot()
+                .gm_groups
+                .get(&group)
+                .is_some_and(|g| g.members.contains(&Slot::Alive(member)))
             {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                match tokio::time::timeout_at(deadline, views.changed()).await {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                }
             }
         }
     }

@@ -2,7 +2,7 @@
 //! as crash recovery does and serves the queue; a master restarted with mirrors hands over
 //! to a synchronised one.
 
-use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,6 +16,9 @@ use crate::meta::NodeId;
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::runtime::gm_host::GmNet;
+
+/// How long a promoted mirror waits for its broker to apply the promotion.
+const ADOPT_WAIT: Duration = Duration::from_secs(5);
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// Promotion: flush lap, then this node's copy becomes the queue. Returns the
@@ -94,8 +97,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             self.masters
                 .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
         }
-        // The broker applies the promotion shortly after the metadata does.
-        for _ in 0..200 {
+        // The broker applies the promotion shortly after the metadata does: woken by its
+        // next change (registered before each attempt, so none is missed), not polled.
+        let deadline = tokio::time::Instant::now() + ADOPT_WAIT;
+        loop {
+            let changed = Arc::new(tokio::sync::Notify::new());
+            let wake = changed.clone();
+            self.broker
+                .on_next_change(Box::new(move || wake.notify_one()));
             let storage = self.storage.clone();
             let broker = self.broker.clone();
             let (vhost, name) = key.clone();
@@ -119,7 +128,15 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     return None;
                 }
                 None if self.broker.queue(&key.0, &key.1).is_some() => return member,
-                None => tokio::time::sleep(Duration::from_millis(25)).await,
+                None => {
+                    if tokio::time::timeout_at(deadline, changed.notified())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(queue = %key.1, "the broker never applied the promotion here");
+                        return None;
+                    }
+                }
             }
             if self
                 .raft
@@ -132,7 +149,6 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 return None;
             }
         }
-        None
     }
 
     /// A master whose node restarted before it was recorded down: hands the queue to the
@@ -147,26 +163,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         state: &MetaState,
         set: &MirrorSet,
     ) -> bool {
-        let Some(group) = state
-            .gm_groups
-            .get(&group_name(&key.0, &key.1, set.incarnation))
-        else {
-            return false;
-        };
-        if group.has_live_member_on(self.node) {
-            // Not a restart the metadata knows of yet.
-            return false;
-        }
-        let running: BTreeSet<NodeId> = set
-            .mirrors
-            .iter()
-            .map(|m| m.node)
-            .filter(|n| {
-                *n != self.node && !self.broker.node_is_down(*n) && group.has_live_member_on(*n)
-            })
-            .collect();
         let Some(node) =
-            crate::meta::promotion(&set.mirrors, &running, crate::meta::PromoteRule::WhenSynced)
+            crate::mirror::lease::hand_over_after_restart(state, &key.0, &key.1, self.node, |n| {
+                !self.broker.node_is_down(n)
+            })
         else {
             return false;
         };

@@ -8,9 +8,8 @@ use std::time::Duration;
 use super::mirror::leave;
 use super::{group_of, incarnation_of, lock, role_of, Inner, Key, Role, StorageDisk};
 use crate::broker::Broker;
-use crate::gm::Slot;
 use crate::meta::{Command, MetaState, NodeId};
-use crate::mirror::message::group_name;
+use crate::mirror::lease::{self, Claim};
 use crate::runtime::gm_host::GmNet;
 
 /// One task per queue this node has a part in.
@@ -152,15 +151,14 @@ pub(super) async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inn
         let shipping = inner.masters.all();
         let mut renewed = Vec::new();
         for (key, shipping) in shipping {
-            let still = inner.home_of(&state, &key) == Some(inner.node)
-                && incarnation_of(&state, &key) == shipping.incarnation
-                && state
-                    .gm_groups
-                    .get(&group_name(&key.0, &key.1, shipping.incarnation))
-                    .is_some_and(|g| g.members.contains(&Slot::Alive(shipping.member)));
-            if !still {
+            let claim = Claim {
+                node: inner.node,
+                incarnation: shipping.incarnation,
+                member: shipping.member,
+            };
+            let Some(until) = lease::renewal(&state, &key.0, &key.1, &claim, t0, lease_ms) else {
                 continue;
-            }
+            };
             if let Some(h) = inner.broker.queue(&key.0, &key.1) {
                 let mut q = h.lock();
                 // Checked under the queue's lock: a master that stopped meanwhile (and
@@ -170,7 +168,7 @@ pub(super) async fn keep_leases<N: GmNet + Clone, D: StorageDisk>(inner: Arc<Inn
                     .get(&key)
                     .is_some_and(|s| s.member == shipping.member && s.epoch == shipping.epoch);
                 if current {
-                    q.set_lease(Some(t0.plus_millis(lease_ms)));
+                    q.set_lease(Some(until));
                     drop(q);
                     renewed.push(h);
                 }

@@ -38,6 +38,7 @@ use warren::runtime::gm_host::{GmHost, GmHostConfig, GmNet};
 use warren::runtime::raft::{MetaRaft, NodeId, TransportError};
 use warren::store::MemDisk;
 
+use crate::cut::Cut;
 use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
 use crate::transport::{serve_hearing, Handler, Hearing, Kind, RequestError, TurmoilTransport};
@@ -139,7 +140,7 @@ impl Shared {
 /// A fault, at a simulated time.
 #[derive(Clone, Debug)]
 enum Fault {
-    Partition(NodeId),
+    Partition(NodeId, Cut),
     Heal(NodeId),
     Hold(NodeId, NodeId),
     Release(NodeId, NodeId),
@@ -165,7 +166,7 @@ fn plan(rng: &mut StdRng) -> Vec<(u64, Fault)> {
         let n = node(rng);
         let length = rng.gen_range(300..3_000);
         if rng.gen_bool(0.5) {
-            faults.push((at, Fault::Partition(n)));
+            faults.push((at, Fault::Partition(n, Cut::Both)));
             faults.push((at + length, Fault::Heal(n)));
         } else {
             faults.push((at, Fault::Crash(n)));
@@ -622,7 +623,13 @@ pub fn run_seed(seed: u64) -> Outcome {
     let trace = Trace::new();
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6A);
-    let faults = plan(&mut rng);
+    let mut faults = plan(&mut rng);
+    let mut cuts = Cut::stream(seed, 0x6A);
+    for (_, f) in faults.iter_mut() {
+        if let Fault::Partition(_, cut) = f {
+            *cut = cuts();
+        }
+    }
     let durable = rng.gen_bool(0.5);
     shared.durable.store(durable, Ordering::SeqCst);
     trace.log(format!("gm seed {seed}, durable acks {durable}"));
@@ -657,10 +664,9 @@ pub fn run_seed(seed: u64) -> Outcome {
         while let Some((_, fault)) = pending.next_if(|(t, _)| *t <= now) {
             trace.log(format!("fault: {fault:?}"));
             match fault {
-                Fault::Partition(n) => {
-                    for o in (1..=NODES).filter(|o| *o != n) {
-                        sim.partition(host(n), host(o));
-                    }
+                Fault::Partition(n, cut) => {
+                    let others: Vec<String> = (1..=NODES).filter(|o| *o != n).map(host).collect();
+                    cut.apply(&mut sim, &host(n), &others);
                 }
                 Fault::Heal(n) => {
                     for o in (1..=NODES).filter(|o| *o != n) {

@@ -12,6 +12,8 @@
 //!   host); a client publishes with confirms and consumes with acks while the master's node
 //!   is partitioned or crashed and policies change; checkers for design §1 guarantees 1–4.
 //!
+//! - [`cut`]: partitions that cut both ways or one way only, for every scenario.
+//!
 //! See `sim/README.md`.
 
 // rustdoc does not get `build.rustflags`, so documentation builds are exempt.
@@ -22,6 +24,7 @@ compile_error!(
      RUSTFLAGS=\"--cfg tokio_unstable\""
 );
 
+pub mod cut;
 pub mod gm_scenario;
 pub mod mirror_scenario;
 pub mod scenario;

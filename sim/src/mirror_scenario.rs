@@ -52,6 +52,7 @@ use warren::runtime::raft::{MetaRaft, NodeId};
 use warren::runtime::storage::Storage;
 use warren::store::MemDisk;
 
+use crate::cut::Cut;
 use crate::gm_scenario::SimGmNet;
 use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
@@ -158,6 +159,9 @@ struct Shared {
     /// Restarts of the queue's master's node after a crash: (when it restarted, node, the
     /// queue's epoch when it crashed).
     master_restarts: Mutex<Vec<(u64, NodeId, u64)>>,
+    /// Nodes whose storage failed: each exits, as `warren` does, for its supervisor (the
+    /// harness) to restart it.
+    exits: Mutex<Vec<NodeId>>,
 }
 
 impl Shared {
@@ -262,7 +266,7 @@ impl Shared {
 /// A fault, at a simulated time. `Master` faults pick the queue's master when they happen.
 #[derive(Clone, Debug)]
 enum Fault {
-    Partition(Target),
+    Partition(Target, Cut),
     Heal,
     Crash(Target),
     Restart,
@@ -271,6 +275,21 @@ enum Fault {
     All,
     /// A fourth node boots and joins the cluster (it gets a mirror and syncs under load).
     Join,
+    /// A fault on the node's storage disk: its storage fails at the next write or fsync,
+    /// and the node exits and is restarted half a second later.
+    Disk(Target, DiskFault),
+}
+
+/// What goes wrong on a disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DiskFault {
+    /// The next fsync fails (EIO).
+    Fsync,
+    /// The next append writes half its bytes (a torn write).
+    Torn,
+    /// The disk fills up 64 KiB past what it holds (ENOSPC), until the node restarts
+    /// (an operator freed space).
+    Full,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -292,7 +311,7 @@ fn plan(rng: &mut StdRng) -> Vec<(u64, Fault)> {
         };
         let length = rng.gen_range(500..4_000);
         if rng.gen_bool(0.5) {
-            faults.push((at, Fault::Partition(target)));
+            faults.push((at, Fault::Partition(target, Cut::Both)));
             faults.push((at + length, Fault::Heal));
         } else {
             faults.push((at, Fault::Crash(target)));
@@ -570,15 +589,23 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     let _ = serving.set(Arc::new(Serving {
         id,
         broker,
-        durability,
+        durability: durability.clone(),
         raft,
         clock,
         unacked: Mutex::default(),
         next_tag: Mutex::new(0),
     }));
     trace.log(format!("n{id} serving"));
-    std::future::pending::<()>().await;
-    Ok(())
+    // As the node's monitor (`runtime::node::monitor`): a storage failure ends the process.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        if durability.has_failed() {
+            trace.log(format!("n{id} storage failed: the node exits"));
+            lock(&shared.exits).push(id);
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Serving {
@@ -928,7 +955,45 @@ pub fn run_seed(seed: u64) -> Outcome {
     let trace = Trace::new();
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x3177);
-    let faults = plan(&mut rng);
+    let mut faults = plan(&mut rng);
+    // A third of the partitions cut one way only, and a third of the runs get a disk
+    // fault. Drawn from a stream of their own, so the rest of each seed's plan is what it
+    // was before these existed.
+    let mut cuts = Cut::stream(seed, 0x3177);
+    for (_, f) in faults.iter_mut() {
+        if let Fault::Partition(_, cut) = f {
+            *cut = cuts();
+        }
+    }
+    let mut more = StdRng::seed_from_u64(seed ^ 0xd15c);
+    if more.gen_bool(0.33) {
+        let target = if more.gen_bool(0.5) {
+            Target::Master
+        } else {
+            Target::Node(more.gen_range(1..=NODES))
+        };
+        let what = [DiskFault::Fsync, DiskFault::Torn, DiskFault::Full][more.gen_range(0..3)];
+        // At a time no node is away (one away at a time), with a second to spare.
+        let away: Vec<(u64, u64)> = faults
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, f))| matches!(f, Fault::Partition(..) | Fault::Crash(_)))
+            .map(|(i, (from, _))| {
+                let back = faults[i..]
+                    .iter()
+                    .find(|(_, f)| matches!(f, Fault::Heal | Fault::Restart))
+                    .map_or(u64::MAX, |(t, _)| *t);
+                (*from, back.saturating_add(1_000))
+            })
+            .collect();
+        let at = (0..10)
+            .map(|_| more.gen_range(1_500..9_000u64))
+            .find(|t| away.iter().all(|(from, to)| t + 1_000 < *from || t > to));
+        if let Some(at) = at {
+            faults.push((at, Fault::Disk(target, what)));
+            faults.sort_by_key(|(t, _)| *t);
+        }
+    }
     trace.log(format!("mirror seed {seed}"));
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
@@ -1001,6 +1066,9 @@ pub fn run_seed(seed: u64) -> Outcome {
     let mut away: Option<NodeId> = None;
     // The queue's epoch, if the node away crashed while it was the master.
     let mut crashed_master: Option<u64> = None;
+    // A node whose storage failed and that exited: when its supervisor restarts it, and
+    // the queue's epoch if it was the master.
+    let mut exited: Option<(NodeId, u64, Option<u64>)> = None;
     let mut shown = (0, 0);
     loop {
         let now = sim.elapsed().as_millis() as u64;
@@ -1040,18 +1108,66 @@ pub fn run_seed(seed: u64) -> Outcome {
                 ));
             }
         }
+        // A node whose storage failed exits (its process ends: what it wrote stays in the
+        // page cache, so its disk does not crash), and comes back half a second later.
+        let exit = if exited.is_none() {
+            lock(&shared.exits).pop()
+        } else {
+            None
+        };
+        if let Some(n) = exit {
+            trace.log(format!("fault: n{n} exits (storage failed)"));
+            let was_master = (shared.home() == Some(n)).then(|| {
+                shared
+                    .newest()
+                    .and_then(|s| s.mirror_sets.get(&key()).map(|m| m.epoch))
+                    .unwrap_or(0)
+            });
+            sim.crash(host(n));
+            lock(&shared.rafts).remove(&n);
+            exited = Some((n, now + 500, was_master));
+        }
+        if let Some((n, _, was_master)) = exited.filter(|(_, at, _)| *at <= now) {
+            trace.log(format!("fault: n{n} restarts after its exit"));
+            if let Some(epoch) = was_master {
+                lock(&shared.master_restarts).push((now, n, epoch));
+            }
+            disks[&n].1.set_capacity(None);
+            sim.bounce(host(n));
+            exited = None;
+        }
         while let Some((_, fault)) = pending.next_if(|(t, _)| *t <= now) {
             let pick = |t: Target| match t {
                 Target::Master => shared.home().unwrap_or(1),
                 Target::Node(n) => n,
             };
             match fault {
-                Fault::Partition(t) => {
+                Fault::Partition(..) | Fault::Crash(_) if exited.is_some() => {
+                    // One node away at a time: its heal or restart finds none away.
+                    trace.log(format!("fault: {fault:?} skipped (a node is restarting)"));
+                }
+                Fault::Disk(t, what) => {
                     let n = pick(t);
-                    trace.log(format!("fault: partition n{n} ({t:?})"));
-                    for o in (1..=shared.hosts()).filter(|o| *o != n) {
-                        sim.partition(host(n), host(o));
+                    if away.is_some() || exited.is_some() {
+                        trace.log(format!(
+                            "fault: disk {what:?} on n{n} skipped (a node is away)"
+                        ));
+                        continue;
                     }
+                    trace.log(format!("fault: disk {what:?} on n{n} ({t:?})"));
+                    let disk = &disks[&n].1;
+                    match what {
+                        DiskFault::Fsync => disk.fail_next_sync(),
+                        DiskFault::Torn => disk.short_next_write(),
+                        DiskFault::Full => disk.set_capacity(Some(disk.used_bytes() + (64 << 10))),
+                    }
+                }
+                Fault::Partition(t, cut) => {
+                    let n = pick(t);
+                    trace.log(format!("fault: partition n{n} ({t:?}, {cut:?})"));
+                    let others: Vec<String> =
+                        (1..=shared.hosts()).filter(|o| *o != n).map(host).collect();
+                    cut.apply(&mut sim, &host(n), &others);
                     away = Some(n);
                 }
                 Fault::Heal => {

@@ -17,6 +17,7 @@ use warren::meta::{Command, MetaState};
 use warren::runtime::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, ProposeError};
 use warren::store::MemDisk;
 
+use crate::cut::Cut;
 use crate::trace::Trace;
 use crate::transport::{serve, Handler, Kind, TurmoilTransport};
 
@@ -459,6 +460,8 @@ pub fn run_seed(seed: u64) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let faults = plan(&mut rng);
     let cmds = commands(&mut rng);
+    // Drawn as each leader partition happens (which node it cuts is known only then).
+    let mut cuts = Cut::stream(seed, 0);
     trace.log(format!("seed {seed}"));
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
@@ -505,11 +508,14 @@ pub fn run_seed(seed: u64) -> Outcome {
                         .map(|(&id, _)| id);
                     match leader {
                         Some(l) => {
-                            for other in (1..=NODES).filter(|&o| o != l) {
-                                sim.partition(host(l), host(other));
-                            }
+                            let cut = cuts();
+                            let others: Vec<String> =
+                                (1..=NODES).filter(|&o| o != l).map(host).collect();
+                            cut.apply(&mut sim, &host(l), &others);
                             partitioned = Some(l);
-                            trace.log(format!("fault: partition leader n{l} from the others"));
+                            trace.log(format!(
+                                "fault: partition leader n{l} from the others ({cut:?})"
+                            ));
                         }
                         None => trace.log("fault: partition skipped, no leader"),
                     }

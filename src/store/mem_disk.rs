@@ -65,6 +65,11 @@ impl MemDisk {
         self.lock().short_next_write = true;
     }
 
+    /// The bytes stored, over every file.
+    pub fn used_bytes(&self) -> u64 {
+        Self::used(&self.lock())
+    }
+
     /// Limits the total bytes stored; writes past it fail with [`DiskError::Full`].
     pub fn set_capacity(&self, bytes: Option<u64>) {
         self.lock().capacity_bytes = bytes;

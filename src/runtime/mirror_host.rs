@@ -35,11 +35,11 @@ use tokio::task::JoinHandle;
 
 use super::clock::Clock;
 use super::file_disk::FileDisk;
-use super::gm_host::{GmHandle, GmHost, GmNet, GmSender};
+use super::gm_host::{GmHandle, GmHost, GmNet};
 use super::storage::{LapWait, Storage};
 use crate::broker::queue::IndexOp;
 use crate::broker::Broker;
-use crate::gm::{MemberId, Slot};
+use crate::gm::MemberId;
 use crate::meta::state::MirrorSet;
 use crate::meta::HaPolicy;
 use crate::meta::{Command, MetaState};
@@ -59,83 +59,18 @@ mod held;
 mod master;
 mod mirror;
 mod promotion;
+mod shipping;
 mod sync;
 mod tasks;
 #[cfg(test)]
 mod tests;
 
 use held::Held;
+use shipping::{Shippers, Shipping};
 use tasks::{keep_leases, reconcile, supervise};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Where the storage tap ships a mastered queue's rounds.
-#[derive(Clone)]
-struct Shipping {
-    sender: GmSender,
-    epoch: u64,
-    /// The queue incarnation shipped for ([`MirrorSet::incarnation`]).
-    incarnation: u64,
-    /// The master's member (a handover waits for it to leave).
-    member: MemberId,
-    /// Set when a controlled stop starts handing the queue over: from then on no round is
-    /// confirmed, not even one whose lap is under way. The target may die during the
-    /// handover, and a lap completes without a dead member, so a confirm given then could
-    /// be missing from the copy that becomes the queue.
-    handing_over: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Shipping {
-    /// Shipping through `handle`'s member at `epoch` of queue incarnation `incarnation`.
-    fn of(handle: &GmHandle, epoch: u64, incarnation: u64) -> Shipping {
-        Shipping {
-            sender: handle.sender(),
-            epoch,
-            incarnation,
-            member: handle.id(),
-            handing_over: Arc::default(),
-        }
-    }
-}
-
-/// The queues this node ships rounds for. Its lock is never held while another is taken:
-/// the storage tap reads it under the storage lock, and a queue's lock and the broker's are
-/// taken before the storage lock, so a queue or broker lock taken under this one closes a
-/// cycle (bug 11 in `docs/reliability.md`: `keep_leases` held it while looking a queue up,
-/// an adoption held the broker and waited for storage, and the syncer waited for this; the
-/// node froze). Every method takes the lock for one map operation and returns owned values.
-#[derive(Default)]
-struct Shippers(Mutex<HashMap<Key, Shipping>>);
-
-impl Shippers {
-    fn get(&self, key: &Key) -> Option<Shipping> {
-        lock(&self.0).get(key).cloned()
-    }
-
-    fn insert(&self, key: Key, shipping: Shipping) {
-        lock(&self.0).insert(key, shipping);
-    }
-
-    fn remove(&self, key: &Key) {
-        lock(&self.0).remove(key);
-    }
-
-    fn is_empty(&self) -> bool {
-        lock(&self.0).is_empty()
-    }
-
-    fn all(&self) -> Vec<(Key, Shipping)> {
-        lock(&self.0)
-            .iter()
-            .map(|(k, s)| (k.clone(), s.clone()))
-            .collect()
-    }
-
-    fn drain(&self) -> Vec<Key> {
-        lock(&self.0).drain().map(|(k, _)| k).collect()
-    }
 }
 
 struct Inner<N, D: Disk + Clone> {
@@ -338,76 +273,6 @@ impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
             tokio::spawn(reconcile(self.inner.clone(), reconcile_every)),
             tokio::spawn(keep_leases(self.inner.clone())),
         ]
-    }
-
-    /// A controlled stop (`ha-promote-on-shutdown`): every queue mastered here with a mirror
-    /// the rule allows (a synchronised one; any with `always`) moves to it, as a planned
-    /// move: this node's master leaves the group once its in-flight rounds made their laps,
-    /// and the mirror takes over without waiting for the failure detector. Waits up to
-    /// `within` for the moves; queues without such a mirror wait for this node to return.
-    pub async fn hand_over(&self, within: Duration) {
-        let inner = &self.inner;
-        let state = inner.raft.snapshot();
-        let masters = inner.masters.all();
-        let running: BTreeSet<NodeId> = state
-            .nodes
-            .keys()
-            .copied()
-            .filter(|id| *id != inner.node && !inner.broker.node_is_down(*id))
-            .collect();
-        let mut moving = Vec::new();
-        // One deadline for the proposals and the waits: with the other nodes stopping too
-        // (a whole-cluster stop), every proposal would wait out its own timeout, one queue
-        // after another, and the node would not stop for minutes.
-        let deadline = tokio::time::Instant::now() + within;
-        for (key, shipping) in masters {
-            let Some(set) = state.mirror_sets.get(&key) else {
-                continue;
-            };
-            let rule = policy_of(&state, &key).map_or(crate::meta::PromoteRule::WhenSynced, |p| {
-                p.promote_on_shutdown
-            });
-            let Some(node) = crate::meta::promotion(&set.mirrors, &running, rule) else {
-                tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
-                continue;
-            };
-            // Fenced before the proposal: a round whose lap ends after it commits could lack
-            // the target (if its member died meanwhile) and still be confirmed. Never
-            // lifted: the node is stopping, and a proposal that timed out may yet commit.
-            shipping
-                .handing_over
-                .store(true, std::sync::atomic::Ordering::Release);
-            let proposal = inner.raft.propose(promote_to(&key, set, node));
-            match tokio::time::timeout_at(deadline, proposal).await {
-                Ok(Ok(r)) if r.outcome.is_ok() => {
-                    tracing::info!(queue = %key.1, to = node, "handing the queue over");
-                    moving.push((key, shipping.member, shipping.incarnation));
-                }
-                Ok(other) => {
-                    tracing::warn!(queue = %key.1, outcome = ?other.map(|r| r.outcome), "cannot hand the queue over")
-                }
-                Err(_) => {
-                    tracing::warn!(queue = %key.1, "cannot hand the queue over: out of time")
-                }
-            }
-        }
-        for (key, member, incarnation) in moving {
-            let group = group_name(&key.0, &key.1, incarnation);
-            // Woken by each metadata change, not polled.
-            let mut views = inner.raft.subscribe();
-            while inner
-                .raft
-                .snapshot()
-                .gm_groups
-                .get(&group)
-                .is_some_and(|g| g.members.contains(&Slot::Alive(member)))
-            {
-                match tokio::time::timeout_at(deadline, views.changed()).await {
-                    Ok(Ok(())) => {}
-                    _ => break,
-                }
-            }
-        }
     }
 
     /// Stops the queue tasks (the node is stopping). The queues this node still masters

@@ -5,38 +5,39 @@
 //! The syncer is a plain thread: every call it makes blocks on the disk, and no connection
 //! task ever waits on it; they learn about durability through [`Durability`]. What a round
 //! settles (which tickets become durable, which are refused, in which order pipelined
-//! rounds complete) is decided by the sans-IO [`GroupCommit`]; the syncer writes, fsyncs
-//! and carries out its effects.
+//! rounds complete) is decided by the sans-IO [`crate::broker::group_commit::GroupCommit`];
+//! the syncer writes, fsyncs and carries out its effects.
 //!
-//! This file opens storage, recovers it at start, applies a queue's operations to its index
-//! and the message store, and reads paged messages back ([`Pager`]). The rest:
+//! This file holds the storage's state and applies a queue's operations to its index and
+//! the message store. The rest:
+//! - `recovery`: opening storage at start ([`Storage::open_with`]) and a queue's index read
+//!   back into queue entries;
 //! - `syncer`: the rounds ([`Storage::write_round`], [`Storage::run_syncer`]);
 //! - `copies`: mirror copies (the master's rounds applied, adoption at promotion, sync
 //!   batches);
-//! - `recovery`: a queue's index read back into queue entries.
+//! - `pager`: paged-out messages read back ([`crate::broker::queue::Pager`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::file_disk::FileDisk;
 use crate::broker::group_commit::GroupCommit;
-use crate::broker::queue::{Entry, IndexOp, OnDisk, PageError, Pager};
-use crate::broker::{Broker, Durability, Message};
+use crate::broker::queue::IndexOp;
+use crate::broker::{Broker, Durability};
 use crate::config::StorageConfig;
-use crate::store::msg_store::{MsgId, MsgStore, MsgStoreConfig, MsgStoreError};
+use crate::store::msg_store::{MsgId, MsgStore, MsgStoreError};
 use crate::store::queue_index::{IndexConfig, Publish, QueueIndex, QueueIndexError};
 use crate::store::{Disk, DiskError};
 
 mod copies;
+mod pager;
 mod recovery;
 mod syncer;
 
 pub use copies::{OpsTap, SYNC_BATCH_BYTES};
-use recovery::{
-    beta_entry, kept_copies, moved_in, queue_entry, read_copy_incarnation, recover_queue,
-    remove_index_dir,
-};
+pub(crate) use pager::decode_message;
+use recovery::remove_index_dir;
 pub use syncer::{LapWait, PendingLaps};
 
 /// Why storage could not start.
@@ -171,202 +172,6 @@ impl Storage<Arc<FileDisk>> {
 }
 
 impl<D: Disk + Clone> Storage<D> {
-    /// Opens storage under `data_dir` and puts recovered messages back into the broker's
-    /// durable queues (whose definitions were replayed before).
-    pub fn open_with(
-        disk: D,
-        broker: &Broker,
-        durability: Arc<Durability>,
-        data_dir: &Path,
-        config: &StorageConfig,
-        now: crate::time::Instant,
-    ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
-        let store_dir = data_dir.join("msg_store_persistent");
-        let transient_dir = data_dir.join("msg_store_transient");
-        let queues_dir = data_dir.join("queues");
-        let transient_queues_dir = data_dir.join("queues_transient");
-        disk.create_dir_all(&queues_dir)?;
-        // Transient messages do not outlive the node: their store and indexes start empty.
-        remove_index_dir(&disk, &transient_dir);
-        for name in disk.list_dirs(&transient_queues_dir).unwrap_or_default() {
-            remove_index_dir(&disk, &transient_queues_dir.join(name));
-        }
-        disk.create_dir_all(&transient_queues_dir)?;
-        let (transient_store, _) = MsgStore::open(
-            disk.clone(),
-            &transient_dir,
-            MsgStoreConfig {
-                file_size_limit: config.msg_store_file_size_limit_bytes,
-                ..MsgStoreConfig::default()
-            },
-        )?;
-        let (mut msg_store, report) = MsgStore::open(
-            disk.clone(),
-            &store_dir,
-            MsgStoreConfig {
-                file_size_limit: config.msg_store_file_size_limit_bytes,
-                ..MsgStoreConfig::default()
-            },
-        )?;
-        let mut summary = RecoverySummary {
-            clean: report.clean,
-            ..RecoverySummary::default()
-        };
-        if !report.damaged.is_empty() {
-            tracing::error!(damaged = ?report.damaged, "message store files were damaged; intact messages recovered");
-        }
-        let icfg = index_config(config);
-        let mut indexes = HashMap::new();
-        let mut refs: BTreeMap<MsgId, u32> = BTreeMap::new();
-        let mut known_dirs = std::collections::BTreeSet::new();
-        for handle in broker.all_queues() {
-            if !handle.lock().is_durable() {
-                continue;
-            }
-            let dir_name = queue_dir_name(&handle.vhost, &handle.name);
-            known_dirs.insert(dir_name.clone());
-            let head = config.queue_paging_head_messages.max(1);
-            let (index, store_refs) = recover_queue(
-                &disk,
-                &queues_dir.join(&dir_name),
-                &handle,
-                &icfg,
-                head,
-                &msg_store,
-                broker.epoch_unix_ms(),
-                // The node did not stop cleanly: deliveries may have gone unrecorded.
-                !report.clean,
-                &mut summary,
-            )?;
-            for (id, n) in store_refs {
-                *refs.entry(MsgId(id)).or_default() += n;
-            }
-            indexes.insert((handle.vhost.clone(), handle.name.clone()), index);
-        }
-        // A mirrored queue promoted to this node while it caught up: the broker leaves it to
-        // the mirror runtime to adopt this node's copy, and the copy on disk is the queue.
-        // It is recovered here (its bodies counted before unreferenced ones go) if it is a
-        // copy of the queue's present incarnation; any other folder of the name is stale.
-        for (vhost, name, incarnation) in moved_in(broker) {
-            let dir_name = queue_dir_name(&vhost, &name);
-            let dir = queues_dir.join(&dir_name);
-            if read_copy_incarnation(&disk, &dir) != Some(incarnation) {
-                continue;
-            }
-            let icfg = IndexConfig {
-                keep_transient: true,
-                ..icfg.clone()
-            };
-            let head = config.queue_paging_head_messages.max(1);
-            let mut recovered = None;
-            let adopted = broker.adopt_queue(&vhost, &name, now, |handle| {
-                recovered = Some(recover_queue(
-                    &disk,
-                    &dir,
-                    handle,
-                    &icfg,
-                    head,
-                    &msg_store,
-                    broker.epoch_unix_ms(),
-                    // As for any promoted copy: the old master's last deliveries may not
-                    // have reached it.
-                    true,
-                    &mut summary,
-                )?);
-                Ok::<(), StorageError>(())
-            });
-            match adopted {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
-                None => continue,
-            }
-            let Some((index, store_refs)) = recovered else {
-                continue;
-            };
-            tracing::info!(vhost = %vhost, queue = %name, "recovered a mirrored queue promoted to this node while it was starting");
-            known_dirs.insert(dir_name);
-            for (id, n) in store_refs {
-                *refs.entry(MsgId(id)).or_default() += n;
-            }
-            indexes.insert((vhost, name), index);
-        }
-        // Copies of queues this node mirrors, left by the run before: kept (their bodies
-        // counted) for the mirror's next sync to catch up only what it missed.
-        let mut copies = HashMap::new();
-        let mut kept = HashMap::new();
-        for (vhost, name, incarnation) in kept_copies(broker) {
-            let dir_name = queue_dir_name(&vhost, &name);
-            let dir = queues_dir.join(&dir_name);
-            if known_dirs.contains(&dir_name)
-                || read_copy_incarnation(&disk, &dir) != Some(incarnation)
-            {
-                continue;
-            }
-            let kcfg = IndexConfig {
-                keep_transient: true,
-                recover_head_entries: 0,
-                ..icfg.clone()
-            };
-            let (index, recovered) = match QueueIndex::open(disk.clone(), &dir, kcfg) {
-                Ok(opened) => opened,
-                Err(e) => {
-                    // A copy that cannot be read is only a copy: the sync brings it all.
-                    tracing::warn!(vhost = %vhost, queue = %name, error = %e, "a mirror copy left by the last run cannot be opened; dropped");
-                    continue;
-                }
-            };
-            for (id, n) in &recovered.store_refs {
-                *refs.entry(MsgId(*id)).or_default() += n;
-            }
-            tracing::info!(vhost = %vhost, queue = %name, messages = recovered.live, "kept a mirror copy from the last run");
-            known_dirs.insert(dir_name);
-            let key = (vhost, name);
-            indexes.insert(key.clone(), index);
-            copies.insert(key.clone(), incarnation);
-            kept.insert(key, incarnation);
-        }
-        // Bodies no queue refers to any more (acked before a crash cut the store's own
-        // bookkeeping) go, as RabbitMQ's walker does.
-        msg_store.set_ref_counts(refs)?;
-        // Index folders of queues that no longer exist.
-        for name in disk.list_dirs(&queues_dir).unwrap_or_default() {
-            if !known_dirs.contains(&name) {
-                remove_index_dir(&disk, &queues_dir.join(&name));
-            }
-        }
-        let storage = Arc::new(Storage {
-            disk,
-            queues_dir,
-            transient_queues_dir,
-            index_config: icfg,
-            state: Mutex::new(Some(State {
-                msg_store,
-                transient_store,
-                indexes,
-                transient_indexes: HashMap::new(),
-                copies,
-                started: HashMap::new(),
-                kept,
-            })),
-            durability,
-            wake: Arc::new((Mutex::new(false), Condvar::new())),
-            fsync_interval_ms: config.fsync_interval_ms,
-            epoch_unix_ms: broker.epoch_unix_ms(),
-            tap: Mutex::new(None),
-            head_entries: config.queue_paging_head_messages.max(1),
-            commit: Mutex::new(GroupCommit::new(config.fsync_interval_ms > 0)),
-            disk_writes: broker.metrics().disk_writes.clone(),
-            disk_reads: broker.metrics().disk_reads.clone(),
-        });
-        let wake = storage.wake.clone();
-        storage.durability.set_syncer_waker(Box::new(move || {
-            let (m, cv) = &*wake;
-            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            cv.notify_one();
-        }));
-        Ok((storage, summary))
-    }
-
     /// Applies one queue's operations; returns whether its persistent index was written.
     /// A mirror's (`mirrored`) skips what does not fit its copy: a publish older than the
     /// copy's start (a mirror joins mid-stream) and a deliver or ack of a message it does
@@ -541,98 +346,6 @@ impl<D: Disk + Clone> Storage<D> {
         *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
         cv.notify_one();
     }
-}
-
-impl<D: Disk + Clone + Send + Sync> Pager for Storage<D> {
-    fn page_in(
-        &self,
-        vhost: &str,
-        name: &str,
-        from: u64,
-        to: u64,
-    ) -> Result<(Vec<Entry>, u64), PageError> {
-        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let state = guard
-            .as_ref()
-            .ok_or_else(|| PageError("storage is closed".into()))?;
-        let key = (vhost.to_string(), name.to_string());
-        // Both indexes, each read a segment at a time, up to the nearer segment end.
-        let indexes: Vec<(&QueueIndex<D>, OnDisk)> = [
-            state.indexes.get(&key).map(|i| (i, OnDisk::Persistent)),
-            state
-                .transient_indexes
-                .get(&key)
-                .map(|i| (i, OnDisk::Transient)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if indexes.is_empty() {
-            return Err(PageError(format!("no queue index for {vhost}/{name}")));
-        }
-        let next = indexes
-            .iter()
-            .map(|(i, _)| {
-                (from / i.config().segment_entry_count + 1) * i.config().segment_entry_count
-            })
-            .min()
-            .unwrap_or(to);
-        let mut found = Vec::new();
-        for (index, on_disk) in indexes {
-            let segment = from / index.config().segment_entry_count;
-            found.extend(
-                index
-                    .read_segment(segment)
-                    .map_err(|e| PageError(e.to_string()))?
-                    .into_iter()
-                    .filter(|e| e.publish.seq >= from && e.publish.seq < to.min(next))
-                    .map(|e| (e, on_disk)),
-            );
-        }
-        found.sort_by_key(|(e, _)| e.publish.seq);
-        let mut entries = Vec::with_capacity(found.len());
-        for (e, on_disk) in found {
-            let p = &e.publish;
-            let id = u128::from_be_bytes(p.msg_id);
-            let Some(embedded) = &p.embedded else {
-                // Body in a store: a beta, read when it leaves the queue (a segment of
-                // large messages would not fit in RAM).
-                entries.push(beta_entry(&e, self.epoch_unix_ms, on_disk));
-                continue;
-            };
-            let Some(message) = decode_message(embedded, id) else {
-                tracing::error!(queue = %format!("{vhost}/{name}"), seq = p.seq, "paged message unreadable; skipped");
-                continue;
-            };
-            self.disk_reads.inc();
-            entries.push(queue_entry(&e, message, 0, self.epoch_unix_ms, on_disk));
-        }
-        Ok((entries, next))
-    }
-
-    fn read_message(&self, id: u128, persistent: bool) -> Result<Option<Message>, PageError> {
-        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let state = guard
-            .as_ref()
-            .ok_or_else(|| PageError("storage is closed".into()))?;
-        let store = if persistent {
-            &state.msg_store
-        } else {
-            &state.transient_store
-        };
-        let bytes = store
-            .read(msg_id(id))
-            .map_err(|e| PageError(e.to_string()))?;
-        let message = bytes.and_then(|b| decode_message(&b, id));
-        if message.is_some() {
-            self.disk_reads.inc();
-        }
-        Ok(message)
-    }
-}
-
-pub(crate) fn decode_message(bytes: &[u8], id: u128) -> Option<Message> {
-    Message::from_stored(bytes, id)
 }
 
 #[cfg(test)]

@@ -1,13 +1,17 @@
 //! Promotion: a mirror whose node became the queue's home flushes the group, opens its copy
 //! as crash recovery does and serves the queue; a master restarted with mirrors hands over
-//! to a synchronised one.
+//! to a synchronised one; a controlled stop hands every queue mastered here to a mirror.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{incarnation_of, promote_to, Followed, Inner, Key, Membership, Shipping, StorageDisk};
+use super::{
+    incarnation_of, policy_of, promote_to, Followed, Inner, Key, Membership, MirrorHost, Shipping,
+    StorageDisk,
+};
 
 use crate::gm::Slot;
 use crate::meta::state::MirrorSet;
@@ -197,6 +201,78 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         for node in nodes {
             self.set_synchronised(key, incarnation, None, node, false, Some(epoch))
                 .await;
+        }
+    }
+}
+
+impl<N: GmNet + Clone, D: StorageDisk> MirrorHost<N, D> {
+    /// A controlled stop (`ha-promote-on-shutdown`): every queue mastered here with a mirror
+    /// the rule allows (a synchronised one; any with `always`) moves to it, as a planned
+    /// move: this node's master leaves the group once its in-flight rounds made their laps,
+    /// and the mirror takes over without waiting for the failure detector. Waits up to
+    /// `within` for the moves; queues without such a mirror wait for this node to return.
+    pub async fn hand_over(&self, within: Duration) {
+        let inner = &self.inner;
+        let state = inner.raft.snapshot();
+        let masters = inner.masters.all();
+        let running: BTreeSet<NodeId> = state
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| *id != inner.node && !inner.broker.node_is_down(*id))
+            .collect();
+        let mut moving = Vec::new();
+        // One deadline for the proposals and the waits: with the other nodes stopping too
+        // (a whole-cluster stop), every proposal would wait out its own timeout, one queue
+        // after another, and the node would not stop for minutes.
+        let deadline = tokio::time::Instant::now() + within;
+        for (key, shipping) in masters {
+            let Some(set) = state.mirror_sets.get(&key) else {
+                continue;
+            };
+            let rule = policy_of(&state, &key).map_or(crate::meta::PromoteRule::WhenSynced, |p| {
+                p.promote_on_shutdown
+            });
+            let Some(node) = crate::meta::promotion(&set.mirrors, &running, rule) else {
+                tracing::warn!(queue = %key.1, "no mirror to hand over to: the queue waits for this node");
+                continue;
+            };
+            // Fenced before the proposal: a round whose lap ends after it commits could lack
+            // the target (if its member died meanwhile) and still be confirmed. Never
+            // lifted: the node is stopping, and a proposal that timed out may yet commit.
+            shipping
+                .handing_over
+                .store(true, std::sync::atomic::Ordering::Release);
+            let proposal = inner.raft.propose(promote_to(&key, set, node));
+            match tokio::time::timeout_at(deadline, proposal).await {
+                Ok(Ok(r)) if r.outcome.is_ok() => {
+                    tracing::info!(queue = %key.1, to = node, "handing the queue over");
+                    moving.push((key, shipping.member, shipping.incarnation));
+                }
+                Ok(other) => {
+                    tracing::warn!(queue = %key.1, outcome = ?other.map(|r| r.outcome), "cannot hand the queue over")
+                }
+                Err(_) => {
+                    tracing::warn!(queue = %key.1, "cannot hand the queue over: out of time")
+                }
+            }
+        }
+        for (key, member, incarnation) in moving {
+            let group = group_name(&key.0, &key.1, incarnation);
+            // Woken by each metadata change, not polled.
+            let mut views = inner.raft.subscribe();
+            while inner
+                .raft
+                .snapshot()
+                .gm_groups
+                .get(&group)
+                .is_some_and(|g| g.members.contains(&Slot::Alive(member)))
+            {
+                match tokio::time::timeout_at(deadline, views.changed()).await {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                }
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The relay's unit tests: message batches on the wire.
 
-use super::wire::encode;
+use super::wire::{encode, encode_one};
 use super::*;
 /// Messages sent alone (a broker cancel, a settle sent again, an abandoned get) decode
 /// as the batch the receiver expects.

@@ -1,16 +1,24 @@
-//! Recovery: a durable queue's index and the store's reference counts read back at start
-//! (or when a promoted mirror adopts its copy), and the queue entries rebuilt from them.
+//! Recovery: storage opened at the node's start ([`Storage::open_with`]: the message store,
+//! every durable queue's index, kept mirror copies), a durable queue's index and the
+//! store's reference counts read back (at start, or when a promoted mirror adopts its
+//! copy), and the queue entries rebuilt from them.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use amq_protocol::protocol::basic::AMQPProperties;
 use bytes::Bytes;
 
-use super::{decode_message, RecoverySummary, StorageError};
+use super::{
+    decode_message, index_config, queue_dir_name, RecoverySummary, State, Storage, StorageError,
+};
+use crate::broker::group_commit::GroupCommit;
 use crate::broker::queue::{Delta, Entry, OnDisk};
+use crate::broker::Durability;
 use crate::broker::{Broker, Message, QueueHandle};
-use crate::store::msg_store::{MsgId, MsgStore, MsgStoreError};
+use crate::config::StorageConfig;
+use crate::store::msg_store::{MsgId, MsgStore, MsgStoreConfig, MsgStoreError};
 use crate::store::queue_index::{IndexConfig, IndexEntry, QueueIndex};
 use crate::store::Disk;
 
@@ -254,4 +262,202 @@ pub(super) fn beta_entry(e: &IndexEntry, epoch_unix_ms: u64, on_disk: OnDisk) ->
     let mut entry = queue_entry(e, placeholder, 0, epoch_unix_ms, on_disk);
     entry.beta = Some(u64::from(e.publish.size));
     entry
+}
+
+impl<D: Disk + Clone> Storage<D> {
+    /// Opens storage under `data_dir` and puts recovered messages back into the broker's
+    /// durable queues (whose definitions were replayed before).
+    pub fn open_with(
+        disk: D,
+        broker: &Broker,
+        durability: Arc<Durability>,
+        data_dir: &Path,
+        config: &StorageConfig,
+        now: crate::time::Instant,
+    ) -> Result<(Arc<Self>, RecoverySummary), StorageError> {
+        let store_dir = data_dir.join("msg_store_persistent");
+        let transient_dir = data_dir.join("msg_store_transient");
+        let queues_dir = data_dir.join("queues");
+        let transient_queues_dir = data_dir.join("queues_transient");
+        disk.create_dir_all(&queues_dir)?;
+        // Transient messages do not outlive the node: their store and indexes start empty.
+        remove_index_dir(&disk, &transient_dir);
+        for name in disk.list_dirs(&transient_queues_dir).unwrap_or_default() {
+            remove_index_dir(&disk, &transient_queues_dir.join(name));
+        }
+        disk.create_dir_all(&transient_queues_dir)?;
+        let (transient_store, _) = MsgStore::open(
+            disk.clone(),
+            &transient_dir,
+            MsgStoreConfig {
+                file_size_limit: config.msg_store_file_size_limit_bytes,
+                ..MsgStoreConfig::default()
+            },
+        )?;
+        let (mut msg_store, report) = MsgStore::open(
+            disk.clone(),
+            &store_dir,
+            MsgStoreConfig {
+                file_size_limit: config.msg_store_file_size_limit_bytes,
+                ..MsgStoreConfig::default()
+            },
+        )?;
+        let mut summary = RecoverySummary {
+            clean: report.clean,
+            ..RecoverySummary::default()
+        };
+        if !report.damaged.is_empty() {
+            tracing::error!(damaged = ?report.damaged, "message store files were damaged; intact messages recovered");
+        }
+        let icfg = index_config(config);
+        let mut indexes = HashMap::new();
+        let mut refs: BTreeMap<MsgId, u32> = BTreeMap::new();
+        let mut known_dirs = std::collections::BTreeSet::new();
+        for handle in broker.all_queues() {
+            if !handle.lock().is_durable() {
+                continue;
+            }
+            let dir_name = queue_dir_name(&handle.vhost, &handle.name);
+            known_dirs.insert(dir_name.clone());
+            let head = config.queue_paging_head_messages.max(1);
+            let (index, store_refs) = recover_queue(
+                &disk,
+                &queues_dir.join(&dir_name),
+                &handle,
+                &icfg,
+                head,
+                &msg_store,
+                broker.epoch_unix_ms(),
+                // The node did not stop cleanly: deliveries may have gone unrecorded.
+                !report.clean,
+                &mut summary,
+            )?;
+            for (id, n) in store_refs {
+                *refs.entry(MsgId(id)).or_default() += n;
+            }
+            indexes.insert((handle.vhost.clone(), handle.name.clone()), index);
+        }
+        // A mirrored queue promoted to this node while it caught up: the broker leaves it to
+        // the mirror runtime to adopt this node's copy, and the copy on disk is the queue.
+        // It is recovered here (its bodies counted before unreferenced ones go) if it is a
+        // copy of the queue's present incarnation; any other folder of the name is stale.
+        for (vhost, name, incarnation) in moved_in(broker) {
+            let dir_name = queue_dir_name(&vhost, &name);
+            let dir = queues_dir.join(&dir_name);
+            if read_copy_incarnation(&disk, &dir) != Some(incarnation) {
+                continue;
+            }
+            let icfg = IndexConfig {
+                keep_transient: true,
+                ..icfg.clone()
+            };
+            let head = config.queue_paging_head_messages.max(1);
+            let mut recovered = None;
+            let adopted = broker.adopt_queue(&vhost, &name, now, |handle| {
+                recovered = Some(recover_queue(
+                    &disk,
+                    &dir,
+                    handle,
+                    &icfg,
+                    head,
+                    &msg_store,
+                    broker.epoch_unix_ms(),
+                    // As for any promoted copy: the old master's last deliveries may not
+                    // have reached it.
+                    true,
+                    &mut summary,
+                )?);
+                Ok::<(), StorageError>(())
+            });
+            match adopted {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => continue,
+            }
+            let Some((index, store_refs)) = recovered else {
+                continue;
+            };
+            tracing::info!(vhost = %vhost, queue = %name, "recovered a mirrored queue promoted to this node while it was starting");
+            known_dirs.insert(dir_name);
+            for (id, n) in store_refs {
+                *refs.entry(MsgId(id)).or_default() += n;
+            }
+            indexes.insert((vhost, name), index);
+        }
+        // Copies of queues this node mirrors, left by the run before: kept (their bodies
+        // counted) for the mirror's next sync to catch up only what it missed.
+        let mut copies = HashMap::new();
+        let mut kept = HashMap::new();
+        for (vhost, name, incarnation) in kept_copies(broker) {
+            let dir_name = queue_dir_name(&vhost, &name);
+            let dir = queues_dir.join(&dir_name);
+            if known_dirs.contains(&dir_name)
+                || read_copy_incarnation(&disk, &dir) != Some(incarnation)
+            {
+                continue;
+            }
+            let kcfg = IndexConfig {
+                keep_transient: true,
+                recover_head_entries: 0,
+                ..icfg.clone()
+            };
+            let (index, recovered) = match QueueIndex::open(disk.clone(), &dir, kcfg) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    // A copy that cannot be read is only a copy: the sync brings it all.
+                    tracing::warn!(vhost = %vhost, queue = %name, error = %e, "a mirror copy left by the last run cannot be opened; dropped");
+                    continue;
+                }
+            };
+            for (id, n) in &recovered.store_refs {
+                *refs.entry(MsgId(*id)).or_default() += n;
+            }
+            tracing::info!(vhost = %vhost, queue = %name, messages = recovered.live, "kept a mirror copy from the last run");
+            known_dirs.insert(dir_name);
+            let key = (vhost, name);
+            indexes.insert(key.clone(), index);
+            copies.insert(key.clone(), incarnation);
+            kept.insert(key, incarnation);
+        }
+        // Bodies no queue refers to any more (acked before a crash cut the store's own
+        // bookkeeping) go, as RabbitMQ's walker does.
+        msg_store.set_ref_counts(refs)?;
+        // Index folders of queues that no longer exist.
+        for name in disk.list_dirs(&queues_dir).unwrap_or_default() {
+            if !known_dirs.contains(&name) {
+                remove_index_dir(&disk, &queues_dir.join(&name));
+            }
+        }
+        let storage = Arc::new(Storage {
+            disk,
+            queues_dir,
+            transient_queues_dir,
+            index_config: icfg,
+            state: Mutex::new(Some(State {
+                msg_store,
+                transient_store,
+                indexes,
+                transient_indexes: HashMap::new(),
+                copies,
+                started: HashMap::new(),
+                kept,
+            })),
+            durability,
+            wake: Arc::new((Mutex::new(false), Condvar::new())),
+            fsync_interval_ms: config.fsync_interval_ms,
+            epoch_unix_ms: broker.epoch_unix_ms(),
+            tap: Mutex::new(None),
+            head_entries: config.queue_paging_head_messages.max(1),
+            commit: Mutex::new(GroupCommit::new(config.fsync_interval_ms > 0)),
+            disk_writes: broker.metrics().disk_writes.clone(),
+            disk_reads: broker.metrics().disk_reads.clone(),
+        });
+        let wake = storage.wake.clone();
+        storage.durability.set_syncer_waker(Box::new(move || {
+            let (m, cv) = &*wake;
+            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_one();
+        }));
+        Ok((storage, summary))
+    }
 }

@@ -5,7 +5,7 @@ use super::syncer::block_on;
 use super::*;
 use crate::amqp::frame::encode_properties;
 use crate::broker::queue::next_generation;
-use crate::broker::PublishOutcome;
+use crate::broker::{Message, PublishOutcome};
 use crate::config::Config;
 use crate::meta::args::QueueArgs;
 use crate::meta::{Command, QueueDef};

@@ -519,14 +519,22 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (storage, summary) = Storage::open_with(
+    let (storage, summary) = match Storage::open_with(
         disk,
         &broker,
         durability.clone(),
         Path::new("/data"),
         &config.storage,
         clock.now(),
-    )?;
+    ) {
+        Ok(opened) => opened,
+        Err(e) => {
+            // As `warren` does: a node whose storage cannot open exits.
+            trace.log(format!("n{id} storage cannot open ({e}): the node exits"));
+            lock(&shared.exits).push(id);
+            return std::future::pending().await;
+        }
+    };
     broker.set_pager(storage.clone());
     trace.log(format!(
         "n{id} storage open: {} queues, {} messages",

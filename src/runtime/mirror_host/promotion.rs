@@ -128,7 +128,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     return member;
                 }
                 Some(Err(e)) => {
-                    tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy");
+                    // A full disk or an I/O error: this node cannot serve the queue, and
+                    // while the metadata names it the master no other node may. Storage
+                    // fails as on any write error, so the node exits for its supervisor
+                    // (`runtime::node::monitor`); restarted, it is a new incarnation whose
+                    // mirror is unsynchronised, and the queue goes to a synchronised
+                    // mirror elsewhere. Retrying here kept the queue down for good (bug 28).
+                    tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy: storage fails, the node exits");
+                    self.storage.fail_with(e);
                     return None;
                 }
                 None if self.broker.queue(&key.0, &key.1).is_some() => return member,

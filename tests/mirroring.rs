@@ -1902,3 +1902,71 @@ async fn a_node_whose_peers_froze_stops_within_its_hand_over_bound() {
         "node 1 took {took:?} to stop with its {QUEUES} queues' mirrors frozen"
     );
 }
+
+/// Bug 28: a mirror promoted while its copy cannot be written (its files made immutable,
+/// as a full or failing disk refuses the adoption's writes) must not keep the queue down
+/// for good. Its storage fails and the node exits (status 74); restarted, as a supervisor
+/// would, it is a new incarnation, and the queue goes to the other synchronised mirror with
+/// every confirmed message. Before the fix the promoted node retried the adoption for ever
+/// and stayed the queue's master: the queue never served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_promoted_with_an_unwritable_copy_exits_and_the_queue_moves_on() {
+    const Q: &str = "ha.unwritable";
+    let mut cluster = mirrored_cluster("unwritable", Q).await;
+    let publisher = Publisher::start(&cluster.node(3).amqp_uri(), Q).await;
+    publisher.wait_more(500, "before the fault").await;
+    let acked = publisher.finish().await;
+    wait_state(
+        &cluster,
+        3,
+        Q,
+        |m| m == "warren1@test",
+        &["warren2@test", "warren3@test"],
+    )
+    .await;
+    // Node 2's mirror: the first of the two synchronised ones (added together, so the
+    // promotion takes the lower node).
+    let copy = cluster
+        .dir
+        .join("data2")
+        .join("queues")
+        .join(warren::runtime::storage::queue_dir_name("/", Q));
+    assert!(copy.is_dir(), "node 2's copy at {}", copy.display());
+    let Some(unwritable) = common::faults::Immutable::set(&copy) else {
+        return;
+    };
+    cluster.nodes[0].kill();
+    // Node 2 is promoted, cannot open its copy, and exits.
+    let start = Instant::now();
+    let status = loop {
+        let child = cluster.nodes[1].child.as_mut().expect("node 2 runs");
+        if let Some(status) = child.try_wait().expect("node 2's status") {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "node 2 did not exit within 60 s of the master's kill: {}",
+            master_and_synced(&cluster, 3, Q).await.0
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    cluster.nodes[1].child = None;
+    assert_eq!(
+        status.code(),
+        Some(74),
+        "node 2 exits as on a storage failure"
+    );
+    assert!(
+        cluster.nodes[1]
+            .log_text()
+            .contains("cannot open the promoted mirror's copy"),
+        "node 2 was promoted and could not open its copy"
+    );
+    // The supervisor restarts it once the disk takes writes again.
+    drop(unwritable);
+    cluster.nodes[1].spawn();
+    let (master, took) = wait_state(&cluster, 3, Q, |m| m == "warren3@test", &[]).await;
+    eprintln!("{master} masters the queue {took:?} after node 2's restart");
+    let drained = drain(&cluster, 3, Q).await;
+    check(&acked, &drained);
+}

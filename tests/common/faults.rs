@@ -99,3 +99,43 @@ fn nft(args: &[&str], input: Option<&str>) {
         assert!(status.success(), "nft {args:?} failed");
     }
 }
+
+/// A folder and every file in it made immutable (`chattr +i`) while this lives: writes to
+/// its files and new files in it fail (EPERM), root's included, as a failing disk refuses
+/// them. Cleared when dropped, a failing test included. `None` (after saying why) when a
+/// test should be skipped; a panic when `WARREN_REQUIRE_FAULTS=1` and it cannot be done.
+pub struct Immutable {
+    dir: std::path::PathBuf,
+}
+
+impl Immutable {
+    pub fn set(dir: &std::path::Path) -> Option<Immutable> {
+        let ok = Command::new("chattr")
+            .args(["-R", "+i"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(Immutable { dir: dir.into() });
+        }
+        let why = format!(
+            "cannot make {} immutable (root and chattr needed)",
+            dir.display()
+        );
+        assert!(
+            std::env::var("WARREN_REQUIRE_FAULTS").as_deref() != Ok("1"),
+            "{why}, and WARREN_REQUIRE_FAULTS=1"
+        );
+        eprintln!("SKIPPED: {why}");
+        None
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr")
+            .args(["-R", "-i"])
+            .arg(&self.dir)
+            .status();
+    }
+}

@@ -252,6 +252,15 @@ impl Shared {
     }
 
     /// The node after `n`, for a client trying the others.
+    /// The queue's epoch, if node `n` is its master now.
+    fn epoch_if_master(&self, n: NodeId) -> Option<u64> {
+        (self.home() == Some(n)).then(|| {
+            self.newest()
+                .and_then(|s| s.mirror_sets.get(&key()).map(|m| m.epoch))
+                .unwrap_or(0)
+        })
+    }
+
     fn next_node(&self, n: NodeId) -> NodeId {
         n % self.hosts() + 1
     }
@@ -1125,12 +1134,7 @@ pub fn run_seed(seed: u64) -> Outcome {
         };
         if let Some(n) = exit {
             trace.log(format!("fault: n{n} exits (storage failed)"));
-            let was_master = (shared.home() == Some(n)).then(|| {
-                shared
-                    .newest()
-                    .and_then(|s| s.mirror_sets.get(&key()).map(|m| m.epoch))
-                    .unwrap_or(0)
-            });
+            let was_master = shared.epoch_if_master(n);
             sim.crash(host(n));
             lock(&shared.rafts).remove(&n);
             exited = Some((n, now + 500, was_master));
@@ -1189,12 +1193,7 @@ pub fn run_seed(seed: u64) -> Outcome {
                 Fault::Crash(t) => {
                     let n = pick(t);
                     trace.log(format!("fault: crash n{n} ({t:?})"));
-                    crashed_master = (shared.home() == Some(n)).then(|| {
-                        shared
-                            .newest()
-                            .and_then(|s| s.mirror_sets.get(&key()).map(|m| m.epoch))
-                            .unwrap_or(0)
-                    });
+                    crashed_master = shared.epoch_if_master(n);
                     sim.crash(host(n));
                     lock(&shared.rafts).remove(&n);
                     disks[&n].0.crash();

@@ -504,6 +504,9 @@ impl MasterRole {
 
     fn next_start(&mut self) {
         if let Some((target, active)) = self.queued.pop_front() {
+            // Its sync is over from here: a member never has two at once (a restart asked
+            // for while the last start was out follows it at once).
+            self.abort(target, Why::Replaced);
             self.starting = Some((target, active));
             self.actions.push_back(Action::StartSync { target, active });
         }

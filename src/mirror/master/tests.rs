@@ -426,6 +426,61 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
     assert_eq!(drain(&mut r), []);
 }
 
+/// The property test's first find: a recorded mirror unsynchronised by the metadata in the
+/// same change as a `sync_queue` restarts twice (passive, then active, as before the core);
+/// the first sync is dropped before the second starts, so a member never has two.
+#[test]
+fn a_restart_asked_for_while_a_start_is_out_replaces_that_sync_before_it_starts() {
+    let mut r = joined(false);
+    drain(&mut r);
+    r.handle_end_lap(M2, (EPOCH, 7), true);
+    r.handle_message(M2, &ack(7));
+    r.handle_tick(at(0), look(None));
+    r.handle_recorded(M2, (EPOCH, 7), true);
+    drain(&mut r);
+    let mut v = view(false, &[(2, false)]);
+    v.requests = (1, 0);
+    r.handle_view(v);
+    assert_eq!(
+        drain(&mut r),
+        [
+            Action::Abort {
+                target: M2,
+                id: (EPOCH, 7),
+                why: Why::Unsynchronised
+            },
+            Action::StartSync {
+                target: M2,
+                active: false
+            }
+        ]
+    );
+    r.handle_sync_started(M2, 8, 40);
+    assert_eq!(
+        drain(&mut r),
+        [
+            Action::Abort {
+                target: M2,
+                id: (EPOCH, 8),
+                why: Why::Replaced
+            },
+            Action::StartSync {
+                target: M2,
+                active: true
+            }
+        ]
+    );
+    r.handle_sync_started(M2, 9, 40);
+    assert_eq!(
+        drain(&mut r),
+        [Action::Copy {
+            target: M2,
+            id: (EPOCH, 9),
+            below: 40
+        }]
+    );
+}
+
 /// One step of the property test.
 #[derive(Debug, Clone)]
 enum Step {

@@ -18,6 +18,18 @@ fn drain(r: &mut MasterRole) -> Vec<Action> {
     std::iter::from_fn(|| r.poll_action()).collect()
 }
 
+/// What a restart of `target`'s sync `sync` looks like: the old one dropped, a new start.
+fn restart(target: MemberId, sync: u64, why: Why, active: bool) -> [Action; 2] {
+    [
+        Action::Abort {
+            target,
+            id: (EPOCH, sync),
+            why,
+        },
+        Action::StartSync { target, active },
+    ]
+}
+
 fn at(ms: u64) -> Instant {
     Instant::from_millis(ms)
 }
@@ -253,20 +265,7 @@ fn a_sync_its_mirror_never_acknowledges_starts_over_in_its_mode() {
     // A stale acknowledgement (an older sync) does not count.
     r.handle_message(M2, &ack(6));
     r.handle_tick(at(1_001 + SYNC_ACK_WAIT_MS), look(None));
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 7),
-                why: Why::Unacknowledged
-            },
-            Action::StartSync {
-                target: M2,
-                active: true
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 7, Why::Unacknowledged, true));
     r.handle_sync_started(M2, 8, 120);
     assert_eq!(
         drain(&mut r),
@@ -364,20 +363,7 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
     assert_eq!(drain(&mut r), []);
     // Recorded unsynchronised again while the member stayed: synced again.
     r.handle_view(view(false, &[(2, false)]));
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 7),
-                why: Why::Unsynchronised
-            },
-            Action::StartSync {
-                target: M2,
-                active: false
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 7, Why::Unsynchronised, false));
     r.handle_sync_started(M2, 8, 30);
     // A passive sync running: the view repeating itself changes nothing.
     r.handle_view(view(false, &[(2, false)]));
@@ -386,39 +372,13 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
     let mut v = view(false, &[(2, false)]);
     v.requests = (1, 0);
     r.handle_view(v.clone());
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 8),
-                why: Why::Requested
-            },
-            Action::StartSync {
-                target: M2,
-                active: true
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 8, Why::Requested, true));
     r.handle_sync_started(M2, 9, 30);
     drain(&mut r);
     // cancel_sync_queue: the copying sync falls back to a passive one.
     v.requests = (1, 1);
     r.handle_view(v.clone());
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 9),
-                why: Why::Requested
-            },
-            Action::StartSync {
-                target: M2,
-                active: false
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 9, Why::Requested, false));
     r.handle_sync_started(M2, 10, 30);
     // Cancelling again finds nothing copying.
     v.requests = (1, 2);
@@ -441,35 +401,9 @@ fn a_restart_asked_for_while_a_start_is_out_replaces_that_sync_before_it_starts(
     let mut v = view(false, &[(2, false)]);
     v.requests = (1, 0);
     r.handle_view(v);
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 7),
-                why: Why::Unsynchronised
-            },
-            Action::StartSync {
-                target: M2,
-                active: false
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 7, Why::Unsynchronised, false));
     r.handle_sync_started(M2, 8, 40);
-    assert_eq!(
-        drain(&mut r),
-        [
-            Action::Abort {
-                target: M2,
-                id: (EPOCH, 8),
-                why: Why::Replaced
-            },
-            Action::StartSync {
-                target: M2,
-                active: true
-            }
-        ]
-    );
+    assert_eq!(drain(&mut r), restart(M2, 8, Why::Replaced, true));
     r.handle_sync_started(M2, 9, 40);
     assert_eq!(
         drain(&mut r),

@@ -21,7 +21,10 @@
 //! - **A sync that ended unacknowledged** for [`SYNC_ACK_WAIT_MS`] (the mirror joined too
 //!   late to get its start) starts over, in its mode.
 //! - **The metadata** can take a mirror's synchronised record away while its member stays in
-//!   the group (its node dropped from the set and added back): its sync starts over.
+//!   the group (its node dropped from the set and added back): its sync starts over. A
+//!   view older than the master's own record of that sync says nothing about it (the
+//!   record is in a later entry): restarting on it would empty a copy the metadata vouches
+//!   for.
 //!   `sync_queue` restarts every unsynchronised mirror's sync that is not copying as an
 //!   active one; `cancel_sync_queue` restarts every copying one as a passive one.
 //! - **A member that leaves** takes its sync with it ([`Action::Abort`]).
@@ -48,6 +51,10 @@ pub struct SetView {
     pub automatic: bool,
     /// The queue's (`sync_queue`, `cancel_sync_queue`) request counters.
     pub requests: (u64, u64),
+    /// The index of the last metadata entry the view reflects: a record the master made
+    /// at a later index is not in it yet (its node's proposal returns once the leader
+    /// applied it, before this node has).
+    pub applied: u64,
 }
 
 impl SetView {
@@ -177,9 +184,9 @@ struct Run {
     /// Answers already handed to the copy (each once).
     had: bool,
     wanted: bool,
-    /// The record is proposed / committed.
+    /// The record is proposed / in the metadata at this index.
     recording: bool,
-    recorded: bool,
+    recorded: Option<u64>,
 }
 
 impl Run {
@@ -251,7 +258,20 @@ impl MasterRole {
 
     /// Whether some sync is not recorded yet (the tick's [`Look::unindexed`] matters).
     pub fn syncing(&self) -> bool {
-        self.runs.values().any(|r| !r.recorded)
+        self.runs.values().any(|r| r.recorded.is_none())
+    }
+
+    /// Whether `mid`'s node is synchronised as far as the master knows: the view says so,
+    /// or its sync's record is later than the view (a view that predates the record says
+    /// nothing about it: bug 29, where such a view restarted a synchronised mirror's sync,
+    /// which emptied its copy while the metadata still vouched for it).
+    fn synchronised(&self, mid: MemberId) -> bool {
+        self.view.synchronised(mid.node)
+            || self
+                .runs
+                .get(&mid)
+                .and_then(|r| r.recorded)
+                .is_some_and(|at| at > self.view.applied)
     }
 
     /// The group's live members now.
@@ -337,7 +357,7 @@ impl MasterRole {
                     had: false,
                     wanted: false,
                     recording: false,
-                    recorded: false,
+                    recorded: None,
                 },
             );
             if active {
@@ -371,16 +391,21 @@ impl MasterRole {
         }
     }
 
-    /// The record of sync `id` committed (`ok`) or not (tried again at a tick).
-    pub fn handle_recorded(&mut self, target: MemberId, id: SyncId, ok: bool) {
+    /// The record of sync `id` is in the metadata at log index `at` (`Some`), or did not
+    /// commit (`None`: tried again at a tick).
+    pub fn handle_recorded(&mut self, target: MemberId, id: SyncId, at: Option<u64>) {
         if let Some(run) = self.run_mut(target, id) {
             run.recording = false;
-            run.recorded = ok;
+            run.recorded = at;
         }
     }
 
-    /// The metadata moved: the queue's mirror set as it stands now.
+    /// The metadata moved: the queue's mirror set as it stands now. A view older than the
+    /// last one is ignored.
     pub fn handle_view(&mut self, view: SetView) {
+        if view.applied < self.view.applied {
+            return;
+        }
         let old = std::mem::replace(&mut self.view, view);
         let others: Vec<MemberId> = self
             .members
@@ -391,15 +416,16 @@ impl MasterRole {
         // A mirror recorded unsynchronised while its member stayed (and its sync was over,
         // or never started): nothing else would sync it again.
         for &mid in &others {
-            let unsynced = self.view.mirrors.get(&mid.node) == Some(&false);
-            if unsynced && self.runs.get(&mid).is_none_or(|r| r.recorded) {
+            let unsynced =
+                self.view.mirrors.get(&mid.node) == Some(&false) && !self.synchronised(mid);
+            if unsynced && self.runs.get(&mid).is_none_or(|r| r.recorded.is_some()) {
                 self.restart(mid, false, Why::Unsynchronised);
             }
         }
         if self.view.requests != old.requests {
             let cancel = self.view.requests.1 != old.requests.1;
             for &mid in &others {
-                if !self.view.synchronised(mid.node) && cancel == self.copying(mid) {
+                if !self.synchronised(mid) && cancel == self.copying(mid) {
                     self.restart(mid, !cancel, Why::Requested);
                 }
             }
@@ -414,7 +440,7 @@ impl MasterRole {
         let unindexed = self.syncing() && look.unindexed;
         let mut unacked = Vec::new();
         for (&target, run) in self.runs.iter_mut() {
-            if run.recorded {
+            if run.recorded.is_some() {
                 continue;
             }
             if !unindexed {

@@ -34,13 +34,18 @@ fn at(ms: u64) -> Instant {
     Instant::from_millis(ms)
 }
 
+/// A view of the metadata at index 100.
 fn view(automatic: bool, synced: &[(u64, bool)]) -> SetView {
     SetView {
         mirrors: synced.iter().map(|&(n, s)| (n, s)).collect(),
         automatic,
         requests: (0, 0),
+        applied: 100,
     }
 }
+
+/// Where the tests' records land: before the views of [`view`].
+const RECORDED: Option<u64> = Some(50);
 
 fn members(ms: &[MemberId]) -> BTreeSet<MemberId> {
     ms.iter().copied().collect()
@@ -115,7 +120,7 @@ fn a_passive_sync_ends_once_the_backlog_is_gone_and_is_recorded_only_once_acknow
     // Proposed: not again while it is out.
     r.handle_tick(at(660), look(None));
     assert_eq!(drain(&mut r), []);
-    r.handle_recorded(M2, (EPOCH, 7), true);
+    r.handle_recorded(M2, (EPOCH, 7), RECORDED);
     assert!(!r.syncing());
     r.handle_tick(at(860), look(None));
     assert_eq!(drain(&mut r), []);
@@ -242,7 +247,7 @@ fn nothing_is_recorded_while_the_queue_holds_a_message_outside_its_index() {
         }]
     );
     // A record that did not commit is proposed again.
-    r.handle_recorded(M2, (EPOCH, 7), false);
+    r.handle_recorded(M2, (EPOCH, 7), None);
     r.handle_tick(at(400), look(None));
     assert_eq!(
         drain(&mut r),
@@ -357,7 +362,7 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
     r.handle_end_lap(M2, (EPOCH, 7), true);
     r.handle_message(M2, &ack(7));
     r.handle_tick(at(0), look(None));
-    r.handle_recorded(M2, (EPOCH, 7), true);
+    r.handle_recorded(M2, (EPOCH, 7), RECORDED);
     drain(&mut r);
     r.handle_view(view(false, &[(2, true)]));
     assert_eq!(drain(&mut r), []);
@@ -386,6 +391,47 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
     assert_eq!(drain(&mut r), []);
 }
 
+/// Bug 29 (simulation seed 4733): a record returns once the leader applied it, and the
+/// view the master then handles may be this node's older one, showing the mirror still
+/// unsynchronised. Taken at its word, it restarted the sync, which empties the mirror's
+/// copy while the metadata vouched for it; the master died and that mirror was promoted
+/// without the messages confirmed since.
+#[test]
+fn a_view_older_than_the_record_does_not_restart_the_synchronised_mirror() {
+    let mut r = joined(true);
+    drain(&mut r);
+    r.handle_copy_done(M2, (EPOCH, 7), true);
+    r.handle_message(M2, &ack(7));
+    r.handle_tick(at(0), look(None));
+    drain(&mut r);
+    r.handle_recorded(M2, (EPOCH, 7), Some(120));
+    // The view before the record: nothing to do.
+    r.handle_view(view(true, &[(2, false)]));
+    assert_eq!(drain(&mut r), []);
+    // Nor does a `sync_queue` counted in it restart the mirror as an unsynchronised one.
+    let mut v = view(true, &[(2, false)]);
+    v.requests = (1, 0);
+    v.applied = 110;
+    r.handle_view(v.clone());
+    assert_eq!(drain(&mut r), []);
+    // A view older than the last one seen is no news at all.
+    let mut older = v.clone();
+    older.applied = 105;
+    older.requests = (0, 0);
+    r.handle_view(older);
+    assert_eq!(drain(&mut r), []);
+    // The record's own view, then a later unsync: that one counts.
+    v.applied = 120;
+    v.mirrors.insert(2, true);
+    r.handle_view(v.clone());
+    assert_eq!(drain(&mut r), []);
+    v.applied = 121;
+    v.mirrors.insert(2, false);
+    r.handle_view(v);
+    // In its mode: the policy syncs automatically.
+    assert_eq!(drain(&mut r), restart(M2, 7, Why::Unsynchronised, true));
+}
+
 /// The property test's first find: a recorded mirror unsynchronised by the metadata in the
 /// same change as a `sync_queue` restarts twice (passive, then active, as before the core);
 /// the first sync is dropped before the second starts, so a member never has two.
@@ -396,7 +442,7 @@ fn a_restart_asked_for_while_a_start_is_out_replaces_that_sync_before_it_starts(
     r.handle_end_lap(M2, (EPOCH, 7), true);
     r.handle_message(M2, &ack(7));
     r.handle_tick(at(0), look(None));
-    r.handle_recorded(M2, (EPOCH, 7), true);
+    r.handle_recorded(M2, (EPOCH, 7), RECORDED);
     drain(&mut r);
     let mut v = view(false, &[(2, false)]);
     v.requests = (1, 0);
@@ -439,6 +485,11 @@ enum Step {
         who: usize,
         ok: bool,
     },
+    /// This node applies the metadata up to `ahead` entries further (at most to the last):
+    /// views reach the master late, and records commit before this node has applied them.
+    Deliver {
+        ahead: usize,
+    },
     View {
         who: usize,
         synced: bool,
@@ -462,6 +513,7 @@ fn step() -> impl Strategy<Value = Step> {
         (who.clone(), any::<bool>()).prop_map(|(who, ok)| Step::CopyDone { who, ok }),
         (who.clone(), any::<bool>()).prop_map(|(who, ok)| Step::EndLap { who, ok }),
         (who.clone(), any::<bool>()).prop_map(|(who, ok)| Step::Recorded { who, ok }),
+        (0usize..4).prop_map(|ahead| Step::Deliver { ahead }),
         (who, any::<bool>(), 0u8..3).prop_map(|(who, synced, request)| Step::View {
             who,
             synced,
@@ -498,7 +550,9 @@ proptest! {
     /// member of its group, for a sync it started and did not abort, whose end completed
     /// its lap and whose mirror acknowledged that very sync, at a tick where the queue held
     /// nothing outside its index; every start is answered before the next, a member has at
-    /// most one sync, and nothing is aborted twice.
+    /// most one sync, nothing is aborted twice, and no sync starts over for a mirror the
+    /// metadata holds synchronised by the master's own record, however late the views
+    /// reach it (bug 29).
     #[test]
     fn the_master_vouches_only_for_a_mirror_that_acknowledged_a_sync_that_ended(
         steps in proptest::collection::vec(step(), 1..80)
@@ -507,8 +561,16 @@ proptest! {
             mirrors: OTHERS.iter().map(|m| (m.node, false)).collect(),
             automatic: false,
             requests: (0, 0),
+            applied: 0,
         };
         let mut r = MasterRole::new(ME, EPOCH, members(&[ME]), view.clone(), false);
+        // The metadata: every view it went through (index = applied), and how far this
+        // node has applied it.
+        let mut history = vec![view.clone()];
+        let mut delivered = 0usize;
+        // Members whose sync the master recorded, while the metadata still holds that
+        // record: their copy is what the metadata vouches for.
+        let mut vouched: BTreeSet<MemberId> = BTreeSet::new();
         let mut group = members(&[ME]);
         let mut now = 0u64;
         let mut next_sync = 1u64;
@@ -522,6 +584,7 @@ proptest! {
                     group = std::iter::once(ME)
                         .chain(OTHERS.iter().zip(&inn).filter(|(_, i)| **i).map(|(m, _)| *m))
                         .collect();
+                    vouched.retain(|m| group.contains(m));
                     r.handle_members(&group);
                 }
                 Step::Ack { who, stale } => {
@@ -575,20 +638,36 @@ proptest! {
                             continue;
                         }
                         k.record_out = false;
-                        r.handle_recorded(m, id, ok);
                         if ok {
+                            // Committed at the next index, which this node has not
+                            // applied yet.
                             view.mirrors.insert(m.node, true);
-                            r.handle_view(view.clone());
+                            view.applied += 1;
+                            history.push(view.clone());
+                            vouched.insert(m);
+                            r.handle_recorded(m, id, Some(view.applied));
+                        } else {
+                            r.handle_recorded(m, id, None);
                         }
                     }
                 }
+                Step::Deliver { ahead } => {
+                    delivered = (delivered + ahead).min(history.len() - 1);
+                    r.handle_view(history[delivered].clone());
+                }
                 Step::View { who, synced, request } => {
                     view.mirrors.insert(OTHERS[who].node, synced);
+                    if !synced {
+                        vouched.remove(&OTHERS[who]);
+                    }
                     match request {
                         1 => view.requests.0 += 1,
                         2 => view.requests.1 += 1,
                         _ => {}
                     }
+                    view.applied += 1;
+                    history.push(view.clone());
+                    delivered = history.len() - 1;
                     r.handle_view(view.clone());
                 }
                 Step::Tick { advance, low, unindexed } => {
@@ -602,6 +681,9 @@ proptest! {
                 match a {
                     Action::StartSync { target, active } => {
                         prop_assert!(group.contains(&target) && target != ME);
+                        prop_assert!(!vouched.contains(&target),
+                            "{:?}'s copy emptied by a new sync while the metadata vouches for it",
+                            target);
                         prop_assert!(!live.contains_key(&target),
                             "a second sync for {:?} while one runs", target);
                         let id = (EPOCH, next_sync);

@@ -14,7 +14,6 @@ use super::{
 use crate::gm::Event;
 use crate::gm::MemberId;
 use crate::gm::Slot;
-use crate::meta::state::MetaState;
 use crate::meta::state::MirrorRecord;
 use crate::meta::Command;
 use crate::meta::NodeId;
@@ -23,6 +22,7 @@ use crate::mirror::master::{Look, MasterRole, SetView};
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
 use crate::runtime::gm_host::GmNet;
+use crate::runtime::raft::MetaView;
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// Records `node`'s mirror as (un)synchronised. `as_master`: the epoch this node masters
@@ -31,7 +31,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// master can neither vouch for a mirror nor unsync the new master's. `None`: a mirror
     /// giving up on its own copy (always allowed: it can only prevent a promotion). The
     /// master vouches for a mirror with `member`, the member that acknowledged its sync
-    /// ([`Command::MarkSynchronised`], applied only while that member lives).
+    /// ([`Command::MarkSynchronised`], applied only while that member lives). `Some`: the
+    /// metadata holds the state at that log index (a later one than this node may have
+    /// applied yet).
     pub(super) async fn set_synchronised(
         &self,
         key: &Key,
@@ -40,23 +42,22 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         node: NodeId,
         synchronised: bool,
         as_master: Option<u64>,
-    ) -> bool {
+    ) -> Option<u64> {
         for _ in 0..10 {
-            let state = self.raft.snapshot();
-            let Some(set) = state.mirror_sets.get(key) else {
-                return false;
-            };
+            let view = self.raft.view();
+            let state = view.state;
+            let set = state.mirror_sets.get(key)?;
             if set.incarnation != incarnation {
                 // The queue is another one now: nothing about the old one's mirrors
                 // applies to it.
-                return false;
+                return None;
             }
             if let Some(epoch) = as_master {
                 if self.home_of(&state, key) != Some(self.node) || set.epoch != epoch {
-                    return false;
+                    return None;
                 }
             } else if node != self.node {
-                return false;
+                return None;
             }
             if let Some(mid) = member {
                 let alive = state
@@ -64,18 +65,18 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     .get(&group_name(&key.0, &key.1, incarnation))
                     .is_some_and(|g| g.members.contains(&Slot::Alive(mid)));
                 if !alive {
-                    return false;
+                    return None;
                 }
             }
             if !set.mirrors.iter().any(|m| m.node == node) {
-                return false;
+                return None;
             }
             if set
                 .mirrors
                 .iter()
                 .all(|m| m.node != node || m.synchronised == synchronised)
             {
-                return true;
+                return Some(view.applied_index.unwrap_or(0));
             }
             let mirrors: Vec<MirrorRecord> = set
                 .mirrors
@@ -109,12 +110,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             match self.raft.propose(cmd).await {
                 Ok(r) if r.outcome.is_ok() => {
                     tracing::info!(queue = %key.1, node, synchronised, "mirror state recorded");
-                    return true;
+                    return Some(r.index);
                 }
                 _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-        false
+        None
     }
 
     /// The master's life in the group, until it is no longer the master.
@@ -187,7 +188,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         tracing::info!(queue = %key.1, epoch, "master of a mirrored queue");
         let me = m.handle.id();
         // The syncs: decided by the core (`mirror::master`), carried out by `drive_syncs`.
-        let mut core = MasterRole::new(me, epoch, m.members.clone(), set_view(&state, key), !fresh);
+        let mut core = MasterRole::new(
+            me,
+            epoch,
+            m.members.clone(),
+            set_view(&self.raft.view(), key),
+            !fresh,
+        );
         let (mut tasks, mut done) = SyncTasks::new();
         let mut views = self.raft.subscribe();
         let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -217,7 +224,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         Self::track(&mut m, &ev);
                         // The set as it stands now: a member joins a node the view may
                         // not show as a mirror yet.
-                        core.handle_view(set_view(&self.raft.snapshot(), key));
+                        core.handle_view(set_view(&self.raft.view(), key));
                         core.handle_members(&m.members);
                     }
                 },
@@ -237,13 +244,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     if changed.is_err() {
                         break;
                     }
-                    let state = self.raft.snapshot();
-                    if role_of(&state, &self.broker, key, self.node) != Role::Master
-                        || incarnation_of(&state, key) != incarnation
+                    let view = self.raft.view();
+                    if role_of(&view.state, &self.broker, key, self.node) != Role::Master
+                        || incarnation_of(&view.state, key) != incarnation
                     {
                         break;
                     }
-                    core.handle_view(set_view(&state, key));
+                    core.handle_view(set_view(&view, key));
                 }
             }
         }
@@ -275,7 +282,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 }
 
 /// The metadata's view of `key`'s mirror set, as the sync core needs it.
-fn set_view(state: &MetaState, key: &Key) -> SetView {
+fn set_view(view: &MetaView, key: &Key) -> SetView {
+    let state = &view.state;
     let set = state.mirror_sets.get(key);
     SetView {
         mirrors: set
@@ -283,5 +291,6 @@ fn set_view(state: &MetaState, key: &Key) -> SetView {
             .unwrap_or_default(),
         automatic: policy_of(state, key).is_some_and(|p| p.sync_mode == SyncMode::Automatic),
         requests: set.map_or((0, 0), |s| (s.sync_requests, s.cancel_requests)),
+        applied: view.applied_index.unwrap_or(0),
     }
 }

@@ -412,6 +412,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             if self
                 .set_synchronised(key, incarnation, None, self.node, false, None)
                 .await
+                .is_some()
             {
                 break;
             }

@@ -106,7 +106,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     run.end = Some(end);
                 }
                 Action::Record { target, id } => {
-                    let ok = self
+                    let at = self
                         .set_synchronised(
                             key,
                             incarnation,
@@ -116,7 +116,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                             Some(id.0),
                         )
                         .await;
-                    core.handle_recorded(target, id, ok);
+                    core.handle_recorded(target, id, at);
                 }
                 Action::Abort { target, id, why } => {
                     if why == Why::Unacknowledged {

@@ -162,6 +162,8 @@ struct Shared {
     /// Nodes whose storage failed: each exits, as `warren` does, for its supervisor (the
     /// harness) to restart it.
     exits: Mutex<Vec<NodeId>>,
+    /// When every node came back after the whole cluster crashed.
+    cluster_restarts: Mutex<Vec<u64>>,
 }
 
 impl Shared {
@@ -174,21 +176,24 @@ impl Shared {
     /// its own disk may have lost: confirmed before a restart of the master's node after a
     /// crash, when that node then served under the epoch it crashed in (no mirror was
     /// promoted, so the queue came back from that node's disk, where transient messages do
-    /// not survive a restart). Before the restart, not the crash: a confirm given just
+    /// not survive a restart), or confirmed before the whole cluster restarted (no node
+    /// kept them in memory). Before the restart, not the crash: a confirm given just
     /// before the crash may reach the client after it.
     fn missing(&self) -> Vec<Served> {
         let deliveries = lock(&self.deliveries).clone();
         let confirms = lock(&self.confirms).clone();
         let restarts = lock(&self.master_restarts).clone();
+        let cluster_restarts = lock(&self.cluster_restarts).clone();
         let seen: BTreeSet<(u32, u64)> = deliveries.iter().map(|d| (d.publisher, d.n)).collect();
         let restarted_unreplaced = |at: u64| {
-            restarts.iter().any(|(tr, node, epoch)| {
-                *tr > at
-                    && confirms
-                        .iter()
-                        .chain(deliveries.iter())
-                        .any(|s| s.at > *tr && s.node == *node && s.epoch == *epoch)
-            })
+            cluster_restarts.iter().any(|tr| *tr > at)
+                || restarts.iter().any(|(tr, node, epoch)| {
+                    *tr > at
+                        && confirms
+                            .iter()
+                            .chain(deliveries.iter())
+                            .any(|s| s.at > *tr && s.node == *node && s.epoch == *epoch)
+                })
         };
         confirms
             .iter()
@@ -967,8 +972,19 @@ fn every_confirm_seen(shared: &Shared) -> bool {
 /// The result of one run.
 pub use crate::scenario::Outcome;
 
-/// Runs the mirrored-queue scenario for `seed` and checks it.
+/// Runs the mirrored-queue scenario for `seed` and checks it: the whole fault mix.
 pub fn run_seed(seed: u64) -> Outcome {
+    run(seed, true)
+}
+
+/// The same without the crash of the whole cluster that ends a third of the runs' faults:
+/// each seed's plan as it was before that fault existed (session 34), so the seeds that
+/// found the bugs before it replay what they found.
+pub fn run_seed_without_cluster_crash(seed: u64) -> Outcome {
+    run(seed, false)
+}
+
+fn run(seed: u64, cluster_crash: bool) -> Outcome {
     let trace = Trace::new();
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x3177);
@@ -1011,9 +1027,23 @@ pub fn run_seed(seed: u64) -> Outcome {
             faults.sort_by_key(|(t, _)| *t);
         }
     }
+    // A third of the runs end their faults with a crash of the whole cluster (every node
+    // and its disks at once) and a restart of every node: after the rest of the plan, so
+    // the runs before it are what they were; from a stream of its own.
+    let mut whole = StdRng::seed_from_u64(seed ^ 0xa11c);
+    let whole_crash = (whole.gen_bool(0.33) && cluster_crash).then(|| {
+        let after = faults.last().map_or(0, |(t, _)| *t);
+        let at = after.max(2_000) + whole.gen_range(1_000..4_000);
+        (at, whole.gen_range(200..3_000))
+    });
     trace.log(format!("mirror seed {seed}"));
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
+    }
+    if let Some((at, down)) = whole_crash {
+        trace.log(format!(
+            "plan {at}ms crash of every node, down for {down}ms"
+        ));
     }
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
@@ -1075,7 +1105,13 @@ pub fn run_seed(seed: u64) -> Outcome {
             Ok(())
         });
     }
-    let faults_end = faults.last().map_or(0, |(t, _)| *t);
+    let faults_end = faults
+        .last()
+        .map(|(t, _)| *t)
+        .into_iter()
+        .chain(whole_crash.map(|(at, down)| at + down))
+        .max()
+        .unwrap_or(0);
     let mut pending = faults.into_iter().peekable();
     let drain_from = WORKLOAD_MS.max(faults_end) + 500;
     let deadline = drain_from + DRAIN_MS;
@@ -1086,6 +1122,10 @@ pub fn run_seed(seed: u64) -> Outcome {
     // A node whose storage failed and that exited: when its supervisor restarts it, and
     // the queue's epoch if it was the master.
     let mut exited: Option<(NodeId, u64, Option<u64>)> = None;
+    // The whole cluster's crash: when it is due (once no node is away), then when every
+    // node restarts.
+    let mut whole_crash = whole_crash;
+    let mut all_down_until: Option<u64> = None;
     let mut shown = (0, 0);
     loop {
         let now = sim.elapsed().as_millis() as u64;
@@ -1147,6 +1187,28 @@ pub fn run_seed(seed: u64) -> Outcome {
             disks[&n].1.set_capacity(None);
             sim.bounce(host(n));
             exited = None;
+        }
+        if let Some((at, down)) = whole_crash.filter(|(at, _)| *at <= now) {
+            if away.is_none() && exited.is_none() {
+                trace.log(format!("fault: crash of every node (planned at {at}ms)"));
+                for n in 1..=shared.hosts() {
+                    sim.crash(host(n));
+                    lock(&shared.rafts).remove(&n);
+                    disks[&n].0.crash();
+                    disks[&n].1.crash();
+                }
+                all_down_until = Some(now + down);
+                whole_crash = None;
+            }
+        }
+        if all_down_until.is_some_and(|t| t <= now) {
+            trace.log("fault: every node restarts");
+            lock(&shared.cluster_restarts).push(now);
+            for n in 1..=shared.hosts() {
+                disks[&n].1.set_capacity(None);
+                sim.bounce(host(n));
+            }
+            all_down_until = None;
         }
         while let Some((_, fault)) = pending.next_if(|(t, _)| *t <= now) {
             let pick = |t: Target| match t {
@@ -1298,7 +1360,7 @@ fn check(shared: &Shared, trace: &Trace) {
     let lost = shared.missing().len();
     if unseen > lost {
         trace.log(format!(
-            "G1: {} confirmed transient messages gone with a master's restart from its disk",
+            "G1: {} confirmed transient messages gone with a master's (or the cluster's) restart from disk",
             unseen - lost
         ));
     }
@@ -1414,9 +1476,21 @@ pub fn check_served_with_restarts_for_test(
     deliveries: &[(u32, u64, NodeId, u64, bool)],
     restarts: &[(u64, NodeId, u64)],
 ) -> Vec<String> {
+    check_served_with_cluster_restarts_for_test(confirms, deliveries, restarts, &[])
+}
+
+/// [`check_served_with_restarts_for_test`] with restarts of the whole cluster too: when
+/// every node came back, in the same steps.
+pub fn check_served_with_cluster_restarts_for_test(
+    confirms: &[(u32, u64, NodeId, u64)],
+    deliveries: &[(u32, u64, NodeId, u64, bool)],
+    restarts: &[(u64, NodeId, u64)],
+    cluster_restarts: &[u64],
+) -> Vec<String> {
     let shared = Shared::default();
     let trace = Trace::new();
     lock(&shared.master_restarts).extend_from_slice(restarts);
+    lock(&shared.cluster_restarts).extend_from_slice(cluster_restarts);
     let mut at = 0;
     for &(publisher, n, node, epoch) in confirms {
         at += 10;

@@ -108,9 +108,30 @@ const MIRROR_CI_SEEDS: [u64; 22] = [
     1, 2, 3, 4, 5, 6, 7, 8, 10, 53, 78, 142, 189, 262, 355, 437, 485, 573, 3452, 3542, 4485, 4733,
 ];
 
+/// Seeds whose faults end with a crash of the whole cluster (every node and its disks at
+/// once, then every node restarted), run with the whole mix: in 4 after the master's crash
+/// and a one-way cut (down 1.7 s, while publishers run); in 5 after the master's cut and
+/// another node's crash (down 2.4 s, publishers still running after); in 6 after two cuts
+/// of the master; in 8 after a one-way cut of the master and a cut; in 10 after a torn
+/// write made the master exit and restart.
+const MIRROR_CLUSTER_CRASH_CI_SEEDS: [u64; 5] = [4, 5, 6, 8, 10];
+
 #[test]
 fn mirror_fixed_seeds_pass() {
-    seeds_pass("mirror", sim::mirror_scenario::run_seed, &MIRROR_CI_SEEDS);
+    seeds_pass(
+        "mirror-no-cluster-crash",
+        sim::mirror_scenario::run_seed_without_cluster_crash,
+        &MIRROR_CI_SEEDS,
+    );
+}
+
+#[test]
+fn mirror_cluster_crash_seeds_pass() {
+    seeds_pass(
+        "mirror",
+        sim::mirror_scenario::run_seed,
+        &MIRROR_CLUSTER_CRASH_CI_SEEDS,
+    );
 }
 
 #[test]
@@ -185,6 +206,40 @@ fn mirror_checkers_allow_transient_losses_only_to_a_master_restarting_from_its_d
         &confirms,
         &[(1, 1, 1, 0, true), (1, 3, 1, 0, true)],
         &[(35, 1, 0)],
+    );
+    assert!(failures.iter().any(|f| f.starts_with("G1")), "{failures:?}");
+}
+
+/// After a crash of the whole cluster, transient messages confirmed before every node came
+/// back may be missing, even where a promotion followed (no node kept them); those
+/// confirmed after it, and persistent ones, may not.
+#[test]
+fn mirror_checkers_allow_transient_losses_to_a_whole_cluster_restart_only_before_it() {
+    // Confirms at 10, 20 and 30; the cluster came back at 25.
+    let confirms = [(1, 1, 1, 0), (1, 3, 2, 1), (0, 1, 2, 1)];
+    let delivered = [(0, 1, 2, 1, true)];
+    // Transient #3 was confirmed at 20, before the restart: excused; with the restart
+    // at 15 it was confirmed after it, and is lost.
+    let failures = sim::mirror_scenario::check_served_with_cluster_restarts_for_test(
+        &confirms,
+        &delivered,
+        &[],
+        &[25],
+    );
+    assert!(failures.is_empty(), "{failures:?}");
+    let failures = sim::mirror_scenario::check_served_with_cluster_restarts_for_test(
+        &confirms,
+        &delivered,
+        &[],
+        &[15],
+    );
+    assert!(failures.iter().any(|f| f.starts_with("G1")), "{failures:?}");
+    // A persistent message is never excused.
+    let failures = sim::mirror_scenario::check_served_with_cluster_restarts_for_test(
+        &confirms,
+        &[(1, 1, 1, 0, true), (1, 3, 2, 1, true)],
+        &[],
+        &[25],
     );
     assert!(failures.iter().any(|f| f.starts_with("G1")), "{failures:?}");
 }

@@ -3,10 +3,11 @@
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: sim [--scenario raft|gm|mirror|mirror-no-cluster-crash|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
+const USAGE: &str = "usage: sim [--scenario raft|gm|mirror|mirror-old-mix|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
   --scenario S  raft: the metadata Raft group; gm: the GM ring; mirror: a mirrored queue;
-                mirror-no-cluster-crash: the same without the whole cluster's crash (each
-                seed's plan before session 34); all (default): raft, gm and mirror
+                mirror-old-mix: the same without the faults session 34 added (the whole
+                cluster's crash, the queue's delete and declare); all (default): raft,
+                gm and mirror
   --seed N      run seed N, print its trace, then PASS or FAIL
   --seeds A..B  run seeds A to B-1 (A..=B includes B), one line per seed
   --quiet       (with --seed) print only the verdict
@@ -45,16 +46,13 @@ fn main() -> ExitCode {
     let raft: Scenario = ("raft", sim::run_seed);
     let gm: Scenario = ("gm", sim::gm_scenario::run_seed);
     let mirror: Scenario = ("mirror", sim::mirror_scenario::run_seed);
-    let mirror_before: Scenario = (
-        "mirror-no-cluster-crash",
-        sim::mirror_scenario::run_seed_without_cluster_crash,
-    );
+    let mirror_old: Scenario = ("mirror-old-mix", sim::mirror_scenario::run_seed_old_mix);
     let scenarios: Vec<Scenario> = match value("--scenario").as_deref() {
         None | Some("all") => vec![raft, gm, mirror],
         Some("raft") => vec![raft],
         Some("gm") => vec![gm],
         Some("mirror") => vec![mirror],
-        Some("mirror-no-cluster-crash") => vec![mirror_before],
+        Some("mirror-old-mix") => vec![mirror_old],
         Some(_) => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

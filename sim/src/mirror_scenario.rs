@@ -111,6 +111,8 @@ enum Request {
 enum Reply {
     Confirmed {
         epoch: u64,
+        /// The queue's incarnation the message went into (`None`: not mirrored yet).
+        incarnation: Option<u64>,
     },
     Nacked,
     /// This node does not serve the queue (its view of the home, if it has one).
@@ -123,6 +125,7 @@ enum Reply {
         redelivered: bool,
         tag: u64,
         epoch: u64,
+        incarnation: Option<u64>,
     },
     Empty,
     Acked,
@@ -134,6 +137,9 @@ struct Served {
     at: u64,
     node: NodeId,
     epoch: u64,
+    /// The queue's incarnation (a delete and a declare make a new queue of the name;
+    /// `None` until the new queue's mirror set exists).
+    incarnation: Option<u64>,
     publisher: u32,
     n: u64,
     /// For deliveries.
@@ -164,6 +170,10 @@ struct Shared {
     exits: Mutex<Vec<NodeId>>,
     /// When every node came back after the whole cluster crashed.
     cluster_restarts: Mutex<Vec<u64>>,
+    /// The newest incarnation of the queue seen in any node's metadata.
+    latest_incarnation: Mutex<Option<u64>>,
+    /// When the operator saw the queue's delete commit.
+    deleted: Mutex<Vec<u64>>,
 }
 
 impl Shared {
@@ -178,8 +188,12 @@ impl Shared {
     /// promoted, so the queue came back from that node's disk, where transient messages do
     /// not survive a restart), or confirmed before the whole cluster restarted (no node
     /// kept them in memory). Before the restart, not the crash: a confirm given just
-    /// before the crash may reach the client after it.
+    /// before the crash may reach the client after it. And any message confirmed by an
+    /// incarnation of the queue that was deleted since, or confirmed before a delete
+    /// committed (its delete took it).
     fn missing(&self) -> Vec<Served> {
+        let current = self.incarnation();
+        let deleted = lock(&self.deleted).last().copied();
         let deliveries = lock(&self.deliveries).clone();
         let confirms = lock(&self.confirms).clone();
         let restarts = lock(&self.master_restarts).clone();
@@ -199,8 +213,22 @@ impl Shared {
             .iter()
             .filter(|c| !seen.contains(&(c.publisher, c.n)))
             .filter(|c| !(transient(c.publisher, c.n) && restarted_unreplaced(c.at)))
+            .filter(|c| {
+                !(deleted.is_some_and(|d| c.at < d)
+                    || c.incarnation.zip(current).is_some_and(|(c, i)| c < i))
+            })
             .cloned()
             .collect()
+    }
+
+    /// The queue's incarnation in the newest metadata (the latest only grows).
+    fn incarnation(&self) -> Option<u64> {
+        let latest = self
+            .newest()
+            .and_then(|s| s.mirror_sets.get(&key()).map(|m| m.incarnation));
+        let mut seen = lock(&self.latest_incarnation);
+        *seen = (*seen).max(latest);
+        *seen
     }
 
     /// The newest metadata any running node applied.
@@ -292,6 +320,9 @@ enum Fault {
     /// A fault on the node's storage disk: its storage fails at the next write or fsync,
     /// and the node exits and is restarted half a second later.
     Disk(Target, DiskFault),
+    /// The operator deletes the queue and declares it again (on the node its delete went
+    /// through), while the clients go on: a new incarnation, with the policy's mirrors.
+    Redeclare,
 }
 
 /// What goes wrong on a disk.
@@ -364,6 +395,19 @@ struct Serving {
     clock: Clock,
     unacked: Mutex<BTreeMap<u64, (Arc<QueueHandle>, u64)>>,
     next_tag: Mutex<u64>,
+}
+
+/// The queue, durable, declared on `home`.
+fn queue_def(home: NodeId) -> QueueDef {
+    QueueDef {
+        vhost: VHOST.into(),
+        name: QUEUE.into(),
+        durable: true,
+        exclusive_owner: None,
+        auto_delete: false,
+        arguments: Default::default(),
+        home,
+    }
 }
 
 fn ha_policy(mode: &str) -> Command {
@@ -510,16 +554,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     }
     if id == 1 && boot == 1 {
         propose_until_done(&raft, Command::AddVhost { name: VHOST.into() }, id, &trace).await;
-        let q = QueueDef {
-            vhost: VHOST.into(),
-            name: QUEUE.into(),
-            durable: true,
-            exclusive_owner: None,
-            auto_delete: false,
-            arguments: Default::default(),
-            home: 1,
-        };
-        propose_until_done(&raft, Command::DeclareQueue(q), id, &trace).await;
+        propose_until_done(&raft, Command::DeclareQueue(queue_def(1)), id, &trace).await;
         propose_until_done(&raft, ha_policy("all"), id, &trace).await;
         trace.log("n1 declared the queue and its ha policy");
     }
@@ -659,6 +694,14 @@ impl Serving {
         let Some((handle, epoch)) = self.serving() else {
             return self.not_master();
         };
+        // The incarnation of the queue the broker routes to now (its own metadata, which
+        // its queues follow).
+        let incarnation = self
+            .broker
+            .snapshot()
+            .mirror_sets
+            .get(&key())
+            .map(|m| m.incarnation);
         let now = self.clock.now();
         match req {
             Request::Publish { publisher, n } => {
@@ -690,7 +733,7 @@ impl Serving {
                         return Reply::Nacked;
                     }
                     if d.is_durable(t) {
-                        return Reply::Confirmed { epoch };
+                        return Reply::Confirmed { epoch, incarnation };
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -720,6 +763,7 @@ impl Serving {
                     redelivered: entry.redelivered,
                     tag,
                     epoch,
+                    incarnation,
                 }
             }
             Request::Ack { tag } => {
@@ -861,10 +905,11 @@ async fn run_publisher(p: u32, seed: u64, shared: Arc<Shared>, trace: Trace) {
             continue;
         };
         match reply {
-            Some(Reply::Confirmed { epoch }) => lock(&shared.confirms).push(Served {
+            Some(Reply::Confirmed { epoch, incarnation }) => lock(&shared.confirms).push(Served {
                 at: now_ms(),
                 node,
                 epoch,
+                incarnation,
                 publisher: p,
                 n: m,
                 redelivered: false,
@@ -916,11 +961,13 @@ async fn run_consumer(seed: u64, shared: Arc<Shared>, trace: Trace) {
                 redelivered,
                 tag,
                 epoch,
+                incarnation,
             }) => {
                 lock(&shared.deliveries).push(Served {
                     at: now_ms(),
                     node,
                     epoch,
+                    incarnation,
                     publisher,
                     n,
                     redelivered,
@@ -977,14 +1024,14 @@ pub fn run_seed(seed: u64) -> Outcome {
     run(seed, true)
 }
 
-/// The same without the crash of the whole cluster that ends a third of the runs' faults:
-/// each seed's plan as it was before that fault existed (session 34), so the seeds that
-/// found the bugs before it replay what they found.
-pub fn run_seed_without_cluster_crash(seed: u64) -> Outcome {
+/// The same without the faults session 34 added (the whole cluster's crash, the queue's
+/// delete and declare): each seed's plan as it was before, so the seeds that found the
+/// bugs before them replay what they found.
+pub fn run_seed_old_mix(seed: u64) -> Outcome {
     run(seed, false)
 }
 
-fn run(seed: u64, cluster_crash: bool) -> Outcome {
+fn run(seed: u64, new_faults: bool) -> Outcome {
     let trace = Trace::new();
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x3177);
@@ -1027,11 +1074,17 @@ fn run(seed: u64, cluster_crash: bool) -> Outcome {
             faults.sort_by_key(|(t, _)| *t);
         }
     }
-    // A third of the runs end their faults with a crash of the whole cluster (every node
-    // and its disks at once) and a restart of every node: after the rest of the plan, so
-    // the runs before it are what they were; from a stream of its own.
+    // Three in ten runs delete and declare the queue again, at a time of their own. A
+    // third end their faults with a crash of the whole cluster (every node and its disks
+    // at once) and a restart of every node, after the rest of the plan. Each from a
+    // stream of its own.
+    let mut redeclare = StdRng::seed_from_u64(seed ^ 0xde1e);
+    if redeclare.gen_bool(0.3) && new_faults {
+        faults.push((redeclare.gen_range(2_500..12_000), Fault::Redeclare));
+        faults.sort_by_key(|(t, _)| *t);
+    }
     let mut whole = StdRng::seed_from_u64(seed ^ 0xa11c);
-    let whole_crash = (whole.gen_bool(0.33) && cluster_crash).then(|| {
+    let whole_crash = (whole.gen_bool(0.33) && new_faults).then(|| {
         let after = faults.last().map_or(0, |(t, _)| *t);
         let at = after.max(2_000) + whole.gen_range(1_000..4_000);
         (at, whole.gen_range(200..3_000))
@@ -1082,25 +1135,43 @@ fn run(seed: u64, cluster_crash: bool) -> Outcome {
             Ok(())
         });
     }
-    // An operator (warrenctl set_policy) makes the planned policy changes one after the
-    // other, each through any node (which forwards it to the leader).
-    let changes: Vec<(u64, Command)> = faults
+    // An operator (warrenctl set_policy, delete_queue, declare_queue) makes the planned
+    // changes one after the other, each through any node (which forwards it to the
+    // leader).
+    let changes: Vec<(u64, Fault)> = faults
         .iter()
-        .filter_map(|(t, f)| match f {
-            Fault::Exactly2 => Some((*t, ha_policy("exactly"))),
-            Fault::All => Some((*t, ha_policy("all"))),
-            _ => None,
-        })
+        .filter(|(_, f)| matches!(f, Fault::Exactly2 | Fault::All | Fault::Redeclare))
+        .cloned()
         .collect();
     {
-        let trace = trace.clone();
+        let (shared, trace) = (shared.clone(), trace.clone());
         sim.client("ctl", async move {
             let t = TurmoilTransport::new("ctl", trace.clone());
             let mut node = 1;
-            for (at, cmd) in changes {
+            for (at, change) in changes {
                 tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
-                propose_through_members(&t, &cmd, &mut node).await;
-                trace.log(format!("ctl: policy applied through n{node}"));
+                match change {
+                    Fault::Redeclare => {
+                        let delete = Command::DeleteQueue {
+                            vhost: VHOST.into(),
+                            name: QUEUE.into(),
+                        };
+                        propose_through_members(&t, &delete, &mut node).await;
+                        lock(&shared.deleted).push(now_ms());
+                        trace.log(format!("ctl: queue deleted through n{node}"));
+                        let declare = Command::DeclareQueue(queue_def(node));
+                        propose_through_members(&t, &declare, &mut node).await;
+                        trace.log(format!("ctl: queue declared through n{node}"));
+                    }
+                    Fault::Exactly2 => {
+                        propose_through_members(&t, &ha_policy("exactly"), &mut node).await;
+                        trace.log(format!("ctl: policy applied through n{node}"));
+                    }
+                    _ => {
+                        propose_through_members(&t, &ha_policy("all"), &mut node).await;
+                        trace.log(format!("ctl: policy applied through n{node}"));
+                    }
+                }
             }
             Ok(())
         });
@@ -1281,6 +1352,10 @@ fn run(seed: u64, cluster_crash: bool) -> Outcome {
                     // Applied by the operator's client (`ctl`), in plan order.
                     trace.log(format!("fault: policy {fault:?}"));
                 }
+                Fault::Redeclare => {
+                    // Made by the operator's client too.
+                    trace.log("fault: the operator deletes the queue and declares it again");
+                }
             }
         }
         if now >= drain_from && !shared.draining.swap(true, Ordering::SeqCst) {
@@ -1360,7 +1435,7 @@ fn check(shared: &Shared, trace: &Trace) {
     let lost = shared.missing().len();
     if unseen > lost {
         trace.log(format!(
-            "G1: {} confirmed transient messages gone with a master's (or the cluster's) restart from disk",
+            "G1: {} confirmed messages excused: transient ones gone with a master's (or the cluster's) restart from disk, or any in a queue deleted since",
             unseen - lost
         ));
     }
@@ -1383,10 +1458,11 @@ fn check(shared: &Shared, trace: &Trace) {
             );
         }
     }
-    // G3: first deliveries (not redelivered) of each publisher's messages in order.
-    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    // G3: first deliveries (not redelivered) of each publisher's messages in order, in
+    // each incarnation of the queue.
+    let mut last: BTreeMap<(u32, Option<u64>), u64> = BTreeMap::new();
     for d in deliveries.iter().filter(|d| !d.redelivered) {
-        let prev = last.entry(d.publisher).or_insert(0);
+        let prev = last.entry((d.publisher, d.incarnation)).or_insert(0);
         if d.n < *prev {
             shared.fail(
                 trace,
@@ -1409,13 +1485,22 @@ fn check(shared: &Shared, trace: &Trace) {
         redelivered,
         spans
             .iter()
-            .map(|(e, (n, a, b))| format!("e{e}:n{n}@{a}-{b}"))
+            .map(
+                |((i, e), (n, a, b))| if spans.iter().all(|s| s.0 .0 == *i) {
+                    format!("e{e}:n{n}@{a}-{b}")
+                } else {
+                    format!(
+                        "i{}e{e}:n{n}@{a}-{b}",
+                        i.map_or("-".into(), |i| i.to_string())
+                    )
+                }
+            )
             .collect::<Vec<_>>()
     ));
 }
 
-/// Epoch spans: epoch → (node, first, last served).
-type Spans = Vec<(u64, (NodeId, u64, u64))>;
+/// Epoch spans: (incarnation, epoch) → (node, first, last served).
+type Spans = Vec<((Option<u64>, u64), (NodeId, u64, u64))>;
 
 /// G4: one node per epoch, and epochs served in order, for confirms and deliveries
 /// together (a deposed master's laps fail, so it cannot confirm; its lease runs out before
@@ -1423,12 +1508,14 @@ type Spans = Vec<(u64, (NodeId, u64, u64))>;
 fn g4(shared: &Shared, trace: &Trace, confirms: &[Served], deliveries: &[Served]) -> Spans {
     let spans = |served: Vec<&Served>, report: &mut dyn FnMut(String)| -> Spans {
         let mut served = served;
-        served.sort_by_key(|s| (s.at, s.epoch, s.node));
-        let mut by_epoch: BTreeMap<u64, (NodeId, u64, u64)> = BTreeMap::new();
-        let mut last_of: BTreeMap<u64, &Served> = BTreeMap::new();
+        served.sort_by_key(|s| (s.at, s.incarnation, s.epoch, s.node));
+        let mut by_epoch: BTreeMap<(Option<u64>, u64), (NodeId, u64, u64)> = BTreeMap::new();
+        let mut last_of: BTreeMap<(Option<u64>, u64), &Served> = BTreeMap::new();
         for s in &served {
-            last_of.insert(s.epoch, s);
-            let e = by_epoch.entry(s.epoch).or_insert((s.node, s.at, s.at));
+            last_of.insert((s.incarnation, s.epoch), s);
+            let e = by_epoch
+                .entry((s.incarnation, s.epoch))
+                .or_insert((s.node, s.at, s.at));
             if e.0 != s.node {
                 report(format!(
                     "G4: epoch {} served by n{} and n{} (at {}ms)",
@@ -1440,11 +1527,13 @@ fn g4(shared: &Shared, trace: &Trace, confirms: &[Served], deliveries: &[Served]
         let spans: Spans = by_epoch.into_iter().collect();
         for w in spans.windows(2) {
             let ((e1, (n1, _, last1)), (e2, (n2, first2, _))) = (w[0], w[1]);
-            if n1 != n2 && last1 > first2 {
+            // Another incarnation is another queue: the deleted one's master may serve on
+            // until it applies the delete.
+            if e1.0 == e2.0 && n1 != n2 && last1 > first2 {
                 let s = last_of[&e1];
                 report(format!(
-                    "G4: n{n1} served epoch {e1} until {last1}ms (a {}, p{}#{}), after n{n2} began epoch {e2} at {first2}ms",
-                    s.kind, s.publisher, s.n
+                    "G4: n{n1} served epoch {} until {last1}ms (a {}, p{}#{}), after n{n2} began epoch {} at {first2}ms (incarnation {})",
+                    e1.1, s.kind, s.publisher, s.n, e2.1, e1.0.unwrap_or(0)
                 ));
             }
         }
@@ -1498,6 +1587,7 @@ pub fn check_served_with_cluster_restarts_for_test(
             at,
             node,
             epoch,
+            incarnation: None,
             publisher,
             n,
             redelivered: false,
@@ -1510,6 +1600,54 @@ pub fn check_served_with_cluster_restarts_for_test(
             at,
             node,
             epoch,
+            incarnation: None,
+            publisher,
+            n,
+            redelivered,
+            kind: "delivery",
+        });
+    }
+    shared.drained.store(true, Ordering::SeqCst);
+    check(&shared, &trace);
+    let failures = lock(&shared.failures).clone();
+    failures
+}
+
+/// The checkers on a history where the queue was deleted at `deleted_at` (in the steps of
+/// [`check_served_with_restarts_for_test`]) and declared again as incarnation `current`:
+/// confirms as (publisher, n, node, epoch, incarnation), deliveries of the new queue.
+#[doc(hidden)]
+pub fn check_served_with_delete_for_test(
+    confirms: &[(u32, u64, NodeId, u64, Option<u64>)],
+    deliveries: &[(u32, u64, NodeId, u64, bool)],
+    deleted_at: u64,
+    current: u64,
+) -> Vec<String> {
+    let shared = Shared::default();
+    let trace = Trace::new();
+    lock(&shared.deleted).push(deleted_at);
+    *lock(&shared.latest_incarnation) = Some(current);
+    let mut at = 0;
+    for &(publisher, n, node, epoch, incarnation) in confirms {
+        at += 10;
+        lock(&shared.confirms).push(Served {
+            at,
+            node,
+            epoch,
+            incarnation,
+            publisher,
+            n,
+            redelivered: false,
+            kind: "confirm",
+        });
+    }
+    for &(publisher, n, node, epoch, redelivered) in deliveries {
+        at += 10;
+        lock(&shared.deliveries).push(Served {
+            at,
+            node,
+            epoch,
+            incarnation: Some(current),
             publisher,
             n,
             redelivered,

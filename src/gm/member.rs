@@ -765,8 +765,12 @@ impl<M: Clone> Member<M> {
                     });
                 }
             } else {
-                let (retired, missed) =
-                    prefix_and_suffix(&ours.pending_ack, ours.last_pub, &theirs.pending_ack);
+                let (retired, missed) = prefix_and_suffix(
+                    &ours.pending_ack,
+                    ours.last_pub,
+                    &theirs.pending_ack,
+                    theirs.last_pub.max(theirs.last_ack),
+                );
                 if !retired.is_empty() || !missed.is_empty() {
                     items.push(Item {
                         id,
@@ -820,20 +824,26 @@ fn retire_acked<M>(entry: &mut Pending<M>, acks: &[PubNum]) {
 /// `ours = P ++ C` and `theirs = C ++ S` (pending lists of one origin, oldest first, numbers
 /// increasing): the numbers of `P` (publishes the left has retired: to ack) and the entries
 /// of `S` (publishes the left saw that we did not: to deliver). What we saw before (up to
-/// `our_last_pub`, retired or not) is never in `S`: it was delivered here already.
+/// `our_last_pub`, retired or not) is never in `S`: it was delivered here already. `P`
+/// holds only what the left saw, a publish or an ack (up to `their_seen`): a joiner behind
+/// a dead origin may never have seen publishes that passed us, and their lap goes on.
 fn prefix_and_suffix<M: Clone>(
     ours: &VecDeque<(PubNum, M)>,
     our_last_pub: Option<PubNum>,
     theirs: &VecDeque<(PubNum, M)>,
+    their_seen: Option<PubNum>,
 ) -> (Vec<PubNum>, Vec<(PubNum, M)>) {
-    let Some((first, _)) = theirs.front() else {
-        return (ours.iter().map(|(n, _)| *n).collect(), Vec::new());
-    };
-    let k = ours
+    // Retired upstream: what the left saw (it saw that far a publish or an ack) and no
+    // longer holds. What it never saw is still on its lap: it reached us by a way that
+    // did not pass the left (its origin died between us, and the left joined behind it).
+    let retired: Vec<PubNum> = ours
         .iter()
-        .position(|(n, _)| n >= first)
-        .unwrap_or(ours.len());
-    let retired: Vec<PubNum> = ours.iter().take(k).map(|(n, _)| *n).collect();
+        .map(|(n, _)| *n)
+        .take_while(|n| {
+            theirs.front().is_none_or(|(first, _)| n < first)
+                && their_seen.is_some_and(|last| *n <= last)
+        })
+        .collect();
     let missed: Vec<(PubNum, M)> = theirs
         .iter()
         .filter(|(n, _)| our_last_pub.is_none_or(|last| *n > last))

@@ -1038,3 +1038,36 @@ fn joiners_whose_every_source_of_state_died_stop_and_the_ring_starts_afresh() {
     c.handle_view(&w3);
     assert!(!c.is_stopped() && !c.is_orphaned());
 }
+
+/// The property test's find (bug 30): 7 joins behind 5 while 5's publish `5-0` is on its
+/// way from 5 to 1, and 5 dies before its catch-up reaches 7. 7 inherits 5 knowing nothing
+/// of `5-0`, and its catch-up to 1 held nothing of 5. 1 took that for the lap of `5-0`
+/// being over and sent its ack, which retired it ahead of 6 and 4, which never delivered
+/// it. Now a member retires only what its left saw (a publish or an ack that far).
+#[test]
+fn a_joiner_behind_a_dead_origin_does_not_end_the_lap_of_a_publish_it_never_saw() {
+    let mut r = Ring::new(5);
+    r.join(m(6), m(3));
+    r.step();
+    r.confirmed_broadcast(m(2), "2-0", 0);
+    r.step();
+    r.step();
+    r.confirmed_broadcast(m(5), "5-0", 0);
+    r.step();
+    r.join(m(7), m(5));
+    r.confirmed_broadcast(m(1), "1-0", 0);
+    r.join(m(8), m(2));
+    r.step();
+    r.step();
+    // 5 dies; its catch-up to 7 is lost with it.
+    r.kill(m(5), true);
+    for _ in 0..10 {
+        r.step();
+    }
+    r.kill(m(3), false);
+    r.pump();
+    for id in [m(1), m(2), m(4), m(6)] {
+        assert_eq!(r.from(id, m(5)), strings(&["5-0"]), "{id:?} from 5");
+    }
+    assert!(r.all_quiet());
+}

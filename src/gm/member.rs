@@ -158,7 +158,7 @@ pub struct Member<M> {
     orphaned: bool,
 }
 
-impl<M: Clone> Member<M> {
+impl<M: Clone + Default> Member<M> {
     /// The member `me` of the group `record` lists it in. The first member starts with an
     /// empty state; a joiner waits for the catch-up of its left neighbour (which sends it
     /// when it sees the record with the joiner on its right).
@@ -546,14 +546,33 @@ impl<M: Clone> Member<M> {
     fn send_right(&mut self, items: Vec<Item<M>>) {
         let me = self.me;
         match self.view.right(me) {
-            Some(right) if right != me && !items.is_empty() => self.out.push_back((
-                right,
-                GmMsg::Activity {
-                    version: self.view.version,
-                    from: me,
-                    items,
-                },
-            )),
+            Some(right) if right != me && !items.is_empty() => {
+                let items = items
+                    .into_iter()
+                    .map(|mut item| {
+                        // A live member's own publishes back from their lap: it keeps
+                        // them itself and takes only their numbers (the owner's branch of
+                        // `process`), so their bodies stay here. gm.erl sends them whole;
+                        // with large messages that return was a third of a 3-node ring's
+                        // traffic. Not for an inherited member's: those the receiver may
+                        // not hold.
+                        if item.id == right {
+                            for (_, msg) in &mut item.pubs {
+                                *msg = M::default();
+                            }
+                        }
+                        item
+                    })
+                    .collect();
+                self.out.push_back((
+                    right,
+                    GmMsg::Activity {
+                        version: self.view.version,
+                        from: me,
+                        items,
+                    },
+                ))
+            }
             _ => {}
         }
     }

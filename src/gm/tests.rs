@@ -313,7 +313,8 @@ fn strings(v: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn a_publish_travels_one_lap_with_its_body_and_one_as_an_ack() {
+fn a_publish_travels_one_lap_with_its_body_and_one_as_an_ack_and_its_origin_gets_back_only_its_number(
+) {
     let mut r = Ring::new(3);
     r.trace.clear();
     r.members
@@ -346,7 +347,8 @@ fn a_publish_travels_one_lap_with_its_body_and_one_as_an_ack() {
         vec![
             (m(1), m(2), vec![item(m(1), &[(0, "x")], &[])]),
             (m(2), m(3), vec![item(m(1), &[(0, "x")], &[])]),
-            (m(3), m(1), vec![item(m(1), &[(0, "x")], &[])]),
+            // The last hop brings back the number only: 1 holds the body.
+            (m(3), m(1), vec![item(m(1), &[(0, "")], &[])]),
             (m(1), m(2), vec![item(m(1), &[], &[0])]),
             (m(2), m(3), vec![item(m(1), &[], &[0])]),
             (m(3), m(1), vec![item(m(1), &[], &[0])]),
@@ -909,14 +911,15 @@ fn the_death_of_the_right_makes_a_catchup_and_the_new_right_gets_exactly_what_it
                     ]),
                 }
             ),
-            // 3 computes that it missed 'a', delivers it and sends it on its lap's end...
+            // 3 computes that it missed 'a', delivers it and sends it on its lap's end (its
+            // number: 1 holds the body)...
             (
                 m(3),
                 m(1),
                 GmMsg::Activity {
                     version: after,
                     from: m(3),
-                    items: vec![item(&[(0, "a")], &[])]
+                    items: vec![item(&[(0, "")], &[])]
                 }
             ),
             // ...which turns it into an ack that travels its own lap.

@@ -50,13 +50,21 @@ SCENARIOS=(
     "persistent-confirm-1KiB-4p4c|--producers 4 --consumers 4 --size 1024 --confirm 100 --persistent --queue bench-p4"
 )
 
+# Runs of the load tool that failed: reported at the end, and the script exits 1.
+FAILED_RUNS=()
 run_all() {
     local broker="$1" uri="$2"
     for s in "${SCENARIOS[@]}"; do
         local name="${s%%|*}" args="${s#*|}"
         echo "--- $broker: $name: warren-perf $args --duration $DURATION"
         # shellcheck disable=SC2086
-        "$PERF" --uri "$uri" $args --duration "$DURATION" --json 2>/dev/null > "$OUT/$broker-$name.json" || true
+        local rc=0
+        "$PERF" --uri "$uri" $args --duration "$DURATION" --json 2>/dev/null > "$OUT/$broker-$name.json" || rc=$?
+        if [[ $rc -ne 0 ]]; then
+            echo "--- $broker: $name FAILED: warren-perf exit $rc" >&2
+            FAILED_RUNS+=("$broker $name (exit $rc)")
+            rm -f "$OUT/$broker-$name.json"
+        fi
         sleep 2
     done
 }
@@ -133,3 +141,7 @@ for name, brokers in rows.items():
 open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
+if [[ ${#FAILED_RUNS[@]} -gt 0 ]]; then
+    echo "FAILED runs: ${FAILED_RUNS[*]}" >&2
+    exit 1
+fi

@@ -204,7 +204,13 @@ trap cleanup EXIT
 perf_json() { # broker label args...: warren-perf --json, one summary line
     local broker="$1" label="$2"; shift 2
     log "$broker $label: warren-perf $*"
-    "$PERF" "$@" --json 2> "$OUT/$broker-$label.stderr" > "$OUT/$broker-$label.json" || true
+    local rc=0
+    "$PERF" "$@" --json 2> "$OUT/$broker-$label.stderr" > "$OUT/$broker-$label.json" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        FAILED_RUNS+=("$broker $label (exit $rc, $OUT/$broker-$label.stderr)")
+        echo "| $label | $broker | FAILED: warren-perf exit $rc |"
+        return
+    fi
     python3 - "$OUT/$broker-$label.json" "$broker" "$label" <<'PY'
 import json, sys
 try:
@@ -281,8 +287,14 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     fi
     log "$b/$v: publishing $SYNC_COUNT x 64 B persistent messages to $q (master alone)"
     local t0=$SECONDS
+    local rc=0
     "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 64 --confirm 1000 \
-        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-$v-fill.json" || true
+        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-sync-$v-fill.json" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        FAILED_RUNS+=("$b sync-$v fill (exit $rc)")
+        log "$b/$v: FAILED: the fill's warren-perf exited $rc"
+        return
+    fi
     log "$b/$v: filled in $((SECONDS - t0)) s: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['sent_rate']:.0f} msg/s sent, {d['confirmed_rate']:.0f} confirmed\")" "$OUT/$b-sync-$v-fill.json")"
     if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     local before; before=$( [[ $b == warren ]] && warren_synced_count || echo 0)
@@ -513,6 +525,8 @@ many_bench() { # broker: 1,000 mirrored queues, idle and then under 100 producer
     if [[ $b == warren ]]; then warren_down; else rmq_down; fi
 }
 
+# Runs of the load tool that failed: reported at the end, and the script exits 1.
+FAILED_RUNS=()
 for step in "${STEPS[@]}"; do
     log "=== $step"
     case "$step" in
@@ -540,3 +554,8 @@ for step in "${STEPS[@]}"; do
         many-rabbitmq) many_bench rabbitmq ;;
     esac
 done
+if [[ ${#FAILED_RUNS[@]} -gt 0 ]]; then
+    log "FAILED runs: ${#FAILED_RUNS[@]}"
+    printf '  %s\n' "${FAILED_RUNS[@]}" >&2
+    exit 1
+fi

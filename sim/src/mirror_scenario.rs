@@ -1577,40 +1577,13 @@ pub fn check_served_with_cluster_restarts_for_test(
     cluster_restarts: &[u64],
 ) -> Vec<String> {
     let shared = Shared::default();
-    let trace = Trace::new();
     lock(&shared.master_restarts).extend_from_slice(restarts);
     lock(&shared.cluster_restarts).extend_from_slice(cluster_restarts);
-    let mut at = 0;
-    for &(publisher, n, node, epoch) in confirms {
-        at += 10;
-        lock(&shared.confirms).push(Served {
-            at,
-            node,
-            epoch,
-            incarnation: None,
-            publisher,
-            n,
-            redelivered: false,
-            kind: "confirm",
-        });
-    }
-    for &(publisher, n, node, epoch, redelivered) in deliveries {
-        at += 10;
-        lock(&shared.deliveries).push(Served {
-            at,
-            node,
-            epoch,
-            incarnation: None,
-            publisher,
-            n,
-            redelivered,
-            kind: "delivery",
-        });
-    }
-    shared.drained.store(true, Ordering::SeqCst);
-    check(&shared, &trace);
-    let failures = lock(&shared.failures).clone();
-    failures
+    let confirms: Vec<_> = confirms
+        .iter()
+        .map(|&(p, n, node, epoch)| (p, n, node, epoch, None))
+        .collect();
+    check_history(shared, &confirms, deliveries, None)
 }
 
 /// The checkers on a history where the queue was deleted at `deleted_at` (in the steps of
@@ -1624,9 +1597,20 @@ pub fn check_served_with_delete_for_test(
     current: u64,
 ) -> Vec<String> {
     let shared = Shared::default();
-    let trace = Trace::new();
     lock(&shared.deleted).push(deleted_at);
     *lock(&shared.latest_incarnation) = Some(current);
+    check_history(shared, confirms, deliveries, Some(current))
+}
+
+/// Runs the checkers on `shared` with these confirms and deliveries (10 apart, confirms
+/// first), the deliveries all of `delivered_incarnation`, after a completed drain.
+fn check_history(
+    shared: Shared,
+    confirms: &[(u32, u64, NodeId, u64, Option<u64>)],
+    deliveries: &[(u32, u64, NodeId, u64, bool)],
+    delivered_incarnation: Option<u64>,
+) -> Vec<String> {
+    let trace = Trace::new();
     let mut at = 0;
     for &(publisher, n, node, epoch, incarnation) in confirms {
         at += 10;
@@ -1647,7 +1631,7 @@ pub fn check_served_with_delete_for_test(
             at,
             node,
             epoch,
-            incarnation: Some(current),
+            incarnation: delivered_incarnation,
             publisher,
             n,
             redelivered,

@@ -85,6 +85,32 @@ fn joined(automatic: bool) -> MasterRole {
     r
 }
 
+/// [`joined`], then M2's sync (its copy, or its closing lap) over, acknowledged and
+/// recorded at `at`.
+fn recorded(automatic: bool, at_index: Option<u64>) -> MasterRole {
+    let mut r = joined(automatic);
+    drain(&mut r);
+    if automatic {
+        r.handle_copy_done(M2, (EPOCH, 7), true);
+    } else {
+        // The backlog is gone: the closing lap goes out, and completes.
+        r.handle_tick(at(0), look(None));
+        drain(&mut r);
+        r.handle_end_lap(M2, (EPOCH, 7), true);
+    }
+    r.handle_message(M2, &ack(7));
+    r.handle_tick(at(10), look(None));
+    assert_eq!(
+        drain(&mut r).last(),
+        Some(&Action::Record {
+            target: M2,
+            id: (EPOCH, 7)
+        })
+    );
+    r.handle_recorded(M2, (EPOCH, 7), at_index);
+    r
+}
+
 #[test]
 fn a_passive_sync_ends_once_the_backlog_is_gone_and_is_recorded_only_once_acknowledged() {
     let mut r = joined(false);
@@ -357,13 +383,7 @@ fn a_promoted_master_syncs_the_members_the_metadata_does_not_hold_synchronised()
 
 #[test]
 fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_their_mode() {
-    let mut r = joined(false);
-    drain(&mut r);
-    r.handle_end_lap(M2, (EPOCH, 7), true);
-    r.handle_message(M2, &ack(7));
-    r.handle_tick(at(0), look(None));
-    r.handle_recorded(M2, (EPOCH, 7), RECORDED);
-    drain(&mut r);
+    let mut r = recorded(false, RECORDED);
     r.handle_view(view(false, &[(2, true)]));
     assert_eq!(drain(&mut r), []);
     // Recorded unsynchronised again while the member stayed: synced again.
@@ -398,13 +418,7 @@ fn the_metadata_restarts_syncs_it_unsynchronised_and_the_sync_requests_switch_th
 /// without the messages confirmed since.
 #[test]
 fn a_view_older_than_the_record_does_not_restart_the_synchronised_mirror() {
-    let mut r = joined(true);
-    drain(&mut r);
-    r.handle_copy_done(M2, (EPOCH, 7), true);
-    r.handle_message(M2, &ack(7));
-    r.handle_tick(at(0), look(None));
-    drain(&mut r);
-    r.handle_recorded(M2, (EPOCH, 7), Some(120));
+    let mut r = recorded(true, Some(120));
     // The view before the record: nothing to do.
     r.handle_view(view(true, &[(2, false)]));
     assert_eq!(drain(&mut r), []);
@@ -437,13 +451,7 @@ fn a_view_older_than_the_record_does_not_restart_the_synchronised_mirror() {
 /// the first sync is dropped before the second starts, so a member never has two.
 #[test]
 fn a_restart_asked_for_while_a_start_is_out_replaces_that_sync_before_it_starts() {
-    let mut r = joined(false);
-    drain(&mut r);
-    r.handle_end_lap(M2, (EPOCH, 7), true);
-    r.handle_message(M2, &ack(7));
-    r.handle_tick(at(0), look(None));
-    r.handle_recorded(M2, (EPOCH, 7), RECORDED);
-    drain(&mut r);
+    let mut r = recorded(false, RECORDED);
     let mut v = view(false, &[(2, false)]);
     v.requests = (1, 0);
     r.handle_view(v);

@@ -118,16 +118,61 @@ async fn connect(uri: &str) -> Connection {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_itself_and_keeps_every_message_it_confirmed() {
+    // 8 KiB messages, 20 in flight: 12 MB cannot hold the 2,000 offered.
+    fill_and_restart(Fill {
+        name: "small",
+        body: 8 << 10,
+        in_flight: 20,
+        offered: 2000,
+        tmpfs: "12m",
+        at_least: 100,
+        subnet: 251,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_filled_by_large_messages_written_without_the_page_cache_loses_none_confirmed() {
+    // 320 KiB messages: each round's append is large enough to go direct (`O_DIRECT`, see
+    // `runtime::file_disk`), so the disk fills inside a direct write.
+    fill_and_restart(Fill {
+        name: "large",
+        body: 320 << 10,
+        in_flight: 4,
+        offered: 400,
+        tmpfs: "40m",
+        at_least: 20,
+        subnet: 247,
+    })
+    .await;
+}
+
+/// One disk-full run: publish `offered` persistent messages of `body` bytes with confirms,
+/// `in_flight` at a time, onto a data folder on a tmpfs of `tmpfs`, until the broker refuses
+/// or goes away; expect at least `at_least` confirmed, the node's exit with the storage
+/// status, and every confirmed message back after a restart with room.
+struct Fill {
+    name: &'static str,
+    body: usize,
+    in_flight: u64,
+    offered: u64,
+    tmpfs: &'static str,
+    at_least: usize,
+    /// The third octet of the node's loopback address (distinct per test).
+    subnet: u32,
+}
+
+async fn fill_and_restart(f: Fill) {
     if !can_mount() {
         return;
     }
     let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("warren-disk-full-{pid}"));
+    let dir = std::env::temp_dir().join(format!("warren-disk-full-{}-{pid}", f.name));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("test dir");
     let data = dir.join("data");
-    let tmpfs = Tmpfs::mount(&data, "12m");
-    let ip = format!("127.{}.{}.1", 210 + pid % 40, 251 + pid % 4);
+    let tmpfs = Tmpfs::mount(&data, f.tmpfs);
+    let ip = format!("127.{}.{}.1", 210 + pid % 40, f.subnet + pid % 4);
     let config = dir.join("node.toml");
     // No disk alarm (limit 0): the writes themselves must meet the full disk.
     std::fs::write(
@@ -144,8 +189,6 @@ async fn a_node_whose_disk_fills_stops_itself_and_keeps_every_message_it_confirm
     let mut node = start(&config, &log);
     let uri = format!("amqp://guest:guest@{ip}:5672/%2f");
 
-    // Publish 8 KiB persistent messages (message store) with confirms, 20 in flight, until
-    // the broker refuses or goes away: 12 MB cannot hold the 2,000 offered.
     let conn = connect(&uri).await;
     let ch = conn.create_channel().await.expect("channel");
     ch.confirm_select(ConfirmSelectOptions::default())
@@ -163,12 +206,12 @@ async fn a_node_whose_disk_fills_stops_itself_and_keeps_every_message_it_confirm
     .expect("declare");
     let mut confirmed = BTreeSet::new();
     let mut refused = 0u64;
-    'publishing: for window in 0..100u64 {
+    'publishing: for window in 0..f.offered / f.in_flight {
         let mut pending = Vec::new();
-        for k in 0..20 {
-            let n = window * 20 + k;
+        for k in 0..f.in_flight {
+            let n = window * f.in_flight + k;
             let mut body = n.to_be_bytes().to_vec();
-            body.resize(8 << 10, b'x');
+            body.resize(f.body, b'x');
             let sent = tokio::time::timeout(
                 Duration::from_secs(10),
                 ch.basic_publish(
@@ -199,12 +242,12 @@ async fn a_node_whose_disk_fills_stops_itself_and_keeps_every_message_it_confirm
         }
     }
     assert!(
-        confirmed.len() > 100,
+        confirmed.len() >= f.at_least,
         "only {} confirmed before the disk filled: the tmpfs is too small for the test",
         confirmed.len()
     );
     assert!(
-        confirmed.len() < 2000,
+        (confirmed.len() as u64) < f.offered,
         "every publish was confirmed: the disk never filled"
     );
 

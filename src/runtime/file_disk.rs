@@ -1,10 +1,14 @@
 //! [`FileDisk`]: the real [`Disk`], over std files with fsync. Blocking: call it from a
-//! blocking-capable thread (the store's writer), never from a connection task.
+//! blocking-capable thread (the store's writer), never from a connection task. Large appends
+//! to message store files skip the page cache ([`direct`]).
+
+mod direct;
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use std::time::Instant;
@@ -22,6 +26,11 @@ pub struct FileDisk {
     fsync_latency: Option<Histogram>,
     /// Where reads, writes, seeks and syncs are counted (the node's storage), if anywhere.
     io: Option<IoCounters>,
+    /// The `O_DIRECT` handles of message store files, and the buffer their writes go through.
+    /// Locked inside `open`'s lock.
+    direct: Mutex<(HashMap<PathBuf, direct::Direct>, direct::Bounce)>,
+    /// Appends that wrote pages through a direct handle.
+    direct_appends: AtomicU64,
 }
 
 impl FileDisk {
@@ -101,6 +110,40 @@ impl FileDisk {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(path);
+        self.direct
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .remove(path);
+    }
+
+    /// Appends that wrote whole pages without the page cache, since this disk was made.
+    pub fn direct_appends(&self) -> u64 {
+        self.direct_appends.load(Ordering::Relaxed)
+    }
+
+    /// Writes `data` at `offset`, the end of `f`: through [`direct`] when it is a large
+    /// append to a message store file, else with one buffered write.
+    fn write_appended(
+        &self,
+        path: &Path,
+        f: &mut File,
+        offset: u64,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        if data.len() < direct::DIRECT_MIN || kind(path) != FileKind::MsgStore {
+            return f.write_all(data);
+        }
+        let mut guard = self.direct.lock().unwrap_or_else(|e| e.into_inner());
+        let (handles, bounce) = &mut *guard;
+        if !handles.contains_key(path) {
+            handles.insert(path.to_path_buf(), direct::open(path)?);
+        }
+        let handle = handles.get_mut(path).expect("inserted above");
+        if direct::append(f, handle, bounce, offset, data)? {
+            self.direct_appends.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 
@@ -192,7 +235,7 @@ impl Disk for FileDisk {
                 .map_err(|e| DiskError::io("seek", path, e))?;
             self.count_seek(started);
             let started = Instant::now();
-            f.write_all(data)
+            self.write_appended(path, f, offset, data)
                 .map_err(|e| DiskError::io("append", path, e))?;
             self.count_write(path, data.len(), started);
             Ok(offset)
@@ -301,6 +344,61 @@ mod tests {
         let plain = FileDisk::new();
         plain.append(&rdq, b"!").unwrap();
         assert_eq!(io.snapshot().write_count, 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn large_appends_to_a_message_store_file_write_the_same_bytes_without_the_page_cache() {
+        let dir = std::env::temp_dir().join(format!("warren-direct-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let disk = FileDisk::new();
+        disk.create_dir_all(&dir).unwrap();
+        let rdq = dir.join("00000000000000000007.rdq");
+        let idx = dir.join("00000000000000000007.idx");
+        let body = |len: usize, seed: u8| -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+                .collect()
+        };
+        // Unaligned starts, an append of exactly whole pages, one of several bounce chunks
+        // with a ragged tail, and small ones in between that stay buffered.
+        let appends = [
+            body(100, 1),
+            body(direct::DIRECT_MIN + 5_000, 2),
+            body(7, 3),
+            body(3 << 20, 4),
+            body(direct::DIRECT_MIN, 5),
+            body((5 << 20) + 123, 6),
+        ];
+        let mut expected = Vec::new();
+        for a in &appends {
+            assert_eq!(disk.append(&rdq, a).unwrap(), expected.len() as u64);
+            expected.extend_from_slice(a);
+        }
+        disk.sync(&rdq).unwrap();
+        assert_eq!(disk.read(&rdq).unwrap(), expected);
+        assert_eq!(
+            disk.read_at(&rdq, 100 + direct::DIRECT_MIN as u64 + 4_990, 20)
+                .unwrap(),
+            expected[100 + direct::DIRECT_MIN + 4_990..][..20]
+        );
+        // A file system that refuses O_DIRECT keeps every append buffered; anywhere else
+        // the four large ones went direct.
+        if let direct::Direct::Open(_) = direct::open(&rdq).unwrap() {
+            assert_eq!(disk.direct_appends(), 4);
+        }
+        // Other files never go direct.
+        disk.append(&idx, &appends[3]).unwrap();
+        let before = disk.direct_appends();
+        disk.append(&idx, &appends[3]).unwrap();
+        assert_eq!(disk.direct_appends(), before);
+        // An append cut back (a failed batch) and written again lands where the cut was.
+        let len = expected.len() as u64;
+        disk.append(&rdq, &appends[5]).unwrap();
+        disk.truncate(&rdq, len).unwrap();
+        assert_eq!(disk.append(&rdq, &appends[1]).unwrap(), len);
+        expected.extend_from_slice(&appends[1]);
+        assert_eq!(disk.read(&rdq).unwrap(), expected);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,6 +4,7 @@
 # Markdown table of the figures. Not part of CI (it takes a few minutes and needs RabbitMQ).
 #
 #   bash .ci/bench-compare.sh [--install] [--no-build] [--duration S] [--only warren|rabbitmq]
+#                             [--scenarios REGEX]
 #
 # --install runs `apt-get install -y rabbitmq-server` first. Results: .ci/work/bench/*.json
 # and .ci/work/bench/table.md.
@@ -13,6 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/.ci/work/bench"
 DURATION=10
 ONLY=""
+PICK=""
 INSTALL=0
 NO_BUILD=0
 while [[ $# -gt 0 ]]; do
@@ -20,8 +22,9 @@ while [[ $# -gt 0 ]]; do
         --install) INSTALL=1 ;;
         --duration) DURATION="$2"; shift ;;
         --only) ONLY="$2"; shift ;;
+        --scenarios) PICK="$2"; shift ;;
         --no-build) NO_BUILD=1 ;;
-        *) echo "usage: $0 [--install] [--duration S] [--only warren|rabbitmq]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--install] [--duration S] [--only warren|rabbitmq] [--scenarios REGEX]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -33,7 +36,9 @@ fi
 if [[ $NO_BUILD == 0 ]]; then
     cargo build --release --bin warren --bin warren-perf 2>&1 | tail -1
 fi
-PERF="$ROOT/target/release/warren-perf"
+# CARGO_TARGET_DIR picks other builds (an A/B of two commits).
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+PERF="$TARGET/release/warren-perf"
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -48,6 +53,7 @@ SCENARIOS=(
     "latency-at-50k-confirm-ack-16B|--producers 1 --consumers 1 --size 16 --confirm 100 --rate 50000"
     "persistent-confirm-1KiB-1p1c|--producers 1 --consumers 1 --size 1024 --confirm 100 --persistent --queue bench-p1"
     "persistent-confirm-1KiB-4p4c|--producers 4 --consumers 4 --size 1024 --confirm 100 --persistent --queue bench-p4"
+    "persistent-confirm-64KiB-1p1c|--producers 1 --consumers 1 --size 65536 --confirm 200 --persistent --queue bench-p64"
 )
 
 # Runs of the load tool that failed: reported at the end, and the script exits 1.
@@ -56,6 +62,7 @@ run_all() {
     local broker="$1" uri="$2"
     for s in "${SCENARIOS[@]}"; do
         local name="${s%%|*}" args="${s#*|}"
+        [[ -z $PICK || $name =~ $PICK ]] || continue
         echo "--- $broker: $name: warren-perf $args --duration $DURATION"
         # shellcheck disable=SC2086
         local rc=0
@@ -85,7 +92,7 @@ if [[ "$ONLY" != "rabbitmq" ]]; then
         -e "/^\[admin\]/,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:0\"|}" \
         -e "/^\[management\]/,/^listen = /{s|^listen = .*|listen = \"127.0.0.1:0\"|}" -e "s|^data_dir = .*|data_dir = \"$TMPD/warren\"|" \
         config/warren.toml > "$TMPD/warren.toml"
-    "$ROOT/target/release/warren" --config "$TMPD/warren.toml" > "$OUT/warren-node.log" 2>&1 &
+    "$TARGET/release/warren" --config "$TMPD/warren.toml" > "$OUT/warren-node.log" 2>&1 &
     WPID=$!
     for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
     run_all warren "amqp://guest:guest@127.0.0.1:$PORT/%2f"

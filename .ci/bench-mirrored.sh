@@ -9,7 +9,7 @@
 # STEPs (in the order given):
 #   throughput-warren  throughput-rabbitmq    1 KiB persistent, confirms 100, 1p1c and 4p4c,
 #                                             clients on the master's node, ha-mode all
-#   large-warren       large-rabbitmq         1 MiB and 16 MiB persistent, confirms, 1p1c,
+#   large-warren       large-rabbitmq         64 KiB, 1 MiB and 16 MiB persistent, confirms, 1p1c,
 #                                             ha-mode all (GM messages sent in parts)
 #   sync-warren        sync-rabbitmq          N (1,000,000) 64 B persistent messages on the
 #                                             master alone, then ha-mode all + automatic sync:
@@ -267,6 +267,8 @@ large() { # broker: big persistent messages with confirms on a mirrored queue (M
     ha_all_up "$b"
     u="$URI"
     local common=(--uri "$u" --persistent --duration "$DURATION" --producers 1 --consumers 1)
+    perf_json "$b" persistent-confirm-64KiB-1p1c "${common[@]}" --size $((64 << 10)) --confirm 200 --queue ha.large64
+    sleep 2
     perf_json "$b" persistent-confirm-1MiB-1p1c "${common[@]}" --size $((1 << 20)) --confirm 16 --queue ha.large1
     sleep 2
     perf_json "$b" persistent-confirm-16MiB-1p1c "${common[@]}" --size $((16 << 20)) --confirm 4 --queue ha.large16

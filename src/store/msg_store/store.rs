@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::store::disk::Disk;
 
-use super::index::{AppendBatch, RefCountReport, Removed, Slot, StoreIndex};
+use super::index::{AppendBatch, Location, RefCountReport, Removed, Slot, StoreIndex};
 use super::{
     decode_record, encode_record, file_name, record_size, MsgId, MsgStoreConfig, MsgStoreError,
 };
@@ -236,12 +236,11 @@ impl<D: Disk> MsgStore<D> {
                 continue;
             }
             let path = self.file_path(*file);
-            let data = self.disk.read(&path)?;
+            let chunks = self.read_live(&path, *file, records)?;
             let mut copies = Vec::with_capacity(records.len());
             let mut slices = Vec::with_capacity(records.len());
             for (id, loc) in records {
-                let start = loc.offset as usize;
-                let slice = data.get(start..start + loc.total_size as usize);
+                let slice = slice_of(&chunks, loc);
                 // Copy only verified records: a bad one in the middle of the current file
                 // would make a later recovery scan stop there and lose everything after it.
                 match slice.filter(|s| decode_record(s, *id).is_some()) {
@@ -303,6 +302,41 @@ impl<D: Disk> MsgStore<D> {
             return Err(MsgStoreError::Failed);
         }
         Ok(())
+    }
+
+    /// The bytes of `file`'s live `records` (sorted by offset), as (offset, bytes) chunks in
+    /// offset order. A file that is mostly garbage is read record by record, adjacent ones
+    /// together: a compaction behind a consumer that keeps up finds a few live records in a
+    /// large file, and reading it whole re-read everything the store wrote (from the device
+    /// once its writes skip the page cache). A mostly live file is read whole.
+    fn read_live(
+        &self,
+        path: &Path,
+        file: u64,
+        records: &[(MsgId, Location)],
+    ) -> Result<Vec<(u64, Vec<u8>)>, MsgStoreError> {
+        let live: u64 = records.iter().map(|(_, l)| u64::from(l.total_size)).sum();
+        let total = self
+            .index
+            .file_summary(file)
+            .map_or(u64::MAX, |s| s.total_bytes);
+        if live.saturating_mul(2) >= total {
+            return Ok(vec![(0, self.disk.read(path)?)]);
+        }
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for (_, loc) in records {
+            let end = loc.offset + u64::from(loc.total_size);
+            match ranges.last_mut() {
+                Some((_, last_end)) if *last_end == loc.offset => *last_end = end,
+                _ => ranges.push((loc.offset, end)),
+            }
+        }
+        let mut chunks = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            let bytes = self.disk.read_at(path, start, (end - start) as usize)?;
+            chunks.push((start, bytes));
+        }
+        Ok(chunks)
     }
 
     /// Appends one planned batch and commits it to the index.
@@ -367,4 +401,13 @@ impl<D: Disk> MsgStore<D> {
         }
         Ok(())
     }
+}
+
+/// The bytes at `loc` within `chunks` (from [`MsgStore::read_live`]), if a chunk holds all of
+/// them (a file shorter than the index says leaves a record out).
+fn slice_of<'a>(chunks: &'a [(u64, Vec<u8>)], loc: &Location) -> Option<&'a [u8]> {
+    let i = chunks.partition_point(|(start, _)| *start <= loc.offset);
+    let (start, bytes) = chunks.get(i.checked_sub(1)?)?;
+    let from = usize::try_from(loc.offset - start).ok()?;
+    bytes.get(from..from.checked_add(loc.total_size as usize)?)
 }

@@ -39,13 +39,14 @@ fn read(store: &MsgStore<impl Disk>, n: u32) -> Option<Vec<u8>> {
     store.read(id(n)).expect("read")
 }
 
-/// A disk that counts mutating calls and fsyncs, and can "die" after a budget of mutating
-/// calls (every later one fails), to stop the store at any step.
+/// A disk that counts mutating calls, fsyncs and bytes read, and can "die" after a budget of
+/// mutating calls (every later one fails), to stop the store at any step.
 #[derive(Debug, Clone)]
 struct Probe {
     inner: MemDisk,
     writes: Arc<AtomicUsize>,
     syncs: Arc<AtomicUsize>,
+    read_bytes: Arc<AtomicUsize>,
     budget: Arc<AtomicI64>,
 }
 
@@ -55,6 +56,7 @@ impl Probe {
             inner,
             writes: Arc::default(),
             syncs: Arc::default(),
+            read_bytes: Arc::default(),
             budget: Arc::new(AtomicI64::new(i64::MAX)),
         }
     }
@@ -93,10 +95,14 @@ impl Disk for Probe {
         self.inner.list(dir)
     }
     fn read(&self, path: &Path) -> Result<Vec<u8>, DiskError> {
-        self.inner.read(path)
+        let data = self.inner.read(path)?;
+        self.read_bytes.fetch_add(data.len(), Ordering::SeqCst);
+        Ok(data)
     }
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
-        self.inner.read_at(path, offset, len)
+        let data = self.inner.read_at(path, offset, len)?;
+        self.read_bytes.fetch_add(data.len(), Ordering::SeqCst);
+        Ok(data)
     }
     fn append(&self, path: &Path, data: &[u8]) -> Result<u64, DiskError> {
         self.step(path, false)?;
@@ -304,6 +310,75 @@ fn compaction_reclaims_garbage_and_keeps_live_messages() {
     assert!(refs.missing.is_empty(), "{refs:?}");
     for &n in &live {
         assert_eq!(read(&s, n), Some(body(n, 150)));
+    }
+}
+
+#[test]
+fn compaction_reads_only_the_live_records_of_a_mostly_garbage_file() {
+    let probe = Probe::new(MemDisk::new());
+    let (mut s, _) = open(probe.clone(), config(4096));
+    for n in 0..40 {
+        s.write(id(n), &body(n, 180)).expect("write");
+    }
+    s.sync().expect("sync");
+    let located = |s: &MsgStore<Probe>, n: u32| match s.index().entry(&id(n)).expect("stored").slot
+    {
+        Slot::Stored(loc) => loc,
+        Slot::Pending { .. } => panic!("{n} not flushed"),
+    };
+    let first: Vec<u32> = (0..40).filter(|n| located(&s, *n).file == 0).collect();
+    assert!(first.len() >= 10, "file 0 holds {first:?}");
+    // Three live records in file 0: two adjacent (one read), one apart.
+    let keep = [first[2], first[3], first[first.len() - 2]];
+    let live_bytes: usize = keep
+        .iter()
+        .map(|n| located(&s, *n).total_size as usize)
+        .sum();
+    for &n in first.iter().filter(|n| !keep.contains(n)) {
+        s.remove(id(n)).expect("remove");
+    }
+    assert_eq!(s.index().compaction_candidates(0.5), vec![0]);
+    probe.read_bytes.store(0, Ordering::SeqCst);
+    let report = s.compact().expect("compact");
+    assert_eq!((report.files_removed, report.records_moved), (vec![0], 3));
+    assert_eq!(probe.read_bytes.load(Ordering::SeqCst), live_bytes);
+    for n in 0..40 {
+        let kept = !first.contains(&n) || keep.contains(&n);
+        assert_eq!(read(&s, n), kept.then(|| body(n, 180)), "id {n}");
+    }
+
+    // A file compacted while mostly live (a lower garbage threshold) is read whole.
+    drop(s);
+    let probe = Probe::new(MemDisk::new());
+    let (mut s, _) = open(
+        probe.clone(),
+        MsgStoreConfig {
+            garbage_fraction: 0.1,
+            ..config(4096)
+        },
+    );
+    let file = s.index().current_file();
+    for n in 100..140 {
+        s.write(id(n), &body(n, 180)).expect("write");
+    }
+    s.sync().expect("sync");
+    let total = s.index().file_summary(file).expect("file").total_bytes as usize;
+    let gone: Vec<u32> = (100..140)
+        .filter(|n| located(&s, *n).file == file)
+        .take(3)
+        .collect();
+    for &n in &gone {
+        s.remove(id(n)).expect("remove");
+    }
+    probe.read_bytes.store(0, Ordering::SeqCst);
+    s.compact().expect("compact");
+    assert!(probe.read_bytes.load(Ordering::SeqCst) >= total);
+    for n in 100..140 {
+        assert_eq!(
+            read(&s, n),
+            (!gone.contains(&n)).then(|| body(n, 180)),
+            "id {n}"
+        );
     }
 }
 

@@ -7,12 +7,11 @@
 //! kernel allocates and fills a page-cache page for every 4 KiB), a direct one at 1.4–1.7
 //! GB/s. Where the brokers are short of CPU (three nodes of a mirrored queue on two cores)
 //! that page-cache work was the largest cost of a large message; going direct took mirrored
-//! 64 KiB, 1 MiB and 16 MiB from about 1.9k, 123 and 4 to 3.3k, 230 and 7 confirmed msg/s. A
-//! single node with CPU to spare loses about 8% at 64 KiB instead: its writes now wait for
-//! the device inside the round, where the page cache let them wait in the fsync
+//! 64 KiB, 1 MiB and 16 MiB from about 1.9k, 123 and 4 to 3.3k, 230 and 7 confirmed msg/s
 //! (`docs/performance.md`, *Large messages without the page cache*). A queue delivers from
-//! memory and reads a body back only once it has paged it out, so caching what the store
-//! writes bought little else. Direct writes still need the fsync that follows: they
+//! memory and reads a body back only once it has paged it out; the one other reader,
+//! compaction, reads only the live records of the files it empties, so caching what the
+//! store writes bought little else. Direct writes still need the fsync that follows: they
 //! bypass the page cache, not the device's cache, and the file's new length is metadata.
 //!
 //! A file system that refuses `O_DIRECT` (tmpfs before Linux 6.6, some FUSE mounts) is found

@@ -18,7 +18,7 @@
 //! at the first try: that file's appends then stay buffered.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -116,7 +116,6 @@ pub fn append(
                 appender.write_all(&data[head..])?;
                 return Ok(false);
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }

@@ -345,7 +345,7 @@ impl Cluster {
             link.serve(raft.rpc_server());
             let host = GmHost::new(id, link.clone(), raft.clone(), gm_config(opts));
             let frames = host.clone();
-            link.serve_gm(Arc::new(move |f: &[u8]| frames.handle_frame(f)));
+            link.serve_gm(Arc::new(move |f: &bytes::Bytes| frames.handle_frame(f)));
             cluster.nodes.insert(
                 id,
                 Node {

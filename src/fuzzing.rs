@@ -150,7 +150,8 @@ pub fn node_link(data: &[u8]) {
 pub fn gm_wire(data: &[u8]) {
     let mut inbox = Inbox::new();
     for payload in length_prefixed(data) {
-        let Ok(frame) = crate::gm::wire::decode_frame(payload) else {
+        let Ok(frame) = crate::gm::wire::decode_frame(&bytes::Bytes::copy_from_slice(payload))
+        else {
             continue;
         };
         let (msgs, _reply) = inbox.accept(frame);

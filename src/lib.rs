@@ -23,6 +23,7 @@
 //!   index).
 //! - [`fuzzing`]: the fuzz targets' entry points (`fuzz/`), replayed by `tests/fuzz_corpus.rs`.
 //! - [`config`], [`time`]: configuration and the time type the cores take as input.
+//! - [`shared_bytes`]: byte fields that decode as views of the frame they came in.
 //!
 //! The sans-IO modules never use tokio, `std::net`, `std::fs`, `Instant::now`,
 //! `SystemTime::now` or `thread_rng`, and import one another in one direction only (`meta`
@@ -46,5 +47,6 @@ pub mod mgmt;
 pub mod mirror;
 pub mod runtime;
 pub mod session;
+pub mod shared_bytes;
 pub mod store;
 pub mod time;

@@ -387,7 +387,7 @@ fn gm_frames() -> Vec<Vec<Vec<u8>>> {
     let mirror = [
         MirrorMsg::Ops {
             epoch: 1,
-            ops: warren::mirror::ops::encode(&ops),
+            ops: warren::mirror::ops::encode(&ops).into(),
         },
         MirrorMsg::Flush { epoch: 1 },
         MirrorMsg::SyncStart {
@@ -401,7 +401,7 @@ fn gm_frames() -> Vec<Vec<Vec<u8>>> {
             epoch: 1,
             target: MemberId { node: 2, since: 1 },
             sync: 1,
-            ops: warren::mirror::ops::encode(&ops[..1]),
+            ops: warren::mirror::ops::encode(&ops[..1]).into(),
         },
     ];
     let from = MemberId { node: 1, since: 1 };
@@ -468,7 +468,7 @@ fn node_link_streams(gm: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
         dialler.extend(frame(&Envelope::Request {
             id: id as u64,
             service: Service::Gm,
-            payload: payload.clone(),
+            payload: payload.clone().into(),
         }));
     }
     dialler.extend(frame(&Envelope::Heartbeat { alarms: 0 }));
@@ -485,7 +485,7 @@ fn node_link_streams(gm: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
     acceptor.extend(frame(&Envelope::Request {
         id: 9,
         service: Service::Broker,
-        payload: vec![0, 1, 2, 3],
+        payload: vec![0, 1, 2, 3].into(),
     }));
     let refused = frame(&Envelope::Refused {
         reason: "unknown cluster id".into(),

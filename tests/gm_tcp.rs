@@ -115,7 +115,7 @@ async fn cluster_on(
         link.serve(raft.rpc_server());
         let host = GmHost::new(id, link.clone(), raft.clone(), host_cfg.clone());
         let h = host.clone();
-        link.serve_gm(Arc::new(move |frame: &[u8]| h.handle_frame(frame)));
+        link.serve_gm(Arc::new(move |frame: &bytes::Bytes| h.handle_frame(frame)));
         nodes.insert(id, Node { link, raft, host });
     }
     nodes[&1].raft.initialize(addrs).await.expect("initialise");

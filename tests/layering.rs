@@ -16,17 +16,18 @@ use std::path::{Path, PathBuf};
 const RANKS: &[(&str, u8)] = &[
     ("time", 0),
     ("config", 0),
-    ("amqp", 0),
-    ("gm", 0),
-    ("store", 0),
-    ("metrics", 0),
-    ("meta", 1),
-    ("cluster", 2),
-    ("broker", 2),
-    ("mirror", 3),
-    ("session", 3),
-    ("admin", 4),
-    ("mgmt", 5),
+    ("shared_bytes", 0),
+    ("amqp", 1),
+    ("gm", 1),
+    ("store", 1),
+    ("metrics", 1),
+    ("meta", 2),
+    ("cluster", 3),
+    ("broker", 3),
+    ("mirror", 4),
+    ("session", 4),
+    ("admin", 5),
+    ("mgmt", 6),
 ];
 
 /// Top-level modules that are not cores: no core may import them.
@@ -34,8 +35,19 @@ const DRIVERS: &[&str] = &["runtime", "fuzzing"];
 
 /// The cores checked for I/O (`config` loads files, so it is only a rank for imports).
 const SANS_IO: &[&str] = &[
-    "amqp", "session", "broker", "meta", "store", "gm", "mirror", "cluster", "mgmt", "metrics",
-    "admin", "time.rs",
+    "amqp",
+    "session",
+    "broker",
+    "meta",
+    "store",
+    "gm",
+    "mirror",
+    "cluster",
+    "mgmt",
+    "metrics",
+    "admin",
+    "time.rs",
+    "shared_bytes.rs",
 ];
 
 const FORBIDDEN: &[&str] = &[

@@ -106,7 +106,7 @@ where
 fn holds_hello(bytes: &[u8]) -> bool {
     bytes.len() > 4
         && matches!(
-            wire::decode_body(&bytes[4..], 1 << 20),
+            wire::decode_body(&bytes::Bytes::copy_from_slice(&bytes[4..]), 1 << 20),
             Ok(Envelope::Hello { .. })
         )
 }

@@ -244,7 +244,7 @@ async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<Envelo
     let mut codec = wire::codec(MAX_FRAME);
     loop {
         if let Some(body) = codec.decode(buf).expect("well-framed") {
-            return Some(wire::decode_body(&body, MAX_FRAME).expect("decodable"));
+            return Some(wire::decode_body(&body.freeze(), MAX_FRAME).expect("decodable"));
         }
         match stream.read_buf(buf).await {
             Ok(0) | Err(_) => return None,

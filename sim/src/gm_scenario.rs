@@ -235,7 +235,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         Box::pin(async move {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
-                Kind::Gm => frames.handle_frame(&body),
+                Kind::Gm => frames.handle_frame(&body.into()),
                 Kind::Ping | Kind::Propose | Kind::Client => Vec::new(),
             }
         })

@@ -485,7 +485,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         Box::pin(async move {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
-                Kind::Gm => frames.handle_frame(&body),
+                Kind::Gm => frames.handle_frame(&body.into()),
                 Kind::Client => {
                     let reply = match (client_side.get(), bincode::deserialize::<Request>(&body)) {
                         (Some(s), Ok(req)) => s.clone().handle(req).await,

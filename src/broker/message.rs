@@ -25,7 +25,22 @@ impl Message {
     /// with id `id`; `None` if the bytes or its properties do not decode, or its headers nest
     /// deeper than `amqp::nesting::NESTING_MAX`.
     pub fn from_stored(bytes: &[u8], id: u128) -> Option<Message> {
-        let stored = crate::store::message_codec::StoredMessage::decode(bytes).ok()?;
+        Self::of_stored(
+            crate::store::message_codec::StoredMessage::decode(bytes).ok()?,
+            id,
+        )
+    }
+
+    /// [`Message::from_stored`] with the properties and body as views of `bytes`, not
+    /// copies.
+    pub fn from_stored_shared(bytes: &Bytes, id: u128) -> Option<Message> {
+        Self::of_stored(
+            crate::store::message_codec::StoredMessage::decode_shared(bytes).ok()?,
+            id,
+        )
+    }
+
+    fn of_stored(stored: crate::store::message_codec::StoredMessage, id: u128) -> Option<Message> {
         // A damaged or forged file must not overflow the stack in the recursive parser.
         if crate::amqp::nesting::properties_too_deep(&stored.properties_raw) {
             return None;
@@ -38,7 +53,7 @@ impl Message {
             routing_key: stored.routing_key,
             properties_raw: stored.properties_raw,
             properties,
-            body: Bytes::from(stored.body.to_vec()),
+            body: stored.body,
         })
     }
 

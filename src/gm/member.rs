@@ -79,6 +79,49 @@ pub enum GmMsg<M> {
 }
 
 impl<M> GmMsg<M> {
+    /// The same message with each payload turned by `f` (a wire decode's payload type
+    /// into the one the members hold).
+    pub fn map<N>(self, mut f: impl FnMut(M) -> N) -> GmMsg<N> {
+        match self {
+            GmMsg::Activity {
+                version,
+                from,
+                items,
+            } => GmMsg::Activity {
+                version,
+                from,
+                items: items
+                    .into_iter()
+                    .map(|i| Item {
+                        id: i.id,
+                        pubs: i.pubs.into_iter().map(|(n, m)| (n, f(m))).collect(),
+                        acks: i.acks,
+                    })
+                    .collect(),
+            },
+            GmMsg::Catchup {
+                version,
+                from,
+                state,
+            } => GmMsg::Catchup {
+                version,
+                from,
+                state: state
+                    .into_iter()
+                    .map(|(id, p)| {
+                        let pending_ack = p.pending_ack.into_iter().map(|(n, m)| (n, f(m)));
+                        let pending = Pending {
+                            pending_ack: pending_ack.collect(),
+                            last_pub: p.last_pub,
+                            last_ack: p.last_ack,
+                        };
+                        (id, pending)
+                    })
+                    .collect(),
+            },
+        }
+    }
+
     fn version(&self) -> u64 {
         match self {
             GmMsg::Activity { version, .. } | GmMsg::Catchup { version, .. } => *version,

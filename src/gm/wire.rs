@@ -18,11 +18,37 @@ use serde::{Deserialize, Serialize};
 
 use super::member::GmMsg;
 use super::view::MemberId;
+use crate::shared_bytes::{self, Shared};
 
 /// Decodes a [`GmFrame`] from a node-link request's payload (what the GM host answers in
-/// `handle_frame`; the fuzz target `gm_wire` runs it on arbitrary bytes).
-pub fn decode_frame(payload: &[u8]) -> Result<GmFrame, bincode::Error> {
-    bincode::deserialize(payload)
+/// `handle_frame`; the fuzz target `gm_wire` runs it on arbitrary bytes). The messages'
+/// payloads are views of `payload`, not copies.
+pub fn decode_frame(payload: &Bytes) -> Result<GmFrame, bincode::Error> {
+    shared_bytes::decode_in(payload, |b| bincode::deserialize(b))
+}
+
+/// Decodes one [`GmMsg`] encoding, its payloads views of `bytes`.
+fn decode_msg(bytes: &Bytes) -> Result<GmMsg<Bytes>, bincode::Error> {
+    shared_bytes::decode_in(bytes, |b| bincode::deserialize::<GmMsg<Shared>>(b))
+        .map(|m| m.map(|p| p.0))
+}
+
+/// [`GmFrame::msgs`] on the wire: payloads decode as views (`crate::shared_bytes`).
+mod shared_msgs {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::gm::member::GmMsg;
+    use crate::shared_bytes::Shared;
+
+    pub fn serialize<S: Serializer>(msgs: &Vec<GmMsg<Bytes>>, s: S) -> Result<S::Ok, S::Error> {
+        msgs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<GmMsg<Bytes>>, D::Error> {
+        let msgs = Vec::<GmMsg<Shared>>::deserialize(d)?;
+        Ok(msgs.into_iter().map(|m| m.map(|p| p.0)).collect())
+    }
 }
 
 /// A batch of one stream's messages, or a part of one message.
@@ -37,6 +63,7 @@ pub struct GmFrame {
     /// The stream number of `msgs[0]`, or of the message `part` is of (numbers start at 1).
     pub first_seq: u64,
     /// Consecutive messages (none when `part` is set).
+    #[serde(with = "shared_msgs")]
     pub msgs: Vec<GmMsg<Bytes>>,
     /// A part of message `first_seq`, which is too big for one batch (a catch-up carrying
     /// many pending publishes, or one huge broadcast).
@@ -51,6 +78,7 @@ pub struct Part {
     /// The whole encoding's length.
     pub total: u64,
     /// The bytes.
+    #[serde(with = "crate::shared_bytes")]
     pub bytes: Bytes,
 }
 
@@ -304,9 +332,9 @@ impl Inbox {
         let bytes = self
             .partial
             .remove(&key)
-            .map(|(_, b)| b)
+            .map(|(_, b)| Bytes::from(b))
             .unwrap_or_default();
-        match bincode::deserialize::<GmMsg<Bytes>>(&bytes) {
+        match decode_msg(&bytes) {
             Ok(msg) => {
                 self.accepted.insert(key, held + 1);
                 (vec![msg], GmReply::Accepted { upto: held + 1 })

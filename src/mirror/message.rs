@@ -2,6 +2,7 @@
 //! flush a promoted master sends before it serves, and the background sync of a new
 //! mirror (`docs/mirroring.md`). Every message names the epoch of the master that sent it.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::digest::RangeSummary;
@@ -15,8 +16,8 @@ pub enum MirrorMsg {
         /// The master's epoch.
         epoch: u64,
         /// The encoded operations (as bytes: serde copies them at once, not byte by byte).
-        #[serde(with = "serde_bytes")]
-        ops: Vec<u8>,
+        #[serde(with = "crate::shared_bytes")]
+        ops: Bytes,
     },
     /// A promoted master's first message: once its lap completes, every member (the new
     /// master included) holds everything any member received from the old master.
@@ -50,8 +51,8 @@ pub enum MirrorMsg {
         /// Its sync (`SyncStart::sync`).
         sync: u64,
         /// The encoded operations (publishes, delivers).
-        #[serde(with = "serde_bytes")]
-        ops: Vec<u8>,
+        #[serde(with = "crate::shared_bytes")]
+        ops: Bytes,
     },
     /// The backlog is complete. Its lap completing does not prove `target` got it (GM
     /// gives a joiner only what is sent after its left neighbour saw it join): the target
@@ -119,9 +120,10 @@ impl MirrorMsg {
         bincode::serialize(self).unwrap_or_default()
     }
 
-    /// Decodes what [`MirrorMsg::encode`] made (`None`: not a mirror message).
-    pub fn decode(bytes: &[u8]) -> Option<MirrorMsg> {
-        bincode::deserialize(bytes).ok()
+    /// Decodes what [`MirrorMsg::encode`] made (`None`: not a mirror message). The
+    /// operations are a view of `bytes`, not a copy.
+    pub fn decode(bytes: &Bytes) -> Option<MirrorMsg> {
+        crate::shared_bytes::decode_in(bytes, |b| bincode::deserialize(b)).ok()
     }
 }
 
@@ -139,7 +141,7 @@ mod tests {
         for m in [
             MirrorMsg::Ops {
                 epoch: 1,
-                ops: vec![1, 2, 3],
+                ops: Bytes::from_static(&[1, 2, 3]),
             },
             MirrorMsg::Flush { epoch: 2 },
             MirrorMsg::SyncStart {
@@ -153,7 +155,7 @@ mod tests {
                 epoch: 1,
                 target,
                 sync: 3,
-                ops: vec![9],
+                ops: Bytes::from_static(&[9]),
             },
             MirrorMsg::SyncAck { epoch: 3, sync: 9 },
             MirrorMsg::SyncSummary {
@@ -182,9 +184,12 @@ mod tests {
                 sync: 3,
             },
         ] {
-            assert_eq!(MirrorMsg::decode(&m.encode()), Some(m));
+            assert_eq!(MirrorMsg::decode(&Bytes::from(m.encode())), Some(m));
         }
-        assert_eq!(MirrorMsg::decode(&[0xff, 0xff, 0xff, 0xff, 1]), None);
+        assert_eq!(
+            MirrorMsg::decode(&Bytes::from_static(&[0xff, 0xff, 0xff, 0xff, 1])),
+            None
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::queue::IndexOp;
@@ -30,9 +31,9 @@ enum WireOp {
     Publish {
         seq: u64,
         id: u128,
-        // As bytes: serde copies the message at once, not byte by byte.
-        #[serde(with = "serde_bytes")]
-        stored: Vec<u8>,
+        // Serde bytes, decoded as a view of the batch (`crate::shared_bytes`).
+        #[serde(with = "crate::shared_bytes")]
+        stored: Bytes,
         expires_at_ms: u64,
         persistent: bool,
     },
@@ -61,7 +62,7 @@ pub fn encode(ops: &[IndexOp]) -> Vec<u8> {
             } => WireOp::Publish {
                 seq: *seq,
                 id: message.id,
-                stored: message.to_stored(),
+                stored: Bytes::from(message.to_stored()),
                 expires_at_ms: *expires_at_ms,
                 persistent: *persistent,
             },
@@ -120,10 +121,11 @@ pub fn split_round(ops: Vec<IndexOp>, max_bytes: usize) -> Vec<Vec<IndexOp>> {
     batches
 }
 
-/// Decodes a batch [`encode`] made.
-pub fn decode(bytes: &[u8]) -> Result<Vec<IndexOp>, OpsError> {
-    let wire: Vec<WireOp> =
-        bincode::deserialize(bytes).map_err(|e| OpsError::Batch(e.to_string()))?;
+/// Decodes a batch [`encode`] made; the messages' properties and bodies are views of
+/// `bytes`, not copies.
+pub fn decode(bytes: &Bytes) -> Result<Vec<IndexOp>, OpsError> {
+    let wire: Vec<WireOp> = crate::shared_bytes::decode_in(bytes, |b| bincode::deserialize(b))
+        .map_err(|e| OpsError::Batch(e.to_string()))?;
     wire.into_iter()
         .map(|op| {
             Ok(match op {
@@ -136,7 +138,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<IndexOp>, OpsError> {
                 } => IndexOp::Publish {
                     seq,
                     message: Arc::new(
-                        Message::from_stored(&stored, id).ok_or(OpsError::Message { id, seq })?,
+                        Message::from_stored_shared(&stored, id)
+                            .ok_or(OpsError::Message { id, seq })?,
                     ),
                     expires_at_ms,
                     persistent,
@@ -200,7 +203,7 @@ mod tests {
             },
             IndexOp::DeleteQueue,
         ];
-        let back = decode(&encode(&ops)).expect("decodes");
+        let back = decode(&Bytes::from(encode(&ops))).expect("decodes");
         assert_eq!(back.len(), 4);
         match &back[0] {
             IndexOp::Publish {
@@ -239,7 +242,60 @@ mod tests {
             }
         ));
         assert!(matches!(back[3], IndexOp::DeleteQueue));
-        assert!(decode(b"not a batch").is_err());
+        assert!(decode(&Bytes::from_static(b"not a batch")).is_err());
+    }
+
+    /// The point of `crate::shared_bytes`: a mirror's copy of a published body is the node
+    /// link frame's bytes, through the GM frame, the mirror message and the batch.
+    #[test]
+    fn a_body_decodes_as_a_view_of_the_gm_frame_through_every_layer() {
+        use crate::gm::{GmFrame, GmMsg, Item, MemberId};
+        use crate::mirror::message::MirrorMsg;
+        let body = vec![7u8; 100_000];
+        let ops = vec![IndexOp::Publish {
+            seq: 1,
+            message: Arc::new(message(&body)),
+            expires_at_ms: u64::MAX,
+            persistent: true,
+        }];
+        let msg = MirrorMsg::Ops {
+            epoch: 3,
+            ops: Bytes::from(encode(&ops)),
+        };
+        let (a, b) = (MemberId { node: 1, since: 1 }, MemberId { node: 2, since: 1 });
+        let frame = GmFrame {
+            group: "g".into(),
+            from: a,
+            to: b,
+            first_seq: 1,
+            msgs: vec![GmMsg::Activity {
+                version: 1,
+                from: a,
+                items: vec![Item {
+                    id: a,
+                    pubs: vec![(1, Bytes::from(msg.encode()))],
+                    acks: Vec::new(),
+                }],
+            }],
+            part: None,
+        };
+        let wire = Bytes::from(bincode::serialize(&frame).expect("encodes"));
+        let got = crate::gm::wire::decode_frame(&wire).expect("decodes");
+        assert_eq!(got, frame);
+        let GmMsg::Activity { items, .. } = &got.msgs[0] else {
+            panic!("{got:?}");
+        };
+        let Some(MirrorMsg::Ops { ops, .. }) = MirrorMsg::decode(&items[0].pubs[0].1) else {
+            panic!("not an ops message");
+        };
+        let back = decode(&ops).expect("decodes");
+        let IndexOp::Publish { message, .. } = &back[0] else {
+            panic!("{back:?}");
+        };
+        assert_eq!(message.body, body);
+        let frame_bytes = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
+        assert!(frame_bytes.contains(&(message.body.as_ptr() as usize)));
+        assert!(frame_bytes.contains(&(message.body.as_ptr() as usize + body.len() - 1)));
     }
 
     fn seq_of(op: &IndexOp) -> u64 {

@@ -21,6 +21,7 @@
 //!   count the sync complete (bug 22).
 //! - **Any storage failure** leaves: the copy cannot be trusted.
 
+use bytes::Bytes;
 use std::collections::VecDeque;
 
 use crate::gm::MemberId;
@@ -47,10 +48,10 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write these operations to the copy (with an fsync); a failure leaves.
-    Write(Vec<u8>),
+    Write(Bytes),
     /// Keep these operations until the sync's end (`BeginHold` came first); a failure
     /// leaves.
-    Hold(Vec<u8>),
+    Hold(Bytes),
     /// Start holding rounds back.
     BeginHold,
     /// Write every held round, in order, and stop holding; a failure leaves.

@@ -177,7 +177,9 @@ impl Cluster {
             },
         );
         let gm_frames = gm.clone();
-        transport.serve_gm(Arc::new(move |frame: &[u8]| gm_frames.handle_frame(frame)));
+        transport.serve_gm(Arc::new(move |frame: &bytes::Bytes| {
+            gm_frames.handle_frame(frame)
+        }));
 
         let lowest = cc.initial_members.iter().map(|m| m.id).min();
         let mut initialised_here = false;

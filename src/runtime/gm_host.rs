@@ -317,7 +317,7 @@ impl<N: GmNet + Clone> GmHost<N> {
     }
 
     /// Answers a frame from another node's host (the server side of [`GmNet::call`]).
-    pub fn handle_frame(&self, payload: &[u8]) -> Vec<u8> {
+    pub fn handle_frame(&self, payload: &Bytes) -> Vec<u8> {
         let reply = match crate::gm::wire::decode_frame(payload) {
             Err(e) => {
                 tracing::warn!(node = self.inner.node, "undecodable GM frame: {e}");

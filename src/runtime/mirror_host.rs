@@ -333,7 +333,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .map(|chunk| {
                 let msg = MirrorMsg::Ops {
                     epoch: shipping.epoch,
-                    ops: ops::encode(&chunk),
+                    ops: ops::encode(&chunk).into(),
                 };
                 shipping
                     .sender

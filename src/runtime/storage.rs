@@ -291,7 +291,7 @@ impl<D: Disk + Clone> Storage<D> {
                     let embedded = if self.index_config.embeds(stored.len()) {
                         Some(stored)
                     } else {
-                        store.write(id, &stored)?;
+                        store.write_owned(id, stored.into())?;
                         None
                     };
                     index

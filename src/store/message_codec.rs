@@ -49,8 +49,42 @@ impl StoredMessage {
         out
     }
 
-    /// Parses what [`StoredMessage::encode`] wrote.
+    /// Parses what [`StoredMessage::encode`] wrote (properties and body copied out).
     pub fn decode(bytes: &[u8]) -> Result<StoredMessage, CodecError> {
+        let (exchange, routing_key, props, body) = Self::parse(bytes)?;
+        Ok(StoredMessage {
+            exchange,
+            routing_key,
+            properties_raw: Bytes::copy_from_slice(&bytes[props]),
+            body: Bytes::copy_from_slice(&bytes[body]),
+        })
+    }
+
+    /// Parses what [`StoredMessage::encode`] wrote, the properties and the body as views of
+    /// `bytes` (a mirrored publish's body is not copied on its way to the mirror's store).
+    pub fn decode_shared(bytes: &Bytes) -> Result<StoredMessage, CodecError> {
+        let (exchange, routing_key, props, body) = Self::parse(bytes)?;
+        Ok(StoredMessage {
+            exchange,
+            routing_key,
+            properties_raw: bytes.slice(props),
+            body: bytes.slice(body),
+        })
+    }
+
+    /// Exchange, routing key, and where the properties and the body are.
+    #[allow(clippy::type_complexity)]
+    fn parse(
+        bytes: &[u8],
+    ) -> Result<
+        (
+            String,
+            String,
+            std::ops::Range<usize>,
+            std::ops::RangeFrom<usize>,
+        ),
+        CodecError,
+    > {
         let mut pos = 0;
         let mut take = |n: usize| -> Result<&[u8], CodecError> {
             let s = bytes.get(pos..pos + n).ok_or(CodecError)?;
@@ -62,14 +96,8 @@ impl StoredMessage {
         let n = take(1)?[0] as usize;
         let routing_key = String::from_utf8(take(n)?.to_vec()).map_err(|_| CodecError)?;
         let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| CodecError)?) as usize;
-        let properties_raw = Bytes::copy_from_slice(take(n)?);
-        let body = Bytes::copy_from_slice(&bytes[pos..]);
-        Ok(StoredMessage {
-            exchange,
-            routing_key,
-            properties_raw,
-            body,
-        })
+        take(n)?;
+        Ok((exchange, routing_key, pos - n..pos, pos..))
     }
 }
 
@@ -88,8 +116,19 @@ mod tests {
         }
 
         #[test]
+        fn shared_decode_is_the_copying_decode_as_views(ex in "[a-z.]{0,20}", props in prop::collection::vec(any::<u8>(), 0..30), body in prop::collection::vec(any::<u8>(), 0..300)) {
+            let m = StoredMessage { exchange: ex, routing_key: "rk".into(), properties_raw: Bytes::from(props), body: Bytes::from(body) };
+            let e = Bytes::from(m.encode());
+            let shared = StoredMessage::decode_shared(&e).unwrap();
+            prop_assert_eq!(&shared, &m);
+            let end = e.as_ptr() as usize + e.len();
+            prop_assert_eq!(shared.body.as_ptr() as usize + shared.body.len(), end);
+        }
+
+        #[test]
         fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
             let _ = StoredMessage::decode(&bytes);
+            let _ = StoredMessage::decode_shared(&Bytes::from(bytes));
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The mirror role's sync protocol, stepped message by message with scripted storage.
 
+use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::{Action, MirrorRole, Mode, Why};
@@ -17,7 +18,7 @@ fn drain(r: &mut MirrorRole) -> Vec<Action> {
 fn ops(b: u8) -> MirrorMsg {
     MirrorMsg::Ops {
         epoch: 1,
-        ops: vec![b],
+        ops: Bytes::from(vec![b]),
     }
 }
 
@@ -36,7 +37,7 @@ fn batch(target: MemberId, sync: u64, b: u8) -> MirrorMsg {
         epoch: 1,
         target,
         sync,
-        ops: vec![b],
+        ops: Bytes::from(vec![b]),
     }
 }
 
@@ -115,7 +116,7 @@ fn a_passive_sync_makes_the_copy_live_and_acknowledges_its_end() {
     r.handle_copy_started(true);
     assert_eq!(r.mode(), Mode::Live);
     r.handle_message(ops(1));
-    assert_eq!(drain(&mut r), [Action::Write(vec![1])]);
+    assert_eq!(drain(&mut r), [Action::Write(Bytes::from_static(&[1]))]);
     r.handle_message(end(2));
     assert_eq!(drain(&mut r), [], "not the sync it follows");
     r.handle_message(end(1));
@@ -130,15 +131,15 @@ fn an_active_sync_holds_rounds_and_acknowledges_only_after_writing_them() {
     r.handle_resumed(Some(None));
     assert_eq!(drain(&mut r), [want(1, 0), Action::BeginHold]);
     r.handle_message(ops(1));
-    assert_eq!(drain(&mut r), [Action::Hold(vec![1])]);
+    assert_eq!(drain(&mut r), [Action::Hold(Bytes::from_static(&[1]))]);
     r.handle_message(batch(ME, 0, 7));
     assert_eq!(drain(&mut r), [], "an aborted sync's batch");
     r.handle_message(batch(ME, 1, 8));
-    assert_eq!(drain(&mut r), [Action::Write(vec![8])]);
+    assert_eq!(drain(&mut r), [Action::Write(Bytes::from_static(&[8]))]);
     r.handle_message(end(1));
     assert_eq!(drain(&mut r), [Action::ApplyHeld, ack(1)]);
     r.handle_message(ops(2));
-    assert_eq!(drain(&mut r), [Action::Write(vec![2])]);
+    assert_eq!(drain(&mut r), [Action::Write(Bytes::from_static(&[2]))]);
 }
 
 #[test]
@@ -247,7 +248,7 @@ fn message() -> impl Strategy<Value = MirrorMsg> {
             MirrorMsg::SyncStart { epoch: 1, target, from_seq: 10, active, sync }
         }),
         2 => (target.clone(), 1u64..3, any::<u8>()).prop_map(|(target, sync, b)| {
-            MirrorMsg::SyncBatch { epoch: 1, target, sync, ops: vec![b] }
+            MirrorMsg::SyncBatch { epoch: 1, target, sync, ops: Bytes::from(vec![b]) }
         }),
         2 => (target.clone(), 1u64..3).prop_map(|(target, sync)| MirrorMsg::SyncEnd {
             epoch: 1, target, sync

@@ -316,7 +316,7 @@ pub(super) async fn run_sender<N: GmNet + Clone>(
         };
         // A member on this node (two members of one group on one node) needs no link.
         let sent = if to.node == inner.node {
-            Ok(host.handle_frame(&bytes))
+            Ok(host.handle_frame(&bytes::Bytes::from(bytes)))
         } else {
             inner.net.call(to.node, bytes, inner.cfg.call_timeout).await
         };

@@ -1,9 +1,11 @@
 //! Rounds a syncing mirror holds back, in memory up to a limit and then in a file.
 
+use bytes::Bytes;
+
 /// Rounds a syncing mirror holds back, in order: in memory up to [`HOLD_IN_MEMORY`] bytes,
 /// the rest in a file (a long sync under heavy publishing must not exhaust memory).
 pub(super) struct Held {
-    memory: Vec<Vec<u8>>,
+    memory: Vec<Bytes>,
     bytes: usize,
     file: Option<(std::path::PathBuf, std::fs::File)>,
     spill_path: std::path::PathBuf,
@@ -28,7 +30,7 @@ impl Held {
         }
     }
 
-    pub(super) fn push(&mut self, batch: Vec<u8>) -> std::io::Result<()> {
+    pub(super) fn push(&mut self, batch: Bytes) -> std::io::Result<()> {
         use std::io::Write;
         if self.file.is_none() && self.bytes + batch.len() <= self.limit {
             self.bytes += batch.len();
@@ -55,7 +57,7 @@ impl Held {
     }
 
     /// Every held round, in order (the file's are read back once, at the end of the sync).
-    pub(super) fn drain(self) -> std::io::Result<Vec<Vec<u8>>> {
+    pub(super) fn drain(self) -> std::io::Result<Vec<Bytes>> {
         use std::io::{Read, Seek};
         let mut all = self.memory;
         if let Some((path, mut f)) = self.file {
@@ -65,7 +67,7 @@ impl Held {
             while r.read_exact(&mut len).is_ok() {
                 let mut batch = vec![0u8; u64::from_be_bytes(len) as usize];
                 r.read_exact(&mut batch)?;
-                all.push(batch);
+                all.push(Bytes::from(batch));
             }
             let _ = std::fs::remove_file(path);
         }

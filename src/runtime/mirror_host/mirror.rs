@@ -22,12 +22,13 @@ use crate::runtime::gm_host::GmNet;
 use crate::runtime::storage::{Storage, StorageError};
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
-    pub(super) async fn apply(&self, key: &Key, incarnation: u64, batch: &[u8]) -> bool {
-        self.apply_all(key, incarnation, &[batch]).await
+    pub(super) async fn apply(&self, key: &Key, incarnation: u64, batch: &Bytes) -> bool {
+        self.apply_all(key, incarnation, std::slice::from_ref(batch))
+            .await
     }
 
     /// Writes several rounds (in order) with one fsync.
-    pub(super) async fn apply_all(&self, key: &Key, incarnation: u64, batches: &[&[u8]]) -> bool {
+    pub(super) async fn apply_all(&self, key: &Key, incarnation: u64, batches: &[Bytes]) -> bool {
         let mut ops = Vec::new();
         for batch in batches {
             match ops::decode(batch) {
@@ -132,7 +133,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     /// A mirror's handling of one delivered message: its role decides
     /// ([`MirrorRole`]), this carries that out; `false`: its copy cannot be trusted any
     /// more (it must leave and start again).
-    pub(super) async fn on_message(&self, key: &Key, m: &mut Membership, msg: &[u8]) -> bool {
+    pub(super) async fn on_message(&self, key: &Key, m: &mut Membership, msg: &Bytes) -> bool {
         let Some(msg) = MirrorMsg::decode(msg) else {
             tracing::warn!(queue = %key.1, "not a mirror message; ignored");
             return true;
@@ -293,7 +294,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         let mut next = first;
         loop {
             // (origin, publish number, the round's operations)
-            let mut run: Vec<(MemberId, crate::gm::PubNum, Vec<u8>)> = Vec::new();
+            let mut run: Vec<(MemberId, crate::gm::PubNum, Bytes)> = Vec::new();
             while m.role.mode() == Mode::Live {
                 let (from, num, msg) = match next.take() {
                     Some(Event::Deliver { from, num, msg }) => (from, num, msg),
@@ -316,7 +317,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 next = m.handle.try_event();
             }
             if !run.is_empty() {
-                let batches: Vec<&[u8]> = run.iter().map(|(_, _, ops)| ops.as_slice()).collect();
+                let batches: Vec<Bytes> = run.iter().map(|(_, _, ops)| ops.clone()).collect();
                 if !self.apply_all(key, m.incarnation, &batches).await {
                     return Followed::WriteFailed;
                 }

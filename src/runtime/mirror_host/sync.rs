@@ -219,7 +219,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                                     epoch,
                                     target,
                                     sync,
-                                    ops: ops::encode(&ops),
+                                    ops: ops::encode(&ops).into(),
                                 }
                                 .encode(),
                             ))

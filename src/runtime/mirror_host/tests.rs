@@ -7,7 +7,9 @@ fn held_rounds_come_back_in_order_from_memory_then_the_file() {
     let dir = std::env::temp_dir().join(format!("warren-held-{}", std::process::id()));
     let path = dir.join("q.hold");
     let mut held = Held::with_limit(path.clone(), 10);
-    let batches: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; (i as usize) % 7]).collect();
+    let batches: Vec<Bytes> = (0..20u8)
+        .map(|i| Bytes::from(vec![i; (i as usize) % 7]))
+        .collect();
     for b in &batches {
         held.push(b.clone()).expect("held");
     }

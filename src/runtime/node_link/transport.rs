@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -56,11 +57,12 @@ pub enum BrokerReply {
 /// (a publish before the ack that follows it); it must not block.
 pub trait BrokerService: Send + Sync {
     /// Handles `payload` from node `from`.
-    fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply;
+    fn handle(&self, from: NodeId, payload: Bytes) -> BrokerReply;
 }
 
-/// The handler of [`Service::Gm`] requests: takes a frame, returns the reply at once.
-pub type GmService = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+/// The handler of [`Service::Gm`] requests: takes a frame (whose payloads may stay views of
+/// it), returns the reply at once.
+pub type GmService = Arc<dyn Fn(&Bytes) -> Vec<u8> + Send + Sync>;
 
 /// One established connection to a peer.
 struct Link {
@@ -98,7 +100,7 @@ impl Link {
         let env = Envelope::Request {
             id,
             service,
-            payload,
+            payload: Bytes::from(payload),
         };
         if self.out.send(env).await.is_err() {
             return Err(TransportError::Io("link closed".into()));
@@ -295,7 +297,7 @@ impl TcpTransport {
         let env = Envelope::Request {
             id,
             service: Service::Broker,
-            payload,
+            payload: Bytes::from(payload),
         };
         if link.closed.is_cancelled() || link.out.send(env).await.is_err() {
             lock(&link.pending).remove(&id);

@@ -68,10 +68,10 @@ pub enum Envelope {
         id: u64,
         /// Which handler gets `payload`.
         service: Service,
-        /// Opaque to the link. (As bytes, not a sequence of `u8`s: the same encoding, but
-        /// serde then copies it at once instead of element by element.)
-        #[serde(with = "serde_bytes")]
-        payload: Vec<u8>,
+        /// Opaque to the link. Encoded as serde bytes; decoded by [`decode_body`] as a view
+        /// of the frame, not a copy (`crate::shared_bytes`).
+        #[serde(with = "crate::shared_bytes")]
+        payload: Bytes,
     },
     /// The answer to the `Request` with `id`.
     Response {
@@ -134,10 +134,9 @@ pub fn encode_body(env: &Envelope, max_frame: usize) -> Result<Bytes, LinkError>
         .map_err(LinkError::Encode)
 }
 
-/// Decodes a frame body.
-pub fn decode_body(body: &[u8], max_frame: usize) -> Result<Envelope, LinkError> {
-    options(max_frame)
-        .deserialize(body)
+/// Decodes a frame body; a request's payload is a view of `body`.
+pub fn decode_body(body: &Bytes, max_frame: usize) -> Result<Envelope, LinkError> {
+    crate::shared_bytes::decode_in(body, |b| options(max_frame).deserialize(b))
         .map_err(LinkError::Decode)
 }
 
@@ -161,7 +160,7 @@ pub fn next_envelope(
     max_frame: usize,
 ) -> Result<Option<Envelope>, LinkError> {
     match codec.decode(buf) {
-        Ok(Some(body)) => decode_body(&body, max_frame).map(Some),
+        Ok(Some(body)) => decode_body(&body.freeze(), max_frame).map(Some),
         Ok(None) => Ok(None),
         Err(e) => Err(LinkError::Frame(e.to_string())),
     }
@@ -312,7 +311,7 @@ mod tests {
                 Envelope::Request {
                     id: 7,
                     service: Service::Gm,
-                    payload: payload.clone(),
+                    payload: Bytes::from(payload.clone()),
                 },
                 PlainEnvelope::Request {
                     id: 7,
@@ -360,7 +359,7 @@ mod tests {
             .map(|id| Envelope::Request {
                 id,
                 service: Service::Raft,
-                payload: vec![id as u8; 100 * id as usize],
+                payload: Bytes::from(vec![id as u8; 100 * id as usize]),
             })
             .collect();
         for env in &envs {

@@ -615,7 +615,7 @@ pub(super) struct Service {
 }
 
 impl BrokerService for Service {
-    fn handle(&self, from: NodeId, payload: Vec<u8>) -> BrokerReply {
+    fn handle(&self, from: NodeId, payload: bytes::Bytes) -> BrokerReply {
         match bincode::deserialize::<Vec<RelayMsg>>(&payload) {
             Ok(batch) => self.inner.handle(from, batch),
             Err(e) => {

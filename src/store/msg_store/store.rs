@@ -8,6 +8,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
+
 use crate::store::disk::Disk;
 
 use super::index::{AppendBatch, Location, RefCountReport, Removed, Slot, StoreIndex};
@@ -42,7 +44,7 @@ pub struct MsgStore<D: Disk> {
     pub(super) config: MsgStoreConfig,
     pub(super) index: StoreIndex,
     /// Bodies of pending (unflushed) writes.
-    pub(super) cache: HashMap<MsgId, Vec<u8>>,
+    pub(super) cache: HashMap<MsgId, Bytes>,
     /// Files appended to since the last sync.
     pub(super) unsynced: BTreeSet<u64>,
     /// A file was created or deleted since the last folder sync.
@@ -57,10 +59,16 @@ impl<D: Disk> MsgStore<D> {
     /// `write_buffer_max_bytes` it is flushed, and a flush error is returned (the write itself
     /// stays recorded and cached).
     pub fn write(&mut self, id: MsgId, body: &[u8]) -> Result<(), MsgStoreError> {
+        self.write_owned(id, Bytes::copy_from_slice(body))
+    }
+
+    /// [`write`](Self::write) of a body the store may keep as it is until the flush (the
+    /// storage syncer's: no copy into the cache).
+    pub fn write_owned(&mut self, id: MsgId, body: Bytes) -> Result<(), MsgStoreError> {
         self.check()?;
         let total = record_size(body.len())?;
         if let super::WriteDecision::Buffer = self.index.write(id, total) {
-            self.cache.insert(id, body.to_vec());
+            self.cache.insert(id, body);
         }
         if self.index.pending_bytes() >= self.config.write_buffer_max_bytes {
             self.flush()?;
@@ -74,7 +82,7 @@ impl<D: Disk> MsgStore<D> {
             return Ok(None);
         };
         let loc = match entry.slot {
-            Slot::Pending { .. } => return Ok(self.cache.get(&id).cloned()),
+            Slot::Pending { .. } => return Ok(self.cache.get(&id).map(|b| b.to_vec())),
             Slot::Stored(loc) => loc,
         };
         let path = self.file_path(loc.file);

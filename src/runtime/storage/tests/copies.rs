@@ -52,7 +52,7 @@ fn a_mirror_fed_the_masters_operations_recovers_the_masters_queue() {
                 .start_copy(&vhost, &queue, 1, next_generation())
                 .expect("a copy starts");
         }
-        let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
+        let ops = crate::mirror::ops::decode(&bytes.clone().into()).expect("a batch decodes");
         mirror
             .apply_mirrored(&vhost, &queue, 1, ops)
             .expect("the mirror writes");
@@ -210,7 +210,7 @@ pub(super) fn write_shipped(
     shipped: &Mutex<Vec<Vec<u8>>>,
 ) {
     for round in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
-        let ops = crate::mirror::ops::decode(&round).expect("a batch decodes");
+        let ops = crate::mirror::ops::decode(&round.clone().into()).expect("a batch decodes");
         mirror
             .apply_mirrored("/", "q", incarnation, ops)
             .expect("the mirror writes");
@@ -242,7 +242,7 @@ fn a_copy_promoted_while_its_node_was_starting_is_recovered_as_the_queue() {
             .start_copy("/", "q", copy_of, next_generation())
             .expect("a copy starts");
         for round in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let ops = crate::mirror::ops::decode(round).expect("a batch decodes");
+            let ops = crate::mirror::ops::decode(&round.clone().into()).expect("a batch decodes");
             mirror
                 .apply_mirrored("/", "q", copy_of, ops)
                 .expect("the mirror writes");
@@ -287,7 +287,7 @@ fn a_copy_is_its_incarnations_and_a_new_queue_of_its_name_replaces_it() {
     publish(&b, b"old");
     assert!(s.step());
     let rounds = std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner()));
-    let ops = || crate::mirror::ops::decode(&rounds[0]).expect("a batch decodes");
+    let ops = || crate::mirror::ops::decode(&rounds[0].clone().into()).expect("a batch decodes");
     let write = |incarnation| mirror.apply_mirrored("/", "q", incarnation, ops());
     assert!(
         matches!(write(1), Err(StorageError::NotOurCopy { .. })),
@@ -469,7 +469,7 @@ fn a_mirrored_queues_transient_messages_reach_its_mirror_and_a_promoted_copy_kee
         .start_copy("/", "q", 1, next_generation())
         .expect("a copy starts");
     for bytes in std::mem::take(&mut *shipped.lock().unwrap_or_else(|e| e.into_inner())) {
-        let ops = crate::mirror::ops::decode(&bytes).expect("a batch decodes");
+        let ops = crate::mirror::ops::decode(&bytes.clone().into()).expect("a batch decodes");
         mirror
             .apply_mirrored("/", "q", 1, ops)
             .expect("the mirror writes");

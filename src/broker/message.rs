@@ -59,13 +59,32 @@ impl Message {
 
     /// The stored form of this message (what the message store and the index keep).
     pub fn to_stored(&self) -> Vec<u8> {
+        self.stored_form().encode()
+    }
+
+    /// The stored form up to the body: [`to_stored`](Self::to_stored) is this followed
+    /// by [`Message::body`].
+    pub fn stored_head(&self) -> Vec<u8> {
+        self.stored_form().encode_head()
+    }
+
+    /// The length of [`to_stored`](Self::to_stored)'s bytes.
+    pub fn stored_len(&self) -> usize {
+        crate::store::message_codec::encoded_len(
+            &self.exchange,
+            &self.routing_key,
+            self.properties_raw.len(),
+            self.body.len(),
+        )
+    }
+
+    fn stored_form(&self) -> crate::store::message_codec::StoredMessage {
         crate::store::message_codec::StoredMessage {
             exchange: self.exchange.clone(),
             routing_key: self.routing_key.clone(),
             properties_raw: self.properties_raw.clone(),
             body: self.body.clone(),
         }
-        .encode()
     }
 
     /// Bytes this message accounts for in memory.

@@ -333,11 +333,11 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .map(|chunk| {
                 let msg = MirrorMsg::Ops {
                     epoch: shipping.epoch,
-                    ops: ops::encode(&chunk).into(),
+                    ops: Bytes::new(),
                 };
                 shipping
                     .sender
-                    .confirmed_broadcast(Bytes::from(msg.encode()))
+                    .confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &chunk)))
             })
             .collect();
         let (raft, me, key, epoch) = (self.raft.clone(), self.node, key.clone(), shipping.epoch);

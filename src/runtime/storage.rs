@@ -285,13 +285,16 @@ impl<D: Disk + Clone> Storage<D> {
                     expires_at_ms,
                     persistent,
                 } => {
-                    let stored = message.to_stored();
                     let id = msg_id(message.id);
-                    let size = stored.len() as u32;
-                    let embedded = if self.index_config.embeds(stored.len()) {
-                        Some(stored)
+                    let stored_len = message.stored_len();
+                    let size = stored_len as u32;
+                    let embedded = if self.index_config.embeds(stored_len) {
+                        Some(message.to_stored())
                     } else {
-                        store.write_owned(id, stored.into())?;
+                        // The body goes to the store as the queue holds it, not copied
+                        // into a stored form first.
+                        let head = bytes::Bytes::from(message.stored_head());
+                        store.write_pieces(id, head, message.body.clone())?;
                         None
                     };
                     index

@@ -176,15 +176,26 @@ pub fn record_size(body_len: usize) -> Result<u32, MsgStoreError> {
 
 /// Appends one message record: the same bytes as `record::encode(id ++ body)`, without first
 /// copying id and body into one buffer.
+#[cfg(test)]
 pub(crate) fn encode_record(out: &mut Vec<u8>, id: MsgId, body: &[u8]) {
-    let len = (MsgId::LEN + body.len()) as u32;
+    encode_record_pieces(out, id, &[body]);
+}
+
+/// [`encode_record`] of a body in pieces (their concatenation is the body).
+pub(crate) fn encode_record_pieces(out: &mut Vec<u8>, id: MsgId, body: &[&[u8]]) {
+    let body_len: usize = body.iter().map(|p| p.len()).sum();
+    let len = (MsgId::LEN + body_len) as u32;
     let mut crc = crc32fast::Hasher::new();
     crc.update(&id.0);
-    crc.update(body);
+    for piece in body {
+        crc.update(piece);
+    }
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc.finalize().to_le_bytes());
     out.extend_from_slice(&id.0);
-    out.extend_from_slice(body);
+    for piece in body {
+        out.extend_from_slice(piece);
+    }
 }
 
 /// The body of a record read back from disk, if `bytes` is exactly one intact record of `id`.

@@ -214,15 +214,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                             .filter(|o| matches!(o, IndexOp::Publish { .. }))
                             .count();
                         let lap = (!ops.is_empty()).then(|| {
-                            s.confirmed_broadcast(Bytes::from(
-                                MirrorMsg::SyncBatch {
-                                    epoch,
-                                    target,
-                                    sync,
-                                    ops: ops::encode(&ops).into(),
-                                }
-                                .encode(),
-                            ))
+                            let msg = MirrorMsg::SyncBatch {
+                                epoch,
+                                target,
+                                sync,
+                                ops: Bytes::new(),
+                            };
+                            s.confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &ops)))
                         });
                         (lap, next, n)
                     })

@@ -221,7 +221,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 pub(crate) struct FrameWriter<W = LinkWrite> {
     wr: W,
     buf: BytesMut,
-    codec: LengthDelimitedCodec,
     max_frame: usize,
     /// Bytes written to the stream so far.
     written: u64,
@@ -232,7 +231,6 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         FrameWriter {
             wr,
             buf: BytesMut::with_capacity(8 * 1024),
-            codec: codec(max_frame),
             max_frame,
             written: 0,
         }
@@ -251,11 +249,28 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
     /// Encodes one envelope after those pushed before, to go out with them in one write
     /// ([`FrameWriter::write_pushed`]).
+    /// The envelope is encoded in place, after a length prefix patched in afterwards: the
+    /// same bytes as [`encode_frame`], without first encoding it into a buffer of its own
+    /// (a large payload would be copied once more).
     pub(crate) fn push(&mut self, env: &Envelope) -> Result<(), LinkError> {
-        let body = encode_body(env, self.max_frame)?;
-        self.codec
-            .encode(body, &mut self.buf)
-            .map_err(|e| LinkError::Frame(e.to_string()))
+        use bytes::BufMut;
+        let at = self.buf.len();
+        self.buf.put_u32(0);
+        let encoded = options(self.max_frame).serialize_into((&mut self.buf).writer(), env);
+        let len = self.buf.len() - at - 4;
+        if let Err(e) = encoded {
+            self.buf.truncate(at);
+            return Err(LinkError::Encode(e));
+        }
+        if len > self.max_frame {
+            self.buf.truncate(at);
+            return Err(LinkError::Frame(format!(
+                "frame of {len} bytes exceeds the {}-byte limit",
+                self.max_frame
+            )));
+        }
+        self.buf[at..at + 4].copy_from_slice(&(len as u32).to_be_bytes());
+        Ok(())
     }
 
     /// Bytes pushed and not written yet.
@@ -346,6 +361,33 @@ mod tests {
             assert_eq!(body.as_ref(), old.as_slice(), "{env:?}");
             assert_eq!(decode_body(&body, max).expect("decodes"), env);
         }
+    }
+
+    /// `push` writes what `encode_frame` (the codec's framing) writes, and refuses what
+    /// does not fit without leaving a partial frame behind.
+    #[test]
+    fn push_writes_the_codec_framing_and_refuses_oversized_frames_cleanly() {
+        let max = 4096;
+        let (client, _server) = tokio::io::duplex(1 << 16);
+        let mut writer = FrameWriter::new(client, max);
+        let mut expected = BytesMut::new();
+        for n in [0usize, 1, 1000, 4000] {
+            let env = Envelope::Request {
+                id: n as u64,
+                service: Service::Gm,
+                payload: Bytes::from(vec![n as u8; n]),
+            };
+            writer.push(&env).expect("fits");
+            expected.extend_from_slice(&encode_frame(&env, max).expect("encodes"));
+        }
+        let too_big = Envelope::Request {
+            id: 9,
+            service: Service::Gm,
+            payload: Bytes::from(vec![1u8; max]),
+        };
+        assert!(writer.push(&too_big).is_err());
+        assert!(encode_frame(&too_big, max).is_err());
+        assert_eq!(&writer.buf[..], &expected[..]);
     }
 
     /// A write loop's batch: envelopes pushed one after another leave in one write and are

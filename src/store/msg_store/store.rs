@@ -14,7 +14,8 @@ use crate::store::disk::Disk;
 
 use super::index::{AppendBatch, Location, RefCountReport, Removed, Slot, StoreIndex};
 use super::{
-    decode_record, encode_record, file_name, record_size, MsgId, MsgStoreConfig, MsgStoreError,
+    decode_record, encode_record_pieces, file_name, record_size, MsgId, MsgStoreConfig,
+    MsgStoreError,
 };
 
 /// What one [`MsgStore::compact`] did.
@@ -44,7 +45,7 @@ pub struct MsgStore<D: Disk> {
     pub(super) config: MsgStoreConfig,
     pub(super) index: StoreIndex,
     /// Bodies of pending (unflushed) writes.
-    pub(super) cache: HashMap<MsgId, Bytes>,
+    pub(super) cache: HashMap<MsgId, [Bytes; 2]>,
     /// Files appended to since the last sync.
     pub(super) unsynced: BTreeSet<u64>,
     /// A file was created or deleted since the last folder sync.
@@ -62,13 +63,24 @@ impl<D: Disk> MsgStore<D> {
         self.write_owned(id, Bytes::copy_from_slice(body))
     }
 
-    /// [`write`](Self::write) of a body the store may keep as it is until the flush (the
-    /// storage syncer's: no copy into the cache).
+    /// [`write`](Self::write) of a body the store may keep as it is until the flush.
     pub fn write_owned(&mut self, id: MsgId, body: Bytes) -> Result<(), MsgStoreError> {
+        self.write_pieces(id, Bytes::new(), body)
+    }
+
+    /// [`write`](Self::write) of the body `head ++ tail`, kept in two pieces until the flush
+    /// writes them into the record: the storage syncer's stored-message header and the
+    /// AMQP body it shares with the queue and the publisher's frame, never copied whole.
+    pub fn write_pieces(
+        &mut self,
+        id: MsgId,
+        head: Bytes,
+        tail: Bytes,
+    ) -> Result<(), MsgStoreError> {
         self.check()?;
-        let total = record_size(body.len())?;
+        let total = record_size(head.len().saturating_add(tail.len()))?;
         if let super::WriteDecision::Buffer = self.index.write(id, total) {
-            self.cache.insert(id, body);
+            self.cache.insert(id, [head, tail]);
         }
         if self.index.pending_bytes() >= self.config.write_buffer_max_bytes {
             self.flush()?;
@@ -82,7 +94,7 @@ impl<D: Disk> MsgStore<D> {
             return Ok(None);
         };
         let loc = match entry.slot {
-            Slot::Pending { .. } => return Ok(self.cache.get(&id).map(|b| b.to_vec())),
+            Slot::Pending { .. } => return Ok(self.cache.get(&id).map(|p| p.concat())),
             Slot::Stored(loc) => loc,
         };
         let path = self.file_path(loc.file);
@@ -206,7 +218,7 @@ impl<D: Disk> MsgStore<D> {
                     .cache
                     .get(&p.id)
                     .expect("a pending write has a cached body");
-                encode_record(&mut buf, p.id, body);
+                encode_record_pieces(&mut buf, p.id, &[&body[0], &body[1]]);
             }
             self.append_batch(&batch, &buf)?;
             for p in &batch.records {

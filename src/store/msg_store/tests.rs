@@ -191,6 +191,31 @@ fn write_read_remove_with_reference_counts() {
 }
 
 #[test]
+fn a_body_written_in_pieces_is_stored_as_the_whole_body() {
+    let (whole, pieces) = (MemDisk::new(), MemDisk::new());
+    let (mut a, _) = open(whole.clone(), config(1 << 20));
+    let (mut b, _) = open(pieces.clone(), config(1 << 20));
+    let full = body(3, 5000);
+    a.write(id(3), &full).expect("write");
+    let (head, tail) = full.split_at(17);
+    b.write_pieces(
+        id(3),
+        bytes::Bytes::copy_from_slice(head),
+        bytes::Bytes::copy_from_slice(tail),
+    )
+    .expect("write");
+    assert_eq!(read(&b, 3), Some(full.clone()), "served from the cache");
+    a.sync().expect("sync");
+    b.sync().expect("sync");
+    assert_eq!(read(&b, 3), Some(full), "served from the file");
+    let file = dir().join(file_name(0));
+    assert_eq!(
+        pieces.read(&file).expect("file"),
+        whole.read(&file).expect("file")
+    );
+}
+
+#[test]
 fn a_write_removed_before_its_flush_costs_no_io() {
     let probe = Probe::new(MemDisk::new());
     let (mut s, _) = open(probe.clone(), config(1 << 20));

@@ -59,13 +59,28 @@ impl Message {
 
     /// The stored form of this message (what the message store and the index keep).
     pub fn to_stored(&self) -> Vec<u8> {
-        self.stored_form().encode()
+        let mut out = Vec::with_capacity(self.stored_len());
+        self.encode_stored_head(&mut out);
+        out.extend_from_slice(&self.body);
+        out
     }
 
     /// The stored form up to the body: [`to_stored`](Self::to_stored) is this followed
     /// by [`Message::body`].
     pub fn stored_head(&self) -> Vec<u8> {
-        self.stored_form().encode_head()
+        let mut out = Vec::with_capacity(self.stored_len() - self.body.len());
+        self.encode_stored_head(&mut out);
+        out
+    }
+
+    /// Appends [`stored_head`](Self::stored_head)'s bytes to `out`.
+    pub fn encode_stored_head(&self, out: &mut Vec<u8>) {
+        crate::store::message_codec::encode_head(
+            out,
+            &self.exchange,
+            &self.routing_key,
+            &self.properties_raw,
+        );
     }
 
     /// The length of [`to_stored`](Self::to_stored)'s bytes.
@@ -76,15 +91,6 @@ impl Message {
             self.properties_raw.len(),
             self.body.len(),
         )
-    }
-
-    fn stored_form(&self) -> crate::store::message_codec::StoredMessage {
-        crate::store::message_codec::StoredMessage {
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
-            properties_raw: self.properties_raw.clone(),
-            body: self.body.clone(),
-        }
     }
 
     /// Bytes this message accounts for in memory.

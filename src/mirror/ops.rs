@@ -90,7 +90,7 @@ fn encode_into(out: &mut Vec<u8>, ops: &[IndexOp]) {
                 out.extend_from_slice(&seq.to_le_bytes());
                 out.extend_from_slice(&message.id.to_le_bytes());
                 out.extend_from_slice(&(message.stored_len() as u64).to_le_bytes());
-                out.extend_from_slice(&message.stored_head());
+                message.encode_stored_head(out);
                 out.extend_from_slice(&message.body);
                 out.extend_from_slice(&expires_at_ms.to_le_bytes());
                 out.push(u8::from(*persistent));

@@ -22,6 +22,16 @@ pub fn encoded_len(exchange: &str, routing_key: &str, properties: usize, body: u
     2 + exchange.len().min(255) + routing_key.len().min(255) + 4 + properties + body
 }
 
+/// Appends the encoding up to the body of a message with these fields
+/// ([`StoredMessage::encode`] is this followed by the body, which a writer can then take
+/// from where it is instead of copying it into one buffer with the rest).
+pub fn encode_head(out: &mut Vec<u8>, exchange: &str, routing_key: &str, properties: &[u8]) {
+    short(out, exchange);
+    short(out, routing_key);
+    out.extend_from_slice(&(properties.len() as u32).to_le_bytes());
+    out.extend_from_slice(properties);
+}
+
 /// Why stored bytes do not decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stored message is truncated or malformed")]
@@ -47,24 +57,14 @@ impl StoredMessage {
     /// Serialises.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
-        self.encode_head_into(&mut out);
+        encode_head(
+            &mut out,
+            &self.exchange,
+            &self.routing_key,
+            &self.properties_raw,
+        );
         out.extend_from_slice(&self.body);
         out
-    }
-
-    /// The encoding up to the body: [`encode`](Self::encode) is this followed by the body
-    /// (which a writer can then take from where it is instead of copying it in here).
-    pub fn encode_head(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.encoded_len() - self.body.len());
-        self.encode_head_into(&mut out);
-        out
-    }
-
-    fn encode_head_into(&self, out: &mut Vec<u8>) {
-        short(out, &self.exchange);
-        short(out, &self.routing_key);
-        out.extend_from_slice(&(self.properties_raw.len() as u32).to_le_bytes());
-        out.extend_from_slice(&self.properties_raw);
     }
 
     /// Parses what [`StoredMessage::encode`] wrote (properties and body copied out).
@@ -136,7 +136,8 @@ mod tests {
         #[test]
         fn the_head_is_the_encoding_before_the_body(ex in "[a-z.]{0,300}", props in prop::collection::vec(any::<u8>(), 0..30), body in prop::collection::vec(any::<u8>(), 0..300)) {
             let m = StoredMessage { exchange: ex, routing_key: "rk".into(), properties_raw: Bytes::from(props), body: Bytes::from(body) };
-            let mut joined = m.encode_head();
+            let mut joined = Vec::new();
+            encode_head(&mut joined, &m.exchange, &m.routing_key, &m.properties_raw);
             joined.extend_from_slice(&m.body);
             prop_assert_eq!(joined, m.encode());
         }

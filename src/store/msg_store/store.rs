@@ -60,12 +60,7 @@ impl<D: Disk> MsgStore<D> {
     /// `write_buffer_max_bytes` it is flushed, and a flush error is returned (the write itself
     /// stays recorded and cached).
     pub fn write(&mut self, id: MsgId, body: &[u8]) -> Result<(), MsgStoreError> {
-        self.write_owned(id, Bytes::copy_from_slice(body))
-    }
-
-    /// [`write`](Self::write) of a body the store may keep as it is until the flush.
-    pub fn write_owned(&mut self, id: MsgId, body: Bytes) -> Result<(), MsgStoreError> {
-        self.write_pieces(id, Bytes::new(), body)
+        self.write_pieces(id, Bytes::new(), Bytes::copy_from_slice(body))
     }
 
     /// [`write`](Self::write) of the body `head ++ tail`, kept in two pieces until the flush

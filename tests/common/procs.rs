@@ -81,8 +81,33 @@ impl NodeProc {
 
     /// SIGSTOP: the process freezes, its sockets stay open (a partition the node itself
     /// does not notice, as a long GC pause or a VM stall).
+    ///
+    /// Returns once every thread of the process has stopped. `kill` only queues the stop:
+    /// the kernel wakes one thread to begin it, and on a loaded machine the others run on,
+    /// serving requests, until that thread is scheduled (a relayed basic.get sent after
+    /// `kill` was answered 0.1 s later that way).
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
+        let Some(c) = &self.child else { return };
+        let tasks = PathBuf::from(format!("/proc/{}/task", c.id()));
+        let asked = Instant::now();
+        let deadline = asked + Duration::from_secs(10);
+        while !all_stopped(&tasks) {
+            assert!(
+                Instant::now() < deadline,
+                "node {} did not stop within 10 s of SIGSTOP",
+                self.id
+            );
+            // Not a busy loop: the thread that begins the stop needs a core.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if asked.elapsed() > Duration::from_millis(20) {
+            eprintln!(
+                "node {} stopped {:?} after SIGSTOP",
+                self.id,
+                asked.elapsed()
+            );
+        }
     }
 
     /// SIGCONT after [`NodeProc::pause`].
@@ -506,4 +531,25 @@ pub async fn publish_acked(ch: &Channel, exchange: &str, key: &str, body: &[u8])
     .await
     .expect("publish");
     within("confirm", confirm).await.expect("confirm").is_ack()
+}
+
+/// Whether every thread under `/proc/<pid>/task` is stopped (state `T`), read from the field
+/// after the command name, which may itself hold spaces and parentheses. A process that has
+/// exited (a zombie, or gone) counts as stopped: it serves nothing either.
+fn all_stopped(tasks: &Path) -> bool {
+    let Ok(dir) = std::fs::read_dir(tasks) else {
+        return true;
+    };
+    dir.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace()
+                    .next()
+                    .map(|state| matches!(state, "T" | "Z" | "X"))
+            })
+            // A thread that exited between the listing and the read serves nothing.
+            .unwrap_or(true)
+    })
 }

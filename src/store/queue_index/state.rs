@@ -14,6 +14,7 @@
 //! store's own index holds more per message) and 8 per live transient one; nothing per
 //! message with an embedded body.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 use super::codec::Record;
@@ -355,6 +356,12 @@ impl IndexState {
         seg.is_some_and(|s| s.delivered.get(self.rel(seq)))
     }
 
+    /// Seqs with records only in the journal (tests: what the journal mirror keeps in RAM).
+    #[cfg(test)]
+    pub(super) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Publishes of segment `n` still only in the journal.
     pub fn pending_publishes(&self, n: u64) -> impl Iterator<Item = &Publish> + '_ {
         let first = n * self.entries_per_segment;
@@ -422,7 +429,17 @@ impl IndexState {
                 // from the file if a clean close needs it.
                 s.tally = None;
             }
-            self.pending.entry(seq).or_default().ack = true;
+            // Published in this journal generation: the publish and the ack cancel out
+            // (`take_flush` writes neither), so the entry goes now, and with it an embedded
+            // body, instead of staying in RAM until the flush (RabbitMQ's journal drops a
+            // published, delivered and acked entry the same way). A busy queue's journal
+            // holds up to `journal_max_entries` records: thousands of bodies.
+            match self.pending.entry(seq) {
+                Entry::Occupied(e) if e.get().publish.is_some() => {
+                    e.remove();
+                }
+                e => e.or_default().ack = true,
+            }
         }
         self.journal_records += seqs.len();
         Ok(())

@@ -521,8 +521,15 @@ many_bench() { # broker: 1,000 mirrored queues, idle and then under 100 producer
     done
     local after; after=$(rss_kib "${pids[@]}")
     echo "many-$b: $synced of 1,000 queues with both mirrors synchronised after $((SECONDS - t0)) s; RSS of the 3 nodes $((before / 1024)) MiB before, $((after / 1024)) MiB after: $(( (after - before) / 1000 )) KiB per idle mirrored queue (master and 2 mirrors)"
+    # The nodes' RSS every 5 s under the load: a growth that settles is a cache, one that
+    # does not is a leak.
+    ( while sleep 5; do echo -n "$(( $(rss_kib "${pids[@]}" 2>/dev/null || echo 0) / 1024 )) "; done ) > "$OUT/$b-many-rss" &
+    local sampler=$!
     perf_json "$b" many-1000q-100p100c --uri "$u1" --uri "$u2" --uri "$u3" --queue ha.many --queues 1000 \
         --producers 100 --consumers 100 --size 1024 --confirm 50 --persistent --duration "$DURATION" --threads 2
+    # The sampler ends by this kill: its exit status says nothing about the run.
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || :
+    echo "many-$b: RSS of the 3 nodes every 5 s from the load's start, MiB: $(cat "$OUT/$b-many-rss")"
     echo "many-$b: RSS of the 3 nodes at the end of the load: $(( $(rss_kib "${pids[@]}") / 1024 )) MiB"
     if [[ $b == warren ]]; then warren_down; else rmq_down; fi
 }

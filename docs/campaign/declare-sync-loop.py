@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,8 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     bindir, iterations, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    # Stopped with SIGTERM (a timeout, a kill), the nodes are stopped and the folder goes too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     folder = tempfile.mkdtemp(prefix="declare-sync-loop.")
     nodes = []
     keep = False

@@ -455,9 +455,9 @@ impl IndexState {
             let Some(summary) = self.segments.get(&seg) else {
                 continue;
             };
-            // A fully acked segment is deleted, so its records are never written; a seq
-            // published and acked within one journal generation cancels out the same way.
-            if summary.fully_acked() || (p.publish.is_some() && p.ack) {
+            // A fully acked segment is deleted, so its records are never written. (A seq
+            // published and acked within one journal generation left `pending` at its ack.)
+            if summary.fully_acked() {
                 continue;
             }
             let w = writes.entry(seg).or_insert_with(|| SegmentWrite {

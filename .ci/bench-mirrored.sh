@@ -8,7 +8,9 @@
 #
 # STEPs (in the order given):
 #   throughput-warren  throughput-rabbitmq    1 KiB persistent, confirms 100, 1p1c and 4p4c,
-#                                             clients on the master's node, ha-mode all
+#                                             clients on the master's node, ha-mode all; then
+#                                             1p1c as issue 18 measures it (confirms 200,
+#                                             prefetch 100)
 #   large-warren       large-rabbitmq         64 KiB, 1 MiB and 16 MiB persistent, confirms, 1p1c,
 #                                             ha-mode all (GM messages sent in parts)
 #   sync-warren        sync-rabbitmq          N (1,000,000) 64 B persistent messages on the
@@ -247,6 +249,10 @@ throughput() { # broker
     perf_json "$b" persistent-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue ha.tp1
     sleep 2
     perf_json "$b" persistent-confirm-1KiB-4p4c "${common[@]}" --producers 4 --consumers 4 --queue ha.tp4
+    # Issue 18's load client: 200 confirms in flight, prefetch 100.
+    sleep 2
+    perf_json "$b" persistent-confirm200-prefetch100-1KiB-1p1c --uri "$u" --size 1024 --confirm 200 \
+        --prefetch 100 --persistent --duration "$DURATION" --producers 1 --consumers 1 --queue ha.tp200
     # Control: the same on an unmirrored durable queue of the same cluster (no policy matches).
     sleep 2
     perf_json "$b" unmirrored-confirm-1KiB-1p1c "${common[@]}" --producers 1 --consumers 1 --queue plain.tp1

@@ -101,7 +101,7 @@ impl Log {
             .write_all_at(self.buf.block(), self.at)
             .expect("pwrite");
         // Byte 0 says whether the record waits for the disk: a publish does, an ack
-        // does only in `--acks synced` (as Warren's rounds of acks do today).
+        // does only with `synced` (as Warren's rounds of acks do today).
         if msg[0] != UNSYNCED {
             self.file.sync_data().expect("fdatasync");
         }

@@ -3,11 +3,13 @@
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: sim [--scenario raft|gm|mirror|mirror-old-mix|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
+const USAGE: &str = "usage: sim [--scenario raft|gm|mirror|mirror-old-mix|mirror-slow-clocks|all] --seed N [--quiet] | sim [--scenario ...] --seeds A..B [--verbose]
   --scenario S  raft: the metadata Raft group; gm: the GM ring; mirror: a mirrored queue;
                 mirror-old-mix: the same without the faults session 34 added (the whole
-                cluster's crash, the queue's delete and declare); all (default): raft,
-                gm and mirror
+                cluster's crash, the queue's delete and declare); mirror-slow-clocks:
+                the mirror scenario with every node's clock at 0.1 of the failure
+                detectors' rate, beyond what the lease allows (expected to fail: it shows
+                the checkers catch two masters); all (default): raft, gm and mirror
   --seed N      run seed N, print its trace, then PASS or FAIL
   --seeds A..B  run seeds A to B-1 (A..=B includes B), one line per seed
   --quiet       (with --seed) print only the verdict
@@ -47,12 +49,17 @@ fn main() -> ExitCode {
     let gm: Scenario = ("gm", sim::gm_scenario::run_seed);
     let mirror: Scenario = ("mirror", sim::mirror_scenario::run_seed);
     let mirror_old: Scenario = ("mirror-old-mix", sim::mirror_scenario::run_seed_old_mix);
+    let slow: Scenario = ("mirror-slow-clocks", |seed| {
+        let rates: Vec<(u64, u64)> = (1..=4).map(|id| (id, 100_000)).collect();
+        sim::mirror_scenario::run_seed_with_clock_rates(seed, &rates)
+    });
     let scenarios: Vec<Scenario> = match value("--scenario").as_deref() {
         None | Some("all") => vec![raft, gm, mirror],
         Some("raft") => vec![raft],
         Some("gm") => vec![gm],
         Some("mirror") => vec![mirror],
         Some("mirror-old-mix") => vec![mirror_old],
+        Some("mirror-slow-clocks") => vec![slow],
         Some(_) => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

@@ -380,6 +380,8 @@ fn plan(rng: &mut StdRng) -> Vec<(u64, Fault)> {
 struct NodeEnv {
     id: NodeId,
     seed: u64,
+    /// The node's clock rate (parts per million of the simulation's).
+    clock_rate_ppm: u64,
     raft_disk: MemDisk,
     disk: MemDisk,
     shared: Arc<Shared>,
@@ -451,6 +453,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     let NodeEnv {
         id,
         seed,
+        clock_rate_ppm,
         raft_disk,
         disk,
         shared,
@@ -516,7 +519,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             .with_node_id(id)
             .with_durability(durability.clone()),
     );
-    let clock = Clock::start();
+    let clock = Clock::start_at_rate(clock_rate_ppm);
     let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
     // The failure detector's input (the joiner's host may not exist yet: its probes fail).
     tokio::task::spawn_local(crate::gm_scenario::ping_peers(
@@ -1021,17 +1024,24 @@ pub use crate::scenario::Outcome;
 
 /// Runs the mirrored-queue scenario for `seed` and checks it: the whole fault mix.
 pub fn run_seed(seed: u64) -> Outcome {
-    run(seed, true)
+    run(seed, true, None)
+}
+
+/// A seed with the given nodes' clock rates (parts per million; the others at the
+/// simulation's rate) instead of the ones the seed draws: for tests that a clock slower
+/// than the lease argument allows is caught.
+pub fn run_seed_with_clock_rates(seed: u64, rates: &[(NodeId, u64)]) -> Outcome {
+    run(seed, true, Some(rates.iter().copied().collect()))
 }
 
 /// The same without the faults session 34 added (the whole cluster's crash, the queue's
 /// delete and declare): each seed's plan as it was before, so the seeds that found the
 /// bugs before them replay what they found.
 pub fn run_seed_old_mix(seed: u64) -> Outcome {
-    run(seed, false)
+    run(seed, false, None)
 }
 
-fn run(seed: u64, new_faults: bool) -> Outcome {
+fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>) -> Outcome {
     let trace = Trace::new();
     let shared = Arc::new(Shared::default());
     let mut rng = StdRng::seed_from_u64(seed ^ 0x3177);
@@ -1089,9 +1099,37 @@ fn run(seed: u64, new_faults: bool) -> Outcome {
         let at = after.max(2_000) + whole.gen_range(1_000..4_000);
         (at, whole.gen_range(200..3_000))
     });
+    // Half the runs skew the nodes' clocks: each node's clock (its leases, expiries and
+    // the timers set from them) runs at 0.6-1.4 times the simulation's rate. The failure
+    // detectors keep the simulation's time, so a node's rate is its drift against every
+    // leader's; the lease argument (`docs/mirroring.md`) holds above half. From a stream
+    // of its own.
+    let mut skew = StdRng::seed_from_u64(seed ^ 0xc10c);
+    let skewed = skew.gen_bool(0.5) && new_faults;
+    let rates: BTreeMap<NodeId, u64> = (1..=JOINER)
+        .map(|id| {
+            let drawn = if skewed {
+                skew.gen_range(600_000..=1_400_000)
+            } else {
+                1_000_000
+            };
+            let forced = forced_rates.as_ref().and_then(|f| f.get(&id).copied());
+            (
+                id,
+                forced.unwrap_or(if forced_rates.is_some() {
+                    1_000_000
+                } else {
+                    drawn
+                }),
+            )
+        })
+        .collect();
     trace.log(format!("mirror seed {seed}"));
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
+    }
+    for (id, rate) in rates.iter().filter(|(_, r)| **r != 1_000_000) {
+        trace.log(format!("plan n{id}'s clock runs at {rate} ppm"));
     }
     if let Some((at, down)) = whole_crash {
         trace.log(format!(
@@ -1111,6 +1149,7 @@ fn run(seed: u64, new_faults: bool) -> Outcome {
     let env = |id: NodeId| NodeEnv {
         id,
         seed,
+        clock_rate_ppm: rates[&id],
         raft_disk: disks[&id].0.clone(),
         disk: disks[&id].1.clone(),
         shared: Arc::clone(&shared),

@@ -202,6 +202,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             key: key.clone(),
         };
         progress.at(0, below);
+        // Batches out at once: the next batch is read (under the storage lock, which the
+        // syncer's rounds wait on) while the mirror writes the last, so a batch costs the
+        // longer of the two, not their sum. GM completes the laps in order.
+        let mut out = std::collections::VecDeque::new();
         loop {
             let storage = self.storage.clone();
             let (vhost, name) = key.clone();
@@ -230,17 +234,21 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 tracing::warn!(queue = %key.1, "sync stopped: the backlog could not be read");
                 return false;
             };
-            if let Some(lap) = lap {
-                if lap.await.is_err() {
-                    return false;
+            out.push_back((lap, n, next));
+            while out.len() >= COPY_BATCHES_OUT || (next.is_none() && !out.is_empty()) {
+                let Some((lap, n, reached)) = out.pop_front() else {
+                    break;
+                };
+                if let Some(lap) = lap {
+                    if lap.await.is_err() {
+                        return false;
+                    }
                 }
+                copied += n;
+                progress.at(reached.unwrap_or(below), below);
             }
-            copied += n;
             match next {
-                Some(n) => {
-                    from = n;
-                    progress.at(n, below);
-                }
+                Some(n) => from = n,
                 None => break,
             }
         }
@@ -350,6 +358,9 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
 /// Summaries out at once (each waits for its lap before the one this many after it).
 const SUMMARY_LAPS: usize = 4;
+
+/// Backlog batches a sync keeps out at once (each up to `SYNC_BATCH_BYTES`).
+const COPY_BATCHES_OUT: usize = 2;
 
 /// Seqs one summary covers: four index segments of the default geometry, so the storage
 /// lock is held for four segments' reads (bodies below 4 KiB are in the index), and the

@@ -1,6 +1,6 @@
 //! [`FileDisk`]: the real [`Disk`], over std files with fsync. Blocking: call it from a
 //! blocking-capable thread (the store's writer), never from a connection task. Large appends
-//! to message store files skip the page cache ([`direct`]).
+//! to message store and queue index files skip the page cache ([`direct`]).
 
 mod direct;
 
@@ -123,7 +123,7 @@ impl FileDisk {
     }
 
     /// Writes `data` at `offset`, the end of `f`: through [`direct`] when it is a large
-    /// append to a message store file, else with one buffered write.
+    /// append to a message store or queue index file, else with one buffered write.
     fn write_appended(
         &self,
         path: &Path,
@@ -131,7 +131,7 @@ impl FileDisk {
         offset: u64,
         data: &[u8],
     ) -> std::io::Result<()> {
-        if data.len() < direct::DIRECT_MIN || kind(path) != FileKind::MsgStore {
+        if data.len() < direct::DIRECT_MIN || kind(path) == FileKind::Other {
             return f.write_all(data);
         }
         let mut guard = self.direct.lock().unwrap_or_else(|e| e.into_inner());
@@ -348,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn large_appends_to_a_message_store_file_write_the_same_bytes_without_the_page_cache() {
+    fn large_appends_to_store_and_index_files_write_the_same_bytes_without_the_page_cache() {
         let dir = std::env::temp_dir().join(format!("warren-direct-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let disk = FileDisk::new();
@@ -387,10 +387,23 @@ mod tests {
         if let direct::Direct::Open(_) = direct::open(&rdq).unwrap() {
             assert_eq!(disk.direct_appends(), 4);
         }
-        // Other files never go direct.
-        disk.append(&idx, &appends[3]).unwrap();
+        // Queue index files go direct too (a journal flush appends megabytes of segments
+        // with embedded bodies), with the same bytes; other files (Raft's log, saved
+        // state) never do.
         let before = disk.direct_appends();
+        disk.append(&idx, &appends[0]).unwrap();
         disk.append(&idx, &appends[3]).unwrap();
+        disk.sync(&idx).unwrap();
+        let mut idx_expected = appends[0].clone();
+        idx_expected.extend_from_slice(&appends[3]);
+        assert_eq!(disk.read(&idx).unwrap(), idx_expected);
+        if let direct::Direct::Open(_) = direct::open(&idx).unwrap() {
+            assert_eq!(disk.direct_appends(), before + 1);
+        }
+        let other = dir.join("raft.log");
+        let before = disk.direct_appends();
+        disk.append(&other, &appends[3]).unwrap();
+        disk.append(&other, &appends[3]).unwrap();
         assert_eq!(disk.direct_appends(), before);
         // An append cut back (a failed batch) and written again lands where the cut was.
         let len = expected.len() as u64;

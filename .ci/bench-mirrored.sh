@@ -36,6 +36,12 @@
 #                                             and flat out: the brokers' CPU (utime + stime of the
 #                                             three processes over the run) in cores and in µs per
 #                                             confirmed message, beside confirm p50 / p99
+#   manual-sync-warren manual-sync-rabbitmq   issue 18's sync without stalls: N (1,000,000) x 1 KiB
+#                                             persistent on the master alone, then exactly 2 with
+#                                             manual sync (an unsynchronised mirror), a probe
+#                                             publisher (200 msg/s, 1 confirm in flight, 60 s or
+#                                             MSYNC_PROBE_SECS) and `sync_queue` 3 s into it: time to
+#                                             synchronised, the probe's confirm p50 / p99 / worst
 #   many-warren        many-rabbitmq          issue 18's many queues: 1,000 mirrored queues
 #                                             (ha-mode all) declared across the three nodes,
 #                                             the brokers' RSS per idle queue, then 100
@@ -56,7 +62,7 @@ while [[ $# -gt 0 ]]; do
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
-        throughput-*|large-*|sync-*|resync-*|failover-*|cpu-*|many-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
+        throughput-*|large-*|sync-*|manual-sync-*|resync-*|failover-*|cpu-*|many-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
         *) sed -n '2,43p' "$0" >&2; exit 2 ;;
     esac
     shift
@@ -354,6 +360,101 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     fi
 }
 
+# How many mirrors (synchronised or not) list_queues shows for queue $2 on broker $1.
+mirror_count() {
+    if [[ $1 == warren ]]; then
+        wctl 1 list_queues name slave_pids 2>/dev/null |
+            awk -F'\t' -v q="$2" '$1 == q { n = gsub(/warren[0-9]@bench/, "&", $2); print n; f = 1 } END { if (!f) print 0 }'
+    else
+        rctl 1 list_queues -q --no-table-headers name slave_pids 2>/dev/null |
+            awk -v q="$2" '$1 == q { n = gsub(/rabbit[0-9]@localhost/, "&"); print n; f = 1 } END { if (!f) print 0 }'
+    fi
+}
+
+manual_sync_bench() { # broker: issue 18's sync without stalls. A queue of SYNC_COUNT x 1 KiB
+    # persistent messages on its master alone gets a second, unsynchronised mirror
+    # (exactly 2, manual sync); a probe publisher sends 200 msg/s with one confirm in
+    # flight; then `sync_queue`. Prints the time from the command to the mirror listed
+    # synchronised, and the probe's confirm latency (p50 / p99 / worst) over its run.
+    local b="$1" u q=ha.msync probe_secs=${MSYNC_PROBE_SECS:-60}
+    if [[ $b == warren ]]; then
+        warren_up
+        wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
+        u="$(wuri 1)"
+    else
+        rmq_up
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"nodes","ha-params":["rabbit1@localhost"]}' --apply-to queues >/dev/null
+        u="$(ruri 1)"
+    fi
+    log "$b/manual-sync: publishing $SYNC_COUNT x 1 KiB persistent messages to $q (master alone)"
+    local t0=$SECONDS rc=0
+    "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 1024 --confirm 1000 \
+        --count "$SYNC_COUNT" --json 2>/dev/null > "$OUT/$b-msync-fill.json" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        FAILED_RUNS+=("$b manual-sync fill (exit $rc)")
+        log "$b/manual-sync: FAILED: the fill's warren-perf exited $rc"
+        if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+        return
+    fi
+    log "$b/manual-sync: filled in $((SECONDS - t0)) s"
+    if [[ $b == warren ]]; then
+        wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"manual"}' --apply-to queues
+    else
+        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"manual"}' --apply-to queues >/dev/null
+    fi
+    local waited=0
+    until [[ $(mirror_count "$b" "$q") -ge 1 ]]; do
+        sleep 0.2; waited=$((waited + 1))
+        if [[ $waited -gt 300 ]]; then
+            FAILED_RUNS+=("$b manual-sync: no mirror listed 60 s after the policy change")
+            if [[ $b == warren ]]; then warren_down; else rmq_down; fi
+            return
+        fi
+    done
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
+    "$PERF" --uri "$u" --queue "$q" --persistent --size 1024 --confirm 1 --rate 200 --publish-only \
+        --producers 1 --duration "$probe_secs" --json 2> "$OUT/$b-msync-probe.stderr" > "$OUT/$b-msync-probe.json" &
+    local probe=$!
+    sleep 3
+    log "$b/manual-sync: sync_queue $q, 3 s into the probe"
+    local start; start=$(date +%s.%N)
+    if [[ $b == warren ]]; then wctl 1 sync_queue "$q" & else rctl 1 sync_queue "$q" & fi
+    local syncer=$! done_at=""
+    while [[ -z "$done_at" ]]; do
+        local n
+        if [[ $b == warren ]]; then n=$(warren_synced_ctl "$q"); else n=$(rmq_synced_count "$q"); fi
+        if [[ ${n:-0} -ge 1 ]]; then done_at=$(date +%s.%N); break; fi
+        if (( $(date +%s) - ${start%.*} > 600 )); then log "$b/manual-sync: not synchronised after 600 s"; break; fi
+        sleep 0.2
+    done
+    local src=0
+    wait "$syncer" || src=$?
+    [[ $src == 0 ]] || FAILED_RUNS+=("$b manual-sync: sync_queue exited $src")
+    if [[ -n "$done_at" ]]; then
+        log "$b/manual-sync: mirror synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after sync_queue"
+    else
+        FAILED_RUNS+=("$b manual-sync: the mirror was not synchronised")
+    fi
+    local prc=0
+    wait "$probe" || prc=$?
+    if [[ $prc != 0 ]]; then
+        FAILED_RUNS+=("$b manual-sync probe (exit $prc, $OUT/$b-msync-probe.stderr)")
+    else
+        python3 - "$OUT/$b-msync-probe.json" "$b" "$probe_secs" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d.get("confirm_latency_us") or {}
+print(f"{sys.argv[2]}/manual-sync probe ({sys.argv[3]} s at 200 msg/s, 1 in flight): "
+      f"{d['confirmed_rate']:.0f} confirmed msg/s, confirm p50 {c.get('p50', 0) / 1000:.1f} ms, "
+      f"p99 {c.get('p99', 0) / 1000:.1f} ms, worst {c.get('max', 0) / 1000:.1f} ms")
+PY
+        echo "probe per-second lines (sync_queue 3 s in):"
+        cut -d, -f1-5 "$OUT/$b-msync-probe.stderr"
+    fi
+    if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; warren_down
+    else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; rmq_down; fi
+}
+
 # Starts node N of the running Warren cluster again (after warren_up; its log appended).
 warren_start_node() {
     RUST_LOG=info "$WARREN" --config "$TMPD/warren/node$1.toml" >> "$OUT/warren-node$1.log" 2>&1 &
@@ -552,6 +653,8 @@ for step in "${STEPS[@]}"; do
         sync-warren) sync_bench warren publish; sync_bench warren pubsub ;;
         sync-rabbitmq) sync_bench rabbitmq publish; sync_bench rabbitmq pubsub ;;
         sync-*-publish|sync-*-pubsub|sync-*-idle) b="${step#sync-}"; sync_bench "${b%-*}" "${b##*-}" ;;
+        manual-sync-warren) manual_sync_bench warren ;;
+        manual-sync-rabbitmq) manual_sync_bench rabbitmq ;;
         failover-warren)
             # Master on node 1 (also the Raft leader), then on node 2 (a Raft follower).
             for m in 1 2; do

@@ -478,9 +478,10 @@ async fn run(args: Args) -> Result<bool> {
                 line += &format!(", sent: {} msg/s", rate(s, last_sent));
                 if args.confirm > 0 {
                     line += &format!(
-                        ", confirmed: {} msg/s, nacked: {} msg/s",
+                        ", confirmed: {} msg/s, nacked: {} msg/s, longest confirm: {} µs",
                         rate(cf, last_conf),
-                        rate(nk, last_nack)
+                        rate(nk, last_nack),
+                        stats.confirm_interval_max_ns.swap(0, Relaxed) / 1000
                     );
                 }
             }

@@ -32,6 +32,8 @@ pub struct Stats {
     pub producers_done_ns: AtomicU64,
     pub latency: Mutex<Latency>,
     pub confirm_latency: Mutex<Histogram<u64>>,
+    /// The longest confirm since the last per-second line, ns.
+    pub confirm_interval_max_ns: AtomicU64,
     stopping: AtomicBool,
     stop_tx: watch::Sender<bool>,
     error: Mutex<Option<String>>,
@@ -54,6 +56,7 @@ impl Stats {
                 total: new_hist(),
             }),
             confirm_latency: Mutex::new(new_hist()),
+            confirm_interval_max_ns: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             stop_tx: watch::channel(false).0,
             error: Mutex::new(None),
@@ -119,6 +122,10 @@ impl Stats {
         let mut h = self.confirm_latency.lock().unwrap();
         for &v in ns {
             h.saturating_record(v.max(1));
+        }
+        drop(h);
+        if let Some(&max) = ns.iter().max() {
+            self.confirm_interval_max_ns.fetch_max(max, Relaxed);
         }
     }
 }

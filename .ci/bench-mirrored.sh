@@ -287,18 +287,24 @@ large() { # broker: big persistent messages with confirms on a mirrored queue (M
     if [[ $b == warren ]]; then warren_down; else rmq_down; fi
 }
 
-sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before the mirrors
-    # are added) or pubsub (1 producer + 1 consumer started as the mirrors are added)
-    local b="$1" v="$2" u q=ha.sync
-    if [[ $b == warren ]]; then
+# Starts broker $1 with `^ha\.` queues kept on their master alone; sets URI (node 1).
+master_alone_up() {
+    if [[ $1 == warren ]]; then
         warren_up
         wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
-        u="$(wuri 1)"
+        URI="$(wuri 1)"
     else
         rmq_up
         rctl 1 set_policy ha '^ha\.' '{"ha-mode":"nodes","ha-params":["rabbit1@localhost"]}' --apply-to queues >/dev/null
-        u="$(ruri 1)"
+        URI="$(ruri 1)"
     fi
+}
+
+sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before the mirrors
+    # are added) or pubsub (1 producer + 1 consumer started as the mirrors are added)
+    local b="$1" v="$2" u q=ha.sync
+    master_alone_up "$b"
+    u="$URI"
     log "$b/$v: publishing $SYNC_COUNT x 64 B persistent messages to $q (master alone)"
     local t0=$SECONDS
     local rc=0
@@ -377,15 +383,8 @@ manual_sync_bench() { # broker: issue 18's sync without stalls. A queue of SYNC_
     # flight; then `sync_queue`. Prints the time from the command to the mirror listed
     # synchronised, and the probe's confirm latency (p50 / p99 / worst) over its run.
     local b="$1" u q=ha.msync probe_secs=${MSYNC_PROBE_SECS:-60}
-    if [[ $b == warren ]]; then
-        warren_up
-        wpolicy ha '^ha\.' '{"ha-mode":"exactly","ha-params":1}' --apply-to queues
-        u="$(wuri 1)"
-    else
-        rmq_up
-        rctl 1 set_policy ha '^ha\.' '{"ha-mode":"nodes","ha-params":["rabbit1@localhost"]}' --apply-to queues >/dev/null
-        u="$(ruri 1)"
-    fi
+    master_alone_up "$b"
+    u="$URI"
     log "$b/manual-sync: publishing $SYNC_COUNT x 1 KiB persistent messages to $q (master alone)"
     local t0=$SECONDS rc=0
     "$PERF" --uri "$u" --publish-only --queue "$q" --persistent --size 1024 --confirm 1000 \

@@ -351,7 +351,9 @@ sync_bench() { # broker variant: publish (1 producer during the sync, 3 s before
     [[ -n "$done_at" ]] && log "$b/$v: both mirrors synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after the policy change"
     if [[ $b == warren ]]; then wctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; else rctl 1 list_queues name pid slave_pids synchronised_slave_pids messages; fi
     if [[ -n "$perf" ]]; then
-        wait "$perf" || true
+        local prc=0
+        wait "$perf" || prc=$?
+        [[ $prc == 0 ]] || FAILED_RUNS+=("$b sync-$v load (exit $prc, $OUT/$b-sync-$v-load.stderr)")
         echo "warren-perf per-second lines (mirrors added $lead s in):"
         cut -d, -f1-5 "$OUT/$b-sync-$v-load.stderr"
     fi

@@ -194,8 +194,9 @@ pub struct Member<M> {
     /// Highest own publish whose lap has completed (with durable acks, the ack lap; confirms
     /// also wait for own release).
     lap_done: Option<PubNum>,
-    /// The members alive when it joined (not when it joined alone): its state can only come
-    /// from them, by a catch-up from its left neighbour, or through a chain starting there.
+    /// The members alive when it joined that joined before it (none when it joined
+    /// alone): its state can only come from them, by a catch-up from its left neighbour,
+    /// or through a chain starting there.
     join_peers: BTreeSet<MemberId>,
     /// Stopped because every member it could get its state from died before it got it.
     orphaned: bool,
@@ -238,7 +239,18 @@ impl<M: Clone + Default> Member<M> {
             m.state = Some(BTreeMap::from([(me, Pending::default())]));
             m.seen_alive.insert(me);
         } else {
-            m.join_peers = m.view.ring.iter().copied().filter(|id| *id != me).collect();
+            // Only members that joined before it can hand it a state: a later joiner gets
+            // its own through it. Counting one (a member made from a record that already
+            // lists a later join) left two stateless joiners waiting on each other for
+            // ever once the last older member died (bug 32). `since` is the group version
+            // at the join, so it orders joins.
+            m.join_peers = m
+                .view
+                .ring
+                .iter()
+                .copied()
+                .filter(|id| *id != me && id.since <= me.since)
+                .collect();
         }
         m.events.push_back(Event::Joined {
             members: m.view.ring.clone(),

@@ -1047,11 +1047,10 @@ fn joiners_whose_every_source_of_state_died_stop_and_the_ring_starts_afresh() {
 /// behind `j1`; `j1`'s member was made only once `j2`'s join was in the record too. Once
 /// `ghost` is recorded dead, neither joiner has a state or a live member older than
 /// itself to get one from, so `j1` must stop as orphaned (its owner records it dead and
-/// joins again), and then `j2` too. Today `Member::new` counts every member of the record
-/// it is made with as a source of state, `j2` included, and both wait on each other for
-/// ever. Ignored until the fix (next session's first work).
+/// joins again), and then `j2` too. `Member::new` counted every member of the record it
+/// was made with as a source of state, `j2` included, and both waited on each other for
+/// ever.
 #[test]
-#[ignore = "bug 32: fails until join peers are only the members that joined earlier"]
 fn a_joiner_made_after_a_later_join_does_not_wait_on_that_joiner_for_its_state() {
     let ghost = MemberId { node: 4, since: 4 };
     let j1 = MemberId { node: 1, since: 11 };

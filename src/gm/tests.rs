@@ -1084,6 +1084,77 @@ fn a_joiner_made_after_a_later_join_does_not_wait_on_that_joiner_for_its_state()
     );
 }
 
+/// What the GM host does (`GmHost::start_member`): a member is made from the record its
+/// join committed and then handed the newer one applied by the time it starts. A founder
+/// whose task starts after two later joins is recorded seeds the ring (made from the newer
+/// record alone it waited for a state nobody would send); the ring confirms.
+#[test]
+fn a_founder_started_after_later_joins_seeds_the_ring_from_its_join_record() {
+    let a = MemberId { node: 1, since: 1 };
+    let b = MemberId { node: 2, since: 2 };
+    let c = MemberId { node: 3, since: 3 };
+    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
+    let v1 = record(1, vec![Slot::Alive(a)]);
+    let v2 = record(2, vec![Slot::Alive(a), Slot::Alive(b)]);
+    let v3 = record(3, vec![Slot::Alive(a), Slot::Alive(b), Slot::Alive(c)]);
+    let late: Member<String> = Member::new(a, &v3);
+    assert!(
+        !late.is_ready(),
+        "made from v3 alone, a founder cannot tell it founded"
+    );
+    let mut ma: Member<String> = Member::new(a, &v1);
+    ma.handle_view(&v3);
+    assert!(ma.is_ready() && !ma.is_stopped());
+    let mut mb: Member<String> = Member::new(b, &v2);
+    mb.handle_view(&v3);
+    let mut mc: Member<String> = Member::new(c, &v3);
+    assert!(!mb.is_ready() && !mc.is_ready());
+    ma.confirmed_broadcast("first".into(), 1);
+    let mut confirmed = false;
+    for _ in 0..20 {
+        let mut sent = Vec::new();
+        for member in [&mut ma, &mut mb, &mut mc] {
+            member.flush();
+            while let Some(out) = member.poll_transmit() {
+                sent.push(out);
+            }
+        }
+        for (to, msg) in sent {
+            let target = [&mut ma, &mut mb, &mut mc]
+                .into_iter()
+                .find(|x| x.id() == to)
+                .expect("a member of the ring");
+            target.handle_message(msg);
+        }
+        confirmed |= std::iter::from_fn(|| ma.poll_event()).any(|e| e == Event::Confirmed(1));
+    }
+    assert!(
+        mb.is_ready() && mc.is_ready(),
+        "the founder's catch-up seeded both"
+    );
+    assert!(confirmed, "a lap completes");
+}
+
+/// The rest of bug 32: a joiner whose every older peer died before its task started (the
+/// host hands it the record of its join, then the newer one) stops as orphaned at once,
+/// rather than wait for a record that may not come for long.
+#[test]
+fn a_joiner_whose_older_peers_died_before_it_started_is_orphaned_at_once() {
+    let ghost = MemberId { node: 4, since: 4 };
+    let j1 = MemberId { node: 1, since: 11 };
+    let j2 = MemberId { node: 2, since: 12 };
+    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
+    let v11 = record(11, vec![Slot::Alive(ghost), Slot::Alive(j1)]);
+    let v13 = record(
+        13,
+        vec![Slot::Dead(ghost), Slot::Alive(j1), Slot::Alive(j2)],
+    );
+    let mut a: Member<String> = Member::new(j1, &v11);
+    a.handle_view(&v13);
+    assert!(a.is_stopped() && a.is_orphaned());
+    assert!(std::iter::from_fn(|| a.poll_event()).any(|e| e == Event::Stopped));
+}
+
 /// The property test's find (bug 30): 7 joins behind 5 while 5's publish `5-0` is on its
 /// way from 5 to 1, and 5 dies before its catch-up reaches 7. 7 inherits 5 knowing nothing
 /// of `5-0`, and its catch-up to 1 held nothing of 5. 1 took that for the lap of `5-0`

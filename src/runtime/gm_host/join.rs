@@ -41,6 +41,12 @@ impl<N: GmNet + Clone> GmHost<N> {
             // may arrive before the member task starts, and waits in the channel.
             let (route_tx, route_rx) = mpsc::unbounded_channel();
             lock(&inner.routes).insert((group.to_string(), me), route_tx);
+            // If it commits, this is the record at version `me.since`: only this
+            // compare-and-set can name `me`.
+            let joined = GroupRecord {
+                version: me.since,
+                members: members.clone(),
+            };
             let cmd = Command::GmGroup {
                 name: group.to_string(),
                 expected_version: current.version,
@@ -53,6 +59,7 @@ impl<N: GmNet + Clone> GmHost<N> {
                             return Ok(self.start_member(
                                 group,
                                 me,
+                                &joined,
                                 &record,
                                 durable_acks,
                                 route_rx,
@@ -79,6 +86,7 @@ impl<N: GmNet + Clone> GmHost<N> {
                             return Ok(self.start_member(
                                 group,
                                 me,
+                                &joined,
                                 &record,
                                 durable_acks,
                                 route_rx,
@@ -198,20 +206,27 @@ impl<N: GmNet + Clone> GmHost<N> {
         }
     }
 
+    /// Starts the member `me` made from `joined`, the record its join committed, then
+    /// moved on to `record`, the newer one applied here by now. Made from `record` alone,
+    /// a member could not tell who it joined behind: a founder whose record already lists
+    /// later joiners waited for a state nobody would send, and a joiner whose older peers
+    /// had all died by then waited for the next record to learn it was orphaned (bug 32).
     fn start_member(
         &self,
         group: &str,
         me: MemberId,
+        joined: &GroupRecord,
         record: &GroupRecord,
         durable_acks: bool,
         route_rx: mpsc::UnboundedReceiver<Vec<GmMsg<Bytes>>>,
     ) -> GmHandle {
-        let member = Member::new(me, record);
-        let member = if durable_acks {
+        let member = Member::new(me, joined);
+        let mut member = if durable_acks {
             member.with_durable_acks()
         } else {
             member
         };
+        member.handle_view(record);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let task = MemberTask {

@@ -42,6 +42,7 @@ use crate::broker::{Broker, ChannelKey, ChannelLink, OutItem, Outbox};
 use crate::meta::NodeId;
 
 mod dead_letter;
+mod forward;
 mod link;
 mod proxies;
 mod sender;

@@ -67,8 +67,8 @@ use openraft::{BasicNode, Raft, RaftMetrics, ServerState};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::errors::ProposeError;
 use super::network::{self, DynTransport, RpcReply, RpcRequest, TransportError};
-use super::node::ProposeError;
 use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
 
 /// The most attempts one proposal makes (each bounded by the deadline anyway).

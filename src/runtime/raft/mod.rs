@@ -20,6 +20,7 @@
 //! This module runs on tokio and reaches files through `Disk`: it is a driver of the pure
 //! `meta` core, not part of it.
 
+pub mod errors;
 pub mod forward;
 pub mod image;
 pub mod log_store;
@@ -34,10 +35,9 @@ pub mod types;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use errors::{InitError, ProposeError, StartError, StopError};
 pub use network::{RaftTransport, RpcServer, TransportError};
-pub use node::{
-    InitError, Membership, MetaRaft, MetaRaftConfig, ProposeError, StartError, StopError,
-};
+pub use node::{Membership, MetaRaft, MetaRaftConfig};
 pub use persist::PersistError;
 pub use router::{Router, RouterTransport};
 pub use state_machine::MetaView;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 
-use super::serve::forward;
+use super::forward::forward;
 use super::wire::{encode_one, RelayMsg};
 use super::{lock, Inner, ProxyChannel, Retired, PROXY_OUTBOX_BYTES};
 use crate::broker::{ChannelKey, ChannelLink, OutItem, Outbox, QueueRef, Settle};

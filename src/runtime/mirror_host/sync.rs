@@ -212,22 +212,28 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             let s = sender.clone();
             let step = self
                 .offload(move || {
-                    storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
-                        let n = ops
-                            .iter()
-                            .filter(|o| matches!(o, IndexOp::Publish { .. }))
-                            .count();
-                        let lap = (!ops.is_empty()).then(|| {
-                            let msg = MirrorMsg::SyncBatch {
-                                epoch,
-                                target,
-                                sync,
-                                ops: Bytes::new(),
-                            };
-                            s.confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &ops)))
-                        });
-                        (lap, next, n)
-                    })
+                    let (ops, next) =
+                        storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
+                            (ops, next)
+                        })?;
+                    // Encoded and sent after the storage lock is let go (it held the
+                    // probe's rounds up for most of a sync): the rounds shipped meanwhile
+                    // may go ahead of the batch, and the mirror holds them until the
+                    // backlog is written either way (`docs/mirroring.md`, *Sync*).
+                    let n = ops
+                        .iter()
+                        .filter(|o| matches!(o, IndexOp::Publish { .. }))
+                        .count();
+                    let lap = (!ops.is_empty()).then(|| {
+                        let msg = MirrorMsg::SyncBatch {
+                            epoch,
+                            target,
+                            sync,
+                            ops: Bytes::new(),
+                        };
+                        s.confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &ops)))
+                    });
+                    Ok::<_, crate::runtime::storage::StorageError>((lap, next, n))
                 })
                 .await;
             let Some(Ok((lap, next, n))) = step else {

@@ -449,8 +449,7 @@ impl<D: Disk + Clone> Storage<D> {
     /// ones, and the transient ones a mirrored queue records) with seq in
     /// `[from, below)`, in seq order, as operations (a publish, and a deliver for a message
     /// delivered and not acked). `f` gets them and the seq to continue from (`None`: the
-    /// backlog is done) under the storage lock, so what it broadcasts is ordered with the
-    /// rounds: an ack shipped before is reflected here, one shipped after comes after.
+    /// backlog is done) under the storage lock: whatever it does holds up every round.
     pub fn sync_batch<T>(
         &self,
         vhost: &str,

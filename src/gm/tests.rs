@@ -15,6 +15,11 @@ fn m(node: u64) -> MemberId {
     MemberId { node, since: 0 }
 }
 
+/// A group record at `version`.
+fn record(version: u64, members: Vec<Slot>) -> GroupRecord {
+    GroupRecord { version, members }
+}
+
 /// Births and deaths one `MembersChanged` reported.
 type Change = (Vec<MemberId>, Vec<MemberId>);
 
@@ -1003,7 +1008,6 @@ fn a_leave_with_messages_pending_drains_first_then_the_rest_carry_on() {
 #[test]
 fn joiners_whose_every_source_of_state_died_stop_and_the_ring_starts_afresh() {
     let (ghost, j1, j2, old) = (m(3), m(1), m(2), m(4));
-    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
     let v1 = record(1, vec![Slot::Alive(ghost), Slot::Alive(j1)]);
     let mut a: Member<String> = Member::new(j1, &v1);
     assert!(!a.is_ready());
@@ -1055,7 +1059,6 @@ fn a_joiner_made_after_a_later_join_does_not_wait_on_that_joiner_for_its_state()
     let ghost = MemberId { node: 4, since: 4 };
     let j1 = MemberId { node: 1, since: 11 };
     let j2 = MemberId { node: 2, since: 12 };
-    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
     let v12 = record(
         12,
         vec![Slot::Alive(ghost), Slot::Alive(j1), Slot::Alive(j2)],
@@ -1093,7 +1096,6 @@ fn a_founder_started_after_later_joins_seeds_the_ring_from_its_join_record() {
     let a = MemberId { node: 1, since: 1 };
     let b = MemberId { node: 2, since: 2 };
     let c = MemberId { node: 3, since: 3 };
-    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
     let v1 = record(1, vec![Slot::Alive(a)]);
     let v2 = record(2, vec![Slot::Alive(a), Slot::Alive(b)]);
     let v3 = record(3, vec![Slot::Alive(a), Slot::Alive(b), Slot::Alive(c)]);
@@ -1143,7 +1145,6 @@ fn a_joiner_whose_older_peers_died_before_it_started_is_orphaned_at_once() {
     let ghost = MemberId { node: 4, since: 4 };
     let j1 = MemberId { node: 1, since: 11 };
     let j2 = MemberId { node: 2, since: 12 };
-    let record = |version, members: Vec<Slot>| GroupRecord { version, members };
     let v11 = record(11, vec![Slot::Alive(ghost), Slot::Alive(j1)]);
     let v13 = record(
         13,

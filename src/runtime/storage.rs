@@ -30,11 +30,13 @@ use crate::store::msg_store::{MsgId, MsgStore, MsgStoreError};
 use crate::store::queue_index::{IndexConfig, Publish, QueueIndex, QueueIndexError};
 use crate::store::{Disk, DiskError};
 
+mod backlog;
 mod copies;
 mod pager;
 mod recovery;
 mod syncer;
 
+pub use backlog::SyncCursor;
 pub use copies::{OpsTap, SYNC_BATCH_BYTES};
 pub(crate) use pager::decode_message;
 use recovery::remove_index_dir;

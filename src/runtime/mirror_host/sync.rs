@@ -17,6 +17,7 @@ use crate::mirror::ops;
 use crate::mirror::role::SyncId;
 use crate::runtime::gm_host::GmNet;
 use crate::runtime::gm_host::GmSender;
+use crate::runtime::storage::SyncCursor;
 use tokio::task::JoinHandle;
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
@@ -206,40 +207,44 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         // syncer's rounds wait on) while the mirror writes the last, so a batch costs the
         // longer of the two, not their sum. GM completes the laps in order.
         let mut out = std::collections::VecDeque::new();
+        // The segment being copied, read once for all its batches.
+        let mut cursor = SyncCursor::default();
         loop {
             let storage = self.storage.clone();
             let (vhost, name) = key.clone();
             let s = sender.clone();
             let step = self
                 .offload(move || {
-                    let (ops, next) =
-                        storage.sync_batch(&vhost, &name, from, below, batch, |ops, next| {
-                            (ops, next)
-                        })?;
-                    // Encoded and sent after the storage lock is let go (it held the
-                    // probe's rounds up for most of a sync): the rounds shipped meanwhile
-                    // may go ahead of the batch, and the mirror holds them until the
-                    // backlog is written either way (`docs/mirroring.md`, *Sync*).
-                    let n = ops
-                        .iter()
-                        .filter(|o| matches!(o, IndexOp::Publish { .. }))
-                        .count();
-                    let lap = (!ops.is_empty()).then(|| {
-                        let msg = MirrorMsg::SyncBatch {
-                            epoch,
-                            target,
-                            sync,
-                            ops: Bytes::new(),
-                        };
-                        s.confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &ops)))
+                    let read = storage.sync_batch(&vhost, &name, (from, below), batch, &mut cursor);
+                    let sent = read.map(|(ops, next)| {
+                        // Encoded and sent after the storage lock is let go (it held the
+                        // probe's rounds up for most of a sync): the rounds shipped
+                        // meanwhile may go ahead of the batch, and the mirror holds them
+                        // until the backlog is written either way (`docs/mirroring.md`,
+                        // *Sync*).
+                        let n = ops
+                            .iter()
+                            .filter(|o| matches!(o, IndexOp::Publish { .. }))
+                            .count();
+                        let lap = (!ops.is_empty()).then(|| {
+                            let msg = MirrorMsg::SyncBatch {
+                                epoch,
+                                target,
+                                sync,
+                                ops: Bytes::new(),
+                            };
+                            s.confirmed_broadcast(Bytes::from(ops::encode_message(&msg, &ops)))
+                        });
+                        (lap, next, n)
                     });
-                    Ok::<_, crate::runtime::storage::StorageError>((lap, next, n))
+                    (cursor, sent)
                 })
                 .await;
-            let Some(Ok((lap, next, n))) = step else {
+            let Some((kept, Ok((lap, next, n)))) = step else {
                 tracing::warn!(queue = %key.1, "sync stopped: the backlog could not be read");
                 return false;
             };
+            cursor = kept;
             out.push_back((lap, n, next));
             while out.len() >= COPY_BATCHES_OUT || (next.is_none() && !out.is_empty()) {
                 let Some((lap, n, reached)) = out.pop_front() else {

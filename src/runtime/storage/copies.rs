@@ -1,14 +1,14 @@
 //! Mirror copies on this node: the master's rounds applied to a mirror's copy, copies
-//! started, dropped and adopted at promotion, and the backlog read in sync batches.
+//! started, dropped and adopted at promotion (the master's backlog reads are in `backlog`).
 
 use std::sync::Arc;
 
 use super::recovery::{recover_queue, remove_index_dir, COPY_INCARNATION_FILE};
 use super::syncer::LapWait;
-use super::{decode_message, queue_dir_name, RecoverySummary, State, Storage, StorageError};
+use super::{queue_dir_name, RecoverySummary, State, Storage, StorageError};
 use crate::broker::queue::IndexOp;
 use crate::broker::QueueHandle;
-use crate::mirror::digest::{self, CopyEntry, RangeSummary, SummaryBuilder, Verdict};
+use crate::mirror::digest::{self, CopyEntry, RangeSummary, Verdict};
 use crate::store::msg_store::MsgId;
 use crate::store::queue_index::{IndexConfig, QueueIndex};
 use crate::store::Disk;
@@ -404,123 +404,5 @@ impl<D: Disk + Clone> Storage<D> {
         let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let index = guard.as_ref()?.indexes.get(&key)?;
         (!index.is_empty()).then(|| index.bounds().0)
-    }
-
-    /// A summary ([`RangeSummary`]) of the queue's persistent index over
-    /// `[from, min(below, from + span))`, read a segment at a time without bodies. `f`
-    /// gets it and the seq to continue from (`None`: `below` is reached) under the storage
-    /// lock, as [`Storage::sync_batch`] does.
-    pub fn sync_summary<T>(
-        &self,
-        vhost: &str,
-        queue: &str,
-        from: u64,
-        below: u64,
-        span: u64,
-        f: impl FnOnce(RangeSummary, Option<u64>) -> T,
-    ) -> Result<T, StorageError> {
-        let key = (vhost.to_string(), queue.to_string());
-        let hi = below.min(from.saturating_add(span.max(1))).max(from);
-        let next = (hi < below).then_some(hi);
-        let mut summary = SummaryBuilder::new(from, hi);
-        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
-            return Ok(f(summary.finish(), next));
-        };
-        let wrap = |source| StorageError::Index {
-            queue: format!("{vhost}/{queue}"),
-            source,
-        };
-        let per_segment = index.config().segment_entry_count.max(1);
-        let segments = index
-            .segments()
-            .into_iter()
-            .filter(|n| (n + 1) * per_segment > from && n * per_segment < hi);
-        for n in segments {
-            for e in index.read_segment_light(n).map_err(wrap)? {
-                let p = &e.publish;
-                summary.add(p.seq, u128::from_be_bytes(p.msg_id), e.delivered);
-            }
-        }
-        Ok(f(summary.finish(), next))
-    }
-
-    /// A sync batch: up to `max` live messages of the queue's persistent index (persistent
-    /// ones, and the transient ones a mirrored queue records) with seq in
-    /// `[from, below)`, in seq order, as operations (a publish, and a deliver for a message
-    /// delivered and not acked). `f` gets them and the seq to continue from (`None`: the
-    /// backlog is done) under the storage lock: whatever it does holds up every round.
-    pub fn sync_batch<T>(
-        &self,
-        vhost: &str,
-        queue: &str,
-        from: u64,
-        below: u64,
-        max: usize,
-        f: impl FnOnce(Vec<IndexOp>, Option<u64>) -> T,
-    ) -> Result<T, StorageError> {
-        let key = (vhost.to_string(), queue.to_string());
-        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(index) = guard.as_ref().and_then(|s| s.indexes.get(&key)) else {
-            return Ok(f(Vec::new(), None));
-        };
-        let state = guard.as_ref().expect("checked above");
-        let wrap = |source| StorageError::Index {
-            queue: format!("{vhost}/{queue}"),
-            source,
-        };
-        let mut ops = Vec::new();
-        let mut taken = 0;
-        let mut bytes = 0usize;
-        let mut next = None;
-        let per_segment = index.config().segment_entry_count.max(1);
-        // Segments wholly before `from` are skipped unread: a backlog of a million
-        // messages is read once, not once per batch (and under the storage lock).
-        let segments = index
-            .segments()
-            .into_iter()
-            .filter(|n| (n + 1) * per_segment > from);
-        'segments: for n in segments {
-            for e in index.read_segment(n).map_err(wrap)? {
-                let p = &e.publish;
-                if p.seq < from {
-                    continue;
-                }
-                if p.seq >= below {
-                    break 'segments;
-                }
-                // Stop before the message that would take the batch past the byte
-                // limit (a message bigger than it goes alone).
-                if taken == max || (taken > 0 && bytes + p.size as usize > SYNC_BATCH_BYTES) {
-                    next = Some(p.seq);
-                    break 'segments;
-                }
-                bytes += p.size as usize;
-                let bytes = match &p.embedded {
-                    Some(b) => Some(b.clone()),
-                    None => state.msg_store.read(MsgId(p.msg_id))?,
-                };
-                let Some(message) =
-                    bytes.and_then(|b| decode_message(&b, u128::from_be_bytes(p.msg_id)))
-                else {
-                    tracing::error!(queue = %queue, seq = p.seq, "message body missing; not synced");
-                    continue;
-                };
-                ops.push(IndexOp::Publish {
-                    seq: p.seq,
-                    message: Arc::new(message),
-                    expires_at_ms: p
-                        .expires_at_ms
-                        .map_or(u64::MAX, |t| t.saturating_sub(self.epoch_unix_ms)),
-                    // The persistent index (the record's own flag follows the message).
-                    persistent: true,
-                });
-                if e.delivered {
-                    ops.push(IndexOp::Deliver { seq: p.seq });
-                }
-                taken += 1;
-            }
-        }
-        Ok(f(ops, next))
     }
 }

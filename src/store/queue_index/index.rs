@@ -34,6 +34,8 @@ pub struct IndexStats {
     pub segment_files: usize,
     /// Un-acked messages.
     pub unacked: u64,
+    /// Segments read back with their bodies ([`QueueIndex::read_segment`]).
+    pub segment_reads: u64,
 }
 
 /// One queue's index over a [`Disk`].
@@ -53,6 +55,8 @@ pub struct QueueIndex<D: Disk> {
     pub(super) poisoned: bool,
     pub(super) flushes: u64,
     pub(super) syncs: u64,
+    /// Counts [`QueueIndex::read_segment`] calls, which take `&self`.
+    pub(super) segment_reads: std::sync::atomic::AtomicU64,
 }
 
 impl<D: Disk> QueueIndex<D> {
@@ -199,6 +203,8 @@ impl<D: Disk> QueueIndex<D> {
         let Some(summary) = self.state.segment(n) else {
             return Ok(Vec::new());
         };
+        self.segment_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let read = read_live(&self.disk, &self.dir, &self.state, n)?;
         if (read.entries.len() as u64) < summary.unacked() {
             // The file was damaged after open; recovery will report and repair it.
@@ -234,6 +240,11 @@ impl<D: Disk> QueueIndex<D> {
         self.state.is_live(seq)
     }
 
+    /// Whether a deliver was recorded for `seq`.
+    pub fn delivered(&self, seq: u64) -> bool {
+        self.state.is_delivered(seq)
+    }
+
     /// Un-acked messages.
     pub fn len(&self) -> u64 {
         self.state.unacked()
@@ -262,6 +273,9 @@ impl<D: Disk> QueueIndex<D> {
             journal_records: self.state.journal_records(),
             segment_files: self.state.segments_on_disk(),
             unacked: self.state.unacked(),
+            segment_reads: self
+                .segment_reads
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -173,6 +173,7 @@ impl<D: Disk> QueueIndex<D> {
             poisoned: false,
             flushes: 0,
             syncs: 0,
+            segment_reads: Default::default(),
         };
         index.flush()?;
         let survivors = opened.survivors;

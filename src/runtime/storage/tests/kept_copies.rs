@@ -97,8 +97,9 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     }
     assert_eq!(batches, 30usize.div_ceil(7));
     // Only what the mirror missed is sent.
+    let mut cursor = SyncCursor::default();
     let (ops, next) = s
-        .sync_batch("/", "q", copy_next, from_seq, 1000, |ops, next| (ops, next))
+        .sync_batch("/", "q", (copy_next, from_seq), 1000, &mut cursor)
         .expect("a batch");
     assert_eq!(next, None);
     let sent: Vec<u64> = ops

@@ -165,9 +165,10 @@ fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
     publish(&b, b"later");
     assert!(s.step());
     let (mut from, mut batches, mut got) = (0, 0, Vec::new());
+    let mut cursor = SyncCursor::default();
     loop {
         let (ops, next) = s
-            .sync_batch("/", "q", from, start, 7, |ops, next| (ops, next))
+            .sync_batch("/", "q", (from, start), 7, &mut cursor)
             .expect("a batch");
         batches += 1;
         for op in ops {
@@ -196,6 +197,110 @@ fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
         "the live backlog, in order, delivered ones marked"
     );
     assert_eq!(batches, 45usize.div_ceil(7), "batches of at most 7");
+}
+
+/// The publishes (seq, body, delivered) of a batch's operations.
+fn synced(ops: Vec<IndexOp>) -> Vec<(u64, Vec<u8>, bool)> {
+    let mut got: Vec<(u64, Vec<u8>, bool)> = Vec::new();
+    for op in ops {
+        match op {
+            IndexOp::Publish { seq, message, .. } => got.push((seq, message.body.to_vec(), false)),
+            IndexOp::Deliver { seq } => {
+                let last = got.last_mut().expect("a deliver follows its publish");
+                assert_eq!(last.0, seq);
+                last.2 = true;
+            }
+            other => panic!("not a sync operation: {other:?}"),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_sync_reads_each_segment_once_and_batches_what_is_live_when_each_is_made() {
+    let disk = MemDisk::new();
+    let d = Arc::new(Durability::default());
+    let b = broker(&d);
+    let config = StorageConfig {
+        queue_index_segment_entry_count: 16,
+        ..StorageConfig::default()
+    };
+    let (s, _) =
+        Storage::open_with(disk, &b, d, &data(), &config, Instant::default()).expect("open");
+    b.set_pager(s.clone());
+    for i in 0..48u32 {
+        publish(&b, &i.to_be_bytes());
+    }
+    assert!(s.step());
+    let q = b.queue("/", "q").expect("queue");
+    let mut dead = Vec::new();
+    let mut cursor = SyncCursor::default();
+    let reads = s.segment_reads("/", "q");
+    // The first batch reads segment 0 (seqs 0-15) and takes 0-4.
+    let (ops, next) = s
+        .sync_batch("/", "q", (0, 48), 5, &mut cursor)
+        .expect("a batch");
+    assert_eq!(synced(ops).len(), 5);
+    assert_eq!(next, Some(5));
+    // Then seqs 0-7 are delivered and the first seven acked: 5 and 6 go, 7 is delivered.
+    let mut delivered = Vec::new();
+    for _ in 0..8 {
+        let (e, _) = q
+            .lock()
+            .get(Instant::default(), true, &mut dead)
+            .expect("a message");
+        delivered.push(e.seq);
+    }
+    q.lock()
+        .ack(&q, &delivered[..7], Instant::default(), &mut dead);
+    assert!(s.step());
+    let (ops, next) = s
+        .sync_batch("/", "q", (5, 48), 5, &mut cursor)
+        .expect("a batch");
+    let expected: Vec<(u64, Vec<u8>, bool)> = (7..12u32)
+        .map(|i| (i as u64, i.to_be_bytes().to_vec(), i == 7))
+        .collect();
+    assert_eq!(
+        synced(ops),
+        expected,
+        "what was acked since the segment was read is left out, what was delivered is marked"
+    );
+    let mut from = next.expect("more");
+    let mut rest = Vec::new();
+    loop {
+        let (ops, next) = s
+            .sync_batch("/", "q", (from, 48), 5, &mut cursor)
+            .expect("a batch");
+        rest.extend(synced(ops));
+        match next {
+            Some(n) => from = n,
+            None => break,
+        }
+    }
+    let expected: Vec<(u64, Vec<u8>, bool)> = (12..48u32)
+        .map(|i| (i as u64, i.to_be_bytes().to_vec(), false))
+        .collect();
+    assert_eq!(rest, expected);
+    assert_eq!(
+        s.segment_reads("/", "q") - reads,
+        3,
+        "each of the three segments read once over ten batches"
+    );
+    // A batch asked from elsewhere than the last one stopped reads again.
+    let (ops, _) = s
+        .sync_batch("/", "q", (40, 48), 2, &mut cursor)
+        .expect("a batch");
+    let (again, _) = s
+        .sync_batch("/", "q", (0, 48), 2, &mut cursor)
+        .expect("a batch");
+    assert_eq!(
+        synced(ops).iter().map(|m| m.0).collect::<Vec<_>>(),
+        [40, 41]
+    );
+    assert_eq!(
+        synced(again).iter().map(|m| m.0).collect::<Vec<_>>(),
+        [7, 8]
+    );
 }
 
 #[test]
@@ -227,9 +332,10 @@ fn a_sync_batch_stops_before_the_message_that_would_pass_its_byte_limit() {
     }
     assert!(s.step());
     let (mut from, mut got) = (0, Vec::new());
+    let mut cursor = SyncCursor::default();
     loop {
         let (ops, next) = s
-            .sync_batch("/", "q", from, 100, 1000, |ops, next| (ops, next))
+            .sync_batch("/", "q", (from, 100), 1000, &mut cursor)
             .expect("a batch");
         let bodies: Vec<usize> = ops
             .iter()

@@ -156,6 +156,9 @@ pub enum Answer {
     Have(u64),
     /// It needs the backlog from this seq.
     Want(u64),
+    /// It has written this many of the sync's batches (handed on every time: the copier
+    /// paces its batches by the latest).
+    Written(u64),
 }
 
 /// How a run's task stands.
@@ -305,6 +308,11 @@ impl MasterRole {
                 copy_next,
             } => ((epoch, sync), Some(Answer::Have(copy_next))),
             MirrorMsg::SyncWant { epoch, sync, from } => ((epoch, sync), Some(Answer::Want(from))),
+            MirrorMsg::SyncWritten {
+                epoch,
+                sync,
+                batches,
+            } => ((epoch, sync), Some(Answer::Written(batches))),
             _ => return,
         };
         let Some(run) = self.runs.get_mut(&from).filter(|r| r.id == id) else {
@@ -319,9 +327,11 @@ impl MasterRole {
                 }
             }
             Some(answer) => {
+                let mut every = false;
                 let once = match answer {
                     Answer::Have(_) => &mut run.had,
                     Answer::Want(_) => &mut run.wanted,
+                    Answer::Written(_) => &mut every,
                 };
                 if run.copy == Task::Running && !*once {
                     *once = true;

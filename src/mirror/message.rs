@@ -111,6 +111,18 @@ pub enum MirrorMsg {
         /// The copy's next seq.
         copy_next: u64,
     },
+    /// From the target of an active sync: it has written the first `batches` of the
+    /// sync's `SyncBatch`es to its copy. A target releases each batch at once (so the
+    /// rounds behind it wait on no disk write) and writes it beside its loop; the master
+    /// keeps at most a few batches unwritten by these reports, not by GM's laps.
+    SyncWritten {
+        /// The master's epoch.
+        epoch: u64,
+        /// The sync.
+        sync: u64,
+        /// Batches written so far.
+        batches: u64,
+    },
 }
 
 impl MirrorMsg {
@@ -182,6 +194,11 @@ mod tests {
                 epoch: 1,
                 target,
                 sync: 3,
+            },
+            MirrorMsg::SyncWritten {
+                epoch: 1,
+                sync: 3,
+                batches: 12,
             },
         ] {
             assert_eq!(MirrorMsg::decode(&Bytes::from(m.encode())), Some(m));

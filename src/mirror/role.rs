@@ -12,7 +12,9 @@
 //!   live at once: the mirror is the queue's from there on, and acknowledges the sync's
 //!   end. An active one first resumes a copy kept from the last run (announced with
 //!   `SyncHave`, then compared with the master's summaries) or asks for the whole backlog
-//!   (`SyncWant` from 0), and holds rounds back until the backlog is in.
+//!   (`SyncWant` from 0), and holds rounds back until the backlog is in. Its backlog
+//!   batches are written beside the loop, in order, each reported (`SyncWritten`) once
+//!   written; the driver finishes them before anything else touches the copy.
 //! - **A sync's end** (of the sync followed): uncompared kept messages go, the held rounds
 //!   are written after the backlog, and only then is the sync acknowledged (`SyncAck`), so
 //!   an acknowledged mirror holds the whole queue.
@@ -47,8 +49,21 @@ pub enum Mode {
 /// `Reconcile`) are answered before the next poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Write these operations to the copy (with an fsync); a failure leaves.
+    /// Write these operations to the copy (with an fsync); a failure leaves. The driver
+    /// first finishes the backlog batches being written (as for every action that reads
+    /// or writes the copy: all but `WriteBatch`, `Hold`, `BeginHold`, `DiscardHeld` and
+    /// `Broadcast`).
     Write(Bytes),
+    /// Write this backlog batch to the copy beside the loop, after the batches before
+    /// it, then broadcast `then` (the master paces its batches by these reports). The
+    /// message is released at once: nothing counts on a syncing copy until its
+    /// `SyncAck`, which comes after every batch is written. A failure leaves.
+    WriteBatch {
+        /// The batch's operations.
+        ops: Bytes,
+        /// The report to send once it is written.
+        then: MirrorMsg,
+    },
     /// Keep these operations until the sync's end (`BeginHold` came first); a failure
     /// leaves.
     Hold(Bytes),
@@ -125,6 +140,8 @@ pub struct MirrorRole {
     waiting: Option<Waiting>,
     actions: VecDeque<Action>,
     left: bool,
+    /// Backlog batches of the sync followed handed to be written.
+    batches: u64,
 }
 
 impl MirrorRole {
@@ -138,6 +155,7 @@ impl MirrorRole {
             waiting: None,
             actions: VecDeque::new(),
             left: false,
+            batches: 0,
         }
     }
 
@@ -204,7 +222,13 @@ impl MirrorRole {
                 sync,
                 ops,
             } if target == me && self.mode == Mode::Syncing((epoch, sync)) => {
-                self.push(Action::Write(ops));
+                self.batches += 1;
+                let then = MirrorMsg::SyncWritten {
+                    epoch,
+                    sync,
+                    batches: self.batches,
+                };
+                self.push(Action::WriteBatch { ops, then });
             }
             MirrorMsg::SyncSummary {
                 epoch,
@@ -279,6 +303,7 @@ impl MirrorRole {
         }
         self.mode = Mode::Syncing((epoch, sync));
         self.synced_by = None;
+        self.batches = 0;
         self.push(Action::BeginHold);
     }
 

@@ -55,6 +55,7 @@ pub trait StorageDisk: crate::store::Disk + Clone + Send + Sync + 'static {}
 impl<D: crate::store::Disk + Clone + Send + Sync + 'static> StorageDisk for D {}
 use crate::store::Disk;
 
+mod batch_writer;
 mod held;
 mod master;
 mod mirror;
@@ -199,6 +200,8 @@ struct Membership {
     since: u64,
     /// Time spent comparing a kept copy with the master's summaries in the current sync.
     compare_time: Duration,
+    /// The active sync's backlog batches being written beside the loop.
+    writer: Option<batch_writer::BatchWriter>,
 }
 
 /// The incarnation of `key`'s mirror set (0: not mirrored).

@@ -174,11 +174,19 @@ fn an_active_sync_copies_hands_each_answer_once_and_ends_with_its_copy() {
         sync: 7,
         from: 40,
     };
+    let written = |batches| MirrorMsg::SyncWritten {
+        epoch: EPOCH,
+        sync: 7,
+        batches,
+    };
     r.handle_message(M2, &have);
     r.handle_message(M2, &have);
     r.handle_message(M2, &want);
+    r.handle_message(M2, &written(1));
+    r.handle_message(M2, &written(2));
     // Another sync's answers, or another member's, are not this copy's.
     r.handle_message(M3, &want);
+    r.handle_message(M3, &written(3));
     r.handle_message(
         M2,
         &MirrorMsg::SyncWant {
@@ -199,6 +207,16 @@ fn an_active_sync_copies_hands_each_answer_once_and_ends_with_its_copy() {
                 target: M2,
                 id: (EPOCH, 7),
                 answer: Answer::Want(40)
+            },
+            Action::Answer {
+                target: M2,
+                id: (EPOCH, 7),
+                answer: Answer::Written(1)
+            },
+            Action::Answer {
+                target: M2,
+                id: (EPOCH, 7),
+                answer: Answer::Written(2)
             },
         ]
     );

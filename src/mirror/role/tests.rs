@@ -49,6 +49,18 @@ fn end(sync: u64) -> MirrorMsg {
     }
 }
 
+/// The backlog batch `b` of sync `sync`, the `n`th, to write and then report.
+fn written(sync: u64, b: u8, n: u64) -> Action {
+    Action::WriteBatch {
+        ops: Bytes::from(vec![b]),
+        then: MirrorMsg::SyncWritten {
+            epoch: 1,
+            sync,
+            batches: n,
+        },
+    }
+}
+
 fn ack(sync: u64) -> Action {
     Action::Broadcast(MirrorMsg::SyncAck { epoch: 1, sync })
 }
@@ -135,11 +147,39 @@ fn an_active_sync_holds_rounds_and_acknowledges_only_after_writing_them() {
     r.handle_message(batch(ME, 0, 7));
     assert_eq!(drain(&mut r), [], "an aborted sync's batch");
     r.handle_message(batch(ME, 1, 8));
-    assert_eq!(drain(&mut r), [Action::Write(Bytes::from_static(&[8]))]);
+    r.handle_message(batch(ME, 1, 9));
+    assert_eq!(
+        drain(&mut r),
+        [written(1, 8, 1), written(1, 9, 2)],
+        "each batch written beside the loop and reported with the count so far"
+    );
     r.handle_message(end(1));
     assert_eq!(drain(&mut r), [Action::ApplyHeld, ack(1)]);
     r.handle_message(ops(2));
     assert_eq!(drain(&mut r), [Action::Write(Bytes::from_static(&[2]))]);
+}
+
+#[test]
+fn a_new_sync_counts_its_batches_from_one() {
+    let mut r = MirrorRole::new(ME);
+    r.handle_message(start(true, 1));
+    r.handle_resumed(Some(None));
+    r.handle_message(batch(ME, 1, 8));
+    drain(&mut r);
+    // The master starts over (say the first sync's end never made its lap).
+    r.handle_message(start(true, 2));
+    r.handle_resumed(Some(None));
+    r.handle_message(batch(ME, 1, 7));
+    r.handle_message(batch(ME, 2, 9));
+    assert_eq!(
+        drain(&mut r),
+        [
+            Action::ResumeCopy { from_seq: 10 },
+            want(2, 0),
+            Action::BeginHold,
+            written(2, 9, 1)
+        ]
+    );
 }
 
 #[test]
@@ -318,6 +358,11 @@ proptest! {
                             "a waiting member wrote a round");
                         prop_assert!(!holding || !matches!(msg, MirrorMsg::Ops { .. }),
                             "a round written while rounds are held");
+                    }
+                    Action::WriteBatch { then, .. } => {
+                        prop_assert!(holding, "a backlog batch outside an active sync");
+                        let report = matches!(then, MirrorMsg::SyncWritten { .. });
+                        prop_assert!(report, "a batch reported as written");
                     }
                     Action::Hold(_) => { prop_assert!(holding); held += 1; }
                     Action::BeginHold => { holding = true; held = 0; }

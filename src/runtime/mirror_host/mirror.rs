@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::batch_writer::{write_copy, BatchWriter};
 use super::held::Held;
 use super::{
     incarnation_of, is_synchronised, role_of, Followed, Inner, Key, Membership, Role, StorageDisk,
@@ -16,10 +17,9 @@ use crate::gm::MemberId;
 use crate::mirror::digest::RangeSummary;
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
-use crate::mirror::ops;
 use crate::mirror::role::{Action, MirrorRole, Mode, Why};
 use crate::runtime::gm_host::GmNet;
-use crate::runtime::storage::{Storage, StorageError};
+use crate::runtime::storage::{Storage, StorageError, SYNC_BATCH_BYTES};
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
     pub(super) async fn apply(&self, key: &Key, incarnation: u64, batch: &Bytes) -> bool {
@@ -29,29 +29,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
     /// Writes several rounds (in order) with one fsync.
     pub(super) async fn apply_all(&self, key: &Key, incarnation: u64, batches: &[Bytes]) -> bool {
-        let mut ops = Vec::new();
-        for batch in batches {
-            match ops::decode(batch) {
-                Ok(o) => ops.extend(o),
-                Err(e) => {
-                    tracing::error!(queue = %key.1, error = %e, "undecodable mirrored batch");
-                    return false;
-                }
-            }
-        }
-        let storage = self.storage.clone();
-        let (vhost, name) = key.clone();
-        match self
-            .offload(move || storage.apply_mirrored(&vhost, &name, incarnation, ops))
-            .await
-        {
-            Some(Ok(())) => true,
-            Some(Err(e)) => {
-                tracing::error!(queue = %key.1, error = %e, "cannot write a mirrored batch");
-                false
-            }
-            None => false,
-        }
+        write_copy(
+            self.storage.clone(),
+            self.inline,
+            key,
+            incarnation,
+            batches.to_vec(),
+        )
+        .await
     }
 
     /// Drops this node's copy of incarnation `incarnation` (nothing else of the name).
@@ -154,8 +139,33 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         }
         m.role.handle_message(msg);
         while let Some(action) = m.role.poll_action() {
+            // The backlog batches being written go first for whatever reads or writes the
+            // copy (`Action::Write`'s rule).
+            let beside = matches!(
+                action,
+                Action::WriteBatch { .. }
+                    | Action::Hold(_)
+                    | Action::BeginHold
+                    | Action::DiscardHeld
+                    | Action::Broadcast(_)
+            );
+            if !beside && !finish_batches(m).await {
+                return false;
+            }
             let done = match action {
                 Action::Write(ops) => self.apply(key, m.incarnation, &ops).await,
+                Action::WriteBatch { ops, then } => {
+                    let writer = m.writer.get_or_insert_with(|| {
+                        BatchWriter::start(
+                            self.storage.clone(),
+                            self.inline,
+                            key.clone(),
+                            m.incarnation,
+                            m.handle.sender(),
+                        )
+                    });
+                    writer.write(ops, then)
+                }
                 Action::Hold(ops) => match m.held.as_mut().map(|h| h.push(ops)) {
                     Some(Ok(())) => true,
                     Some(Err(e)) => {
@@ -243,12 +253,27 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 return false;
             }
         };
+        // Written in runs of up to a sync batch's bytes, one fsync each, not one per
+        // round: a sync that held thousands of rounds would otherwise stall the queue
+        // for as many fsyncs at its end.
+        let rounds = held.len();
+        let mut run: Vec<Bytes> = Vec::new();
+        let mut bytes = 0usize;
         for batch in held {
-            if !self.apply(key, m.incarnation, &batch).await {
-                return false;
+            if !run.is_empty() && bytes + batch.len() > SYNC_BATCH_BYTES {
+                if !self.apply_all(key, m.incarnation, &run).await {
+                    return false;
+                }
+                run.clear();
+                bytes = 0;
             }
+            bytes += batch.len();
+            run.push(batch);
         }
-        tracing::info!(queue = %key.1, "mirror holds the backlog");
+        if !run.is_empty() && !self.apply_all(key, m.incarnation, &run).await {
+            return false;
+        }
+        tracing::info!(queue = %key.1, rounds, "mirror holds the backlog");
         true
     }
 
@@ -374,6 +399,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 incarnation,
                 since,
                 compare_time: Duration::ZERO,
+                writer: None,
             }),
             Err(e) => {
                 tracing::warn!(queue = %key.1, error = %e, "cannot join the queue's GM group");
@@ -431,13 +457,23 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         m.master = first_master;
         loop {
             tokio::select! {
+                _ = writer_stopped(&mut m.writer) => {
+                    // A backlog batch could not be written: as a round that could not be.
+                    m.writer = None;
+                    self.set_synchronised(key, m.incarnation, None, self.node, false, None)
+                        .await;
+                    abandon(&mut m).await;
+                    return None;
+                }
                 ev = m.handle.next_event() => match self.follow_events(key, &mut m, ev).await {
                     Followed::Going => {}
                     Followed::Stopped => {
                         tracing::info!(queue = %key.1, "mirror's GM member stopped");
+                        finish_batches(&mut m).await;
                         return None;
                     }
                     Followed::WriteFailed => {
+                        finish_batches(&mut m).await;
                         self.set_synchronised(key, m.incarnation, None, self.node, false, None)
                             .await;
                         // It held back the release of the round it could not take: a
@@ -448,24 +484,32 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 },
                 changed = views.changed() => {
                     if changed.is_err() {
+                        finish_batches(&mut m).await;
                         return None;
                     }
                     let state = self.raft.snapshot();
                     if incarnation_of(&state, key) != m.incarnation {
                         // The queue was deleted (and maybe declared again): this copy is
                         // of a queue that is gone.
+                        finish_batches(&mut m).await;
                         leave(&mut m).await;
                         self.drop_copy(key, m.incarnation).await;
                         return None;
                     }
                     let home = self.home_of(&state, key);
                     if home == Some(self.node) {
+                        // Promoted: the copy is opened as the queue once its writes are done.
+                        if !finish_batches(&mut m).await {
+                            abandon(&mut m).await;
+                            return None;
+                        }
                         return Some(m);
                     }
                     if let Some(h) = home {
                         m.master = h;
                     }
                     if role_of(&state, &self.broker, key, self.node) != Role::Mirror {
+                        finish_batches(&mut m).await;
                         leave(&mut m).await;
                         self.drop_copy(key, m.incarnation).await;
                         return None;
@@ -473,6 +517,24 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 }
             }
         }
+    }
+}
+
+/// Waits for the backlog batches being written, if any: `false` if one could not be (the
+/// copy cannot be trusted any more).
+async fn finish_batches(m: &mut Membership) -> bool {
+    match m.writer.take() {
+        None => true,
+        Some(writer) => writer.finish().await,
+    }
+}
+
+/// Returns when the batch writer, if there is one, stopped on a failed write; never
+/// otherwise.
+async fn writer_stopped(writer: &mut Option<BatchWriter>) {
+    match writer {
+        Some(w) => w.stopped().await,
+        None => std::future::pending().await,
     }
 }
 

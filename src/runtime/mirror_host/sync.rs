@@ -41,6 +41,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 Action::Copy { target, id, below } => {
                     let (want_tx, want_rx) = tokio::sync::oneshot::channel();
                     let (have_tx, have_rx) = tokio::sync::oneshot::channel();
+                    let (written_tx, written_rx) = tokio::sync::watch::channel(0);
                     let batch = policy_of(&self.raft.snapshot(), key)
                         .map_or(crate::meta::ha_policy::DEFAULT_SYNC_BATCH_SIZE, |p| {
                             p.sync_batch_size
@@ -58,7 +59,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                                 id,
                                 below,
                                 batch.max(1),
-                                (have_rx, want_rx),
+                                (have_rx, want_rx, written_rx),
                             )
                             .await;
                         let _ = done.send(SyncDone::Copy(target, id, ok));
@@ -71,6 +72,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         end: None,
                         want: Some(want_tx),
                         have: Some(have_tx),
+                        written: Some(written_tx),
                     };
                 }
                 Action::Answer { target, id, answer } => {
@@ -78,6 +80,16 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         let _ = match answer {
                             Answer::Have(next) => run.have.take().map(|tx| tx.send(next)),
                             Answer::Want(from) => run.want.take().map(|tx| tx.send(from)),
+                            Answer::Written(n) => {
+                                if let Some(tx) = &run.written {
+                                    tx.send_if_modified(|w| {
+                                        let more = n > *w;
+                                        *w = (*w).max(n);
+                                        more
+                                    });
+                                }
+                                None
+                            }
                         };
                     }
                 }
@@ -173,8 +185,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 
     /// Active sync: summaries of what a mirror's kept copy holds (if it kept one), until
     /// the mirror says from where it needs the backlog, then the backlog from there in
-    /// batches, each sent once the one before has made its lap (flow control), while the
-    /// queue goes on serving.
+    /// batches, while the queue goes on serving. Flow control: at most
+    /// [`COPY_BATCHES_OUT`] batches on their lap, and as many not yet reported written
+    /// by the mirror (`SyncWritten`: it releases batches at once and writes them beside
+    /// its loop).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn copy_backlog(
         &self,
@@ -184,13 +198,14 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         (epoch, sync): (u64, u64),
         below: u64,
         batch: usize,
-        answers: (
+        (have, want, mut written): (
             tokio::sync::oneshot::Receiver<u64>,
             tokio::sync::oneshot::Receiver<u64>,
+            tokio::sync::watch::Receiver<u64>,
         ),
     ) -> bool {
         let Some(mut from) = self
-            .send_summaries(key, &sender, target, (epoch, sync), below, answers)
+            .send_summaries(key, &sender, target, (epoch, sync), below, (have, want))
             .await
         else {
             tracing::info!(queue = %key.1, "sync: the mirror never said what it needs");
@@ -207,6 +222,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         // syncer's rounds wait on) while the mirror writes the last, so a batch costs the
         // longer of the two, not their sum. GM completes the laps in order.
         let mut out = std::collections::VecDeque::new();
+        let mut sent = 0u64;
         // The segment being copied, read once for all its batches.
         let mut cursor = SyncCursor::default();
         loop {
@@ -245,6 +261,7 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                 return false;
             };
             cursor = kept;
+            sent += u64::from(lap.is_some());
             out.push_back((lap, n, next));
             while out.len() >= COPY_BATCHES_OUT || (next.is_none() && !out.is_empty()) {
                 let Some((lap, n, reached)) = out.pop_front() else {
@@ -261,6 +278,12 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             match next {
                 Some(n) => from = n,
                 None => break,
+            }
+            // The mirror's disk sets the pace: a batch is read once all but
+            // `COPY_BATCHES_OUT - 1` of those sent are written.
+            let pace = written.wait_for(|w| w + COPY_BATCHES_OUT as u64 > sent);
+            if pace.await.is_err() {
+                return false;
             }
         }
         let end = sender.confirmed_broadcast(Bytes::from(
@@ -458,6 +481,8 @@ struct RunTasks {
     want: Option<tokio::sync::oneshot::Sender<u64>>,
     /// Where the copier learns up to which seq the mirror kept a copy.
     have: Option<tokio::sync::oneshot::Sender<u64>>,
+    /// Where the copier learns how many batches the mirror has written.
+    written: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 impl RunTasks {

@@ -22,9 +22,11 @@
 //! copy keeps them.
 //!
 //! This file holds the host, its shared state and the storage tap; the roles and tasks are
-//! in `master`, `mirror`, `promotion`, `tasks`, and `held` (a syncing mirror's held-back
-//! rounds). They are still async code: the issue-17 step that moves their decisions into a
-//! sans-IO mirror core (`src/mirror/`) is not done.
+//! in `master`, `mirror`, `promotion`, `tasks`, `sync`, `held` (a syncing mirror's
+//! held-back rounds) and `batch_writer` (its backlog batches written beside its loop). The
+//! sync protocol's decisions are in the sans-IO cores `mirror::role` and `mirror::master`,
+//! the lease's and a restarted master's hand-over in `mirror::lease`; this code carries
+//! them out.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,6 +1,7 @@
 //! The mirror role: join the queue's group, write each delivered round into this node's
 //! copy (`Storage::apply_mirrored`) and fsync it before releasing it, hold rounds back
-//! while a sync fills the copy, and acknowledge a completed sync to the master.
+//! while a sync fills the copy (its backlog batches released at once and written beside
+//! the loop by `batch_writer`), and acknowledge a completed sync to the master.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

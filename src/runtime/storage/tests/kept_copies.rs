@@ -36,18 +36,8 @@ fn a_kept_copy_catches_up_only_what_it_missed() {
     // The mirror's node dies; meanwhile the master delivers ten, acks five of them, and
     // takes ten more.
     mirror_disk.crash();
-    let q = b.queue("/", "q").expect("queue");
-    let mut dead = Vec::new();
-    let mut delivered = Vec::new();
-    for _ in 0..10 {
-        let (e, _) = q
-            .lock()
-            .get(Instant::default(), true, &mut dead)
-            .expect("a message");
-        delivered.push(e.seq);
-    }
-    q.lock()
-        .ack(&q, &delivered[..5], Instant::default(), &mut dead);
+    let delivered = deliver(&b, 10);
+    ack(&b, &delivered[..5]);
     for i in 30..40u32 {
         publish(&b, &body(i));
     }

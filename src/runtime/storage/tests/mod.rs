@@ -122,6 +122,27 @@ fn contents(b: &Broker) -> Vec<(Vec<u8>, bool)> {
     out
 }
 
+/// Takes `n` messages of queue `q` for delivery with acks due: their seqs.
+fn deliver(b: &Broker, n: usize) -> Vec<u64> {
+    let q = b.queue("/", "q").expect("queue");
+    let mut dead = Vec::new();
+    (0..n)
+        .map(|_| {
+            let (e, _) = q
+                .lock()
+                .get(Instant::default(), true, &mut dead)
+                .expect("a message");
+            e.seq
+        })
+        .collect()
+}
+
+/// Acks `seqs` of queue `q`.
+fn ack(b: &Broker, seqs: &[u64]) {
+    let q = b.queue("/", "q").expect("queue");
+    q.lock().ack(&q, seqs, Instant::default(), &mut Vec::new());
+}
+
 #[test]
 fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
     let disk = MemDisk::new();
@@ -146,18 +167,8 @@ fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
     }
     assert!(s.step());
     // Ten delivered, the first five of them acked.
-    let q = b.queue("/", "q").expect("queue");
-    let mut dead = Vec::new();
-    let mut delivered = Vec::new();
-    for _ in 0..10 {
-        let (e, _) = q
-            .lock()
-            .get(Instant::default(), true, &mut dead)
-            .expect("a message");
-        delivered.push(e.seq);
-    }
-    q.lock()
-        .ack(&q, &delivered[..5], Instant::default(), &mut dead);
+    let delivered = deliver(&b, 10);
+    ack(&b, &delivered[..5]);
     assert!(s.step());
     let start = s.at_next_seq("/", "q", |next| next);
     assert_eq!(start, 50);
@@ -171,19 +182,7 @@ fn a_sync_reads_the_live_backlog_below_its_start_in_batches() {
             .sync_batch("/", "q", (from, start), 7, &mut cursor)
             .expect("a batch");
         batches += 1;
-        for op in ops {
-            match op {
-                IndexOp::Publish { seq, message, .. } => {
-                    got.push((seq, message.body.to_vec(), false))
-                }
-                IndexOp::Deliver { seq } => {
-                    let last = got.last_mut().expect("a deliver follows its publish");
-                    assert_eq!(last.0, seq);
-                    last.2 = true;
-                }
-                other => panic!("not a sync operation: {other:?}"),
-            }
-        }
+        got.extend(synced(ops));
         match next {
             Some(n) => from = n,
             None => break,
@@ -232,8 +231,6 @@ fn a_sync_reads_each_segment_once_and_batches_what_is_live_when_each_is_made() {
         publish(&b, &i.to_be_bytes());
     }
     assert!(s.step());
-    let q = b.queue("/", "q").expect("queue");
-    let mut dead = Vec::new();
     let mut cursor = SyncCursor::default();
     let reads = s.segment_reads("/", "q");
     // The first batch reads segment 0 (seqs 0-15) and takes 0-4.
@@ -243,16 +240,8 @@ fn a_sync_reads_each_segment_once_and_batches_what_is_live_when_each_is_made() {
     assert_eq!(synced(ops).len(), 5);
     assert_eq!(next, Some(5));
     // Then seqs 0-7 are delivered and the first seven acked: 5 and 6 go, 7 is delivered.
-    let mut delivered = Vec::new();
-    for _ in 0..8 {
-        let (e, _) = q
-            .lock()
-            .get(Instant::default(), true, &mut dead)
-            .expect("a message");
-        delivered.push(e.seq);
-    }
-    q.lock()
-        .ack(&q, &delivered[..7], Instant::default(), &mut dead);
+    let delivered = deliver(&b, 8);
+    ack(&b, &delivered[..7]);
     assert!(s.step());
     let (ops, next) = s
         .sync_batch("/", "q", (5, 48), 5, &mut cursor)

@@ -220,7 +220,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
         progress.at(0, below);
         // Batches out at once: the next batch is read (under the storage lock, which the
         // syncer's rounds wait on) while the mirror writes the last, so a batch costs the
-        // longer of the two, not their sum. GM completes the laps in order.
+        // longer of the two, not their sum. The laps (awaited in order) catch a failed
+        // send; the mirror's `SyncWritten` reports set the pace (below).
         let mut out = std::collections::VecDeque::new();
         let mut sent = 0u64;
         // The segment being copied, read once for all its batches.
@@ -393,7 +394,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
 /// Summaries out at once (each waits for its lap before the one this many after it).
 const SUMMARY_LAPS: usize = 4;
 
-/// Backlog batches a sync keeps out at once (each up to `SYNC_BATCH_BYTES`).
+/// Backlog batches a sync keeps on their lap, and unreported as written by the mirror, at
+/// once (each up to `SYNC_BATCH_BYTES`).
 const COPY_BATCHES_OUT: usize = 2;
 
 /// Seqs one summary covers: four index segments of the default geometry, so the storage

@@ -680,8 +680,12 @@ async fn a_peer_whose_process_exits_is_seen_refusing_at_once_not_at_the_next_hea
                 s.write_all(&frame).await.expect("write");
             }
             let _ = exit_rx.await;
-            drop(s);
+            // The listener first, as a dying process's lower descriptor is closed first:
+            // closing the link first let the redial land in the listener's backlog and be
+            // reset (not refused) when the listener went, and with heartbeats an hour
+            // apart nothing dialled again (CI at 962d038).
             drop(listener);
+            drop(s);
         });
         let mut cfg = link_config(1);
         cfg.peers.insert(2, addr.clone());

@@ -30,6 +30,8 @@
 #                                             of the master's node, 3 times
 #   failover-warren-stop failover-rabbitmq-stop   the same with a controlled stop (SIGTERM)
 #                                             of the master's node instead of kill -9
+#   failover-rabbitmq-reconnect               kill -9 with the publisher on the master's node
+#                                             (it reconnects to the next one), 3 times
 #   cpu-warren         cpu-rabbitmq           issue 18's CPU at everyday rates: 1 KiB persistent,
 #                                             confirms (200 in flight), manual acks, 1p1c on node 1,
 #                                             ha-mode all, at a fixed 100, 1,000 and 10,000 msg/s
@@ -47,7 +49,8 @@
 #                                             the brokers' RSS per idle queue, then 100
 #                                             producers and 100 consumers over the three
 #                                             nodes (1 KiB persistent, confirms 50 each)
-#   all                                       every step above but the -stop ones
+#   all                                       throughput, sync and failover, both brokers
+#                                             (bench-issue18.sh runs every issue 18 step)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,11 +66,11 @@ while [[ $# -gt 0 ]]; do
         --sync-count) SYNC_COUNT="$2"; shift ;;
         all) STEPS+=(throughput-warren throughput-rabbitmq sync-warren sync-rabbitmq failover-warren failover-rabbitmq) ;;
         throughput-*|large-*|sync-*|manual-sync-*|resync-*|failover-*|cpu-*|many-*) STEPS+=("$1") ;; # sync-B-publish / sync-B-pubsub: one variant
-        *) sed -n '2,43p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,53p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,43p' "$0" >&2; exit 2; }
+[[ ${#STEPS[@]} -gt 0 ]] || { sed -n '2,53p' "$0" >&2; exit 2; }
 mkdir -p "$OUT"
 cd "$ROOT"
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -433,6 +436,7 @@ manual_sync_bench() { # broker: issue 18's sync without stalls. A queue of SYNC_
     [[ $src == 0 ]] || FAILED_RUNS+=("$b manual-sync: sync_queue exited $src")
     if [[ -n "$done_at" ]]; then
         log "$b/manual-sync: mirror synchronised $(python3 -c "print(f'{$done_at - $start:.2f}')") s after sync_queue"
+        python3 -c "print(f'{$done_at - $start:.3f}')" > "$OUT/$b-msync.seconds"
     else
         FAILED_RUNS+=("$b manual-sync: the mirror was not synchronised")
     fi
@@ -512,8 +516,10 @@ resync_bench() { # issue 16: a restarted mirror with its copy kept, then with it
     [[ $fails == 0 ]]
 }
 
-failover_rabbitmq() { # [--stop]: SIGTERM instead of SIGKILL
-    local stop=("$@")
+failover_rabbitmq() { # [--stop | --reconnect]: SIGTERM instead of SIGKILL, or the publisher
+    # on the master's node (its connection drops: it reconnects to the next node)
+    local stop=() reconnect=0
+    case "${1:-}" in --stop) stop=(--stop) ;; --reconnect) reconnect=1 ;; esac
     rmq_up
     rctl 1 set_policy ha '^ha\.' '{"ha-mode":"all","ha-sync-mode":"automatic"}' --apply-to queues >/dev/null
     local bench
@@ -531,8 +537,15 @@ for l in sys.stdin:
         fi
         local other=$(( master % 3 + 1 )) old
         old=$(rmq_pid "$master")
-        log "rabbitmq failover run $run: master on rabbit$master (os pid $old), publisher on rabbit$other"
-        "$bench" --external --declare-uri "$(ruri "$master")" --uri "$(ruri "$other")" \
+        local uris
+        uris="$(ruri "$other")"
+        if [[ $reconnect == 1 ]]; then
+            uris="$(ruri "$master"),$(ruri "$other")"
+            log "rabbitmq failover run $run: master on rabbit$master (os pid $old), publisher on it, reconnecting to rabbit$other"
+        else
+            log "rabbitmq failover run $run: master on rabbit$master (os pid $old), publisher on rabbit$other"
+        fi
+        "$bench" --external --declare-uri "$(ruri "$master")" --uri "$uris" \
             --queue ha.failover --kill-pid "$old" "${stop[@]}"
         rctl "$other" list_queues name pid slave_pids synchronised_slave_pids messages
         # Bring the killed node back (it rejoins as a mirror) for the next run.
@@ -585,6 +598,9 @@ confirmed = d["confirmed_rate"] * d.get("duration_s", wall)
 cl = d.get("confirm_latency_us") or {}
 per = cpu_s / confirmed * 1e6 if confirmed else float("nan")
 print(f"| {b} | {rate or 'flat out'} | {d['confirmed_rate']:.0f} | {cpu_s / wall:.3f} | {per:.0f} | {cl.get('p50', 0):.0f} | {cl.get('p99', 0):.0f} |")
+json.dump({"rate": rate, "confirmed_rate": d["confirmed_rate"], "cores": cpu_s / wall, "us_per_msg": per,
+           "confirm_p50_us": cl.get("p50", 0), "confirm_p99_us": cl.get("p99", 0)},
+          open(sys.argv[1][:-5] + ".result.json", "w"))
 PY
         sleep 2
     done
@@ -629,6 +645,7 @@ many_bench() { # broker: 1,000 mirrored queues, idle and then under 100 producer
     done
     local after; after=$(rss_kib "${pids[@]}")
     echo "many-$b: $synced of 1,000 queues with both mirrors synchronised after $((SECONDS - t0)) s; RSS of the 3 nodes $((before / 1024)) MiB before, $((after / 1024)) MiB after: $(( (after - before) / 1000 )) KiB per idle mirrored queue (master and 2 mirrors)"
+    echo "{\"synced\": $synced, \"rss_before_kib\": $before, \"rss_after_kib\": $after}" > "$OUT/$b-many-idle.result.json"
     # The nodes' RSS every 5 s under the load: a growth that settles is a cache, one that
     # does not is a leak.
     ( while sleep 5; do echo -n "$(( $(rss_kib "${pids[@]}" 2>/dev/null || echo 0) / 1024 )) "; done ) > "$OUT/$b-many-rss" &
@@ -667,6 +684,7 @@ for step in "${STEPS[@]}"; do
         failover-warren-stop)
             for m in 1 2; do cargo bench --bench mirrored -- --runs 3 --master "$m" --stop; done ;;
         failover-rabbitmq-stop) failover_rabbitmq --stop ;;
+        failover-rabbitmq-reconnect) failover_rabbitmq --reconnect ;;
         cpu-warren) cpu_bench warren ;;
         cpu-rabbitmq) cpu_bench rabbitmq ;;
         many-warren) many_bench warren ;;

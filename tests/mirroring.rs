@@ -1042,8 +1042,8 @@ fn rss_kib(n: &NodeProc) -> u64 {
 /// with the number of queues. Each master and mirror task held the metadata snapshot it
 /// started from for its whole life, so N queues declared one after another pinned N
 /// versions of a metadata that itself grows with N: at 1,000 queues about 960 KiB per
-/// queue over the three nodes (RabbitMQ 3.10: 178 KiB; `docs/performance.md`). 400 queues
-/// here; the figure is printed.
+/// queue over the three nodes (RabbitMQ 3.10: 172–183 KiB; `docs/performance.md`,
+/// *Many mirrored queues*). 400 queues here; the figure is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_mirrored_queues_do_not_pin_a_metadata_version_each() {
     const QUEUES: usize = 400;

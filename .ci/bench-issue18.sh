@@ -5,6 +5,7 @@
 # minutes; it needs RabbitMQ: `apt-get install -y rabbitmq-server`).
 #
 #   bash .ci/bench-issue18.sh [--no-build] [--duration S] [--sync-count N] [--failover-runs N]
+#   bash .ci/bench-issue18.sh --summary-only COMMIT    # the table again from .ci/work
 #
 # (Defaults: 10 s, 1,000,000, 5; MSYNC_PROBE_SECS sets the sync probe's run, 60 s.)
 #
@@ -30,52 +31,21 @@ DURATION=10
 SYNC_COUNT=1000000
 FAILOVER_RUNS=5
 NO_BUILD=0
+SUMMARY_ONLY=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --no-build) NO_BUILD=1 ;;
         --duration) DURATION="$2"; shift ;;
         --sync-count) SYNC_COUNT="$2"; shift ;;
         --failover-runs) FAILOVER_RUNS="$2"; shift ;;
-        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+        --summary-only) SUMMARY_ONLY="$2"; shift ;;
+        *) sed -n '2,25p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
 cd "$ROOT"
-command -v rabbitmq-server >/dev/null || { echo "rabbitmq-server is not installed" >&2; exit 1; }
-rm -rf "$OUT" .ci/work/bench .ci/work/mirrored
-mkdir -p "$OUT"
-exec > >(tee "$OUT/run.log") 2>&1
-
-log() { echo "[$(date -u +%H:%M:%S)] $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"; }
-COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src benches Cargo.lock || echo '+changes')"
-log "issue 18 bench at $COMMIT: duration $DURATION s, sync count $SYNC_COUNT"
-if [[ $NO_BUILD == 0 ]]; then
-    cargo build --release --bin warren --bin warrenctl --bin warren-perf 2>&1 | tail -1
-    cargo bench --bench mirrored --no-run 2>&1 | tail -1
-fi
-
-FAILED=()
-part() { # name command...: runs one part, notes a failure and goes on
-    local name="$1"; shift
-    log "=== $name"
-    local rc=0
-    "$@" || rc=$?
-    [[ $rc == 0 ]] || { FAILED+=("$name (exit $rc)"); log "=== $name FAILED (exit $rc)"; }
-}
-
-part single-node bash .ci/bench-compare.sh --no-build --duration "$DURATION" \
-    --scenarios '^(transient-autoack-16B|persistent-confirm-64KiB-1p1c)$'
-part mirrored bash .ci/bench-mirrored.sh --no-build --duration "$DURATION" --sync-count "$SYNC_COUNT" \
-    throughput-warren throughput-rabbitmq large-warren large-rabbitmq cpu-warren cpu-rabbitmq \
-    manual-sync-warren manual-sync-rabbitmq many-warren many-rabbitmq
-part failover-rabbitmq bash -o pipefail -c "bash .ci/bench-mirrored.sh --no-build failover-rabbitmq-reconnect | tee '$OUT/rabbitmq-failover.txt'"
-# Node 1 initialises the cluster and leads Raft: its loss adds an election.
-part failover-warren-leader bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 1 --publisher-on-master | tee '$OUT/warren-failover-leader.txt'"
-part failover-warren-follower bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 2 --publisher-on-master | tee '$OUT/warren-failover-follower.txt'"
-part failover-warren-vanish bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 2 --pause | tee '$OUT/warren-failover-vanish.txt'"
-
-log "=== summary"
-python3 - "$ROOT/.ci/work" "$COMMIT" "$DURATION" "$SYNC_COUNT" <<'PY' | tee "$OUT/summary.md"
+summary() { # commit: the table from the figures in .ci/work
+python3 - "$ROOT/.ci/work" "$1" "$DURATION" "$SYNC_COUNT" <<'PY'
 import json, os, re, sys
 
 work, commit, duration, sync_count = sys.argv[1:5]
@@ -199,7 +169,7 @@ for b in ("warren", "rabbitmq"):
     if b == "warren":
         verdict = "missing" if secs is None or not c else (
             "**met**" if secs <= 10 and c.get("max", 1e12) <= 100_000 else "not met")
-    print(f"| {b} | {fmt(secs)} | {c.get('p50', 0) / 1000:.1f} | {c.get('p99', 0) / 1000:.1f} | {c.get('max', 0) / 1000:.1f} | {verdict} |")
+    print(f"| {b} | {'missing' if secs is None else f'{secs:.2f}'} | {c.get('p50', 0) / 1000:.1f} | {c.get('p99', 0) / 1000:.1f} | {c.get('max', 0) / 1000:.1f} | {verdict} |")
 
 print("\n## Memory per idle mirrored queue (1,000 queues, master and two mirrors each)\n")
 print("| broker | queues synchronised | RSS of the 3 nodes before, MiB | after, MiB | KiB per queue (3 copies) |")
@@ -215,6 +185,43 @@ for b in ("warren", "rabbitmq"):
 if missing:
     print("\nMissing figures (a part failed or printed nothing): " + ", ".join(missing))
 PY
+}
+if [[ -n "$SUMMARY_ONLY" ]]; then summary "$SUMMARY_ONLY"; exit 0; fi
+ >/dev/null || { echo "rabbitmq-server is not installed" >&2; exit 1; }
+rm -rf "$OUT" .ci/work/bench .ci/work/mirrored
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+
+log() { echo "[$(date -u +%H:%M:%S)] $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"; }
+COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src benches Cargo.lock || echo '+changes')"
+log "issue 18 bench at $COMMIT: duration $DURATION s, sync count $SYNC_COUNT"
+if [[ $NO_BUILD == 0 ]]; then
+    cargo build --release --bin warren --bin warrenctl --bin warren-perf 2>&1 | tail -1
+    cargo bench --bench mirrored --no-run 2>&1 | tail -1
+fi
+
+FAILED=()
+part() { # name command...: runs one part, notes a failure and goes on
+    local name="$1"; shift
+    log "=== $name"
+    local rc=0
+    "$@" || rc=$?
+    [[ $rc == 0 ]] || { FAILED+=("$name (exit $rc)"); log "=== $name FAILED (exit $rc)"; }
+}
+
+part single-node bash .ci/bench-compare.sh --no-build --duration "$DURATION" \
+    --scenarios '^(transient-autoack-16B|persistent-confirm-64KiB-1p1c)$'
+part mirrored bash .ci/bench-mirrored.sh --no-build --duration "$DURATION" --sync-count "$SYNC_COUNT" \
+    throughput-warren throughput-rabbitmq large-warren large-rabbitmq cpu-warren cpu-rabbitmq \
+    manual-sync-warren manual-sync-rabbitmq many-warren many-rabbitmq
+part failover-rabbitmq bash -o pipefail -c "bash .ci/bench-mirrored.sh --no-build failover-rabbitmq-reconnect | tee '$OUT/rabbitmq-failover.txt'"
+# Node 1 initialises the cluster and leads Raft: its loss adds an election.
+part failover-warren-leader bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 1 --publisher-on-master | tee '$OUT/warren-failover-leader.txt'"
+part failover-warren-follower bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 2 --publisher-on-master | tee '$OUT/warren-failover-follower.txt'"
+part failover-warren-vanish bash -o pipefail -c "cargo bench --bench mirrored -- --runs $FAILOVER_RUNS --master 2 --pause | tee '$OUT/warren-failover-vanish.txt'"
+
+log "=== summary"
+summary "$COMMIT" | tee "$OUT/summary.md"
 
 if [[ ${#FAILED[@]} -gt 0 ]]; then
     log "FAILED parts: ${#FAILED[@]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's targets in one run: every scenario the issue sets a target for, on Warren and on
 # Debian's RabbitMQ 3.10 in the same run (one broker at a time), then one table of both
-# brokers' figures, the ratio, the target and whether it is met. Not part of CI (about 40
+# brokers' figures, the ratio, the target and whether it is met. Not part of CI (about 20
 # minutes; it needs RabbitMQ: `apt-get install -y rabbitmq-server`).
 #
 #   bash .ci/bench-issue18.sh [--no-build] [--duration S] [--sync-count N] [--failover-runs N]

@@ -447,7 +447,8 @@ mod tests {
     use amq_protocol::protocol::queue;
     use proptest::prelude::*;
 
-    /// A `basic.publish` payload from its parts, with `extra` bytes after the flags.
+    /// A `basic.publish` payload from its parts; `flags` are the bytes after the two names
+    /// (one in a well-formed payload).
     fn publish_payload(ticket: u16, exchange: &[u8], key: &[u8], flags: &[u8]) -> Vec<u8> {
         let mut p = vec![0, 60, 0, 40];
         p.extend_from_slice(&ticket.to_be_bytes());

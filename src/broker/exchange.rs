@@ -440,8 +440,7 @@ mod alternate_exchange_tests {
     }
 
     /// The default exchange's short cut routes as the walk does: queues `q1` and `q2`
-    /// exist (and a policy gives every exchange an alternate), keys may name them or not,
-    /// CC and BCC may add keys.
+    /// exist, keys may name them or not, and CC and extra (BCC) keys may add others.
     #[test]
     fn the_default_exchange_routes_as_the_walk_does() {
         let s = state(None);

@@ -43,10 +43,13 @@ impl Clock {
         Instant::from_millis(scaled as u64)
     }
 
-    /// The tokio instant for a core instant.
+    /// The tokio instant for a core instant: the first microsecond at which [`Clock::now`]
+    /// reads `t` (rounded up, not down: a timer that woke a microsecond early would find
+    /// its deadline not yet reached and sleep until it again at once, without end where
+    /// tokio's time stands still, as in the simulation).
     pub fn to_tokio(&self, t: Instant) -> tokio::time::Instant {
-        let micros = u128::from(t.as_millis()) * 1_000 * u128::from(SAME_RATE_PPM)
-            / u128::from(self.rate_ppm);
+        let micros = (u128::from(t.as_millis()) * 1_000 * u128::from(SAME_RATE_PPM))
+            .div_ceil(u128::from(self.rate_ppm));
         self.origin + std::time::Duration::from_micros(micros as u64)
     }
 }
@@ -79,6 +82,30 @@ mod tests {
             clock.to_tokio(Instant::from_millis(300)),
             origin + Duration::from_millis(500)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_tokio_instant_of_a_deadline_the_clock_has_reached_it() {
+        // Rates whose conversion is not exact: at `to_tokio(t)` the clock must read `t`,
+        // or a driver sleeping until a session's deadline wakes, finds it not due, and
+        // sleeps until the same instant again (a spin while tokio's time stands still).
+        for rate in [600_000, 612_611, 953_281, 1_000_000, 1_377_001] {
+            let clock = Clock::start_at_rate(rate);
+            let origin = tokio::time::Instant::now();
+            for ms in [1u64, 7, 333, 1_001, 99_999] {
+                let t = Instant::from_millis(ms);
+                let at = clock.to_tokio(t);
+                tokio::time::advance(at - tokio::time::Instant::now()).await;
+                assert_eq!(clock.now(), t, "rate {rate}, {ms} ms");
+                // One microsecond earlier it had not.
+                let before = at - origin - Duration::from_micros(1);
+                let scaled = before.as_micros() * u128::from(rate) / 1_000_000_000;
+                assert!(
+                    (scaled as u64) < ms,
+                    "rate {rate}, {ms} ms: not the first instant"
+                );
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,11 +19,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -47,8 +45,8 @@ mod tests;
 
 pub use control::ClusterControl;
 pub use raft_meta::{Locator, RaftMeta};
-pub use tasks::record_down_nodes;
 use tasks::{follow, reconcile_membership, watch_nodes};
+pub use tasks::{follow_metadata, record_down_nodes};
 
 /// The most voters the group has; later nodes stay learners (they replicate, do not vote).
 pub const MAX_VOTERS: usize = 5;
@@ -291,7 +289,7 @@ impl Cluster {
     ) {
         let relay = Relay::install(
             self.broker.clone(),
-            self.transport.clone(),
+            Arc::new(self.transport.clone()),
             meta,
             clock,
             self.applied.clone(),
@@ -338,14 +336,14 @@ impl Cluster {
 
     /// The [`MetaCommit`] that proposes through Raft.
     pub fn meta(&self) -> Arc<RaftMeta> {
-        Arc::new(RaftMeta {
-            raft: self.raft.clone(),
-            broker: self.broker.clone(),
-            relay: self.relay.clone(),
-            applied: self.applied.clone(),
-            commit_timeout: self.commit_timeout,
-            rng: Mutex::new(StdRng::seed_from_u64(self.node_id)),
-        })
+        Arc::new(RaftMeta::new(
+            self.raft.clone(),
+            self.broker.clone(),
+            self.relay.clone(),
+            self.applied.clone(),
+            self.commit_timeout,
+            self.node_id,
+        ))
     }
 
     /// This node's id.

@@ -36,7 +36,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::clock::Clock;
 use super::conn_task::MetaCommit;
-use super::node_link::TcpTransport;
+use super::node_link::BrokerLinks;
 use crate::broker::remote::QueueReply;
 use crate::broker::{Broker, ChannelKey, ChannelLink, OutItem, Outbox};
 use crate::meta::NodeId;
@@ -124,7 +124,7 @@ struct Orphan {
 
 struct Inner {
     broker: Arc<Broker>,
-    transport: TcpTransport,
+    transport: Arc<dyn BrokerLinks>,
     meta: Arc<dyn MetaCommit>,
     clock: Clock,
     me: NodeId,
@@ -189,7 +189,7 @@ impl Relay {
     /// the broker's [`RemoteLink`].
     pub fn install(
         broker: Arc<Broker>,
-        transport: TcpTransport,
+        transport: Arc<dyn BrokerLinks>,
         meta: Arc<dyn MetaCommit>,
         clock: Clock,
         applied: watch::Receiver<u64>,

@@ -111,6 +111,27 @@ impl Locator {
 }
 
 impl RaftMeta {
+    /// Commits through `raft` for `broker`'s node: a result once `applied` (the follower's
+    /// index, [`super::follow_metadata`]) reaches the entry, a queue's declare once its
+    /// home node runs it too (through `relay`, once installed); `seed` draws random homes.
+    pub fn new(
+        raft: MetaRaft,
+        broker: Arc<Broker>,
+        relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+        applied: watch::Receiver<u64>,
+        commit_timeout: Duration,
+        seed: u64,
+    ) -> RaftMeta {
+        RaftMeta {
+            raft,
+            broker,
+            relay,
+            applied,
+            commit_timeout,
+            rng: Mutex::new(rand::SeedableRng::seed_from_u64(seed)),
+        }
+    }
+
     pub(super) fn place(&self, def: &QueueDef) -> NodeId {
         let me = self.broker.node_id();
         let state = self.raft.snapshot();

@@ -25,6 +25,26 @@ pub(super) async fn follow(
     clock: Clock,
     relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
 ) {
+    follow_metadata(raft, broker, applied, clock, relay, |id, link| match link {
+        Some(addr) => transport.set_peer(id, addr.to_string()),
+        None => transport.remove_peer(id),
+    })
+    .await
+}
+
+/// The follower, whatever the links: every new applied state goes to the broker, nodes
+/// that restarted (a new incarnation) or went are told to the relay, consumers waiting for
+/// a new master are rehomed, then the applied index is published. `links` hears of every
+/// node's new link address (`Some`) and of forgotten nodes (`None`). The node and the
+/// simulation run this one.
+pub async fn follow_metadata(
+    raft: MetaRaft,
+    broker: Arc<Broker>,
+    applied: watch::Sender<u64>,
+    clock: Clock,
+    relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+    mut links: impl FnMut(NodeId, Option<&str>) + Send,
+) {
     let mut views = raft.subscribe();
     let mut peers: BTreeMap<NodeId, String> = BTreeMap::new();
     let mut incarnations: BTreeMap<NodeId, u64> = BTreeMap::new();
@@ -37,7 +57,7 @@ pub(super) async fn follow(
         }
         for (id, n) in &view.state.nodes {
             if peers.get(id) != Some(&n.link) {
-                transport.set_peer(*id, n.link.clone());
+                links(*id, Some(&n.link));
                 peers.insert(*id, n.link.clone());
             }
             // A node that registered a new incarnation restarted: whatever it held for
@@ -54,7 +74,7 @@ pub(super) async fn follow(
         }
         for id in &view.state.forgotten {
             if peers.remove(id).is_some() {
-                transport.remove_peer(*id);
+                links(*id, None);
             }
         }
         // Consumers waiting for a mirrored queue's new master.

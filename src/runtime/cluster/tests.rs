@@ -3,6 +3,8 @@
 use std::collections::BTreeSet;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::*;
 use crate::meta::{MetaState, QueueDef};

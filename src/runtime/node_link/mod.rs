@@ -17,11 +17,48 @@ pub mod transport;
 pub mod wire;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runtime::raft::NodeId;
+use tokio::sync::oneshot;
 
-pub use transport::{GmService, LinkStats, TcpTransport};
+use crate::runtime::raft::{NodeId, TransportError};
+
+pub use transport::{BrokerReply, BrokerService, GmService, LinkStats, TcpTransport};
+pub use wire::RemoteFailure;
+
+/// A peer's answer to a [`BrokerLinks::send_broker`] request.
+pub type BrokerAnswer = Result<Vec<u8>, RemoteFailure>;
+
+/// What [`BrokerLinks::send_broker`] returns once the request is queued on the link.
+pub type SendBroker<'a> = Pin<
+    Box<dyn Future<Output = Result<oneshot::Receiver<BrokerAnswer>, TransportError>> + Send + 'a>,
+>;
+
+/// What the relay needs of the node links: ordered broker requests to a peer, and a
+/// handler for the peer's. [`TcpTransport`] in a node; the simulation has its own over
+/// turmoil's sockets, so the same relay runs there.
+pub trait BrokerLinks: Send + Sync + 'static {
+    /// Queues a broker request for `node` and returns the receiver of its reply. Requests
+    /// one caller queues reach the peer, and are handled there, in the order queued; only
+    /// the wait for room on the link is awaited here.
+    fn send_broker(&self, node: NodeId, payload: Vec<u8>) -> SendBroker<'_>;
+    /// Hands every broker request from a peer to `service`, on the link's reader, in
+    /// arrival order.
+    fn serve_broker(&self, service: Arc<dyn BrokerService>);
+}
+
+impl BrokerLinks for TcpTransport {
+    fn send_broker(&self, node: NodeId, payload: Vec<u8>) -> SendBroker<'_> {
+        Box::pin(TcpTransport::send_broker(self, node, payload))
+    }
+
+    fn serve_broker(&self, service: Arc<dyn BrokerService>) {
+        TcpTransport::serve_broker(self, service)
+    }
+}
 
 /// Settings of one node's links.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -236,7 +236,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
                 Kind::Gm => frames.handle_frame(&body.into()),
-                Kind::Ping | Kind::Propose | Kind::Client => Vec::new(),
+                Kind::Ping | Kind::Propose | Kind::Client | Kind::Broker => Vec::new(),
             }
         })
     });

@@ -12,6 +12,9 @@
 //!   host); a client publishes with confirms and consumes with acks while the master's node
 //!   is partitioned or crashed and policies change; checkers for design §1 guarantees 1–4.
 //!
+//! - [`broker_links`]: the relay's node links over turmoil's TCP, so the node's own relay
+//!   runs between simulated nodes; [`amqp_client`]: the AMQP 0-9-1 client the mirror
+//!   scenario's session clients speak to the nodes' own sessions.
 //! - [`cut`]: partitions that cut both ways or one way only, for every scenario.
 //!
 //! See `sim/README.md`.
@@ -24,10 +27,13 @@ compile_error!(
      RUSTFLAGS=\"--cfg tokio_unstable\""
 );
 
+pub mod amqp_client;
+pub mod broker_links;
 pub mod cut;
 pub mod gm_scenario;
 pub mod mirror_scenario;
 pub mod scenario;
+pub mod session_clients;
 pub mod trace;
 pub mod transport;
 

@@ -4,7 +4,9 @@
 //! async syncer, the GM host and the [`MirrorHost`]), a durable queue with an `ha-mode: all`
 //! policy, and a client host whose publishers (with confirms) and consumer (with acks)
 //! follow the queue's master from node to node, under a fault schedule drawn from the seed;
-//! then a drain and the checkers.
+//! then a drain and the checkers. Each node also runs its AMQP listener (the node's own
+//! session driver), its relay and Raft-committed metadata, for the session clients
+//! ([`session_clients`]: AMQP connections to random nodes, on a second mirrored queue).
 //!
 //! Faults: the master's node (or another) cut off from the others and healed, or crashed
 //! (its disks keep only what was fsynced) and restarted; a policy change under load
@@ -27,6 +29,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -45,16 +48,21 @@ use warren::meta::policy::{ApplyTo, Policy, PolicyValue};
 use warren::meta::state::{NodeRecord, QueueDef};
 use warren::meta::Command;
 use warren::runtime::clock::Clock;
-use warren::runtime::cluster::record_down_nodes;
+use warren::runtime::cluster::{follow_metadata, record_down_nodes, RaftMeta};
+use warren::runtime::conn_task::{self, ConnContext, MetaCommit};
 use warren::runtime::gm_host::{GmHost, GmHostConfig};
 use warren::runtime::mirror_host::MirrorHost;
+use warren::runtime::node_stats::NodeFacts;
 use warren::runtime::raft::{MetaRaft, NodeId};
+use warren::runtime::relay::Relay;
 use warren::runtime::storage::Storage;
 use warren::store::MemDisk;
 
+use crate::broker_links::SimBrokerLinks;
 use crate::cut::Cut;
 use crate::gm_scenario::SimGmNet;
 use crate::scenario::{addr, host, PORT};
+use crate::session_clients::{self, SessionRecords};
 use crate::trace::Trace;
 use crate::transport::{serve_hearing, Handler, Kind, TurmoilTransport};
 
@@ -70,6 +78,8 @@ const QUEUE: &str = "ha.q";
 /// a node that still serves when it should not is caught (G4).
 const PUBLISHERS: u32 = 3;
 const IN_FLIGHT: usize = 4;
+/// Publishers through AMQP sessions ([`session_clients`]), besides one consumer there.
+const SESSION_PUBLISHERS: u32 = 2;
 /// This publisher's odd-numbered messages are transient (delivery mode 1): a mirrored queue
 /// mirrors them too, and a promoted mirror keeps them; only a master restarting from its
 /// own disk (no mirror could be promoted) loses them, as transient messages go with a
@@ -174,6 +184,8 @@ struct Shared {
     latest_incarnation: Mutex<Option<u64>>,
     /// When the operator saw the queue's delete commit.
     deleted: Mutex<Vec<u64>>,
+    /// What the session clients saw (their own queue, [`session_clients::QUEUE`]).
+    session: Arc<SessionRecords>,
 }
 
 impl Shared {
@@ -483,7 +495,15 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     let rpc = raft.rpc_server();
     let frames = gm.clone();
     let client_side = serving.clone();
+    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
+    // The relay's links: its requests are handled here, on the connection's reader, in
+    // arrival order (the node's own relay, [`Relay`], serves them once installed).
+    let links = SimBrokerLinks::new(id, trace.clone(), last_seen.clone());
+    let relay_side = links.clone();
     let handler: Handler = Arc::new(move |kind, body| {
+        if kind == Kind::Broker {
+            return relay_side.serve_request(body);
+        }
         let (rpc, frames, client_side) = (rpc.clone(), frames.clone(), client_side.clone());
         Box::pin(async move {
             match kind {
@@ -504,15 +524,16 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
                     };
                     vec![u8::from(ok)]
                 }
-                Kind::Ping => Vec::new(),
+                Kind::Ping | Kind::Broker => Vec::new(),
             }
         })
     });
-    let last_seen: Arc<Mutex<BTreeMap<NodeId, u64>>> = Arc::default();
     let heard = crate::gm_scenario::hearing(last_seen.clone());
     tokio::task::spawn_local(serve_hearing(listener, handler, heard));
 
-    let config = Config::default();
+    // The session clients are not on loopback: guest may log in from anywhere here.
+    let mut config = Config::default();
+    config.amqp.loopback_users.clear();
     let durability = Arc::new(Durability::default());
     let broker = Arc::new(
         Broker::new(&config, seed ^ (id << 40) ^ (boot << 48), 1 << 30, 0)
@@ -521,6 +542,35 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     );
     let clock = Clock::start_at_rate(clock_rate_ppm);
     let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
+    // The relay and what it needs, as `runtime::cluster` installs them: metadata commits
+    // through Raft (`RaftMeta`), answered once the follower applied them.
+    let relay_cell: Arc<OnceLock<Arc<Relay>>> = Arc::default();
+    let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
+    let meta: Arc<dyn MetaCommit> = Arc::new(RaftMeta::new(
+        raft.clone(),
+        broker.clone(),
+        relay_cell.clone(),
+        applied.clone(),
+        Duration::from_secs(5),
+        seed ^ id,
+    ));
+    let facts = Arc::new(NodeFacts {
+        started: std::time::Instant::now(),
+        disk_free_limit: 0,
+        config_file: None,
+        data_dir: "/data".into(),
+        listeners: OnceLock::new(),
+        links: OnceLock::new(),
+    });
+    let relay = Relay::install(
+        broker.clone(),
+        Arc::new(links),
+        meta.clone(),
+        clock,
+        applied,
+        facts,
+    );
+    let _ = relay_cell.set(relay.clone());
     // The failure detector's input (the joiner's host may not exist yet: its probes fail).
     tokio::task::spawn_local(crate::gm_scenario::ping_peers(
         id,
@@ -534,6 +584,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         broker.clone(),
         last_seen,
         down,
+        relay.clone(),
         trace.clone(),
     ));
     let record = NodeRecord {
@@ -557,7 +608,13 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     }
     if id == 1 && boot == 1 {
         propose_until_done(&raft, Command::AddVhost { name: VHOST.into() }, id, &trace).await;
+        for c in warren::broker::config_commands(&config) {
+            propose_until_done(&raft, c, id, &trace).await;
+        }
         propose_until_done(&raft, Command::DeclareQueue(queue_def(1)), id, &trace).await;
+        let mut session_queue = queue_def(2);
+        session_queue.name = session_clients::QUEUE.into();
+        propose_until_done(&raft, Command::DeclareQueue(session_queue), id, &trace).await;
         propose_until_done(&raft, ha_policy("all"), id, &trace).await;
         trace.log("n1 declared the queue and its ha policy");
     }
@@ -593,18 +650,18 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         summary.queues, summary.messages
     ));
     lock(&shared.rafts).insert(id, raft.clone());
-    // The broker follows the metadata (`runtime::cluster`'s follower task).
-    let (follow_raft, follow_broker) = (raft.clone(), broker.clone());
-    tokio::task::spawn_local(async move {
-        let mut views = follow_raft.subscribe();
-        loop {
-            let view = views.borrow_and_update().clone();
-            follow_broker.follow(view.state.clone(), clock.now());
-            if views.changed().await.is_err() {
-                return;
-            }
-        }
-    });
+    // The broker follows the metadata: `runtime::cluster`'s follower task (the links here
+    // know every node's address already).
+    tokio::task::spawn_local(follow_metadata(
+        raft.clone(),
+        broker.clone(),
+        applied_tx,
+        clock,
+        relay_cell.clone(),
+        |_, _| {},
+    ));
+    // Its queues serve other nodes from now on, as once a node's storage recovered.
+    relay.serve();
     // The syncer, as an async task on the simulated clock, pipelined as the node's syncer
     // thread is: it writes rounds (`Storage::write_round`, the node's own round), and each
     // round's laps are awaited by a task of their own that reports them
@@ -646,6 +703,25 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     .with_inline_storage()
     .with_lease(Duration::from_millis(PEER_TIMEOUT_MS / 2));
     let _tasks = mirrors.start(Duration::from_millis(500));
+    // The AMQP listener: every connection runs the node's own session driver.
+    // The node never shuts down here (a crash ends it) and has no memory alarm; the
+    // senders live as long as the listener (a closed shutdown watch means shutdown).
+    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+    let (alarm_tx, alarm) = tokio::sync::watch::channel(false);
+    let ctx = ConnContext {
+        broker: broker.clone(),
+        session: warren::session::SessionConfig::from_config(&config),
+        clock,
+        shutdown,
+        alarm,
+        outbound_bytes_max: config.limits.connection_outbound_bytes_max,
+        node_span: tracing::Span::none(),
+        meta,
+    };
+    tokio::task::spawn_local(async move {
+        let _senders = (shutdown_tx, alarm_tx);
+        accept_amqp(ctx).await
+    });
     let _ = serving.set(Arc::new(Serving {
         id,
         broker,
@@ -784,12 +860,28 @@ impl Serving {
 /// `runtime::cluster::watch_nodes` drives it: every node tells its broker which nodes are
 /// down; the leader, from a leadership a quorum confirmed, records `NodeDown` once per
 /// outage. The simulated transport has no refused connections.
+async fn accept_amqp(ctx: ConnContext) {
+    let Ok(listener) = TcpListener::bind(("0.0.0.0", session_clients::AMQP_PORT)).await else {
+        return;
+    };
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        tokio::spawn(conn_task::run(stream, peer, local, None, ctx.clone()));
+    }
+}
+
 async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
     broker: Arc<Broker>,
     seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
     down_now: Arc<Mutex<BTreeSet<NodeId>>>,
+    relay: Arc<Relay>,
     trace: Trace,
 ) {
     let mut detector = Detector::new(id, PEER_TIMEOUT_MS, now_ms());
@@ -818,6 +910,14 @@ async fn detect_failures(
         }
         broker.set_down_nodes(down.clone());
         *lock(&down_now) = down;
+        // As `runtime::cluster::watch_nodes` tells the relay.
+        for n in verdict.newly_down {
+            relay.node_down(n);
+        }
+        for n in verdict.newly_up {
+            relay.node_up(n);
+        }
+        relay.rehome();
         record_down_nodes(&raft, &mut detector, verdict.to_declare, |peer| {
             trace.log(format!("n{id} (leader) records n{peer} down"))
         })
@@ -1170,6 +1270,32 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
                 tasks.spawn_local(run_publisher(p, seed, shared, trace));
             }
             tasks.spawn_local(run_consumer(seed, shared.clone(), trace.clone()));
+            // The session clients: AMQP through the nodes' own sessions and relay.
+            let hosts: Rc<dyn Fn() -> u64> = {
+                let shared = shared.clone();
+                Rc::new(move || shared.hosts())
+            };
+            let draining: Rc<dyn Fn() -> bool> = {
+                let shared = shared.clone();
+                Rc::new(move || shared.draining.load(Ordering::SeqCst))
+            };
+            for p in 0..SESSION_PUBLISHERS {
+                tasks.spawn_local(session_clients::run_publisher(
+                    p,
+                    seed,
+                    WORKLOAD_MS,
+                    hosts.clone(),
+                    shared.session.clone(),
+                    trace.clone(),
+                ));
+            }
+            tasks.spawn_local(session_clients::run_consumer(
+                seed,
+                hosts,
+                draining,
+                shared.session.clone(),
+                trace.clone(),
+            ));
             while tasks.join_next().await.is_some() {}
             Ok(())
         });
@@ -1237,6 +1363,7 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
     let mut whole_crash = whole_crash;
     let mut all_down_until: Option<u64> = None;
     let mut shown = (0, 0);
+    let mut shown_session = String::new();
     loop {
         let now = sim.elapsed().as_millis() as u64;
         trace.set_harness_time(now);
@@ -1273,6 +1400,32 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
                     "metadata: home n{home}, mirrors {}; group {members}",
                     shared.mirrors()
                 ));
+            }
+        }
+        // The session clients' queue too.
+        if let Some(s) = shared.newest() {
+            let k = (VHOST.to_string(), session_clients::QUEUE.to_string());
+            let line = s.mirror_sets.get(&k).map(|set| {
+                let home = s
+                    .vhosts
+                    .get(VHOST)
+                    .and_then(|v| v.queues.get(session_clients::QUEUE))
+                    .map_or(0, |q| q.home);
+                format!(
+                    "metadata: {} home n{home}, mirrors {}, epoch {}, incarnation {}",
+                    session_clients::QUEUE,
+                    set.mirrors
+                        .iter()
+                        .map(|m| format!("n{}{}", m.node, if m.synchronised { "" } else { "?" }))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    set.epoch,
+                    set.incarnation
+                )
+            });
+            if let Some(line) = line.filter(|l| *l != shown_session) {
+                trace.log(line.clone());
+                shown_session = line;
             }
         }
         // A node whose storage failed exits (its process ends: what it wrote stays in the
@@ -1400,7 +1553,7 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
         if now >= drain_from && !shared.draining.swap(true, Ordering::SeqCst) {
             trace.log("drain: faults over, publishers done; the consumer drains the queue");
         }
-        if shared.drained.load(Ordering::SeqCst) {
+        if shared.drained.load(Ordering::SeqCst) && shared.session.drained.load(Ordering::SeqCst) {
             // Every node holds a synchronised copy (`ha-mode: all`, every node back): the
             // syncs under load, of restarted and joined nodes, completed.
             match shared.unsynchronised() {
@@ -1436,12 +1589,15 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
                 .iter()
                 .map(|c| format!("p{}#{} (n{} e{})", c.publisher, c.n, c.node, c.epoch))
                 .collect();
+            let session = shared.session.missing();
             shared.fail(
                 &trace,
                 format!(
-                    "G1/liveness: not drained within {DRAIN_MS}ms; confirmed and never delivered: {} {:?}",
+                    "G1/S1/liveness: not drained within {DRAIN_MS}ms; confirmed and never delivered: {} {:?}; session clients' {} {:?}",
                     missing.len(),
-                    &missing[..missing.len().min(20)]
+                    &missing[..missing.len().min(20)],
+                    session.len(),
+                    &session[..session.len().min(20)]
                 ),
             );
             break;
@@ -1463,6 +1619,10 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
 }
 
 fn check(shared: &Shared, trace: &Trace) {
+    trace.log(shared.session.summary());
+    for f in shared.session.check() {
+        shared.fail(trace, f);
+    }
     let confirms = lock(&shared.confirms).clone();
     let deliveries = lock(&shared.deliveries).clone();
     // G1 (the drain's condition, checked again here for runs that stopped otherwise).

@@ -375,7 +375,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
             match kind {
                 Kind::Raft => rpc.handle(&body).await,
                 Kind::Propose => handle_propose(&node, &body).await,
-                Kind::Gm | Kind::Ping | Kind::Client => Vec::new(),
+                Kind::Gm | Kind::Ping | Kind::Client | Kind::Broker => Vec::new(),
             }
         })
     });

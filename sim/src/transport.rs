@@ -41,6 +41,9 @@ pub enum Kind {
     Ping = 3,
     /// A client's request to a node's broker (see [`crate::mirror_scenario`]).
     Client = 4,
+    /// A relay request for the node's [`warren::runtime::node_link::BrokerService`] (see
+    /// [`crate::broker_links`]); handled on the connection's reader, in arrival order.
+    Broker = 5,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -205,7 +208,7 @@ impl std::fmt::Display for RequestError {
     }
 }
 
-async fn read_frame(read: &mut OwnedReadHalf) -> std::io::Result<(u64, Vec<u8>)> {
+pub(crate) async fn read_frame(read: &mut OwnedReadHalf) -> std::io::Result<(u64, Vec<u8>)> {
     let len = read.read_u32().await? as usize;
     if !(8..=MAX_FRAME).contains(&len) {
         return Err(std::io::Error::new(
@@ -249,7 +252,9 @@ impl RaftTransport for TurmoilTransport {
     }
 }
 
-/// A request handler: gets the kind and body, returns the reply body.
+/// A request handler: gets the kind and body, returns the reply body. It is called on the
+/// connection's reader, in arrival order, and what it does before returning its future
+/// happens in that order too (a [`Kind::Broker`] request is handled there).
 pub type Handler = Arc<dyn Fn(Kind, Vec<u8>) -> Pin<Box<dyn Future<Output = Vec<u8>>>>>;
 
 /// Told the caller's address of every request frame received (before it is handled).
@@ -294,12 +299,13 @@ async fn serve_conn(stream: TcpStream, handler: Handler, heard: Hearing, from: I
             2 => Kind::Gm,
             3 => Kind::Ping,
             4 => Kind::Client,
+            5 => Kind::Broker,
             _ => break,
         };
-        let handler = Arc::clone(&handler);
+        let reply = handler(kind, body);
         let tx = tx.clone();
         tokio::task::spawn_local(async move {
-            let reply = handler(kind, body).await;
+            let reply = reply.await;
             let mut frame = Vec::with_capacity(reply.len() + 12);
             frame.extend_from_slice(&((reply.len() + 8) as u32).to_be_bytes());
             frame.extend_from_slice(&id.to_be_bytes());

@@ -116,7 +116,17 @@ const MIRROR_CI_SEEDS: [u64; 22] = [
 /// master exit). The operator deletes the queue and declares it again under load in 3,
 /// 11, 51 and 60; in 11 and 51 the whole cluster crashes after that too. In 5, 6 and 8
 /// every node's clock runs at a rate of its own (0.6-1.4 of the simulation's).
-const MIRROR_NEW_MIX_CI_SEEDS: [u64; 9] = [3, 4, 5, 6, 8, 10, 11, 51, 60];
+///
+/// With the session clients (AMQP through the nodes' own sessions and relay,
+/// `src/session_clients.rs`), three seeds found consumers that waited for good on a node
+/// other than their queue's (bug 32): in 57 a consumer attached through another node while
+/// the queue's restarted node was still recovering; the node cancelled it and the consumer
+/// waited for a new master that never came (it now asks the node again). In 21 the queue's
+/// node gave the consumer's node up over a one-way cut and dropped its consumer, which that
+/// node never heard of (it is now cancelled there once the node is heard again); and a
+/// consume whose link failed was lost (it now counts as cancelled and asks again). 52
+/// stalled the same way.
+const MIRROR_NEW_MIX_CI_SEEDS: [u64; 12] = [3, 4, 5, 6, 8, 10, 11, 21, 51, 52, 57, 60];
 
 #[test]
 fn mirror_fixed_seeds_pass() {
@@ -184,23 +194,24 @@ fn mirror_checkers_catch_reordering_and_two_masters() {
 
 /// Clock skew reaches the lease, and G4 catches what a master's clock far slower than the
 /// lease argument allows does (`docs/mirroring.md`: the argument needs a master's clock at
-/// over half its leader's rate). Seed 0 cuts the master off at 3.1 s; with every node's
-/// clock at a tenth of the failure detectors' rate, its 500 ms lease lasts 5 s, and it
-/// still delivers after the promoted mirror began epoch 1. The mirror scenario's own skew
+/// over half its leader's rate). Seed 6 cuts the master off at 6.9 s (and at 3.0 s); with
+/// every node's clock at a tenth of the failure detectors' rate, its 500 ms lease lasts
+/// 5 s, and it still delivers after the promoted mirror began epoch 1. (Seed 0 showed it
+/// until the session clients' traffic moved its timings.) The mirror scenario's own skew
 /// (0.6-1.4, drawn in half the runs) passes (`mirror_new_mix_seeds_pass`).
 #[test]
 fn mirror_checkers_catch_a_master_whose_clock_runs_far_slower_than_the_lease_allows() {
     let slow: Vec<(u64, u64)> = (1..=4).map(|id| (id, 100_000)).collect();
-    let out = sim::mirror_scenario::run_seed_with_clock_rates(0, &slow);
+    let out = sim::mirror_scenario::run_seed_with_clock_rates(6, &slow);
     assert!(
         out.failures.iter().any(|f| f.starts_with("G4")),
         "two masters at once: {:?}",
         out.failures
     );
-    let same = sim::mirror_scenario::run_seed_with_clock_rates(0, &[]);
+    let same = sim::mirror_scenario::run_seed_with_clock_rates(6, &[]);
     assert!(
         same.passed(),
-        "seed 0 at the simulation's rate: {:?}",
+        "seed 6 at the simulation's rate: {:?}",
         same.failures
     );
 }

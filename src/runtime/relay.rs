@@ -27,7 +27,12 @@
 //! queues (consumer cancel notify, as RabbitMQ does); when C goes down, H requeues what C's
 //! channels held and drops their consumers. Forwarded publishes whose link fails are nacked.
 //! Either may give the other up alone (a one-way cut): settles C could not send are sent
-//! again until taken, and once C hears H again it cancels there the consumers it cancelled.
+//! again until taken, and once C hears H again it cancels there the consumers it cancelled;
+//! once H hears C again it cancels on C the consumers it dropped, so they attach again.
+//! A consumer of a mirrored queue that H cancelled while still the queue's home (its
+//! storage was recovering), that waited for a new master while H came back, or whose
+//! consume was lost with its link, asks H again (`Orphan::retry_at`): nothing else would
+//! wake it, and it would wait for deliveries that never come.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -117,10 +122,21 @@ struct Orphan {
     outbox: Weak<Outbox>,
     tag: Arc<str>,
     queue: Arc<(String, String)>,
-    /// The master's node that went down.
+    /// The master's node that went down, or that cancelled the consumer.
     node: NodeId,
-    since: std::time::Instant,
+    /// When it started waiting (the node's clock): a minute later it is cancelled.
+    since: crate::time::Instant,
+    /// When to ask `node` again if it is still the queue's home and up: set when `node`
+    /// itself cancelled the consumer (its storage was still recovering the queue, or it
+    /// was between two states), as nothing else would wake it; `None` after a failure,
+    /// where the consumer waits for the new master.
+    retry_at: Option<crate::time::Instant>,
 }
+
+/// How long a consumer cancelled by its queue's node waits before asking it again.
+const ORPHAN_RETRY_MS: u64 = 1_000;
+/// How long a consumer waits for its queue's new master before it is cancelled.
+const ORPHAN_WAIT_MS: u64 = 60_000;
 
 struct Inner {
     broker: Arc<Broker>,
@@ -153,6 +169,11 @@ struct Inner {
     /// Consumers this node cancelled on a node it gave up, to cancel there once it is heard
     /// again (it may never have given this node up, and would keep them).
     cancel_when_up: Mutex<Vec<GivenUp>>,
+    /// Consumers of other nodes' channels this node dropped when it gave their node up: (the
+    /// node, its channel, the consumer tags), to cancel there once it is heard again. It
+    /// may never have given this node up (a one-way cut, a pause), and would otherwise wait
+    /// for deliveries that never come.
+    dropped_consumers: Mutex<Vec<(NodeId, ChannelKey, Vec<String>)>>,
 }
 
 /// A consumer of channel `key` on `queue` of `node`, cancelled here when `node` was given up.
@@ -216,6 +237,7 @@ impl Relay {
                 next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),
                 abandoned_gets: Mutex::new(VecDeque::new()),
                 cancel_when_up: Mutex::new(Vec::new()),
+                dropped_consumers: Mutex::new(Vec::new()),
             }),
         });
         transport.serve_broker(Arc::new(Service {
@@ -264,6 +286,7 @@ impl Relay {
         }
         let broker = &self.inner.broker;
         let state = broker.snapshot();
+        let now = self.inner.clock.now();
         orphans.retain(|o| {
             let Some(outbox) = o.outbox.upgrade() else {
                 return false;
@@ -273,7 +296,7 @@ impl Relay {
                 .vhost(vhost)
                 .and_then(|v| v.queues.get(queue))
                 .map(|d| d.home);
-            let expired = o.since.elapsed() > std::time::Duration::from_secs(60);
+            let expired = now.millis_since(o.since) > ORPHAN_WAIT_MS;
             let cancel = || OutItem::Cancel {
                 channel: o.key.channel,
                 consumer_tag: o.tag.clone(),
@@ -281,6 +304,19 @@ impl Relay {
             let item = match home {
                 // The queue went.
                 None => Some(cancel()),
+                // The node that cancelled it is still the home and up: ask it again (it
+                // answers with another cancel while it cannot take the consumer).
+                Some(h)
+                    if h == o.node
+                        && o.retry_at.is_some_and(|t| now >= t)
+                        && !broker.node_is_down(h)
+                        && broker.remote_queue(vhost, queue).is_some() =>
+                {
+                    Some(OutItem::Rehome {
+                        channel: o.key.channel,
+                        consumer_tag: o.tag.clone(),
+                    })
+                }
                 // Not failed over yet.
                 Some(h) if h == o.node => expired.then(cancel),
                 // Serving here or on a running node.
@@ -342,7 +378,8 @@ impl Relay {
                             tag: t.tag,
                             queue: t.queue,
                             node,
-                            since: std::time::Instant::now(),
+                            since: self.inner.clock.now(),
+                            retry_at: None,
                         });
                         continue;
                     }
@@ -364,8 +401,20 @@ impl Relay {
 impl Relay {
     /// `node` is heard again after it was given up: the consumers cancelled on it then are
     /// cancelled there too, in order before anything else sent to it (a consumer that
-    /// followed its queue back there since is not: it is no longer retired).
+    /// followed its queue back there since is not: it is no longer retired); those still
+    /// waiting for a new master of its queues ask it again at the next [`Relay::rehome`];
+    /// and the consumers of its channels this node dropped when it gave it up are cancelled
+    /// there.
     pub fn node_up(&self, node: NodeId) {
+        // Consumers that waited for a new master of `node`'s queues ask `node` again: if it
+        // is still their queue's home (it came back before any failover), nothing else
+        // would wake them. The cancels below go first, on the same ordered sender.
+        let now = self.inner.clock.now();
+        for o in lock(&self.inner.orphans).iter_mut() {
+            if o.node == node {
+                o.retry_at = Some(now);
+            }
+        }
         let gone: Vec<_> = {
             let mut all = lock(&self.inner.cancel_when_up);
             let (here, rest) = std::mem::take(&mut *all)
@@ -391,6 +440,30 @@ impl Relay {
                 conn: key.conn,
                 channel: key.channel,
                 tag: tag.to_string(),
+            };
+            self.inner.send(node, msg, 0);
+        }
+        // And the consumers of its channels this node dropped: cancelled there, so they
+        // follow their queue again (a mirrored queue's consumer attaches here anew).
+        let dropped: Vec<_> = {
+            let mut all = lock(&self.inner.dropped_consumers);
+            let (here, rest) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|(n, _, _)| *n == node);
+            *all = rest;
+            here
+        };
+        for (_, key, tags) in dropped {
+            tracing::debug!(
+                node,
+                ?tags,
+                "cancelling there the consumers dropped when it was given up"
+            );
+            let msg = RelayMsg::Deliver {
+                conn: key.conn,
+                channel: key.channel,
+                deliveries: Vec::new(),
+                cancels: tags,
             };
             self.inner.send(node, msg, 0);
         }

@@ -180,8 +180,27 @@ impl Inner {
                 .collect()
         };
         for p in gone {
+            let tags: Vec<String> = lock(&p.consumers)
+                .iter()
+                .map(|(_, _, t)| t.to_string())
+                .collect();
+            if !tags.is_empty() {
+                lock(&self.dropped_consumers).push((node, p.key, tags));
+            }
             self.close_proxy(&p);
         }
+    }
+
+    /// `node`'s channel `key` attached consumer `tag` here again: it needs no cancel for an
+    /// earlier one of that tag dropped when `node` was given up.
+    pub(super) fn forget_dropped(&self, node: NodeId, key: ChannelKey, tag: &str) {
+        let mut dropped = lock(&self.dropped_consumers);
+        for (n, k, tags) in dropped.iter_mut() {
+            if *n == node && *k == key {
+                tags.retain(|t| t != tag);
+            }
+        }
+        dropped.retain(|(_, _, tags)| !tags.is_empty());
     }
 
     /// Detaches a proxy channel's consumers and requeues what it held.

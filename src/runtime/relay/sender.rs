@@ -217,10 +217,26 @@ impl Inner {
     /// up): whoever waits hears so. What would leave a message unacknowledged there for
     /// good is sent again, outside the ordered sender, until the node has it: a settle (the
     /// node may not have given this one up, and keeps the delivery), and the abandonment of
-    /// a get with acks (the get may have reached the node anyway).
+    /// a get with acks (the get may have reached the node anyway). A consume that failed
+    /// is taken back as the node's cancel would take it.
     pub(super) fn failed(&self, node: NodeId, out: Outgoing) {
         match &out.msg {
             RelayMsg::Settle { .. } => self.send_until_taken(node, out.msg.clone()),
+            RelayMsg::Consume {
+                conn, channel, tag, ..
+            } => {
+                // It may never have reached the node: the consumer is taken back here as if
+                // the node had cancelled it (one of a mirrored queue asks again, anything
+                // else is cancelled), not left waiting for deliveries that may never come.
+                // If it did arrive, asking again finds it attached there.
+                let cancel = RelayMsg::Deliver {
+                    conn: *conn,
+                    channel: *channel,
+                    deliveries: Vec::new(),
+                    cancels: vec![tag.clone()],
+                };
+                let _ = self.handle_one(node, cancel);
+            }
             RelayMsg::Get {
                 conn,
                 channel,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use super::wire::{encode, RelayMsg, RelayReply, WireMessage, WireSettle};
-use super::{lock, Inner, Orphan, ADOPTION_WAIT, PROXY_GETS};
+use super::{lock, Inner, Orphan, ADOPTION_WAIT, ORPHAN_RETRY_MS, PROXY_GETS};
 use crate::broker::direct_reply::{is_reply_name, ReplyAddress};
 use crate::broker::{
     ChannelKey, Consumer, Delivery, OutItem, Outbox, QueueRef, RemoteLink, RemoteQueue, Settle,
@@ -106,6 +106,7 @@ impl Inner {
                 exclusive,
             } => {
                 let key = ChannelKey { conn, channel };
+                self.forget_dropped(from, key, &tag);
                 let tag: Arc<str> = Arc::from(tag.as_str());
                 let refuse = |why: String| {
                     tracing::debug!(queue = %queue, error = %why, "remote consumer refused");
@@ -133,6 +134,13 @@ impl Inner {
                     return (RelayReply::Done, 0);
                 }
                 let proxy = self.proxy(from, key, global_prefetch);
+                if lock(&proxy.consumers)
+                    .iter()
+                    .any(|(v, q, t)| *v == vhost && *q == queue && *t == tag)
+                {
+                    // Asked again after the first ask's link failed, which arrived anyway.
+                    return (RelayReply::Done, 0);
+                }
                 let consumer = Consumer {
                     tag: tag.clone(),
                     link: proxy.link.clone(),
@@ -376,6 +384,8 @@ impl Inner {
                     // queue over (a controlled stop, a `nodes` policy), or deleting it: the
                     // consumer waits for the new master, as after a failure (`rehome`
                     // cancels it if the queue went), unless it asked to be cancelled.
+                    let found = gone.is_some();
+                    tracing::debug!(node = from, tag = %tag, found, "consumer cancelled by its queue's node");
                     if let Some(t) = gone.filter(|t| {
                         !t.cancel_on_ha_failover && state.mirror_sets.contains_key(&*t.queue)
                     }) {
@@ -386,8 +396,15 @@ impl Inner {
                             tag: t.tag,
                             queue: t.queue,
                             node: from,
-                            since: std::time::Instant::now(),
+                            since: now,
+                            retry_at: Some(now.plus_millis(ORPHAN_RETRY_MS)),
                         });
+                        continue;
+                    }
+                    if !found && self.is_retired(&key, &tag, from) {
+                        // This channel already took the consumer away from `from` (it gave
+                        // `from` up, or `from` cancelled it before): a late cancel of a
+                        // consumer that waits for, or follows, its queue elsewhere now.
                         continue;
                     }
                     let _ = outbox.push(OutItem::Cancel {

@@ -31,6 +31,10 @@ pub struct Detector {
     watching_since_ms: u64,
     leader: bool,
     down: BTreeSet<NodeId>,
+    /// Nodes reported newly down and not yet newly up. A node can leave `down` without
+    /// being heard (a new leadership starts the watch again); it is reported up only once
+    /// it is heard, so every `newly_down` is followed by one `newly_up` when it comes back.
+    told_down: BTreeSet<NodeId>,
     /// Nodes the leader recorded down in this outage.
     declared: BTreeSet<NodeId>,
 }
@@ -40,11 +44,11 @@ pub struct Detector {
 pub struct Verdict {
     /// Every node down now (the broker answers for their queues accordingly).
     pub down: BTreeSet<NodeId>,
-    /// Nodes down now that were not at the last tick (the relay fails what it queued for
-    /// them, their consumers are cancelled or wait for a new master).
+    /// Nodes down now that were not reported down since they were last up (the relay fails
+    /// what it queued for them, their consumers are cancelled or wait for a new master).
     pub newly_down: Vec<NodeId>,
-    /// Nodes up now that were down at the last tick (the relay tells them what it gave
-    /// up there meanwhile).
+    /// Nodes reported down that are heard again (the relay tells them what it gave up
+    /// there meanwhile); each newly-down node is reported up once, when it is heard.
     pub newly_up: Vec<NodeId>,
     /// On the leader: nodes to record down, in order; the driver reports each that
     /// committed with [`Detector::handle_declared`].
@@ -60,6 +64,7 @@ impl Detector {
             watching_since_ms: now_ms,
             leader: false,
             down: BTreeSet::new(),
+            told_down: BTreeSet::new(),
             declared: BTreeSet::new(),
         }
     }
@@ -86,13 +91,17 @@ impl Detector {
             .into_iter()
             .filter(|&n| n != self.me && ((settled && !alive(n)) || refused(n)))
             .collect();
-        let newly_down = down.difference(&self.down).copied().collect();
-        let newly_up = self
-            .down
+        let newly_down: Vec<NodeId> = down.difference(&self.told_down).copied().collect();
+        let newly_up: Vec<NodeId> = self
+            .told_down
             .difference(&down)
             .copied()
             .filter(|&n| alive(n))
             .collect();
+        self.told_down.extend(newly_down.iter().copied());
+        for n in &newly_up {
+            self.told_down.remove(n);
+        }
         self.declared.retain(|n| down.contains(n));
         let to_declare = if leader {
             down.difference(&self.declared).copied().collect()
@@ -148,6 +157,38 @@ mod tests {
         assert_eq!(v.newly_up, [3]);
         let v = tick(&mut d, 1700, false, &[(2, 1600), (3, 1650)], &[]);
         assert!(v.newly_up.is_empty(), "up already");
+    }
+
+    #[test]
+    fn a_node_dropped_from_down_by_a_new_leadership_is_reported_up_when_heard_and_only_then() {
+        // Node 2 goes silent; this node reports it down, then becomes leader: the watch
+        // starts again and 2 leaves `down` unheard. It must not be reported up until it is
+        // heard, and then once; nor reported down again meanwhile (seed 192 of the mirror
+        // simulation: the relay heard of the outage and never of its end).
+        let mut d = Detector::new(1, T, 0);
+        let v = tick(&mut d, 2000, false, &[(2, 500), (3, 1900)], &[]);
+        assert_eq!(v.newly_down, [2]);
+        let v = tick(&mut d, 2100, true, &[(2, 500), (3, 2000)], &[]);
+        assert!(v.down.is_empty(), "the new leader's watch has not settled");
+        assert!(v.newly_up.is_empty(), "2 was not heard");
+        let v = tick(&mut d, 3100, true, &[(2, 500), (3, 3000)], &[]);
+        assert_eq!(v.down, BTreeSet::from([2]));
+        assert!(v.newly_down.is_empty(), "reported down already");
+        let v = tick(&mut d, 3200, true, &[(2, 3150), (3, 3100)], &[]);
+        assert_eq!(v.newly_up, [2]);
+        let v = tick(&mut d, 3300, true, &[(2, 3250), (3, 3200)], &[]);
+        assert!(v.newly_up.is_empty(), "up already");
+    }
+
+    #[test]
+    fn a_node_heard_while_a_new_leaderships_watch_settles_is_reported_up() {
+        let mut d = Detector::new(1, T, 0);
+        let v = tick(&mut d, 2000, false, &[(2, 500), (3, 1900)], &[]);
+        assert_eq!(v.newly_down, [2]);
+        let v = tick(&mut d, 2100, true, &[(2, 500), (3, 2000)], &[]);
+        assert!(v.down.is_empty() && v.newly_up.is_empty());
+        let v = tick(&mut d, 2200, true, &[(2, 2150), (3, 2100)], &[]);
+        assert_eq!(v.newly_up, [2], "the relay must hear the outage ended");
     }
 
     #[test]

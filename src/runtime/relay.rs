@@ -34,7 +34,7 @@
 //! consume was lost with its link, asks H again (`Orphan::retry_at`): nothing else would
 //! wake it, and it would wait for deliveries that never come.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::{oneshot, watch};
@@ -149,11 +149,14 @@ struct Inner {
     /// What this node knows of itself, for [`RelayMsg::Stats`].
     facts: Arc<super::node_stats::NodeFacts>,
     link: Weak<Relay>,
+    // Ordered maps, not hashed: what is iterated (a node's proxies closed, a channel's
+    // consumers orphaned) happens in the same order on every run, so a simulated seed
+    // replays exactly.
     /// Per node: its sender, and the signal that the node was declared down (what waits for
     /// its answers fails then: a frozen node keeps its sockets open and never answers).
-    senders: Mutex<HashMap<NodeId, Arc<NodeSender>>>,
-    proxies: Mutex<HashMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
-    sinks: Mutex<HashMap<ChannelKey, ConsumerSink>>,
+    senders: Mutex<BTreeMap<NodeId, Arc<NodeSender>>>,
+    proxies: Mutex<BTreeMap<(NodeId, ChannelKey), Arc<ProxyChannel>>>,
+    sinks: Mutex<BTreeMap<ChannelKey, ConsumerSink>>,
     /// Consumers waiting for their mirrored queue's new master.
     orphans: Mutex<Vec<Orphan>>,
     /// Whether this node's queues serve other nodes yet: not before storage has put their
@@ -161,7 +164,7 @@ struct Inner {
     serving: std::sync::atomic::AtomicBool,
     /// Per channel, consumers this node took away from a queue's node (declared down, or it
     /// handed the queue over): (tag, that node). Deliveries it sent before are stale.
-    retired: Mutex<HashMap<ChannelKey, Retired>>,
+    retired: Mutex<BTreeMap<ChannelKey, Retired>>,
     /// The number of this node's next get ([`RelayMsg::Get`]'s `request`).
     next_get: std::sync::atomic::AtomicU64,
     /// Gets other nodes abandoned before they arrived here: (node, request).
@@ -227,11 +230,11 @@ impl Relay {
                 applied,
                 facts,
                 link: weak.clone(),
-                senders: Mutex::new(HashMap::new()),
-                proxies: Mutex::new(HashMap::new()),
-                sinks: Mutex::new(HashMap::new()),
+                senders: Mutex::new(BTreeMap::new()),
+                proxies: Mutex::new(BTreeMap::new()),
+                sinks: Mutex::new(BTreeMap::new()),
                 orphans: Mutex::new(Vec::new()),
-                retired: Mutex::new(HashMap::new()),
+                retired: Mutex::new(BTreeMap::new()),
                 serving: std::sync::atomic::AtomicBool::new(false),
                 // Not from 1: a restarted node must not reuse the numbers of its last life.
                 next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),

@@ -125,8 +125,11 @@ const MIRROR_CI_SEEDS: [u64; 22] = [
 /// node gave the consumer's node up over a one-way cut and dropped its consumer, which that
 /// node never heard of (it is now cancelled there once the node is heard again); and a
 /// consume whose link failed was lost (it now counts as cancelled and asks again). 52
-/// stalled the same way.
-const MIRROR_NEW_MIX_CI_SEEDS: [u64; 12] = [3, 4, 5, 6, 8, 10, 11, 21, 51, 52, 57, 60];
+/// stalled the same way. In 192 the consumer's node became the Raft leader while it held
+/// the queue's node down; its detector dropped that node from the down set unheard and
+/// never reported it up, so the consumer waited for its return for good (the detector
+/// now reports every node it reported down up once it is heard).
+const MIRROR_NEW_MIX_CI_SEEDS: [u64; 13] = [3, 4, 5, 6, 8, 10, 11, 21, 51, 52, 57, 60, 192];
 
 #[test]
 fn mirror_fixed_seeds_pass() {

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,6 +33,7 @@ use warren::runtime::raft::{NodeId, TransportError};
 use crate::scenario::addr;
 use crate::trace::Trace;
 use crate::transport::{read_frame, Kind};
+use crate::{lock, now_ms};
 
 /// A link whose peer the failure detector has not heard for this long is closed.
 pub const SILENT_MS: u64 = 2_000;
@@ -40,14 +41,6 @@ pub const SILENT_MS: u64 = 2_000;
 pub const STALLED_MS: u64 = 3_000;
 /// The longest a dial may take (a dial into a partition hangs).
 const DIAL_MS: u64 = 1_000;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn now_ms() -> u64 {
-    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
-}
 
 /// One connection to a peer.
 struct Link {

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +42,7 @@ use crate::cut::Cut;
 use crate::scenario::{addr, host, PORT};
 use crate::trace::Trace;
 use crate::transport::{serve_hearing, Handler, Hearing, Kind, RequestError, TurmoilTransport};
+use crate::{lock, now_ms};
 
 /// Nodes (Raft voters, one GM member each).
 pub const NODES: u64 = 4;
@@ -52,14 +53,6 @@ const WORKLOAD_MS: u64 = 9_000;
 const LIVENESS_MS: u64 = 30_000;
 /// The failure detector: a node not heard from for this long is recorded down.
 const PEER_TIMEOUT_MS: u64 = 1_000;
-
-fn now_ms() -> u64 {
-    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// GM frames over turmoil's TCP, addressed by node id.
 #[derive(Clone)]

@@ -38,5 +38,18 @@ pub mod trace;
 pub mod transport;
 
 pub use scenario::{run_seed, Outcome};
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Simulated milliseconds since the run began (0 outside one).
+pub(crate) fn now_ms() -> u64 {
+    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A mutex's guard whether or not it was poisoned: a panic while the harness held one of
+/// its maps leaves it consistent (every update is one insert or remove).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 pub use trace::Trace;
 pub use transport::TurmoilTransport;

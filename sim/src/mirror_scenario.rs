@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use amq_protocol::protocol::basic::AMQPProperties;
@@ -65,6 +65,7 @@ use crate::scenario::{addr, host, PORT};
 use crate::session_clients::{self, SessionRecords};
 use crate::trace::Trace;
 use crate::transport::{serve_hearing, Handler, Kind, TurmoilTransport};
+use crate::{lock, now_ms};
 
 /// Nodes (Raft voters; every one holds a copy of the queue under `ha-mode: all`).
 pub const NODES: u64 = 3;
@@ -95,14 +96,6 @@ const WORKLOAD_MS: u64 = 14_000;
 const DRAIN_MS: u64 = 40_000;
 /// The failure detector: a node not heard from for this long is down.
 const PEER_TIMEOUT_MS: u64 = 1_000;
-
-fn now_ms() -> u64 {
-    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn key() -> (String, String) {
     (VHOST.to_string(), QUEUE.to_string())

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amq_protocol::types::FieldTable;
@@ -18,6 +18,7 @@ use warren::runtime::raft::{MetaRaft, MetaRaftConfig, MetaResponse, NodeId, Prop
 use warren::store::MemDisk;
 
 use crate::cut::Cut;
+use crate::lock;
 use crate::trace::Trace;
 use crate::transport::{serve, Handler, Kind, TurmoilTransport};
 
@@ -40,10 +41,6 @@ pub(crate) fn host(id: NodeId) -> String {
 /// The address node `id` listens on (Raft, proposals, GM, probes).
 pub(crate) fn addr(id: NodeId) -> String {
     format!("n{id}:{PORT}")
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Raft timings for the simulation (simulated time, so they cost no wall time).

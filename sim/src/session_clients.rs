@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -26,6 +26,7 @@ use warren::runtime::raft::NodeId;
 
 use crate::amqp_client::{AmqpConn, Incoming};
 use crate::trace::Trace;
+use crate::{lock, now_ms};
 
 /// The session clients' queue (matched by the scenario's `^ha\.` policy).
 pub const QUEUE: &str = "ha.s";
@@ -39,14 +40,6 @@ const SILENT_MS: u64 = 4_000;
 const IN_FLIGHT: usize = 4;
 /// The longest a connect, declare, confirm.select or consume may take.
 const SETUP_MS: u64 = 3_000;
-
-fn now_ms() -> u64 {
-    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Node `node`'s AMQP address.
 pub fn amqp_addr(node: NodeId) -> String {

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +22,7 @@ use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use turmoil::net::{TcpListener, TcpStream};
 use warren::runtime::raft::{NodeId, RaftTransport, TransportError};
 
+use crate::lock;
 use crate::trace::Trace;
 
 /// Largest frame body accepted.
@@ -44,10 +45,6 @@ pub enum Kind {
     /// A relay request for the node's [`warren::runtime::node_link::BrokerService`] (see
     /// [`crate::broker_links`]); handled on the connection's reader, in arrival order.
     Broker = 5,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One open connection to a peer address.

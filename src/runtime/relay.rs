@@ -418,14 +418,7 @@ impl Relay {
                 o.retry_at = Some(now);
             }
         }
-        let gone: Vec<_> = {
-            let mut all = lock(&self.inner.cancel_when_up);
-            let (here, rest) = std::mem::take(&mut *all)
-                .into_iter()
-                .partition(|c| c.node == node);
-            *all = rest;
-            here
-        };
+        let gone = take_where(&self.inner.cancel_when_up, |c| c.node == node);
         for GivenUp {
             node,
             key,
@@ -448,14 +441,7 @@ impl Relay {
         }
         // And the consumers of its channels this node dropped: cancelled there, so they
         // follow their queue again (a mirrored queue's consumer attaches here anew).
-        let dropped: Vec<_> = {
-            let mut all = lock(&self.inner.dropped_consumers);
-            let (here, rest) = std::mem::take(&mut *all)
-                .into_iter()
-                .partition(|(n, _, _)| *n == node);
-            *all = rest;
-            here
-        };
+        let dropped = take_where(&self.inner.dropped_consumers, |(n, _, _)| *n == node);
         for (_, key, tags) in dropped {
             tracing::debug!(
                 node,
@@ -471,4 +457,12 @@ impl Relay {
             self.inner.send(node, msg, 0);
         }
     }
+}
+
+/// Takes the entries of `list` that `here` picks, leaving the rest in order.
+fn take_where<T>(list: &Mutex<Vec<T>>, here: impl Fn(&T) -> bool) -> Vec<T> {
+    let mut all = lock(list);
+    let (taken, rest) = std::mem::take(&mut *all).into_iter().partition(|t| here(t));
+    *all = rest;
+    taken
 }

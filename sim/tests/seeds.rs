@@ -149,16 +149,6 @@ fn mirror_new_mix_seeds_pass() {
     );
 }
 
-#[test]
-fn mirror_same_seed_same_trace() {
-    replays_exactly(
-        "mirror",
-        sim::mirror_scenario::run_seed,
-        MIRROR_CI_SEEDS[4],
-        "check:",
-    );
-}
-
 /// The mirror checkers can fail: a run whose client saw a confirmed message never
 /// delivered, or one delivered twice without `redelivered`, is reported.
 #[test]

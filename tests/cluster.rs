@@ -1808,3 +1808,88 @@ async fn restart_with_limits(cluster: &mut Cluster, id: u64, limits: &str) -> St
     cluster.restart(id).await;
     config
 }
+
+/// A queue declared through one node exists on every node that is not given up by the time
+/// its declare-ok arrives: a publish through another node right after it is routed to the
+/// queue, not returned as unroutable. Node 3 is frozen (SIGSTOP, shorter than the failure
+/// detector's timeout) while the declare commits through nodes 1 and 2, and the publish
+/// waits in its socket: when it resumes, its Raft log is behind the declare. Before the
+/// declare waited for every live node, node 3 routed by its old metadata and returned the
+/// message (simulation seeds 108 and 274; chaos seed 6742 has the same shape).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_through_another_node_right_after_declare_ok_reaches_the_queue() {
+    use lapin::options::BasicPublishOptions;
+    let cluster = Cluster::start("stale").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    let ch3 = channel(&c3).await;
+    within(
+        "confirm.select",
+        ch3.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let mut returned = Vec::new();
+    for round in 0..4 {
+        let name = format!("stale.q{round}");
+        cluster.node(3).pause();
+        let (declared, ()) = tokio::join!(
+            within(
+                "queue.declare",
+                ch1.queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                ),
+            ),
+            async {
+                // The freeze ends on its own, well inside the failure detector's timeout.
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                cluster.node(3).resume();
+            }
+        );
+        declared.expect("queue.declare");
+        let confirm = within(
+            "basic.publish",
+            ch3.basic_publish(
+                "".into(),
+                name.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                b"m",
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            ),
+        )
+        .await
+        .expect("publish");
+        let conf = within("confirm", confirm).await.expect("confirm");
+        assert!(conf.is_ack(), "round {round}: {conf:?}");
+        if conf.take_message().is_some() {
+            returned.push(round);
+            continue;
+        }
+        let got = within(
+            "basic.get",
+            ch1.basic_get(name.as_str().into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("basic.get");
+        assert_eq!(
+            got.map(|m| m.delivery.data),
+            Some(b"m".to_vec()),
+            "round {round}: the confirmed message is not in {name}"
+        );
+    }
+    assert!(
+        returned.is_empty(),
+        "publishes through node 3 after declare-ok came back unroutable in rounds {returned:?}"
+    );
+    common::close_connection(&c1).await;
+    common::close_connection(&c3).await;
+}

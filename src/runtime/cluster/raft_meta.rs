@@ -176,6 +176,12 @@ impl MetaCommit for RaftMeta {
                 remote_homes.push(def.home);
             }
         }
+        let routing = command.parts().iter().any(changes_routing);
+        let binds = command
+            .parts()
+            .iter()
+            .any(|c| matches!(c, Command::Bind(_) | Command::Unbind(_)));
+        let broker = self.broker.clone();
         let relay = self.relay.get().cloned();
         let raft = self.raft.clone();
         let mut applied = self.applied.clone();
@@ -192,10 +198,52 @@ impl MetaCommit for RaftMeta {
             // counts, the consumer a basic.consume adds to the new queue).
             let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
             if let (Some(relay), true) = (relay, response.outcome.is_ok()) {
-                for home in remote_homes {
-                    if !relay.barrier(home, response.index).await {
-                        tracing::warn!(node = home, "the queue's node did not confirm the declare");
+                // A change of routing (not a declare of what exists) is answered once every
+                // live node routes by it, as mnesia's transactions are on every running node
+                // before they return: a client told a queue exists (or is gone) may publish
+                // through any node at once, and one whose metadata is behind would return
+                // the message as unroutable (simulation seeds 108, 274). A node the failure
+                // detector has given up is not waited for (it follows the log before it
+                // serves again); the wait is bounded by the commit timeout.
+                let changed = response.outcome.as_ref().is_ok_and(|s| {
+                    binds
+                        || s.created
+                        || !s.removed_queues.is_empty()
+                        || !s.removed_exchanges.is_empty()
+                });
+                let nodes = if routing && changed {
+                    let state = broker.snapshot();
+                    let me = broker.node_id();
+                    state
+                        .nodes
+                        .keys()
+                        .copied()
+                        .filter(|&n| n != me && !broker.node_is_down(n))
+                        .collect()
+                } else {
+                    remote_homes.clone()
+                };
+                let mut barriers = tokio::task::JoinSet::new();
+                for node in nodes {
+                    let (relay, index) = (relay.clone(), response.index);
+                    barriers.spawn(async move { (node, relay.barrier(node, index).await) });
+                }
+                let all = async {
+                    while let Some(done) = barriers.join_next().await {
+                        if let Ok((node, false)) = done {
+                            if remote_homes.contains(&node) {
+                                tracing::warn!(
+                                    node,
+                                    "the queue's node did not confirm the declare"
+                                );
+                            } else {
+                                tracing::debug!(node, "a node did not confirm a routing change");
+                            }
+                        }
                     }
+                };
+                if tokio::time::timeout(timeout, all).await.is_err() {
+                    tracing::warn!("a routing change was not confirmed by every node in time");
                 }
             }
             match response.outcome {
@@ -213,4 +261,18 @@ impl MetaCommit for RaftMeta {
             }
         })
     }
+}
+
+/// Whether `command` changes where a publish goes: which queues and exchanges exist and
+/// how they are bound.
+fn changes_routing(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::DeclareQueue(_)
+            | Command::DeleteQueue { .. }
+            | Command::DeclareExchange(_)
+            | Command::DeleteExchange { .. }
+            | Command::Bind(_)
+            | Command::Unbind(_)
+    )
 }

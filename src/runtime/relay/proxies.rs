@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 
 use super::forward::forward;
-use super::wire::{encode_one, RelayMsg};
+use super::wire::RelayMsg;
 use super::{lock, Inner, ProxyChannel, Retired, PROXY_OUTBOX_BYTES};
 use crate::broker::{ChannelKey, ChannelLink, OutItem, Outbox, QueueRef, Settle};
 use crate::meta::{Command, NodeId};
@@ -78,26 +78,25 @@ impl Inner {
             "deliveries not sent: proxy closed, its messages requeued"
         );
         if !tags.is_empty() {
-            self.cancel_best_effort(proxy.node, proxy.key, tags);
+            self.send_cancels(proxy.node, proxy.key, tags);
         }
     }
 
     /// Tells `node` that consumers `tags` of its channel `key` were cancelled here, without
-    /// waiting for it and whether or not it is recorded down (a frozen node gets it when it
-    /// resumes; a dead one never does, and its channels are gone anyway).
-    pub(super) fn cancel_best_effort(&self, node: NodeId, key: ChannelKey, tags: Vec<String>) {
-        let msg = RelayMsg::Deliver {
-            conn: key.conn,
-            channel: key.channel,
-            deliveries: Vec::new(),
-            cancels: tags,
-        };
-        let payload = encode_one(&msg);
-        let transport = self.transport.clone();
-        tokio::spawn(async move {
-            let send = transport.send_broker(node, payload);
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), send).await;
-        });
+    /// waiting for it and whether or not it is recorded down, sent again until it answers
+    /// (a frozen node gets it when it resumes; a dead one never does, and its channels are
+    /// gone anyway). `node` took those consumers as attached: a lost cancel left one waiting
+    /// for good (simulation seed 376).
+    pub(super) fn send_cancels(&self, node: NodeId, key: ChannelKey, tags: Vec<String>) {
+        self.send_until_taken(
+            node,
+            RelayMsg::Deliver {
+                conn: key.conn,
+                channel: key.channel,
+                deliveries: Vec::new(),
+                cancels: tags,
+            },
+        );
     }
 
     /// Returns outbox credit of a proxy channel and pokes the queues that waited for it.

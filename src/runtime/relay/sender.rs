@@ -222,6 +222,22 @@ impl Inner {
     pub(super) fn failed(&self, node: NodeId, out: Outgoing) {
         match &out.msg {
             RelayMsg::Settle { .. } => self.send_until_taken(node, out.msg.clone()),
+            // Consumers cancelled here that `node` still takes as attached: told until it
+            // hears (a cancel lost with its link left a consumer waiting for good,
+            // simulation seed 376). The deliveries beside them are requeued below.
+            RelayMsg::Deliver {
+                conn,
+                channel,
+                cancels,
+                ..
+            } if !cancels.is_empty() => self.send_cancels(
+                node,
+                ChannelKey {
+                    conn: *conn,
+                    channel: *channel,
+                },
+                cancels.clone(),
+            ),
             RelayMsg::Consume {
                 conn, channel, tag, ..
             } => {
@@ -318,7 +334,10 @@ impl Inner {
                     return;
                 }
                 if tokio::time::Instant::now() >= until {
-                    tracing::warn!(node, "relay: a settle could not be sent to the node");
+                    tracing::warn!(
+                        node,
+                        "relay: a settle or cancel could not be sent to the node"
+                    );
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;

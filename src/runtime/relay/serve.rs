@@ -130,7 +130,7 @@ impl Inner {
                     // frozen node that resumed): its consumer is cancelled, and follows the
                     // queue again.
                     tracing::debug!(queue = %queue, node = from, "remote consumer of a node recorded down refused");
-                    self.cancel_best_effort(from, key, vec![tag.to_string()]);
+                    self.send_cancels(from, key, vec![tag.to_string()]);
                     return (RelayReply::Done, 0);
                 }
                 let proxy = self.proxy(from, key, global_prefetch);

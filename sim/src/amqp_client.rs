@@ -11,7 +11,7 @@ use std::io;
 use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
 use amq_protocol::protocol::basic::{self, AMQPProperties};
 use amq_protocol::protocol::{channel, confirm, connection, queue, AMQPClass};
-use amq_protocol::types::{FieldTable, LongString};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -39,6 +39,8 @@ pub enum Incoming {
         redelivered: bool,
         body: Vec<u8>,
     },
+    /// A whole basic.return (a mandatory publish no queue took): the message's body.
+    Returned { body: Vec<u8> },
     /// The broker cancelled the consumer (consumer cancel notify).
     Cancelled,
     /// The broker closed the channel or the connection: code and text.
@@ -52,8 +54,29 @@ pub struct AmqpConn {
     rd: OwnedReadHalf,
     wr: OwnedWriteHalf,
     rbuf: BytesMut,
-    /// A delivery whose header or body has not all arrived: tag, redelivered, size, body.
-    partial: Option<(u64, bool, u64, Vec<u8>)>,
+    /// A delivery or return whose header or body has not all arrived.
+    partial: Option<Partial>,
+}
+
+/// A content-bearing method read so far.
+struct Partial {
+    /// `Some((tag, redelivered))` for a delivery, `None` for a return.
+    delivery: Option<(u64, bool)>,
+    size: u64,
+    body: Vec<u8>,
+}
+
+impl Partial {
+    fn into_incoming(self) -> Incoming {
+        match self.delivery {
+            Some((tag, redelivered)) => Incoming::Deliver {
+                tag,
+                redelivered,
+                body: self.body,
+            },
+            None => Incoming::Returned { body: self.body },
+        }
+    }
 }
 
 fn encode(buf: &mut Vec<u8>, frame: &AMQPFrame) -> io::Result<()> {
@@ -61,6 +84,16 @@ fn encode(buf: &mut Vec<u8>, frame: &AMQPFrame) -> io::Result<()> {
     let ctx = gen_frame(frame)(ctx).map_err(|e| bad(format!("cannot encode: {e:?}")))?;
     *buf = ctx.into_inner().0;
     Ok(())
+}
+
+/// What the client says of itself: it takes the broker's basic.cancel (as every
+/// RabbitMQ client library does), so a consumer of a deleted queue hears of it.
+fn client_properties() -> FieldTable {
+    let mut caps = FieldTable::default();
+    caps.insert("consumer_cancel_notify".into(), AMQPValue::Boolean(true));
+    let mut props = FieldTable::default();
+    props.insert("capabilities".into(), AMQPValue::FieldTable(caps));
+    props
 }
 
 impl AmqpConn {
@@ -82,7 +115,7 @@ impl AmqpConn {
         c.send(&[AMQPFrame::Method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-                client_properties: FieldTable::default(),
+                client_properties: client_properties(),
                 mechanism: "PLAIN".into(),
                 response: LongString::from(b"\0guest\0guest".to_vec()),
                 locale: "en_US".into(),
@@ -159,6 +192,22 @@ impl AmqpConn {
         }
     }
 
+    /// Deletes the queue `name` (whatever it holds, consumers or not).
+    pub async fn delete_queue(&mut self, name: &str) -> io::Result<u32> {
+        match self
+            .call(AMQPClass::Queue(queue::AMQPMethod::Delete(queue::Delete {
+                queue: name.into(),
+                if_unused: false,
+                if_empty: false,
+                nowait: false,
+            })))
+            .await?
+        {
+            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)) => Ok(ok.message_count),
+            other => Err(bad(format!("expected queue.delete-ok: {other:?}"))),
+        }
+    }
+
     /// Sets the channel's prefetch and consumes `queue` with manual acks.
     pub async fn consume(&mut self, queue: &str, prefetch: u16) -> io::Result<()> {
         match self
@@ -186,7 +235,8 @@ impl AmqpConn {
         .await
     }
 
-    /// Publishes `body` to `queue` through the default exchange.
+    /// Publishes `body` to `queue` through the default exchange, mandatory: a message no
+    /// queue takes comes back as [`Incoming::Returned`] before its confirm.
     pub async fn publish(
         &mut self,
         queue: &str,
@@ -201,7 +251,7 @@ impl AmqpConn {
                 AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
                     exchange: "".into(),
                     routing_key: queue.into(),
-                    mandatory: false,
+                    mandatory: true,
                     immediate: false,
                 })),
             ),
@@ -289,7 +339,19 @@ impl AmqpConn {
                         multiple: n.multiple,
                     },
                     basic::AMQPMethod::Deliver(d) => {
-                        self.partial = Some((d.delivery_tag, d.redelivered, 0, Vec::new()));
+                        self.partial = Some(Partial {
+                            delivery: Some((d.delivery_tag, d.redelivered)),
+                            size: 0,
+                            body: Vec::new(),
+                        });
+                        continue;
+                    }
+                    basic::AMQPMethod::Return(_) => {
+                        self.partial = Some(Partial {
+                            delivery: None,
+                            size: 0,
+                            body: Vec::new(),
+                        });
                         continue;
                     }
                     basic::AMQPMethod::Cancel(_) => Incoming::Cancelled,
@@ -297,15 +359,9 @@ impl AmqpConn {
                 },
                 AMQPFrame::Header(_, h) => {
                     if let Some(p) = self.partial.as_mut() {
-                        p.2 = h.body_size;
+                        p.size = h.body_size;
                         if h.body_size == 0 {
-                            return Ok(self.partial.take().map(|(tag, redelivered, _, body)| {
-                                Incoming::Deliver {
-                                    tag,
-                                    redelivered,
-                                    body,
-                                }
-                            }));
+                            return Ok(self.partial.take().map(Partial::into_incoming));
                         }
                     }
                     continue;
@@ -314,18 +370,14 @@ impl AmqpConn {
                     let Some(p) = self.partial.as_mut() else {
                         continue;
                     };
-                    p.3.extend_from_slice(&bytes);
-                    if (p.3.len() as u64) < p.2 {
+                    p.body.extend_from_slice(&bytes);
+                    if (p.body.len() as u64) < p.size {
                         continue;
                     }
-                    let Some((tag, redelivered, _, body)) = self.partial.take() else {
+                    let Some(p) = self.partial.take() else {
                         continue;
                     };
-                    Incoming::Deliver {
-                        tag,
-                        redelivered,
-                        body,
-                    }
+                    p.into_incoming()
                 }
                 AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
                     Incoming::Closed(c.reply_code, c.reply_text.to_string())

@@ -24,15 +24,27 @@ fn parse_range(s: &str) -> Option<(u64, u64)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
+/// Log lines' time: the simulated time, in the trace's format (`-` outside a host).
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(d) => write!(w, "{:>7}ms", d.as_millis()),
+            None => write!(w, "{:>7}", "-"),
+        }
+    }
+}
+
 type Scenario = (&'static str, fn(u64) -> sim::Outcome);
 
 fn main() -> ExitCode {
     // `RUST_LOG=warren=info sim --seed N` also prints the node code's own logs (to stderr,
-    // without wall-clock times); the trace on stdout is unchanged.
+    // stamped with simulated time as the trace is); the trace on stdout is unchanged.
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .without_time()
+            .with_timer(SimTime)
             .with_ansi(false)
             .with_writer(std::io::stderr)
             .init();

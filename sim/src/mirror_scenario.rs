@@ -1250,7 +1250,11 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
     };
     for id in 1..=NODES {
         let env = env(id);
-        sim.host(host(id), move || run_node(env.clone()));
+        sim.host(host(id), move || {
+            // Every log line of the node's code names its node.
+            let span = tracing::info_span!("n", id);
+            tracing::Instrument::instrument(run_node(env.clone()), span)
+        });
     }
     {
         let (shared, trace) = (shared.clone(), trace.clone());
@@ -1275,6 +1279,15 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
             for p in 0..SESSION_PUBLISHERS {
                 tasks.spawn_local(session_clients::run_publisher(
                     p,
+                    seed,
+                    WORKLOAD_MS,
+                    hosts.clone(),
+                    shared.session.clone(),
+                    trace.clone(),
+                ));
+            }
+            if session_clients::redeclares(seed) {
+                tasks.spawn_local(session_clients::run_redeclarer(
                     seed,
                     WORKLOAD_MS,
                     hosts.clone(),

@@ -5,9 +5,15 @@
 //! durable queue under the same `ha-mode` policy as the rest of the scenario, and meet the
 //! same faults.
 //!
+//! In one run in three an operator ([`run_redeclarer`]) deletes the queue and declares it
+//! again, one to three times, through a node drawn at random, while the others publish and
+//! consume through theirs: a publish routed by a node whose metadata is behind the
+//! re-declare must still reach the new queue, or be refused.
+//!
 //! Checked on what these clients saw, the session's view of design §1:
-//! - **S1** every confirmed message is delivered at least once (the drain waits for them;
-//!   persistent messages in a durable queue that is never deleted have no exception);
+//! - **S1** every confirmed message is delivered at least once (the drain waits for them),
+//!   except one sent before the last re-declare-ok: a delete may have taken it. Publishes
+//!   are mandatory: **S4** none sent after the last re-declare-ok comes back unroutable;
 //! - **S2** a message delivered twice carries `redelivered` on every delivery after the
 //!   first;
 //! - **S3** each publisher connection's messages, first deliveries without `redelivered`,
@@ -67,8 +73,13 @@ fn key_of(b: &[u8]) -> Option<Key> {
 /// What the session clients saw.
 #[derive(Default)]
 pub struct SessionRecords {
-    /// Confirmed: the message and the node the publisher was connected to.
-    confirms: Mutex<Vec<(Key, NodeId)>>,
+    /// Confirmed: the message, the node the publisher was connected to, when it was sent.
+    confirms: Mutex<Vec<(Key, NodeId, u64)>>,
+    /// Returned unroutable (mandatory): the message and when it was sent.
+    returns: Mutex<Vec<(Key, u64)>>,
+    /// The operator's deletes: when each began and when its queue's re-declare was
+    /// answered (`u64::MAX` while it has not been).
+    deletes: Mutex<Vec<(u64, u64)>>,
     /// Delivered, in the order the consumer got them: the message, redelivered, the node.
     deliveries: Mutex<Vec<(Key, bool, NodeId)>>,
     nacks: Mutex<u64>,
@@ -77,11 +88,20 @@ pub struct SessionRecords {
 }
 
 impl SessionRecords {
-    /// Confirmed messages never delivered (S1).
+    /// The time after which nothing deleted the queue: the last re-declare-ok (0: never
+    /// deleted; `u64::MAX`: a delete whose re-declare was never answered).
+    fn last_redeclare(&self) -> u64 {
+        lock(&self.deletes).iter().map(|d| d.1).max().unwrap_or(0)
+    }
+
+    /// Confirmed messages never delivered that must be (S1).
     pub fn missing(&self) -> Vec<Key> {
+        let after = self.last_redeclare();
         let seen: BTreeSet<Key> = lock(&self.deliveries).iter().map(|d| d.0).collect();
+        let returned: BTreeSet<Key> = lock(&self.returns).iter().map(|r| r.0).collect();
         lock(&self.confirms)
             .iter()
+            .filter(|c| c.2 > after && !returned.contains(&c.0))
             .map(|c| c.0)
             .filter(|k| !seen.contains(k))
             .collect()
@@ -96,6 +116,19 @@ impl SessionRecords {
                 "S1: {} confirmed session messages never delivered: {:?}",
                 missing.len(),
                 &missing[..missing.len().min(20)]
+            ));
+        }
+        let after = self.last_redeclare();
+        let late: Vec<Key> = lock(&self.returns)
+            .iter()
+            .filter(|r| r.1 > after)
+            .map(|r| r.0)
+            .collect();
+        if !late.is_empty() {
+            failures.push(format!(
+                "S4: {} session messages returned unroutable though sent after the last re-declare-ok (+{after}ms): {:?}",
+                late.len(),
+                &late[..late.len().min(20)]
             ));
         }
         let deliveries = lock(&self.deliveries).clone();
@@ -124,10 +157,12 @@ impl SessionRecords {
     /// Figures for the trace.
     pub fn summary(&self) -> String {
         format!(
-            "session clients: {} confirmed, {} nacked, {} deliveries",
+            "session clients: {} confirmed, {} nacked, {} returned, {} deliveries, {} deletes",
             lock(&self.confirms).len(),
             lock(&self.nacks),
-            lock(&self.deliveries).len()
+            lock(&self.returns).len(),
+            lock(&self.deliveries).len(),
+            lock(&self.deletes).len()
         )
     }
 }
@@ -202,7 +237,8 @@ async fn publish_on(
     rng: &mut StdRng,
     records: &SessionRecords,
 ) -> String {
-    let mut outstanding: BTreeMap<u64, u64> = BTreeMap::new();
+    // Tag -> (message number, when sent).
+    let mut outstanding: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let (mut next_tag, mut n) = (0u64, 0u64);
     let mut last_read = now_ms();
     let mut next_send = last_read;
@@ -228,7 +264,7 @@ async fn publish_on(
             if let Err(e) = c.publish(QUEUE, body((p, conn_no, n)), true).await {
                 return e.to_string();
             }
-            outstanding.insert(next_tag, n);
+            outstanding.insert(next_tag, (n, now));
             next_send = now + rng.gen_range(5..40);
         }
         let mut wake = next_beat.min(last_read + SILENT_MS + 1);
@@ -250,12 +286,23 @@ async fn publish_on(
                 Err(e) => return e.to_string(),
             };
             let (tag, multiple, confirmed) = match event {
+                Incoming::Returned { body } => {
+                    if let Some(key) = key_of(&body) {
+                        // Its confirm follows; when it was sent is in `outstanding`.
+                        let sent = outstanding
+                            .values()
+                            .find(|(n, _)| (p, conn_no, *n) == key)
+                            .map_or(now_ms(), |v| v.1);
+                        lock(&records.returns).push((key, sent));
+                    }
+                    continue;
+                }
                 Incoming::Ack { tag, multiple } => (tag, multiple, true),
                 Incoming::Nack { tag, multiple } => (tag, multiple, false),
                 Incoming::Closed(code, text) => return format!("closed: {code} {text}"),
                 _ => continue,
             };
-            let taken: Vec<u64> = if multiple {
+            let taken: Vec<(u64, u64)> = if multiple {
                 let rest = outstanding.split_off(&(tag + 1));
                 let done = std::mem::replace(&mut outstanding, rest);
                 done.into_values().collect()
@@ -263,7 +310,11 @@ async fn publish_on(
                 outstanding.remove(&tag).into_iter().collect()
             };
             if confirmed {
-                lock(&records.confirms).extend(taken.into_iter().map(|n| ((p, conn_no, n), node)));
+                lock(&records.confirms).extend(
+                    taken
+                        .into_iter()
+                        .map(|(n, sent)| ((p, conn_no, n), node, sent)),
+                );
             } else {
                 *lock(&records.nacks) += taken.len() as u64;
             }
@@ -370,13 +421,73 @@ async fn consume_on(
     }
 }
 
+/// Whether seed `seed`'s operator deletes and re-declares the session queue (one run in
+/// three; drawn apart from the scenario's own schedule, which stays as it was).
+pub fn redeclares(seed: u64) -> bool {
+    StdRng::seed_from_u64(seed ^ 0xde1e7e).gen_ratio(1, 3)
+}
+
+/// The operator: one to three times between 2 s and `until_ms - 3 s`, deletes the queue
+/// through a node drawn at random and declares it again, both retried through other nodes
+/// until the declare is answered (a delete that may or may not have happened is sent
+/// again). Each delete is recorded from when it began until its re-declare-ok.
+pub async fn run_redeclarer(
+    seed: u64,
+    until_ms: u64,
+    hosts: Rc<dyn Fn() -> u64>,
+    records: Arc<SessionRecords>,
+    trace: Trace,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xde1e7e ^ 1);
+    let mut times: Vec<u64> = (0..rng.gen_range(1..=3))
+        .map(|_| rng.gen_range(2_000..until_ms.saturating_sub(3_000).max(2_001)))
+        .collect();
+    times.sort_unstable();
+    for at in times {
+        let now = now_ms();
+        if at > now {
+            tokio::time::sleep(Duration::from_millis(at - now)).await;
+        }
+        let d = {
+            let mut deletes = lock(&records.deletes);
+            deletes.push((now_ms(), u64::MAX));
+            deletes.len() - 1
+        };
+        let mut deleted = false;
+        while now_ms() < until_ms + 20_000 {
+            let node = rng.gen_range(1..=hosts());
+            let step = async {
+                let mut c = connect(node).await?;
+                if !deleted {
+                    let n = within(c.delete_queue(QUEUE)).await?;
+                    deleted = true;
+                    trace.log(format!("so deleted {QUEUE} through n{node} ({n} messages)"));
+                }
+                within(c.declare_durable(QUEUE)).await?;
+                Ok::<_, String>(())
+            };
+            match step.await {
+                Ok(()) => {
+                    lock(&records.deletes)[d].1 = now_ms();
+                    trace.log(format!("so declared {QUEUE} again through n{node}"));
+                    break;
+                }
+                Err(e) => {
+                    trace.log(format!("so cannot use n{node}: {e}"));
+                    tokio::time::sleep(Duration::from_millis(rng.gen_range(100..300))).await;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn records(confirms: &[Key], deliveries: &[(Key, bool)]) -> SessionRecords {
         let r = SessionRecords::default();
-        lock(&r.confirms).extend(confirms.iter().map(|k| (*k, 1)));
+        lock(&r.confirms).extend(confirms.iter().map(|k| (*k, 1, k.2 * 100)));
         lock(&r.deliveries).extend(deliveries.iter().map(|(k, red)| (*k, *red, 2)));
         r
     }
@@ -415,6 +526,36 @@ mod tests {
         assert!(f[0].starts_with("S3:"), "{f:?}");
         let r = records(&[], &[((0, 2, 1), false), ((0, 1, 5), false)]);
         assert_eq!(r.check(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_delete_excuses_what_was_sent_before_its_redeclare_answered() {
+        // Sent at 100, 200, 300: deleted from 150 until 250.
+        let r = records(&[(0, 1, 1), (0, 1, 2), (0, 1, 3)], &[]);
+        lock(&r.deletes).push((150, 250));
+        assert_eq!(r.missing(), vec![(0, 1, 3)]);
+        let f = r.check();
+        assert_eq!(f.len(), 1);
+        assert!(f[0].starts_with("S1: 1 confirmed"), "{f:?}");
+        // A re-declare never answered excuses everything.
+        lock(&r.deletes).push((280, u64::MAX));
+        assert_eq!(r.missing(), Vec::<Key>::new());
+    }
+
+    #[test]
+    fn a_return_after_the_last_redeclare_is_s4_before_it_is_not() {
+        let r = records(&[(0, 1, 1), (0, 1, 3)], &[]);
+        lock(&r.deletes).push((150, 250));
+        lock(&r.returns).push(((0, 1, 1), 100));
+        let f = r.check();
+        assert_eq!(f.len(), 1);
+        assert!(f[0].starts_with("S1: 1 confirmed"), "{f:?}");
+        lock(&r.returns).push(((0, 1, 3), 300));
+        // Returned: no longer missing, but returned though the queue existed.
+        assert_eq!(r.missing(), Vec::<Key>::new());
+        let f = r.check();
+        assert_eq!(f.len(), 1);
+        assert!(f[0].starts_with("S4: 1 session messages returned"), "{f:?}");
     }
 
     #[test]

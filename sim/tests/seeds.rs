@@ -129,7 +129,16 @@ const MIRROR_CI_SEEDS: [u64; 22] = [
 /// the queue's node down; its detector dropped that node from the down set unheard and
 /// never reported it up, so the consumer waited for its return for good (the detector
 /// now reports every node it reported down up once it is heard).
-const MIRROR_NEW_MIX_CI_SEEDS: [u64; 13] = [3, 4, 5, 6, 8, 10, 11, 21, 51, 52, 57, 60, 192];
+///
+/// Session 43 gave the session clients an operator that deletes and re-declares their
+/// queue: in 108 and 274 a publish through a node whose metadata was behind the re-declare
+/// came back unroutable after the re-declare-ok (a routing change is now answered once
+/// every live node runs it); in 376 a consumer's node took a consume as attached while the
+/// queue's node, which held it down, refused it with a cancel that was lost (cancels are
+/// now sent until taken).
+const MIRROR_NEW_MIX_CI_SEEDS: [u64; 16] = [
+    3, 4, 5, 6, 8, 10, 11, 21, 51, 52, 57, 60, 108, 192, 274, 376,
+];
 
 #[test]
 fn mirror_fixed_seeds_pass() {

@@ -575,9 +575,9 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         id,
         raft.clone(),
         broker.clone(),
-        last_seen,
-        down,
+        (last_seen, down),
         relay.clone(),
+        shared.session.clone(),
         trace.clone(),
     ));
     let record = NodeRecord {
@@ -872,9 +872,12 @@ async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
     broker: Arc<Broker>,
-    seen: Arc<Mutex<BTreeMap<NodeId, u64>>>,
-    down_now: Arc<Mutex<BTreeSet<NodeId>>>,
+    (seen, down_now): (
+        Arc<Mutex<BTreeMap<NodeId, u64>>>,
+        Arc<Mutex<BTreeSet<NodeId>>>,
+    ),
     relay: Arc<Relay>,
+    session: Arc<SessionRecords>,
     trace: Trace,
 ) {
     let mut detector = Detector::new(id, PEER_TIMEOUT_MS, now_ms());
@@ -905,9 +908,11 @@ async fn detect_failures(
         *lock(&down_now) = down;
         // As `runtime::cluster::watch_nodes` tells the relay.
         for n in verdict.newly_down {
+            session.held_down(now, id, n, true);
             relay.node_down(n);
         }
         for n in verdict.newly_up {
+            session.held_down(now, id, n, false);
             relay.node_up(n);
         }
         relay.rehome();

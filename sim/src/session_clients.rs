@@ -13,7 +13,9 @@
 //! Checked on what these clients saw, the session's view of design §1:
 //! - **S1** every confirmed message is delivered at least once (the drain waits for them),
 //!   except one sent before the last re-declare-ok: a delete may have taken it. Publishes
-//!   are mandatory: **S4** none sent after the last re-declare-ok comes back unroutable;
+//!   are mandatory: **S4** none sent after the last re-declare-ok comes back unroutable,
+//!   but through a node some failure detector held down while that delete and re-declare ran
+//!   (they do not wait for it, and it routes by what it had until it catches up);
 //! - **S2** a message delivered twice carries `redelivered` on every delivery after the
 //!   first;
 //! - **S3** each publisher connection's messages, first deliveries without `redelivered`,
@@ -75,8 +77,11 @@ fn key_of(b: &[u8]) -> Option<Key> {
 pub struct SessionRecords {
     /// Confirmed: the message, the node the publisher was connected to, when it was sent.
     confirms: Mutex<Vec<(Key, NodeId, u64)>>,
-    /// Returned unroutable (mandatory): the message and when it was sent.
-    returns: Mutex<Vec<(Key, u64)>>,
+    /// Returned unroutable (mandatory): the message, when it was sent, the node it was
+    /// sent through.
+    returns: Mutex<Vec<(Key, u64, NodeId)>>,
+    /// Failure detectors' verdicts: when, whose, on which node, down (or up again).
+    verdicts: Mutex<Vec<(u64, NodeId, NodeId, bool)>>,
     /// The operator's deletes: when each began and when its queue's re-declare was
     /// answered (`u64::MAX` while it has not been).
     deletes: Mutex<Vec<(u64, u64)>>,
@@ -88,6 +93,28 @@ pub struct SessionRecords {
 }
 
 impl SessionRecords {
+    /// At `at`, `observer`'s failure detector gave `node` up (`down`) or heard it again.
+    pub fn held_down(&self, at: u64, observer: NodeId, node: NodeId, down: bool) {
+        lock(&self.verdicts).push((at, observer, node, down));
+    }
+
+    /// The nodes some failure detector held down at some time in `[from, to]`.
+    fn down_during(&self, from: u64, to: u64) -> BTreeSet<NodeId> {
+        let mut since: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
+        let mut found = BTreeSet::new();
+        for &(at, observer, node, down) in lock(&self.verdicts).iter() {
+            if down {
+                since.entry((observer, node)).or_insert(at);
+            } else if let Some(d) = since.remove(&(observer, node)) {
+                if d <= to && at >= from {
+                    found.insert(node);
+                }
+            }
+        }
+        found.extend(since.iter().filter(|(_, &d)| d <= to).map(|((_, n), _)| *n));
+        found
+    }
+
     /// The time after which nothing deleted the queue: the last re-declare-ok (0: never
     /// deleted; `u64::MAX`: a delete whose re-declare was never answered).
     fn last_redeclare(&self) -> u64 {
@@ -119,9 +146,14 @@ impl SessionRecords {
             ));
         }
         let after = self.last_redeclare();
+        // A node held down while the last delete and re-declare ran is not waited for by
+        // them (it may be cut off or down): until it catches up it routes by what it had,
+        // as a partitioned RabbitMQ node does.
+        let since = lock(&self.deletes).iter().map(|d| d.0).max().unwrap_or(0);
+        let stale = self.down_during(since, after);
         let late: Vec<Key> = lock(&self.returns)
             .iter()
-            .filter(|r| r.1 > after)
+            .filter(|r| r.1 > after && !stale.contains(&r.2))
             .map(|r| r.0)
             .collect();
         if !late.is_empty() {
@@ -293,7 +325,7 @@ async fn publish_on(
                             .values()
                             .find(|(n, _)| (p, conn_no, *n) == key)
                             .map_or(now_ms(), |v| v.1);
-                        lock(&records.returns).push((key, sent));
+                        lock(&records.returns).push((key, sent, node));
                     }
                     continue;
                 }
@@ -546,16 +578,25 @@ mod tests {
     fn a_return_after_the_last_redeclare_is_s4_before_it_is_not() {
         let r = records(&[(0, 1, 1), (0, 1, 3)], &[]);
         lock(&r.deletes).push((150, 250));
-        lock(&r.returns).push(((0, 1, 1), 100));
+        lock(&r.returns).push(((0, 1, 1), 100, 1));
         let f = r.check();
         assert_eq!(f.len(), 1);
         assert!(f[0].starts_with("S1: 1 confirmed"), "{f:?}");
-        lock(&r.returns).push(((0, 1, 3), 300));
+        lock(&r.returns).push(((0, 1, 3), 300, 2));
         // Returned: no longer missing, but returned though the queue existed.
         assert_eq!(r.missing(), Vec::<Key>::new());
         let f = r.check();
         assert_eq!(f.len(), 1);
         assert!(f[0].starts_with("S4: 1 session messages returned"), "{f:?}");
+        // Unless its node was held down while the delete and re-declare ran: the
+        // re-declare did not wait for it. Down and heard again before, it counts.
+        r.held_down(100, 1, 2, true);
+        r.held_down(140, 1, 2, false);
+        assert_eq!(r.check().len(), 1);
+        // Down before the delete began and still down during it.
+        r.held_down(120, 3, 2, true);
+        r.held_down(160, 3, 2, false);
+        assert_eq!(r.check(), Vec::<String>::new());
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //!   order they were published;
 //! - **G4** one master at a time: every confirm and delivery carries the node that served
 //!   it and the queue's epoch there; no two nodes serve under one epoch, and what a node
-//!   serves under an older epoch happens before anything served under a newer one (the
+//!   serves under an older epoch happens before anything served under a newer one (a
+//!   delivery dated when the node took it from the queue, a confirm when the node took
+//!   the publish; the
 //!   prober publisher and the consumer's stray gets ask every node, so a deposed master
 //!   still serving would be seen).
 
@@ -116,6 +118,10 @@ enum Reply {
         epoch: u64,
         /// The queue's incarnation the message went into (`None`: not mirrored yet).
         incarnation: Option<u64>,
+        /// When the node took the publish (simulated ms): the earliest its round's lap
+        /// can have completed. Its confirm may come much later, behind an earlier round
+        /// of another queue (rounds complete in order), and its reply later still.
+        at: u64,
     },
     Nacked,
     /// This node does not serve the queue (its view of the home, if it has one).
@@ -129,6 +135,8 @@ enum Reply {
         tag: u64,
         epoch: u64,
         incarnation: Option<u64>,
+        /// When the node took it from the queue (simulated ms).
+        at: u64,
     },
     Empty,
     Acked,
@@ -793,6 +801,7 @@ impl Serving {
                 let Some(vhost) = snap.vhosts.get(VHOST) else {
                     return self.not_master();
                 };
+                let taken_at = now_ms();
                 let outcome = self.broker.publish(vhost, "", message, now);
                 if outcome.rejected || outcome.routed == 0 {
                     return Reply::Nacked;
@@ -805,7 +814,11 @@ impl Serving {
                         return Reply::Nacked;
                     }
                     if d.is_durable(t) {
-                        return Reply::Confirmed { epoch, incarnation };
+                        return Reply::Confirmed {
+                            epoch,
+                            incarnation,
+                            at: taken_at,
+                        };
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -836,6 +849,7 @@ impl Serving {
                     tag,
                     epoch,
                     incarnation,
+                    at: now_ms(),
                 }
             }
             Request::Ack { tag } => {
@@ -1006,8 +1020,12 @@ async fn run_publisher(p: u32, seed: u64, shared: Arc<Shared>, trace: Trace) {
             continue;
         };
         match reply {
-            Some(Reply::Confirmed { epoch, incarnation }) => lock(&shared.confirms).push(Served {
-                at: now_ms(),
+            Some(Reply::Confirmed {
+                epoch,
+                incarnation,
+                at,
+            }) => lock(&shared.confirms).push(Served {
+                at,
                 node,
                 epoch,
                 incarnation,
@@ -1063,9 +1081,10 @@ async fn run_consumer(seed: u64, shared: Arc<Shared>, trace: Trace) {
                 tag,
                 epoch,
                 incarnation,
+                at,
             }) => {
                 lock(&shared.deliveries).push(Served {
-                    at: now_ms(),
+                    at,
                     node,
                     epoch,
                     incarnation,
@@ -1713,8 +1732,11 @@ fn check(shared: &Shared, trace: &Trace) {
 type Spans = Vec<((Option<u64>, u64), (NodeId, u64, u64))>;
 
 /// G4: one node per epoch, and epochs served in order, for confirms and deliveries
-/// together (a deposed master's laps fail, so it cannot confirm; its lease runs out before
-/// a mirror can be promoted, so it stops delivering).
+/// together (a deposed master's laps fail, so it cannot confirm what it takes once a
+/// mirror is promoted; its lease runs out before that, so it stops delivering). A confirm
+/// is dated when its node took the publish: its lap completed after that, and it may be
+/// sent long after its lap, behind an earlier round still on its lap (seeds 87, 1487: a
+/// round of the other queue stuck by a cut until the promotion voided it).
 fn g4(shared: &Shared, trace: &Trace, confirms: &[Served], deliveries: &[Served]) -> Spans {
     let spans = |served: Vec<&Served>, report: &mut dyn FnMut(String)| -> Spans {
         let mut served = served;

@@ -882,14 +882,16 @@ async fn accept_amqp(ctx: ConnContext) {
     }
 }
 
+/// When this node last heard each peer (simulated ms).
+type LastSeen = Arc<Mutex<BTreeMap<NodeId, u64>>>;
+/// The peers this node's failure detector holds down now.
+type DownNow = Arc<Mutex<BTreeSet<NodeId>>>;
+
 async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
     broker: Arc<Broker>,
-    (seen, down_now): (
-        Arc<Mutex<BTreeMap<NodeId, u64>>>,
-        Arc<Mutex<BTreeSet<NodeId>>>,
-    ),
+    (seen, down_now): (LastSeen, DownNow),
     relay: Arc<Relay>,
     session: Arc<SessionRecords>,
     trace: Trace,

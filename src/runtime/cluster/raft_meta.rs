@@ -203,8 +203,9 @@ impl MetaCommit for RaftMeta {
                 // before they return: a client told a queue exists (or is gone) may publish
                 // through any node at once, and one whose metadata is behind would return
                 // the message as unroutable (simulation seeds 108, 274). A node the failure
-                // detector has given up is not waited for (it follows the log before it
-                // serves again); the wait is bounded by the commit timeout.
+                // detector has given up is not waited for: until it catches up it routes by
+                // what it had, as a partitioned RabbitMQ node does (`docs/clustering.md`).
+                // The wait is bounded by the commit timeout.
                 let changed = response.outcome.as_ref().is_ok_and(|s| {
                     binds
                         || s.created

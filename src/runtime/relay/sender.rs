@@ -336,7 +336,7 @@ impl Inner {
                 if tokio::time::Instant::now() >= until {
                     tracing::warn!(
                         node,
-                        "relay: a settle or cancel could not be sent to the node"
+                        "relay: a settle, cancel or abandoned get could not be sent to the node"
                     );
                     return;
                 }

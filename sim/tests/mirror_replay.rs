@@ -11,21 +11,9 @@
 /// Mirror seed 5 (`tests/seeds.rs`'s `MIRROR_CI_SEEDS[4]`): a mirror promoted twice.
 const SEED: u64 = 5;
 
+mod replay;
+
 #[test]
 fn mirror_same_seed_same_trace() {
-    let a = sim::mirror_scenario::run_seed(SEED).trace.join("\n");
-    let b = sim::mirror_scenario::run_seed(SEED).trace.join("\n");
-    assert!(a.contains("check:"), "the mirror trace has content");
-    if a != b {
-        let first = a
-            .lines()
-            .zip(b.lines())
-            .position(|(x, y)| x != y)
-            .unwrap_or(a.lines().count().min(b.lines().count()));
-        panic!(
-            "mirror seed {SEED} replayed differently from line {first}:\n  {:?}\n  {:?}",
-            a.lines().nth(first),
-            b.lines().nth(first)
-        );
-    }
+    replay::replays_exactly("mirror", sim::mirror_scenario::run_seed, SEED, "check:");
 }

@@ -1,5 +1,8 @@
 //! The fixed seeds CI runs, and the replay guarantee: one seed, two runs, one trace.
 
+mod replay;
+use replay::replays_exactly;
+
 /// Raft scenario seeds CI runs on every change. Add a seed here when a sweep finds a failure
 /// and the fix lands, so it stays fixed.
 const CI_SEEDS: [u64; 5] = [1, 2, 3, 42, 1234];
@@ -24,25 +27,6 @@ fn seeds_pass(name: &str, run: fn(u64) -> sim::Outcome, seeds: &[u64]) {
         }
     }
     assert!(failed.is_empty(), "failing {name} seeds: {failed:?}");
-}
-
-/// Runs `scenario` twice for `seed`; the traces must be identical (and not trivial).
-fn replays_exactly(name: &str, run: fn(u64) -> sim::Outcome, seed: u64, marker: &str) {
-    let a = run(seed).trace.join("\n");
-    let b = run(seed).trace.join("\n");
-    assert!(a.contains(marker), "the {name} trace has content");
-    if a != b {
-        let first = a
-            .lines()
-            .zip(b.lines())
-            .position(|(x, y)| x != y)
-            .unwrap_or(a.lines().count().min(b.lines().count()));
-        panic!(
-            "{name} seed {seed} replayed differently from line {first}:\n  {:?}\n  {:?}",
-            a.lines().nth(first),
-            b.lines().nth(first)
-        );
-    }
 }
 
 #[test]

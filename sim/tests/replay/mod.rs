@@ -1,0 +1,20 @@
+//! The replay check both test binaries use.
+
+/// Runs `scenario` twice for `seed`; the traces must be identical (and not trivial).
+pub fn replays_exactly(name: &str, run: fn(u64) -> sim::Outcome, seed: u64, marker: &str) {
+    let a = run(seed).trace.join("\n");
+    let b = run(seed).trace.join("\n");
+    assert!(a.contains(marker), "the {name} trace has content");
+    if a != b {
+        let first = a
+            .lines()
+            .zip(b.lines())
+            .position(|(x, y)| x != y)
+            .unwrap_or(a.lines().count().min(b.lines().count()));
+        panic!(
+            "{name} seed {seed} replayed differently from line {first}:\n  {:?}\n  {:?}",
+            a.lines().nth(first),
+            b.lines().nth(first)
+        );
+    }
+}

@@ -24,6 +24,8 @@ mod faults;
 mod history;
 #[path = "warren_chaos/net.rs"]
 mod net;
+#[path = "warren_chaos/returns.rs"]
+mod returns;
 #[path = "warren_chaos/run.rs"]
 mod run;
 #[path = "warren_chaos/schedule.rs"]

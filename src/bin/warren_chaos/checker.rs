@@ -110,6 +110,7 @@ pub fn check(h: &Inner) -> Verdict {
             .map(|r| r.done.unwrap_or_else(Instant::now))
             .max()
     };
+    let mut returned_delivered: Vec<String> = Vec::new();
     let mut lost_examples: Vec<String> = Vec::new();
     let mut last_lost = None;
     let mut pubs: Vec<_> = h.published.iter().collect();
@@ -119,6 +120,10 @@ pub fn check(h: &Inner) -> Verdict {
             v.published += 1;
             if m.outcome == Outcome::Returned {
                 v.returned += 1;
+                // Returned means no queue took it (one queue per routing key here).
+                if seen.contains_key(&(p, seq as u64)) {
+                    returned_delivered.push(format!("p{p}/s{}/#{seq}", m.session));
+                }
             }
             if !matches!(m.outcome, Outcome::Ack(_)) {
                 continue;
@@ -164,6 +169,13 @@ pub fn check(h: &Inner) -> Verdict {
             }
             last_lost = Some(format!("p{p}/s{}/#{seq} sent {}", m.session, h.at(m.sent)));
         }
+    }
+    if !returned_delivered.is_empty() {
+        v.reasons.push(format!(
+            "{} publishes came back unroutable and were delivered too, e.g. {}",
+            returned_delivered.len(),
+            returned_delivered[..returned_delivered.len().min(3)].join(", ")
+        ));
     }
     let late_returns = h
         .published
@@ -378,6 +390,24 @@ mod tests {
         h.master_restarts.push((0, t0));
         let v = check(&h);
         assert_eq!((v.confirmed, v.lost, v.lost_transient_allowed), (5, 2, 1));
+    }
+
+    #[test]
+    fn a_returned_publish_that_was_delivered_fails_the_run() {
+        let t0 = Instant::now();
+        let mut h = Inner::default();
+        h.published.insert(
+            0,
+            vec![
+                msg(0, true, t0, Outcome::Returned), // delivered: a contradiction
+                msg(0, true, t0, Outcome::Returned), // not delivered: fine
+            ],
+        );
+        h.deliveries.push(got(0, 0, false));
+        let v = check(&h);
+        assert_eq!(v.returned, 2);
+        assert_eq!(v.reasons.len(), 1, "{:?}", v.reasons);
+        assert!(v.reasons[0].contains("p0/s1/#0"), "{:?}", v.reasons);
     }
 
     #[test]

@@ -12,7 +12,8 @@ pub enum Outcome {
     Pending,
     Ack(Instant),
     Nack,
-    /// Acked after a `basic.return` (mandatory, unroutable): the broker said no queue took it.
+    /// Came back with a `basic.return` (mandatory, unroutable; matched by its body): the broker
+    /// said no queue took it.
     Returned,
     /// No answer: the connection dropped or the confirm did not come in time.
     Unknown,

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
 use super::history::{self, Delivery, History, Outcome, Published};
+use super::returns;
 
 /// Publishes in flight per publisher before it waits for their confirms.
 const WINDOW: u64 = 10;
@@ -165,29 +166,47 @@ async fn publish_session(
                 }
             }
         }
-        let mut nacked = false;
         // One deadline for the window, so a stuck connection is given up in bounded time.
         let deadline = tokio::time::Instant::now() + CONFIRM_TIMEOUT;
+        let mut answered = Vec::new();
         for (s, c) in confirms {
             if broken {
                 // The connection is going: what is left would only time out.
-                ctx.history.outcome(id, s, Outcome::Unknown);
+                answered.push((s, None));
                 continue;
             }
             match tokio::time::timeout_at(deadline, c).await {
-                Ok(Ok(lapin::Confirmation::Ack(Some(_)))) => {
-                    ctx.history.outcome(id, s, Outcome::Returned)
-                }
-                Ok(Ok(c)) if c.is_ack() => ctx.history.outcome(id, s, Outcome::Ack(Instant::now())),
-                Ok(Ok(_)) => {
-                    ctx.history.outcome(id, s, Outcome::Nack);
-                    nacked = true;
-                }
+                Ok(Ok(c)) => answered.push((s, Some((c, Instant::now())))),
                 _ => {
-                    ctx.history.outcome(id, s, Outcome::Unknown);
+                    answered.push((s, None));
                     broken = true;
                 }
             }
+        }
+        // A return rides on whichever confirm lapin completes next: its body names the
+        // publish it answers (`returns`).
+        let returned = returns::returned(
+            answered
+                .iter()
+                .filter_map(|(_, a)| a.as_ref().map(|(c, _)| c)),
+            |body| {
+                history::parse(body)
+                    .filter(|&(p, sess, _)| p == id && sess == session)
+                    .map(|(_, _, s)| s)
+            },
+        );
+        let mut nacked = false;
+        for (s, a) in answered {
+            let outcome = match a {
+                _ if returned.contains(&s) => Outcome::Returned,
+                Some((c, at)) if c.is_ack() => Outcome::Ack(at),
+                Some(_) => {
+                    nacked = true;
+                    Outcome::Nack
+                }
+                None => Outcome::Unknown,
+            };
+            ctx.history.outcome(id, s, outcome);
         }
         if broken {
             return;

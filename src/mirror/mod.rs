@@ -19,3 +19,6 @@ pub mod message;
 pub mod ops;
 pub mod reconcile;
 pub mod role;
+
+#[cfg(test)]
+mod tests;

@@ -94,3 +94,5 @@ pub fn hand_over_after_restart(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod two_masters;

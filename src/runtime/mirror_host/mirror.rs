@@ -491,9 +491,13 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                     let state = self.raft.snapshot();
                     if incarnation_of(&state, key) != m.incarnation {
                         // The queue was deleted (and maybe declared again): this copy is
-                        // of a queue that is gone.
+                        // of a queue that is gone. Abandoned, not left: a draining leave
+                        // releases what comes round unwritten until the ring is quiet, and
+                        // a master whose log is behind the delete (cut off, catching up)
+                        // would count those releases and confirm publishes it took after
+                        // the delete, into a queue nobody keeps (simulation seed 8930).
                         finish_batches(&mut m).await;
-                        leave(&mut m).await;
+                        abandon(&mut m).await;
                         self.drop_copy(key, m.incarnation).await;
                         return None;
                     }

@@ -260,6 +260,18 @@ impl Model {
         self.log.len() - 1
     }
 
+    /// The master broadcasts sync `id`'s end; its log entry.
+    fn send_end(&mut self, me: MemberId, epoch: u64, target: MemberId, id: SyncId) -> usize {
+        self.broadcast(
+            me,
+            MirrorMsg::SyncEnd {
+                epoch,
+                target,
+                sync: id.1,
+            },
+        )
+    }
+
     /// Every other live member has handled entry `i`.
     fn lap_complete(&self, i: usize) -> bool {
         let from = self.log[i].from;
@@ -557,14 +569,7 @@ impl Model {
                     self.answer(target, id, answer);
                 }
                 master::Action::SendEnd { target, id } => {
-                    let entry = self.broadcast(
-                        me,
-                        MirrorMsg::SyncEnd {
-                            epoch,
-                            target,
-                            sync: id.1,
-                        },
-                    );
+                    let entry = self.send_end(me, epoch, target, id);
                     let m = self.master.as_mut().expect("master");
                     m.end_laps.insert(target, (id, entry));
                 }
@@ -624,14 +629,7 @@ impl Model {
                         ops: encode(&backlog),
                     },
                 );
-                let entry = self.broadcast(
-                    me,
-                    MirrorMsg::SyncEnd {
-                        epoch,
-                        target,
-                        sync: id.1,
-                    },
-                );
+                let entry = self.send_end(me, epoch, target, id);
                 let m = self.master.as_mut().expect("master");
                 m.copiers.insert(target, Copier::EndLap { id, entry });
             }

@@ -496,6 +496,8 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         // a master whose log is behind the delete (cut off, catching up)
                         // would count those releases and confirm publishes it took after
                         // the delete, into a queue nobody keeps (simulation seed 8930).
+                        // An abandon still releases until its death is recorded (one
+                        // commit), not for as long as the master keeps sending.
                         finish_batches(&mut m).await;
                         abandon(&mut m).await;
                         self.drop_copy(key, m.incarnation).await;

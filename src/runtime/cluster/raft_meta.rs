@@ -19,6 +19,9 @@ use crate::runtime::raft::{MetaRaft, NodeId};
 use crate::runtime::relay::Relay;
 use crate::time::Instant;
 
+/// How long a routing barrier that failed at once waits before it asks the node again.
+const BARRIER_RETRY: Duration = Duration::from_millis(50);
+
 /// A clustered node's [`MetaCommit`]: places new queues, proposes through Raft (a follower
 /// forwards to the leader), and resolves once this node's broker has followed the entry.
 pub struct RaftMeta {
@@ -226,8 +229,23 @@ impl MetaCommit for RaftMeta {
                 };
                 let mut barriers = tokio::task::JoinSet::new();
                 for node in nodes {
-                    let (relay, index) = (relay.clone(), response.index);
-                    barriers.spawn(async move { (node, relay.barrier(node, index).await) });
+                    let (relay, broker, index) = (relay.clone(), broker.clone(), response.index);
+                    barriers.spawn(async move {
+                        // A barrier that fails at once (the link to a node that is cut off
+                        // one way cannot be opened) is asked again while the detector still
+                        // hears the node: answering before it follows would let a publish
+                        // through it come back unroutable (simulation seed 6510). The outer
+                        // timeout bounds the retries.
+                        loop {
+                            if relay.barrier(node, index).await {
+                                break (node, true);
+                            }
+                            if broker.node_is_down(node) {
+                                break (node, false);
+                            }
+                            tokio::time::sleep(BARRIER_RETRY).await;
+                        }
+                    });
                 }
                 let all = async {
                     while let Some(done) = barriers.join_next().await {

@@ -496,10 +496,10 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
                         // a master whose log is behind the delete (cut off, catching up)
                         // would count those releases and confirm publishes it took after
                         // the delete, into a queue nobody keeps (simulation seed 8930).
-                        // An abandon still releases until its death is recorded (one
-                        // commit), not for as long as the master keeps sending.
+                        // Nor does it release while its death is being recorded: those
+                        // laps stall and are voided with it.
                         finish_batches(&mut m).await;
-                        abandon(&mut m).await;
+                        abandon_holding(&mut m).await;
                         self.drop_copy(key, m.incarnation).await;
                         return None;
                     }
@@ -549,19 +549,29 @@ async fn writer_stopped(writer: &mut Option<BatchWriter>) {
 /// releases of a member with durable acks; nothing is written any more).
 pub(super) async fn leave(m: &mut Membership) {
     let done = m.handle.sender().leave();
-    wait_gone(m, done).await
+    wait_gone(m, done, true).await
 }
 
 /// Leaves the group at once, as a crash would (`GmSender::abandon`): for a mirror that
 /// held back a release (a round it could not write, a sync whose start it missed).
 pub(super) async fn abandon(m: &mut Membership) {
     let done = m.handle.sender().abandon();
-    wait_gone(m, done).await
+    wait_gone(m, done, true).await
 }
 
+/// [`abandon`], releasing nothing until the death is recorded: for a copy of a deleted
+/// queue, whose releases would let a master behind the delete confirm into it.
+async fn abandon_holding(m: &mut Membership) {
+    let done = m.handle.sender().abandon();
+    wait_gone(m, done, false).await
+}
+
+/// Follows the group until the member is gone, releasing what is delivered meanwhile when
+/// `release` is set.
 async fn wait_gone(
     m: &mut Membership,
     done: impl std::future::Future<Output = Result<(), crate::runtime::gm_host::GmError>>,
+    release: bool,
 ) {
     tokio::pin!(done);
     loop {
@@ -569,7 +579,7 @@ async fn wait_gone(
             _ = &mut done => return,
             ev = m.handle.next_event() => match ev {
                 None | Some(Event::Stopped) => return,
-                Some(Event::Deliver { from, num, .. }) => m.handle.release(from, num),
+                Some(Event::Deliver { from, num, .. }) if release => m.handle.release(from, num),
                 Some(_) => {}
             }
         }

@@ -93,6 +93,6 @@ pub fn hand_over_after_restart(
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 #[cfg(test)]
 mod two_masters;

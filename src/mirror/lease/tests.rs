@@ -7,16 +7,16 @@ use crate::meta::Command;
 use crate::mirror::message::group_name;
 use crate::time::Instant;
 
-pub(super) const MASTER: MemberId = MemberId { node: 1, since: 1 };
-pub(super) const M2: MemberId = MemberId { node: 2, since: 2 };
-pub(super) const M3: MemberId = MemberId { node: 3, since: 3 };
+pub(in crate::mirror) const MASTER: MemberId = MemberId { node: 1, since: 1 };
+pub(in crate::mirror) const M2: MemberId = MemberId { node: 2, since: 2 };
+pub(in crate::mirror) const M3: MemberId = MemberId { node: 3, since: 3 };
 
-fn apply(s: &mut MetaState, c: Command) {
+pub(in crate::mirror) fn apply(s: &mut MetaState, c: Command) {
     s.apply(&c).expect("applies");
 }
 
 /// `ha.q` homed on node 1, mirrored on nodes 2 and 3, with a group of `slots`.
-pub(super) fn mirrored(slots: Vec<Slot>) -> (MetaState, u64) {
+pub(in crate::mirror) fn mirrored(slots: Vec<Slot>) -> (MetaState, u64) {
     let mut s = MetaState::default();
     apply(&mut s, Command::AddVhost { name: "/".into() });
     for id in 1..=3 {

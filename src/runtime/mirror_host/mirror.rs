@@ -561,7 +561,7 @@ pub(super) async fn abandon(m: &mut Membership) {
 
 /// [`abandon`], releasing nothing until the death is recorded: for a copy of a deleted
 /// queue, whose releases would let a master behind the delete confirm into it.
-async fn abandon_holding(m: &mut Membership) {
+pub(super) async fn abandon_holding(m: &mut Membership) {
     let done = m.handle.sender().abandon();
     wait_gone(m, done, false).await
 }

@@ -1,5 +1,6 @@
-//! Promotion: a mirror whose node became the queue's home flushes the group, opens its copy
-//! as crash recovery does and serves the queue; a master restarted with mirrors hands over
+//! Promotion: a mirror whose node became the queue's home flushes the group, waits for a
+//! planned move's old master to leave, opens its copy as crash recovery does and serves the
+//! queue, in the steps `mirror::adoption` decides; a master restarted with mirrors hands over
 //! to a synchronised one; a controlled stop hands every queue mastered here to a mirror.
 
 use std::collections::BTreeSet;
@@ -8,157 +9,180 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokio::sync::Notify;
+
+use super::mirror::abandon_holding;
 use super::{
-    incarnation_of, policy_of, promote_to, Followed, Inner, Key, Membership, MirrorHost, Shipping,
-    StorageDisk,
+    policy_of, promote_to, Followed, Inner, Key, Membership, MirrorHost, Shipping, StorageDisk,
 };
 
 use crate::gm::Slot;
 use crate::meta::state::MirrorSet;
 use crate::meta::MetaState;
 use crate::meta::NodeId;
+use crate::mirror::adoption::{Action, Adoption, Follower, Opened, Outcome};
 use crate::mirror::message::group_name;
 use crate::mirror::message::MirrorMsg;
-use crate::runtime::gm_host::GmNet;
+use crate::runtime::gm_host::{GmError, GmNet};
 
-/// How long a promoted mirror waits for its broker to apply the promotion.
-const ADOPT_WAIT: Duration = Duration::from_secs(5);
+/// A flush lap under way.
+type Lap = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), GmError>> + Send>>;
 
 impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
-    /// Promotion: flush lap, then this node's copy becomes the queue. Returns the
-    /// membership to go on as master with.
+    /// Promotion ([`Adoption`]): flush lap, the old master's leave, then this node's copy
+    /// becomes the queue. Returns the membership to go on as master with.
     pub(super) async fn adopt(
         &self,
         key: &Key,
         mut member: Option<Membership>,
     ) -> Option<Membership> {
-        let state = self.raft.snapshot();
-        let epoch = state.mirror_sets.get(key).map_or(0, |s| s.epoch);
-        let incarnation = incarnation_of(&state, key);
-        if let Some(m) = member.as_ref().filter(|m| m.incarnation != incarnation) {
-            // This node's copy is of a queue that is gone.
-            self.drop_copy(key, m.incarnation).await;
-            return member;
-        }
-        if let Some(m) = member.as_mut() {
-            let lap = m
-                .handle
-                .sender()
-                .confirmed_broadcast(Bytes::from(MirrorMsg::Flush { epoch }.encode()));
-            tokio::pin!(lap);
-            let flushed = loop {
-                tokio::select! {
-                    r = &mut lap => break r.is_ok(),
-                    ev = m.handle.next_event() => {
-                        if self.follow_event(key, m, ev).await != Followed::Going {
-                            break false;
-                        }
-                    }
-                }
-            };
-            if !flushed {
-                tracing::warn!(queue = %key.1, "the promoted mirror's flush did not complete; serving its copy as it is");
-                member = None;
-            }
-        }
-        if let Some(m) = member.as_mut() {
-            // A planned move: the old master is alive and may still ship rounds until it
-            // sees the move. It leaves the group once they have all made their laps (so
-            // this copy holds them): wait for that before the copy becomes the queue.
-            let group = group_name(&key.0, &key.1, incarnation);
-            let old = m.master;
-            let mut views = self.raft.subscribe();
-            loop {
-                let state = self.raft.snapshot();
-                if self.home_of(&state, key) != Some(self.node)
-                    || incarnation_of(&state, key) != incarnation
-                {
-                    return None;
-                }
-                let old_alive = old != self.node
-                    && state.gm_groups.get(&group).is_some_and(|g| {
-                        match m.master_member.filter(|mm| mm.node == old) {
-                            Some(mm) => g.members.contains(&Slot::Alive(mm)),
-                            None => g.has_live_member_on(old),
-                        }
-                    });
-                if !old_alive {
-                    break;
-                }
-                tokio::select! {
-                    changed = views.changed() => if changed.is_err() { return None },
-                    ev = m.handle.next_event() => {
-                        if self.follow_event(key, m, ev).await != Followed::Going {
-                            return None;
-                        }
-                    }
-                }
-            }
-        }
-        // Rounds are shipped from the queue's first one on: the queue does not serve before
-        // `adopt_queue`.
-        if let Some(m) = &member {
-            self.masters
-                .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
-        }
-        // The broker applies the promotion shortly after the metadata does: woken by its
-        // next change (registered before each attempt, so none is missed), not polled.
-        let deadline = tokio::time::Instant::now() + ADOPT_WAIT;
+        let follower = member.as_ref().map(|m| Follower {
+            incarnation: m.incarnation,
+            master: m.master,
+            master_member: m.master_member,
+        });
+        let mut a = Adoption::start(
+            &self.raft.snapshot(),
+            &key.0,
+            &key.1,
+            self.node,
+            follower,
+            self.clock.now(),
+        );
+        let mut views = self.raft.subscribe();
+        let mut lap: Option<Lap> = None;
+        let mut broker_changed: Option<Arc<Notify>> = None;
         loop {
-            let changed = Arc::new(tokio::sync::Notify::new());
-            let wake = changed.clone();
-            self.broker
-                .on_next_change(Box::new(move || wake.notify_one()));
-            let storage = self.storage.clone();
-            let broker = self.broker.clone();
-            let (vhost, name) = key.clone();
-            let now = self.clock.now();
-            let adopted = self
-                .offload(move || {
-                    broker.adopt_queue(&vhost, &name, now, |h| {
-                        storage.adopt(h, incarnation).map(|_| ())
-                    })
-                })
-                .await
-                .flatten();
-            match adopted {
-                Some(Ok(h)) => {
-                    let len = h.lock().message_count();
-                    tracing::warn!(queue = %key.1, epoch, messages = len, "mirror promoted: this node is the queue's master");
-                    return member;
+            while let Some(action) = a.poll_action() {
+                match action {
+                    Action::Flush { epoch } => {
+                        lap = member.as_ref().map(|m| {
+                            let msg = Bytes::from(MirrorMsg::Flush { epoch }.encode());
+                            Box::pin(m.handle.sender().confirmed_broadcast(msg)) as Lap
+                        });
+                    }
+                    Action::DropCopy { incarnation } => self.drop_copy(key, incarnation).await,
+                    Action::Ship { epoch, incarnation } => {
+                        if let Some(m) = &member {
+                            self.masters
+                                .insert(key.clone(), Shipping::of(&m.handle, epoch, incarnation));
+                        }
+                    }
+                    Action::Open { incarnation } => {
+                        // Registered before the attempt, so no change of the broker's is
+                        // missed: woken by its next one, not polled.
+                        let changed = Arc::new(Notify::new());
+                        let wake = changed.clone();
+                        self.broker
+                            .on_next_change(Box::new(move || wake.notify_one()));
+                        broker_changed = Some(changed);
+                        let opened = self.open_copy(key, incarnation).await;
+                        a.handle_open(opened, &self.raft.snapshot(), self.clock.now());
+                    }
+                    Action::Finish(outcome) => {
+                        return match outcome {
+                            Outcome::Serving { member: true } => member,
+                            Outcome::Stale => {
+                                tracing::info!(queue = %key.1, "the promoted mirror's copy is of a deleted queue");
+                                if let Some(m) = member.as_mut() {
+                                    abandon_holding(m).await;
+                                }
+                                None
+                            }
+                            Outcome::Moved => {
+                                tracing::info!(queue = %key.1, "the promotion here was overtaken by the metadata");
+                                None
+                            }
+                            Outcome::Serving { member: false } | Outcome::Failed => None,
+                        };
+                    }
                 }
-                Some(Err(e)) => {
-                    // A full disk or an I/O error: this node cannot serve the queue, and
-                    // while the metadata names it the master no other node may. Storage
-                    // fails as on any write error, so the node exits for its supervisor
-                    // (`runtime::node::monitor`); restarted, it is a new incarnation whose
-                    // mirror is unsynchronised, and the queue goes to a synchronised
-                    // mirror elsewhere. Retrying here kept the queue down for good (bug 28).
-                    tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy: storage fails, the node exits");
-                    self.storage.fail_with(e);
-                    return None;
+            }
+            let wait = a.deadline().map(|d| d.millis_since(self.clock.now()));
+            let following = a.following();
+            tokio::select! {
+                r = async { lap.as_mut().expect("guarded").await }, if lap.is_some() => {
+                    lap = None;
+                    if r.is_err() {
+                        tracing::warn!(queue = %key.1, "the promoted mirror's flush did not complete; serving its copy as it is");
+                        member = None;
+                    }
+                    a.handle_flushed(r.is_ok(), &self.raft.snapshot(), self.clock.now());
                 }
-                None if self.broker.queue(&key.0, &key.1).is_some() => return member,
-                None => {
-                    if tokio::time::timeout_at(deadline, changed.notified())
-                        .await
-                        .is_err()
-                    {
-                        tracing::warn!(queue = %key.1, "the broker never applied the promotion here");
+                ev = async { member.as_mut().expect("guarded").handle.next_event().await },
+                    if following && member.is_some() =>
+                {
+                    let Some(m) = member.as_mut() else { continue };
+                    if self.follow_event(key, m, ev).await != Followed::Going {
+                        lap = None;
+                        member = None;
+                        a.handle_member_stopped(self.clock.now());
+                    } else if let Some(mm) = m.master_member {
+                        a.set_master_member(mm);
+                        a.handle_view(&self.raft.snapshot(), self.clock.now());
+                    }
+                }
+                changed = views.changed() => {
+                    if changed.is_err() {
                         return None;
                     }
+                    a.handle_view(&self.raft.snapshot(), self.clock.now());
+                }
+                () = async { broker_changed.as_ref().expect("guarded").notified().await },
+                    if broker_changed.is_some() =>
+                {
+                    broker_changed = None;
+                    a.handle_broker_changed(&self.raft.snapshot(), self.clock.now());
+                }
+                () = tokio::time::sleep(Duration::from_millis(wait.unwrap_or(0).max(1))),
+                    if wait.is_some() =>
+                {
+                    a.handle_tick(self.clock.now());
                 }
             }
-            if self
-                .raft
-                .snapshot()
-                .vhosts
-                .get(&key.0)
-                .and_then(|v| v.queues.get(&key.1))
-                .is_none_or(|d| d.home != self.node)
-            {
-                return None;
+        }
+    }
+
+    /// Asks the broker to open this node's copy of `key` as the queue.
+    async fn open_copy(&self, key: &Key, incarnation: u64) -> Opened {
+        let storage = self.storage.clone();
+        let broker = self.broker.clone();
+        let (vhost, name) = key.clone();
+        let now = self.clock.now();
+        let adopted = self
+            .offload(move || {
+                broker.adopt_queue(&vhost, &name, now, |h| {
+                    storage.adopt(h, incarnation).map(|_| ())
+                })
+            })
+            .await
+            .flatten();
+        match adopted {
+            Some(Ok(h)) => {
+                let len = h.lock().message_count();
+                let epoch = self
+                    .raft
+                    .snapshot()
+                    .mirror_sets
+                    .get(key)
+                    .map_or(0, |s| s.epoch);
+                tracing::warn!(queue = %key.1, epoch, messages = len, "mirror promoted: this node is the queue's master");
+                Opened::Yes
             }
+            Some(Err(e)) => {
+                // A full disk or an I/O error: this node cannot serve the queue, and while
+                // the metadata names it the master no other node may. Storage fails as on
+                // any write error, so the node exits for its supervisor
+                // (`runtime::node::monitor`); restarted, it is a new incarnation whose
+                // mirror is unsynchronised, and the queue goes to a synchronised mirror
+                // elsewhere. Retrying here kept the queue down for good (bug 28).
+                tracing::error!(queue = %key.1, error = %e, "cannot open the promoted mirror's copy: storage fails, the node exits");
+                self.storage.fail_with(e);
+                Opened::Failed
+            }
+            None => Opened::NotYet {
+                exists: self.broker.queue(&key.0, &key.1).is_some(),
+            },
         }
     }
 

@@ -629,6 +629,7 @@ pub fn run_seed(seed: u64) -> Outcome {
     for (t, f) in &faults {
         trace.log(format!("plan {t}ms {f:?}"));
     }
+    crate::task_ids::align();
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(Duration::from_secs(3_600))

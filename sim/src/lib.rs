@@ -34,6 +34,7 @@ pub mod gm_scenario;
 pub mod mirror_scenario;
 pub mod scenario;
 pub mod session_clients;
+pub mod task_ids;
 pub mod trace;
 pub mod transport;
 

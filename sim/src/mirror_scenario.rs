@@ -1255,6 +1255,7 @@ fn run(seed: u64, new_faults: bool, forced_rates: Option<BTreeMap<NodeId, u64>>)
             "plan {at}ms crash of every node, down for {down}ms"
         ));
     }
+    crate::task_ids::align();
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(Duration::from_secs(3_600))

@@ -259,7 +259,8 @@ impl Relay {
     }
 
     /// Waits until `node`'s broker has followed the metadata up to Raft index `index` (so a
-    /// queue declared there by that entry exists there); false if it did not answer in time.
+    /// queue declared there by that entry exists there); false if it could not be asked,
+    /// did not answer, or was still behind when its wait (10 s) ended.
     pub async fn barrier(&self, node: NodeId, index: u64) -> bool {
         let (tx, rx) = oneshot::channel();
         self.inner.enqueue(

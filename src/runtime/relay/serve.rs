@@ -461,12 +461,15 @@ impl Inner {
         let mut ticket = 0;
         let mut first_ticket = u64::MAX;
         let mut index = 0;
+        let mut barriers = Vec::new();
         let replies: Vec<RelayReply> = batch
             .into_iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(at, m)| {
                 if let RelayMsg::Barrier { index: i } = m {
                     // A `Counts` of 0s is the "followed" answer: the asker needs no other.
                     index = index.max(i);
+                    barriers.push(at);
                     return RelayReply::Counts(0, 0, 0);
                 }
                 let (r, t) = self.handle_one(from, m);
@@ -486,10 +489,18 @@ impl Inner {
             _ if behind || unsynced => {
                 let mut applied = self.applied.clone();
                 BrokerReply::Later(Box::pin(async move {
+                    let mut replies = replies;
                     if behind {
                         let wait = applied.wait_for(|i| *i >= index);
                         let _ =
                             tokio::time::timeout(std::time::Duration::from_secs(10), wait).await;
+                        if *applied.borrow() < index {
+                            // Still behind: not "followed", so the asker asks again (or
+                            // answers its client without this node once it gives up).
+                            for &at in &barriers {
+                                replies[at] = RelayReply::Done;
+                            }
+                        }
                     }
                     // One wait for the batch: tickets are marked durable in order.
                     let ok = match (&durability, unsynced) {

@@ -5,11 +5,29 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A test's folder: removed when the test passes, kept for a look when it fails.
+struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("warren-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    TempDir(d)
 }
 
 fn free_port() -> u16 {

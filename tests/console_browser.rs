@@ -128,6 +128,15 @@ struct Shots {
     taken: usize,
 }
 
+/// Kept for a look when the test fails; removed when it passes.
+impl Drop for Shots {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 impl Shots {
     fn new() -> Shots {
         let dir = std::env::temp_dir().join(format!("warren-console-{}", std::process::id()));

@@ -310,7 +310,7 @@ mod tests {
             "broken.pem",
             "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
         );
-        let err = server_config(&cfg(broken, junk), TlsUse::Management, &[]).unwrap_err();
+        let err = server_config(&cfg(broken, junk.clone()), TlsUse::Management, &[]).unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -321,5 +321,8 @@ mod tests {
             ),
             "{err:?}"
         );
+        if let Some(dir) = junk.parent() {
+            std::fs::remove_dir_all(dir).expect("remove the test's folder");
+        }
     }
 }

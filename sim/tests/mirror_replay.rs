@@ -10,6 +10,8 @@
 
 use std::process::Command;
 
+mod replay;
+
 /// Mirror seed 5 (`tests/seeds.rs`'s `MIRROR_CI_SEEDS[4]`): a mirror promoted twice.
 const SEED: u64 = 5;
 
@@ -53,16 +55,5 @@ fn mirror_same_seed_same_trace_after_other_tasks_in_the_process() {
 }
 
 fn same(a: &str, b: &str) {
-    if a != b {
-        let first = a
-            .lines()
-            .zip(b.lines())
-            .position(|(x, y)| x != y)
-            .unwrap_or(a.lines().count().min(b.lines().count()));
-        panic!(
-            "mirror seed {SEED} replayed differently from line {first}:\n  {:?}\n  {:?}",
-            a.lines().nth(first),
-            b.lines().nth(first)
-        );
-    }
+    replay::assert_same("mirror", SEED, a, b);
 }

@@ -5,9 +5,9 @@ use proptest::prelude::*;
 
 use super::{Action, Adoption, Follower, Opened, Outcome, OPEN_WAIT_MS};
 use crate::gm::{MemberId, Slot};
-use crate::meta::state::{MetaState, QueueDef};
+use crate::meta::state::MetaState;
 use crate::meta::Command;
-use crate::mirror::lease::tests::{apply, mirrored, M2, M3, MASTER};
+use crate::mirror::lease::tests::{apply, declare, mirrored, M2, M3, MASTER};
 use crate::mirror::message::group_name;
 use crate::time::Instant;
 
@@ -46,6 +46,20 @@ fn follower(incarnation: u64, master_member: Option<MemberId>) -> Follower {
     }
 }
 
+/// The promotion of `ha.q` to node 2 in `s`, with `f` as its member's.
+fn start(s: &MetaState, f: Option<Follower>) -> Adoption {
+    Adoption::start(s, "/", "ha.q", 2, f, T0)
+}
+
+/// [`start`] with the member of a mirror that delivered from the old master, its flush
+/// lap come round.
+fn flushed(s: &MetaState, incarnation: u64) -> Adoption {
+    let mut a = start(s, Some(follower(incarnation, Some(MASTER))));
+    drain(&mut a);
+    a.handle_flushed(true, s, T0);
+    a
+}
+
 fn drain(a: &mut Adoption) -> Vec<Action> {
     std::iter::from_fn(|| a.poll_action()).collect()
 }
@@ -53,7 +67,7 @@ fn drain(a: &mut Adoption) -> Vec<Action> {
 #[test]
 fn a_queue_homed_here_without_a_member_is_opened_and_served_without_one() {
     let (s, incarnation) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M3)]);
-    let mut a = Adoption::start(&s, "/", "ha.q", 2, None, T0);
+    let mut a = start(&s, None);
     assert_eq!(drain(&mut a), vec![Action::Open { incarnation }]);
     a.handle_open(Opened::Yes, &s, T0);
     assert_eq!(
@@ -66,14 +80,7 @@ fn a_queue_homed_here_without_a_member_is_opened_and_served_without_one() {
 #[test]
 fn a_followers_copy_of_a_deleted_incarnation_is_dropped_and_its_member_abandoned() {
     let (s, incarnation) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M2)]);
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation - 1, None)),
-        T0,
-    );
+    let mut a = start(&s, Some(follower(incarnation - 1, None)));
     assert_eq!(
         drain(&mut a),
         vec![
@@ -90,14 +97,7 @@ fn a_follower_flushes_then_ships_before_the_copy_opens() {
     let (s, incarnation) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
     let epoch = s.mirror_sets[&key()].epoch;
     assert!(epoch > 0, "the promotion moved the epoch on");
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
+    let mut a = start(&s, Some(follower(incarnation, Some(MASTER))));
     assert_eq!(drain(&mut a), vec![Action::Flush { epoch }]);
     // Nothing opens before the lap comes round.
     a.handle_view(&s, T0);
@@ -121,7 +121,7 @@ fn a_follower_flushes_then_ships_before_the_copy_opens() {
 #[test]
 fn a_flush_that_fails_serves_the_copy_as_it_is_without_the_member() {
     let (s, incarnation) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M2)]);
-    let mut a = Adoption::start(&s, "/", "ha.q", 2, Some(follower(incarnation, None)), T0);
+    let mut a = start(&s, Some(follower(incarnation, None)));
     drain(&mut a);
     a.handle_flushed(false, &s, T0);
     assert_eq!(drain(&mut a), vec![Action::Open { incarnation }]);
@@ -136,16 +136,7 @@ fn a_flush_that_fails_serves_the_copy_as_it_is_without_the_member() {
 fn a_planned_move_waits_for_the_old_masters_member_to_leave() {
     let (mut s, incarnation) =
         promoted(vec![Slot::Alive(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
-    drain(&mut a);
-    a.handle_flushed(true, &s, T0);
+    let mut a = flushed(&s, incarnation);
     assert_eq!(
         drain(&mut a),
         vec![],
@@ -181,7 +172,7 @@ fn a_planned_move_waits_for_the_old_masters_member_to_leave() {
 fn without_the_old_masters_member_known_any_live_member_on_its_node_is_waited_for() {
     let rejoined = MemberId { node: 1, since: 7 };
     let (mut s, incarnation) = promoted(vec![Slot::Alive(rejoined), Slot::Alive(M2)]);
-    let mut a = Adoption::start(&s, "/", "ha.q", 2, Some(follower(incarnation, None)), T0);
+    let mut a = start(&s, Some(follower(incarnation, None)));
     drain(&mut a);
     a.handle_flushed(true, &s, T0);
     assert_eq!(drain(&mut a), vec![]);
@@ -190,7 +181,7 @@ fn without_the_old_masters_member_known_any_live_member_on_its_node_is_waited_fo
     a.handle_view(&s, T0);
     assert_eq!(drain(&mut a).last(), Some(&Action::Open { incarnation }));
     // A member on another node is not taken for the master's.
-    let mut b = Adoption::start(&s, "/", "ha.q", 2, Some(follower(incarnation, None)), T0);
+    let mut b = start(&s, Some(follower(incarnation, None)));
     b.set_master_member(M3);
     drain(&mut b);
     b.handle_flushed(true, &s, T0);
@@ -205,16 +196,7 @@ fn the_metadata_moving_on_while_the_old_master_leaves_ends_the_promotion() {
     // Another home.
     let (mut s, incarnation) =
         promoted(vec![Slot::Alive(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
-    drain(&mut a);
-    a.handle_flushed(true, &s, T0);
+    let mut a = flushed(&s, incarnation);
     let set = s.mirror_sets[&key()].clone();
     apply(&mut s, Command::promote("/", "ha.q", &set, 3));
     a.handle_view(&s, T0);
@@ -223,16 +205,7 @@ fn the_metadata_moving_on_while_the_old_master_leaves_ends_the_promotion() {
     // Deleted and declared again, homed here: another incarnation, not this copy's.
     let (mut s, incarnation) =
         promoted(vec![Slot::Alive(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
-    drain(&mut a);
-    a.handle_flushed(true, &s, T0);
+    let mut a = flushed(&s, incarnation);
     apply(
         &mut s,
         Command::DeleteQueue {
@@ -240,18 +213,7 @@ fn the_metadata_moving_on_while_the_old_master_leaves_ends_the_promotion() {
             name: "ha.q".into(),
         },
     );
-    apply(
-        &mut s,
-        Command::DeclareQueue(QueueDef {
-            vhost: "/".into(),
-            name: "ha.q".into(),
-            durable: true,
-            exclusive_owner: None,
-            auto_delete: false,
-            arguments: Default::default(),
-            home: 2,
-        }),
-    );
+    declare(&mut s, 2);
     a.handle_view(&s, T0);
     assert_eq!(drain(&mut a), vec![Action::Finish(Outcome::Moved)]);
 }
@@ -259,7 +221,7 @@ fn the_metadata_moving_on_while_the_old_master_leaves_ends_the_promotion() {
 #[test]
 fn the_broker_is_asked_again_on_each_change_until_it_opens_or_the_wait_runs_out() {
     let (s, incarnation) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M2)]);
-    let mut a = Adoption::start(&s, "/", "ha.q", 2, None, T0);
+    let mut a = start(&s, None);
     drain(&mut a);
     assert_eq!(a.deadline(), Some(T0.plus_millis(OPEN_WAIT_MS)));
     a.handle_open(Opened::NotYet { exists: false }, &s, T0);
@@ -281,14 +243,14 @@ fn the_broker_is_asked_again_on_each_change_until_it_opens_or_the_wait_runs_out(
     assert_eq!(a.deadline(), None);
 
     // A queue the broker serves already is served; storage failing ends it.
-    let mut b = Adoption::start(&s, "/", "ha.q", 2, None, T0);
+    let mut b = start(&s, None);
     drain(&mut b);
     b.handle_open(Opened::NotYet { exists: true }, &s, T0);
     assert_eq!(
         drain(&mut b),
         vec![Action::Finish(Outcome::Serving { member: false })]
     );
-    let mut c = Adoption::start(&s, "/", "ha.q", 2, None, T0);
+    let mut c = start(&s, None);
     drain(&mut c);
     c.handle_open(Opened::Failed, &s, T0);
     assert_eq!(drain(&mut c), vec![Action::Finish(Outcome::Failed)]);
@@ -297,7 +259,7 @@ fn the_broker_is_asked_again_on_each_change_until_it_opens_or_the_wait_runs_out(
 #[test]
 fn a_broker_not_ready_while_the_queue_moved_elsewhere_ends_the_promotion() {
     let (mut s, _) = promoted(vec![Slot::Dead(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
-    let mut a = Adoption::start(&s, "/", "ha.q", 2, None, T0);
+    let mut a = start(&s, None);
     drain(&mut a);
     let set = s.mirror_sets[&key()].clone();
     apply(&mut s, Command::promote("/", "ha.q", &set, 3));
@@ -309,28 +271,12 @@ fn a_broker_not_ready_while_the_queue_moved_elsewhere_ends_the_promotion() {
 fn a_member_that_stops_before_the_copy_opens() {
     let (s, incarnation) = promoted(vec![Slot::Alive(MASTER), Slot::Alive(M2)]);
     // While flushing: served without it.
-    let mut a = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
+    let mut a = start(&s, Some(follower(incarnation, Some(MASTER))));
     drain(&mut a);
     a.handle_member_stopped(T0);
     assert_eq!(drain(&mut a), vec![Action::Open { incarnation }]);
     // While the old master leaves: not served (the old master may have shipped more).
-    let mut b = Adoption::start(
-        &s,
-        "/",
-        "ha.q",
-        2,
-        Some(follower(incarnation, Some(MASTER))),
-        T0,
-    );
-    drain(&mut b);
-    b.handle_flushed(true, &s, T0);
+    let mut b = flushed(&s, incarnation);
     b.handle_member_stopped(T0);
     assert_eq!(drain(&mut b), vec![Action::Finish(Outcome::Moved)]);
 }
@@ -378,7 +324,7 @@ proptest! {
         let (mut s, incarnation) =
             promoted(vec![Slot::Alive(MASTER), Slot::Alive(M2), Slot::Alive(M3)]);
         let f = with_follower.then(|| follower(incarnation, Some(MASTER)));
-        let mut a = Adoption::start(&s, "/", "ha.q", 2, f, T0);
+        let mut a = start(&s, f);
         let mut now = T0;
         let (mut flushed, mut left, mut stopped) = (!with_follower, false, false);
         let (mut shipped, mut opens, mut answered_yes) = (false, 0, false);

@@ -15,6 +15,22 @@ pub(in crate::mirror) fn apply(s: &mut MetaState, c: Command) {
     s.apply(&c).expect("applies");
 }
 
+/// Declares the durable queue `ha.q` homed on `home`.
+pub(in crate::mirror) fn declare(s: &mut MetaState, home: u64) {
+    apply(
+        s,
+        Command::DeclareQueue(QueueDef {
+            vhost: "/".into(),
+            name: "ha.q".into(),
+            durable: true,
+            exclusive_owner: None,
+            auto_delete: false,
+            arguments: Default::default(),
+            home,
+        }),
+    );
+}
+
 /// `ha.q` homed on node 1, mirrored on nodes 2 and 3, with a group of `slots`.
 pub(in crate::mirror) fn mirrored(slots: Vec<Slot>) -> (MetaState, u64) {
     let mut s = MetaState::default();
@@ -32,18 +48,7 @@ pub(in crate::mirror) fn mirrored(slots: Vec<Slot>) -> (MetaState, u64) {
             }),
         );
     }
-    apply(
-        &mut s,
-        Command::DeclareQueue(QueueDef {
-            vhost: "/".into(),
-            name: "ha.q".into(),
-            durable: true,
-            exclusive_owner: None,
-            auto_delete: false,
-            arguments: Default::default(),
-            home: 1,
-        }),
-    );
+    declare(&mut s, 1);
     let mirror = |node| MirrorRecord {
         node,
         since: 0,

@@ -208,5 +208,8 @@ fn the_real_file_disk_keeps_messages_across_reopen() {
     assert!(!report.clean && report.damaged.is_empty());
     assert_eq!(read(&s, 4), Some(body(4, 150)));
     drop(s);
-    std::fs::remove_dir_all(&dir).expect("remove the test's folder");
+    for name in disk.list(&dir).expect("list") {
+        disk.remove(&dir.join(name)).expect("remove");
+    }
+    disk.remove_dir(&dir).expect("remove the test's folder");
 }

@@ -391,7 +391,9 @@ fn works_on_the_real_file_disk() {
     assert_eq!(segment_files(&FileDisk::new(), &dir), ["1.idx", "2.idx"]);
     ix.delete_all().unwrap();
     assert!(FileDisk::new().list(&dir).unwrap().is_empty());
-    std::fs::remove_dir(&dir).expect("remove the test's folder");
+    FileDisk::new()
+        .remove_dir(&dir)
+        .expect("remove the test's folder");
 }
 
 #[path = "streaming_tests.rs"]

@@ -100,6 +100,13 @@ pub struct ClusterConfig {
     /// How long a metadata command may take to commit before the client gets an error.
     #[serde(default = "default_commit_timeout_ms")]
     pub commit_timeout_ms: u64,
+    /// The routing lease: a node routes publishes only within this long of a Raft quorum
+    /// read it has followed, so a routing change answered while a node's log was behind
+    /// (cut off one way) cannot send a confirmed publish into a deleted queue
+    /// (`docs/clustering.md`). A routing change waits for a node that has not followed it
+    /// for at most a little more than this; at most half of `commit_timeout_ms`.
+    #[serde(default = "default_routing_lease_ms")]
+    pub routing_lease_ms: u64,
     /// The metadata Raft group's longest election timeout, which is also its leader lease:
     /// a voter that heard the leader this recently refuses to vote for another. The
     /// shortest is half of it and the leader's heartbeat a sixth. When the leader's process
@@ -139,6 +146,10 @@ fn default_election_timeout_ms() -> u64 {
 
 fn default_commit_timeout_ms() -> u64 {
     10_000
+}
+
+fn default_routing_lease_ms() -> u64 {
+    2500
 }
 
 /// `[node]`.
@@ -557,6 +568,17 @@ impl Config {
                     reason: "must be between 60 and 60000".into(),
                 });
             }
+            // A routing change's wait for a node behind (a little more than the lease:
+            // `cluster::routing_lease::lapse_after_ms`) must end before the commit times out.
+            if c.routing_lease_ms < 200 || 2 * c.routing_lease_ms > c.commit_timeout_ms {
+                return Err(ConfigError::Invalid {
+                    key: "cluster.routing_lease_ms",
+                    reason: format!(
+                        "must be at least 200 and at most half of cluster.commit_timeout_ms ({})",
+                        c.commit_timeout_ms
+                    ),
+                });
+            }
             if c.peer_timeout_ms <= c.heartbeat_ms {
                 return Err(ConfigError::Invalid {
                     key: "cluster.peer_timeout_ms",
@@ -657,6 +679,14 @@ mod tests {
             (
                 format!("{base}node_id = 1\nelection_timeout_ms = 10\n"),
                 "cluster.election_timeout_ms",
+            ),
+            (
+                format!("{base}node_id = 1\ncommit_timeout_ms = 3000\n"),
+                "cluster.routing_lease_ms",
+            ),
+            (
+                format!("{base}node_id = 1\nrouting_lease_ms = 150\n"),
+                "cluster.routing_lease_ms",
             ),
         ];
         for (text, key) in cases {

@@ -1893,3 +1893,114 @@ async fn a_publish_through_another_node_right_after_declare_ok_reaches_the_queue
     common::close_connection(&c1).await;
     common::close_connection(&c3).await;
 }
+
+/// A node cut off from the others routes no publish once its metadata may be behind. While
+/// it is cut off, the cluster records it down, which deletes its transient queue, and a
+/// client declares the queue again through another node. A publish through the cut-off
+/// node right after that declare-ok went into its old queue, was confirmed, and went with
+/// the queue once the node caught up: confirmed and lost. With the routing lease
+/// (`docs/clustering.md`) declare-ok comes once the cut-off node's lease has lapsed, and
+/// the node nacks what it cannot route safely; after the heal it routes into the new queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_confirms_nothing_into_its_queue_the_cluster_deleted_meanwhile() {
+    if !common::faults::available() {
+        return;
+    }
+    let cluster = Cluster::start("lease").await;
+    let name = "lease.q";
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, name, false, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "confirm.select",
+        ch1.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch1, "", name, b"old").await);
+
+    let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);
+    // Node 1 recorded down: its transient queue is gone from the metadata.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = cluster.ctl_rows(2, &["list_queues", "name"]).await;
+        if !rows.iter().any(|r| r.first().is_some_and(|n| n == name)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 2 still lists {name} 30 s after the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    declare(&ch2, name, true, locator("client-local"))
+        .await
+        .expect("declare again through node 2");
+    // Right after declare-ok, through the node that is still cut off.
+    let mut acked = Vec::new();
+    for i in 0..20u32 {
+        if publish_acked(&ch1, "", name, format!("m{i}").as_bytes()).await {
+            acked.push(format!("m{i}"));
+        }
+    }
+    drop(cut);
+
+    // Once healed, node 1 routes into the new queue (through a new connection: it may close
+    // the ones it had when it hears that it was recorded down).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !publish_once_acked(&cluster.node(1).amqp_uri(), name, b"after").await {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 still nacks publishes 30 s after the heal"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    acked.push("after".to_string());
+    let mut got = BTreeSet::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch2.basic_get(name.into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("basic.get")
+    {
+        got.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    let lost: Vec<&String> = acked.iter().filter(|m| !got.contains(*m)).collect();
+    assert!(
+        lost.is_empty(),
+        "confirmed through node 1 and never in the new {name}: {lost:?} (got {got:?})"
+    );
+    common::close_connection(&c2).await;
+}
+
+/// One confirmed publish through a new connection to `uri`: whether it was acked (false
+/// on a nack or any error).
+async fn publish_once_acked(uri: &str, queue: &str, body: &[u8]) -> bool {
+    let attempt = async {
+        let c = Connection::connect(uri, ConnectionProperties::default()).await?;
+        let ch = c.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                Default::default(),
+                body,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        let _ = c.close(200, "".into()).await;
+        Ok::<bool, lapin::Error>(confirm.is_ack())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), attempt).await,
+        Ok(Ok(true))
+    )
+}

@@ -50,7 +50,7 @@ use warren::meta::policy::{ApplyTo, Policy, PolicyValue};
 use warren::meta::state::{NodeRecord, QueueDef};
 use warren::meta::Command;
 use warren::runtime::clock::Clock;
-use warren::runtime::cluster::{follow_metadata, record_down_nodes, RaftMeta};
+use warren::runtime::cluster::{follow_metadata, keep_routing_lease, record_down_nodes, RaftMeta};
 use warren::runtime::conn_task::{self, ConnContext, MetaCommit};
 use warren::runtime::gm_host::{GmHost, GmHostConfig};
 use warren::runtime::mirror_host::MirrorHost;
@@ -75,6 +75,8 @@ pub const NODES: u64 = 3;
 /// mirror, which syncs while the queue serves).
 const JOINER: NodeId = NODES + 1;
 const VHOST: &str = "/";
+/// The nodes' routing lease (the config's default), within the 5 s commit timeout.
+const ROUTING_LEASE: Duration = Duration::from_millis(2500);
 const QUEUE: &str = "ha.q";
 /// Publishers, each with its own connection; a few publishes in flight each. The last one
 /// is a prober: it sends each publish to the next node in turn, whatever they answer, so
@@ -547,14 +549,17 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     // through Raft (`RaftMeta`), answered once the follower applied them.
     let relay_cell: Arc<OnceLock<Arc<Relay>>> = Arc::default();
     let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
-    let meta: Arc<dyn MetaCommit> = Arc::new(RaftMeta::new(
-        raft.clone(),
-        broker.clone(),
-        relay_cell.clone(),
-        applied.clone(),
-        Duration::from_secs(5),
-        seed ^ id,
-    ));
+    let meta: Arc<dyn MetaCommit> = Arc::new(
+        RaftMeta::new(
+            raft.clone(),
+            broker.clone(),
+            relay_cell.clone(),
+            applied.clone(),
+            Duration::from_secs(5),
+            seed ^ id,
+        )
+        .with_routing_lease(ROUTING_LEASE, clock),
+    );
     let facts = Arc::new(NodeFacts {
         started: std::time::Instant::now(),
         disk_free_limit: 0,
@@ -568,7 +573,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         Arc::new(links),
         meta.clone(),
         clock,
-        applied,
+        applied.clone(),
         facts,
     );
     let _ = relay_cell.set(relay.clone());
@@ -582,7 +587,7 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
     tokio::task::spawn_local(detect_failures(
         id,
         raft.clone(),
-        broker.clone(),
+        (broker.clone(), clock),
         (last_seen, down),
         relay.clone(),
         shared.session.clone(),
@@ -660,6 +665,15 @@ async fn run_node(env: NodeEnv) -> turmoil::Result {
         clock,
         relay_cell.clone(),
         |_, _| {},
+    ));
+    // Its routing lease, as `runtime::cluster` keeps it: publishes are routed only while
+    // the node's metadata is recent.
+    tokio::task::spawn_local(keep_routing_lease(
+        raft.clone(),
+        broker.clone(),
+        applied.clone(),
+        clock,
+        ROUTING_LEASE,
     ));
     // Its queues serve other nodes from now on, as once a node's storage recovered.
     relay.serve();
@@ -890,7 +904,7 @@ type DownNow = Arc<Mutex<BTreeSet<NodeId>>>;
 async fn detect_failures(
     id: NodeId,
     raft: MetaRaft,
-    broker: Arc<Broker>,
+    (broker, clock): (Arc<Broker>, Clock),
     (seen, down_now): (LastSeen, DownNow),
     relay: Arc<Relay>,
     session: Arc<SessionRecords>,
@@ -920,7 +934,7 @@ async fn detect_failures(
         if *lock(&down_now) != down {
             trace.log(format!("n{id} sees down: {down:?}"));
         }
-        broker.set_down_nodes(down.clone());
+        broker.set_down_nodes(down.clone(), clock.now());
         *lock(&down_now) = down;
         // As `runtime::cluster::watch_nodes` tells the relay.
         for n in verdict.newly_down {

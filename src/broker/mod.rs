@@ -87,8 +87,13 @@ pub struct Broker {
     epoch_unix_ms: u64,
     /// This node's id in the cluster; 0 when not clustered.
     node_id: u64,
-    /// Cluster nodes the failure detector considers down.
-    down_nodes: RwLock<std::collections::BTreeSet<u64>>,
+    /// Cluster nodes the failure detector considers down, and since when (node clock).
+    down_nodes: RwLock<std::collections::BTreeMap<u64, Instant>>,
+    /// Whether publishes need the routing lease (a clustered node,
+    /// `cluster::routing_lease`); a single node routes by the metadata it owns.
+    routing_leased: std::sync::atomic::AtomicBool,
+    /// Until when (exclusive, in ms of the node clock) the routing lease runs.
+    routing_until: AtomicU64,
     /// Other nodes' resource alarms ([`alarm`] bits), as their heartbeats said.
     peer_alarms: RwLock<std::collections::BTreeMap<u64, u8>>,
     /// Reaches queues of other nodes; set once in cluster mode.
@@ -155,6 +160,8 @@ impl Broker {
             epoch_unix_ms,
             node_id: 0,
             down_nodes: RwLock::new(Default::default()),
+            routing_leased: std::sync::atomic::AtomicBool::new(false),
+            routing_until: AtomicU64::new(0),
             peer_alarms: RwLock::new(Default::default()),
             remote: std::sync::OnceLock::new(),
             remote_outcomes: RemoteOutcomes::default(),
@@ -218,17 +225,46 @@ impl Broker {
         }))
     }
 
-    /// Records which cluster nodes the failure detector considers down.
-    pub fn set_down_nodes(&self, down: std::collections::BTreeSet<u64>) {
-        *self.down_nodes.write().unwrap_or_else(|e| e.into_inner()) = down;
+    /// From now on this node routes publishes only under the routing lease, which
+    /// [`Broker::extend_routing_lease`] renews (`cluster::routing_lease`).
+    pub fn require_routing_lease(&self) {
+        self.routing_leased.store(true, Ordering::Release);
+    }
+
+    /// The routing lease runs until `until` (exclusive); never shortened.
+    pub fn extend_routing_lease(&self, until: Instant) {
+        self.routing_until
+            .fetch_max(until.as_millis(), Ordering::AcqRel);
+    }
+
+    /// Whether this node may route a publish at `now`: a single node always; a clustered
+    /// one while its routing lease runs (its metadata is recent).
+    pub fn routes_at(&self, now: Instant) -> bool {
+        !self.routing_leased.load(Ordering::Acquire)
+            || now.as_millis() < self.routing_until.load(Ordering::Acquire)
+    }
+
+    /// Records which cluster nodes the failure detector considers down at `now`.
+    pub fn set_down_nodes(&self, down: std::collections::BTreeSet<u64>, now: Instant) {
+        let mut nodes = self.down_nodes.write().unwrap_or_else(|e| e.into_inner());
+        nodes.retain(|id, _| down.contains(id));
+        for id in down {
+            nodes.entry(id).or_insert(now);
+        }
     }
 
     /// Whether the failure detector considers cluster node `id` down.
     pub fn node_is_down(&self, id: u64) -> bool {
+        self.down_since(id).is_some()
+    }
+
+    /// Since when the failure detector has considered cluster node `id` down (this time).
+    pub fn down_since(&self, id: u64) -> Option<Instant> {
         self.down_nodes
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&id)
+            .get(&id)
+            .copied()
     }
 
     /// The node's live connections, channels and consumers, which sessions register.
@@ -737,6 +773,15 @@ impl Broker {
         bcc: &[String],
         now: Instant,
     ) -> PublishOutcome {
+        if !self.routes_at(now) {
+            // The node's metadata may be behind a routing change already answered (a queue
+            // deleted and declared again elsewhere): routing by it could confirm into a
+            // deleted queue. A nack, and no return: the message was not judged unroutable.
+            return PublishOutcome {
+                rejected: true,
+                ..PublishOutcome::default()
+            };
+        }
         if exchange.is_empty() {
             // Never counted as routed, as in RabbitMQ (see `deliver_replies`).
             self.deliver_replies(&message, bcc);

@@ -6,6 +6,8 @@
 //!   process is gone.
 //! - [`read_fence`]: which nodes' read-index requests the leader refuses while it records
 //!   them down.
+//! - [`routing_lease`]: when a node may route publishes (its metadata is recent), and how
+//!   long a routing change waits for a node that has not followed it.
 //! - [`node_outbox`]: what the relay has for one other node: order, batches, the memory
 //!   alarm's count, and one fate (answered or failed) per item.
 
@@ -13,8 +15,10 @@ pub mod detector;
 pub mod election;
 pub mod node_outbox;
 pub mod read_fence;
+pub mod routing_lease;
 
 pub use detector::{Detector, Verdict};
 pub use election::{Call, ElectionCaller};
 pub use node_outbox::NodeOutbox;
 pub use read_fence::ReadFence;
+pub use routing_lease::RoutingLease;

@@ -282,7 +282,10 @@ mod tests {
 
     fn node1(down: &[u64]) -> Broker {
         let b = Broker::new(&Config::default(), 1, 1 << 30, 0).with_node_id(1);
-        b.set_down_nodes(down.iter().copied().collect::<BTreeSet<_>>());
+        b.set_down_nodes(
+            down.iter().copied().collect::<BTreeSet<_>>(),
+            crate::time::Instant::default(),
+        );
         b
     }
 
@@ -342,7 +345,7 @@ mod tests {
             Response::ok(json!({"status": "ok"}))
         );
         // A node recorded down no longer counts.
-        b.set_down_nodes(BTreeSet::from([2]));
+        b.set_down_nodes(BTreeSet::from([2]), crate::time::Instant::default());
         assert!(!b.remote_alarm());
         assert_eq!(
             run(&b, &m, &["alarms"]),

@@ -1154,7 +1154,7 @@ fn a_ring_member_of_a_down_node_or_a_dead_member_is_down() {
     // Node 3's first member died; its new one has not joined the group yet.
     let dead = Slot::Dead(MemberId { node: 3, since: 0 });
     let b = mirrored(vec![alive(1), dead, alive(2)]);
-    b.set_down_nodes([2].into());
+    b.set_down_nodes([2].into(), Instant::default());
     let q = get(&b, "admin", "/api/queues/%2F/ha.q").body.unwrap();
     assert_eq!(
         q["sync_running"], false,

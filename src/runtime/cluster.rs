@@ -14,6 +14,8 @@
 //! - The membership task (leader only) makes the Raft membership follow the nodes table:
 //!   a registered node becomes a learner and, while there are fewer than five voters, a
 //!   voter; a forgotten node leaves.
+//! - The routing lease task keeps the node's routing lease renewed with quorum reads: a
+//!   node whose metadata may be behind routes no publish (`cluster::routing_lease`).
 //! - [`RaftMeta`] is the [`MetaCommit`] of a clustered node: it places new queues
 //!   (`queue-master-locator`) and proposes the command.
 
@@ -39,12 +41,14 @@ use crate::time::Instant;
 
 mod control;
 mod raft_meta;
+mod routing_lease;
 mod tasks;
 #[cfg(test)]
 mod tests;
 
 pub use control::ClusterControl;
 pub use raft_meta::{Locator, RaftMeta};
+pub use routing_lease::keep_routing_lease;
 use tasks::{follow, reconcile_membership, watch_nodes};
 pub use tasks::{follow_metadata, record_down_nodes};
 
@@ -84,6 +88,8 @@ pub struct Cluster {
     applied: watch::Receiver<u64>,
     broker: Arc<Broker>,
     commit_timeout: Duration,
+    routing_lease: Duration,
+    clock: Clock,
     peer_timeout: Duration,
     initialised_here: bool,
     relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
@@ -200,14 +206,24 @@ impl Cluster {
 
         let (applied_tx, applied) = watch::channel(0u64);
         let relay: Arc<std::sync::OnceLock<Arc<Relay>>> = Arc::default();
-        let tasks = vec![tokio::spawn(follow(
-            raft.clone(),
-            broker.clone(),
-            transport.clone(),
-            applied_tx,
-            clock,
-            relay.clone(),
-        ))];
+        let routing_lease = Duration::from_millis(cc.routing_lease_ms);
+        let tasks = vec![
+            tokio::spawn(follow(
+                raft.clone(),
+                broker.clone(),
+                transport.clone(),
+                applied_tx,
+                clock,
+                relay.clone(),
+            )),
+            tokio::spawn(keep_routing_lease(
+                raft.clone(),
+                broker.clone(),
+                applied.clone(),
+                clock,
+                routing_lease,
+            )),
+        ];
         Ok(Cluster {
             node_id: cc.node_id,
             raft,
@@ -215,6 +231,8 @@ impl Cluster {
             applied,
             broker,
             commit_timeout: Duration::from_millis(cc.commit_timeout_ms),
+            routing_lease,
+            clock,
             peer_timeout: Duration::from_millis(cc.peer_timeout_ms),
             initialised_here,
             relay,
@@ -242,6 +260,24 @@ impl Cluster {
         let index = self.raft.view().applied_index.unwrap_or(0);
         let mut applied = self.applied.clone();
         let _ = applied.wait_for(|i| *i >= index).await;
+    }
+
+    /// Waits until the node first holds its routing lease (`cluster::routing_lease`), so
+    /// that a client's first publish is routed rather than nacked; for at most the lease's
+    /// length (a node waiting for `join_cluster` reads nothing until it joins). A poll: this
+    /// runs once, at start, and the lease task renews within a read of the leader.
+    pub async fn wait_routing(&self) {
+        let started = std::time::Instant::now();
+        while !self.broker.routes_at(self.clock.now()) {
+            if started.elapsed() > self.routing_lease {
+                tracing::warn!(
+                    "no routing lease yet: publishes are nacked until a quorum read of the \
+                     metadata succeeds"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Once ready: seeds the config's vhosts, users and permissions if this node created the
@@ -313,6 +349,7 @@ impl Cluster {
             self.transport.clone(),
             self.peer_timeout,
             self.relay.clone(),
+            self.clock,
         )));
         self.tasks
             .push(tokio::spawn(reconcile_membership(self.raft.clone())));
@@ -336,14 +373,17 @@ impl Cluster {
 
     /// The [`MetaCommit`] that proposes through Raft.
     pub fn meta(&self) -> Arc<RaftMeta> {
-        Arc::new(RaftMeta::new(
-            self.raft.clone(),
-            self.broker.clone(),
-            self.relay.clone(),
-            self.applied.clone(),
-            self.commit_timeout,
-            self.node_id,
-        ))
+        Arc::new(
+            RaftMeta::new(
+                self.raft.clone(),
+                self.broker.clone(),
+                self.relay.clone(),
+                self.applied.clone(),
+                self.commit_timeout,
+                self.node_id,
+            )
+            .with_routing_lease(self.routing_lease, self.clock),
+        )
     }
 
     /// This node's id.

@@ -187,6 +187,7 @@ impl Node {
             c.install_relay(meta.clone(), clock, facts.clone());
             c.join_metadata(&config, record).await;
             c.start_watchers();
+            c.wait_routing().await;
             tracing::info!(node_id = id, "caught up with the cluster");
         }
         let storage = durable::open(&broker, durability.as_ref(), &config, clock)?;

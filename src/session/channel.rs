@@ -210,9 +210,12 @@ impl Drop for Channel {
 }
 
 /// Counts a routed publish, or an unroutable one as returned or dropped.
-fn count_routing(metrics: &Metrics, routed: usize, mandatory: bool) {
-    if routed > 0 {
+fn count_routing(metrics: &Metrics, outcome: &crate::broker::PublishOutcome, mandatory: bool) {
+    if outcome.routed > 0 {
         metrics.routed.inc();
+    } else if outcome.rejected {
+        // Not routed at all (the node's routing lease lapsed): neither returned nor dropped
+        // as unroutable.
     } else if mandatory {
         metrics.unroutable_returned.inc();
     } else {
@@ -1040,8 +1043,8 @@ impl Channel {
         let outcome =
             c.broker
                 .publish_with_bcc(vhost, &message.exchange, message.clone(), &bcc, now);
-        count_routing(&self.metrics, outcome.routed, p.mandatory);
-        if outcome.routed == 0 && p.mandatory {
+        count_routing(&self.metrics, &outcome, p.mandatory);
+        if outcome.routed == 0 && !outcome.rejected && p.mandatory {
             self.send_return(c, &message);
         }
         if let Some(seq) = seq {
@@ -1253,8 +1256,8 @@ impl Channel {
                         if outcome.remote != 0 {
                             remote.push(outcome.remote);
                         }
-                        count_routing(&self.metrics, outcome.routed, mandatory);
-                        if outcome.routed == 0 && mandatory {
+                        count_routing(&self.metrics, &outcome, mandatory);
+                        if outcome.routed == 0 && !outcome.rejected && mandatory {
                             self.send_return(c, &message);
                         }
                     }

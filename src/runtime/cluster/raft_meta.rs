@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use crate::broker::Broker;
 use crate::meta::state::{Applied, Removed};
 use crate::meta::{Command, MetaError, MetaState, QueueDef};
+use crate::runtime::clock::Clock;
 use crate::runtime::conn_task::{MetaCommit, MetaFuture};
 use crate::runtime::raft::{MetaRaft, NodeId};
 use crate::runtime::relay::Relay;
@@ -30,6 +31,10 @@ pub struct RaftMeta {
     pub(super) relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
     pub(super) applied: watch::Receiver<u64>,
     pub(super) commit_timeout: Duration,
+    /// The nodes' routing lease (`cluster::routing_lease`), when they keep one, and the
+    /// node clock: a routing change waits for a node that has not followed it only until
+    /// the lease it may hold from before has lapsed.
+    pub(super) routing_lease: Option<(Duration, Clock)>,
     pub(super) rng: Mutex<StdRng>,
 }
 
@@ -131,8 +136,17 @@ impl RaftMeta {
             relay,
             applied,
             commit_timeout,
+            routing_lease: None,
             rng: Mutex::new(rand::SeedableRng::seed_from_u64(seed)),
         }
+    }
+
+    /// The nodes keep a routing lease of `lease` (`runtime::cluster::keep_routing_lease`):
+    /// a routing change stops waiting for a node that has not followed it once the lease
+    /// it may have held from before the change has lapsed.
+    pub fn with_routing_lease(mut self, lease: Duration, clock: Clock) -> RaftMeta {
+        self.routing_lease = Some((lease, clock));
+        self
     }
 
     pub(super) fn place(&self, def: &QueueDef) -> NodeId {
@@ -189,6 +203,12 @@ impl MetaCommit for RaftMeta {
         let raft = self.raft.clone();
         let mut applied = self.applied.clone();
         let timeout = self.commit_timeout;
+        let lapse = self.routing_lease.map(|(lease, clock)| {
+            (
+                crate::cluster::routing_lease::lapse_after_ms(lease.as_millis() as u64),
+                clock,
+            )
+        });
         Box::pin(async move {
             let response = raft
                 .propose(command)
@@ -205,10 +225,12 @@ impl MetaCommit for RaftMeta {
                 // live node routes by it, as mnesia's transactions are on every running node
                 // before they return: a client told a queue exists (or is gone) may publish
                 // through any node at once, and one whose metadata is behind would return
-                // the message as unroutable (simulation seeds 108, 274). A node the failure
-                // detector has given up is not waited for: until it catches up it routes by
-                // what it had, as a partitioned RabbitMQ node does (`docs/clustering.md`).
-                // The wait is bounded by the commit timeout.
+                // the message as unroutable (simulation seeds 108, 274) or, into a deleted
+                // queue it mastered alone, confirm it. With the routing lease, a node that
+                // has not followed within `lapse` of the commit routes nothing until it
+                // does (`cluster::routing_lease`), so the wait ends there. The commit
+                // timeout bounds it all.
+                let committed = lapse.map(|(_, clock)| clock.now());
                 let changed = response.outcome.as_ref().is_ok_and(|s| {
                     binds
                         || s.created
@@ -218,11 +240,13 @@ impl MetaCommit for RaftMeta {
                 let nodes = if routing && changed {
                     let state = broker.snapshot();
                     let me = broker.node_id();
+                    // Without the lease, a node the failure detector has given up is not
+                    // waited for: until it catches up it routes by what it had.
                     state
                         .nodes
                         .keys()
                         .copied()
-                        .filter(|&n| n != me && !broker.node_is_down(n))
+                        .filter(|&n| n != me && (lapse.is_some() || !broker.node_is_down(n)))
                         .collect()
                 } else {
                     remote_homes.clone()
@@ -230,20 +254,50 @@ impl MetaCommit for RaftMeta {
                 let mut barriers = tokio::task::JoinSet::new();
                 for node in nodes {
                     let (relay, broker, index) = (relay.clone(), broker.clone(), response.index);
+                    // A queue's own node must run it before declare-ok (a consume goes
+                    // there), so the lease does not end the wait for that one.
+                    let lease = lapse
+                        .zip(committed)
+                        .filter(|_| !remote_homes.contains(&node));
                     barriers.spawn(async move {
                         // A barrier that fails at once (the link to a node that is cut off
                         // one way cannot be opened) is asked again while the detector still
                         // hears the node: answering before it follows would let a publish
-                        // through it come back unroutable (simulation seed 6510). The outer
-                        // timeout bounds the retries.
+                        // through it come back unroutable (simulation seed 6510).
                         loop {
-                            if relay.barrier(node, index).await {
-                                break (node, true);
-                            }
-                            if broker.node_is_down(node) {
+                            let ask = relay.barrier(node, index);
+                            let Some(((lapse_ms, clock), committed)) = lease else {
+                                if ask.await {
+                                    break (node, true);
+                                }
+                                if broker.node_is_down(node) {
+                                    break (node, false);
+                                }
+                                tokio::time::sleep(BARRIER_RETRY).await;
+                                continue;
+                            };
+                            // The lease the node may hold from before the commit lapses
+                            // `lapse_ms` after it. One given up earlier, cut off from
+                            // everyone, renewed nothing since: `lapse_ms` after that. (One
+                            // given up here but still heard by the leader follows the log
+                            // from it.)
+                            let from = broker
+                                .down_since(node)
+                                .map_or(committed, |d| d.min(committed));
+                            let lapsed = from.plus_millis(lapse_ms);
+                            if clock.now() >= lapsed {
+                                tracing::debug!(
+                                    node,
+                                    "a node has not followed a routing change: its routing \
+                                     lease has lapsed"
+                                );
                                 break (node, false);
                             }
-                            tokio::time::sleep(BARRIER_RETRY).await;
+                            match tokio::time::timeout_at(clock.to_tokio(lapsed), ask).await {
+                                Ok(true) => break (node, true),
+                                Ok(false) => tokio::time::sleep(BARRIER_RETRY).await,
+                                Err(_) => {}
+                            }
                         }
                     });
                 }

@@ -99,6 +99,7 @@ pub(super) async fn watch_nodes(
     transport: TcpTransport,
     peer_timeout: Duration,
     relay: Arc<std::sync::OnceLock<Arc<Relay>>>,
+    clock: Clock,
 ) {
     // The detector's clock: milliseconds since this task started.
     let base = tokio::time::Instant::now();
@@ -157,7 +158,7 @@ pub(super) async fn watch_nodes(
             Call::At(t) => Some(base + Duration::from_millis(t)),
             Call::None | Call::Now => None,
         };
-        broker.set_down_nodes(verdict.down);
+        broker.set_down_nodes(verdict.down, clock.now());
         // Resource alarms are cluster-wide: ours go out with the heartbeats, theirs come in.
         transport.set_local_alarms(broker.local_alarms());
         broker.set_peer_alarms(transport.peer_alarms());

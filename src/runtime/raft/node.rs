@@ -276,6 +276,12 @@ impl MetaRaft {
         }
     }
 
+    /// Raft's read index from the leader (which confirms its leadership with a quorum
+    /// first): every command committed before the call is at or below it. Within `within`.
+    pub async fn read_index(&self, within: Duration) -> Result<u64, ProposeError> {
+        self.forwarder.read_index(within).await
+    }
+
     /// The metadata with its applied index and digest.
     pub fn view(&self) -> MetaView {
         self.view.borrow().clone()

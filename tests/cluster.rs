@@ -1180,9 +1180,21 @@ async fn publishes_forwarded_to_a_restarting_node_wait_for_its_storage() {
 
 /// Declares durable queue `name` on node 1 and publishes `m0` to it, confirmed.
 async fn queue_on_node1_holding_m0(cluster: &Cluster, name: &str) {
+    let (c1, _) = queue_on_node1_holding(cluster, name, true, b"m0").await;
+    common::close_connection(&c1).await;
+}
+
+/// Declares queue `name` (`durable` or not) on node 1 and publishes `first` to it,
+/// confirmed; returns the connection and its channel, in confirm mode.
+async fn queue_on_node1_holding(
+    cluster: &Cluster,
+    name: &str,
+    durable: bool,
+    first: &[u8],
+) -> (Connection, Channel) {
     let c1 = connect(&cluster.node(1).amqp_uri()).await;
     let ch1 = channel(&c1).await;
-    declare(&ch1, name, true, locator("client-local"))
+    declare(&ch1, name, durable, locator("client-local"))
         .await
         .expect("declare on node 1");
     within(
@@ -1191,8 +1203,8 @@ async fn queue_on_node1_holding_m0(cluster: &Cluster, name: &str) {
     )
     .await
     .expect("confirm.select");
-    assert!(publish_acked(&ch1, "", name, b"m0").await);
-    common::close_connection(&c1).await;
+    assert!(publish_acked(&ch1, "", name, first).await);
+    (c1, ch1)
 }
 
 /// A basic.get whose asker gave the queue's node up while the get was under way (frozen
@@ -1908,18 +1920,7 @@ async fn a_node_cut_off_confirms_nothing_into_its_queue_the_cluster_deleted_mean
     }
     let cluster = Cluster::start("lease").await;
     let name = "lease.q";
-    let c1 = connect(&cluster.node(1).amqp_uri()).await;
-    let ch1 = channel(&c1).await;
-    declare(&ch1, name, false, locator("client-local"))
-        .await
-        .expect("declare on node 1");
-    within(
-        "confirm.select",
-        ch1.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .expect("confirm.select");
-    assert!(publish_acked(&ch1, "", name, b"old").await);
+    let (_c1, ch1) = queue_on_node1_holding(&cluster, name, false, b"old").await;
 
     let ips: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
     let cut = common::faults::Partition::cut(&ips[..1], &ips[1..]);

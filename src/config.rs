@@ -104,7 +104,7 @@ pub struct ClusterConfig {
     /// read it has followed, so a routing change answered while a node's log was behind
     /// (cut off one way) cannot send a confirmed publish into a deleted queue
     /// (`docs/clustering.md`). A routing change waits for a node that has not followed it
-    /// for at most a little more than this; at most half of `commit_timeout_ms`.
+    /// for at most 2.5 times this and 100 ms; at most a third of `commit_timeout_ms`.
     #[serde(default = "default_routing_lease_ms")]
     pub routing_lease_ms: u64,
     /// The metadata Raft group's longest election timeout, which is also its leader lease:
@@ -149,7 +149,7 @@ fn default_commit_timeout_ms() -> u64 {
 }
 
 fn default_routing_lease_ms() -> u64 {
-    2500
+    1500
 }
 
 /// `[node]`.
@@ -568,13 +568,13 @@ impl Config {
                     reason: "must be between 60 and 60000".into(),
                 });
             }
-            // A routing change's wait for a node behind (a little more than the lease:
+            // A routing change's wait for a node behind (2.5 leases and 100 ms:
             // `cluster::routing_lease::lapse_after_ms`) must end before the commit times out.
-            if c.routing_lease_ms < 200 || 2 * c.routing_lease_ms > c.commit_timeout_ms {
+            if c.routing_lease_ms < 200 || 3 * c.routing_lease_ms > c.commit_timeout_ms {
                 return Err(ConfigError::Invalid {
                     key: "cluster.routing_lease_ms",
                     reason: format!(
-                        "must be at least 200 and at most half of cluster.commit_timeout_ms ({})",
+                        "must be at least 200 and at most a third of cluster.commit_timeout_ms ({})",
                         c.commit_timeout_ms
                     ),
                 });
@@ -681,7 +681,7 @@ mod tests {
                 "cluster.election_timeout_ms",
             ),
             (
-                format!("{base}node_id = 1\ncommit_timeout_ms = 3000\n"),
+                format!("{base}node_id = 1\ncommit_timeout_ms = 4000\n"),
                 "cluster.routing_lease_ms",
             ),
             (

@@ -76,7 +76,7 @@ pub const NODES: u64 = 3;
 const JOINER: NodeId = NODES + 1;
 const VHOST: &str = "/";
 /// The nodes' routing lease (the config's default), within the 5 s commit timeout.
-const ROUTING_LEASE: Duration = Duration::from_millis(2500);
+const ROUTING_LEASE: Duration = Duration::from_millis(1500);
 const QUEUE: &str = "ha.q";
 /// Publishers, each with its own connection; a few publishes in flight each. The last one
 /// is a prober: it sends each publish to the next node in turn, whatever they answer, so

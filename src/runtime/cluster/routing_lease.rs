@@ -31,9 +31,13 @@ pub async fn keep_routing_lease(
         if core.routes(now) != routing {
             routing = !routing;
             if routing {
-                tracing::info!("routing lease held: this node routes publishes");
+                tracing::info!(
+                    node = broker.node_id(),
+                    "routing lease held: this node routes publishes"
+                );
             } else {
                 tracing::warn!(
+                    node = broker.node_id(),
                     "routing lease lapsed: this node nacks publishes until it follows the \
                      metadata again"
                 );

@@ -2005,3 +2005,127 @@ async fn publish_once_acked(uri: &str, queue: &str, body: &[u8]) -> bool {
         Ok(Ok(true))
     )
 }
+
+/// A queue declared again after a delete numbers its messages from 0 again. A channel on
+/// another node that still holds deliveries of the deleted queue (a consumer's and a
+/// get's) acks them after the new queue's first messages went to a channel on the queue's
+/// node: those acks must not take the new messages, which that channel then gives back.
+/// Before the queue instance was part of a settle, they took them (mirror simulation seed
+/// 833, bug 36: 15 confirmed messages never delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_ack_for_a_deleted_queue_takes_nothing_from_the_queue_declared_again() {
+    use lapin::options::{BasicConsumeOptions, QueueDeleteOptions};
+    let cluster = Cluster::start("again").await;
+    let name = "again.q";
+    let (c1, ch1) = queue_on_node1_holding(&cluster, name, true, b"old0").await;
+    for body in [&b"old1"[..], b"old2"] {
+        assert!(publish_acked(&ch1, "", name, body).await);
+    }
+
+    // Node 2 holds all three: two delivered to a consumer (prefetch 2), one got.
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let consuming = channel(&c2).await;
+    within(
+        "basic.qos",
+        consuming.basic_qos(2, BasicQosOptions::default()),
+    )
+    .await
+    .expect("basic.qos");
+    let consumer = within(
+        "basic.consume",
+        consuming.basic_consume(
+            name.into(),
+            "old".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("consume through node 2");
+    let mut deliveries = common::attach(consumer);
+    let mut consumed = Vec::new();
+    for _ in 0..2 {
+        let d = deliveries.next().await;
+        consumed.push(d.delivery_tag);
+    }
+    let getting = channel(&c2).await;
+    let got = within(
+        "basic.get",
+        getting.basic_get(name.into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .expect("basic.get")
+    .expect("the third message");
+    assert_eq!(got.delivery.data, b"old2");
+
+    // Deleted and declared again on node 1; its new messages go to a channel there.
+    within(
+        "queue.delete",
+        ch1.queue_delete(name.into(), QueueDeleteOptions::default()),
+    )
+    .await
+    .expect("queue.delete");
+    declare(&ch1, name, true, locator("client-local"))
+        .await
+        .expect("declare again on node 1");
+    let new: Vec<String> = (0..3).map(|i| format!("new{i}")).collect();
+    for body in &new {
+        assert!(publish_acked(&ch1, "", name, body.as_bytes()).await);
+    }
+    let holding = channel(&c1).await;
+    for body in &new {
+        let m = within(
+            "basic.get",
+            holding.basic_get(name.into(), BasicGetOptions { no_ack: false }),
+        )
+        .await
+        .expect("basic.get on node 1")
+        .expect("a new message");
+        assert_eq!(m.delivery.data, body.as_bytes());
+    }
+
+    // Node 2's channels ack what they hold of the deleted queue.
+    for tag in consumed {
+        within(
+            "basic.ack",
+            consuming.basic_ack(tag, BasicAckOptions::default()),
+        )
+        .await
+        .expect("ack a delivery of the deleted queue");
+    }
+    within(
+        "basic.ack",
+        getting.basic_ack(got.delivery.delivery_tag, BasicAckOptions::default()),
+    )
+    .await
+    .expect("ack the get of the deleted queue");
+    // Node 2 sends node 1 everything in order: once this is answered, so were the acks.
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    within(
+        "passive declare",
+        getting.queue_declare(name.into(), passive, FieldTable::default()),
+    )
+    .await
+    .expect("passive declare through node 2");
+
+    // The channel on node 1 gives the new messages back: all three are in the queue.
+    within("channel.close", holding.close(200, "".into()))
+        .await
+        .expect("channel.close");
+    let q = within(
+        "passive declare",
+        ch1.queue_declare(name.into(), passive, FieldTable::default()),
+    )
+    .await
+    .expect("passive declare on node 1");
+    assert_eq!(
+        q.message_count(),
+        3,
+        "the late acks of the deleted queue's deliveries took messages of the new one"
+    );
+    common::close_connection(&c2).await;
+    common::close_connection(&c1).await;
+}

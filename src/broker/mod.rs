@@ -221,6 +221,7 @@ impl Broker {
             node: def.home,
             vhost: vhost.to_string(),
             name: name.to_string(),
+            instance: 0,
             link: link.clone(),
         }))
     }

@@ -246,8 +246,25 @@ pub struct RemoteQueue {
     pub vhost: String,
     /// Name.
     pub name: String,
+    /// Which queue of that name, as its node tells them apart (a queue declared again
+    /// after a delete numbers its messages from 0 again): set from the deliveries and
+    /// gets it sends, which settles name; 0 for a queue looked up by name.
+    pub instance: u64,
     /// The relay that reaches it.
     pub link: Arc<dyn RemoteLink>,
+}
+
+impl RemoteQueue {
+    /// This queue as its `instance`.
+    pub fn of_instance(&self, instance: u64) -> RemoteQueue {
+        RemoteQueue {
+            node: self.node,
+            vhost: self.vhost.clone(),
+            name: self.name.clone(),
+            instance,
+            link: self.link.clone(),
+        }
+    }
 }
 
 /// Where a delivery comes from, and where its ack goes.

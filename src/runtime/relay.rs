@@ -58,7 +58,7 @@ mod wire;
 
 use sender::{NodeSender, Outgoing};
 use serve::Service;
-use wire::RelayMsg;
+use wire::{Held, RelayMsg};
 
 /// Bytes a proxy channel's outbox holds before its queues wait (as a connection's).
 const PROXY_OUTBOX_BYTES: usize = 4 << 20;
@@ -84,11 +84,11 @@ struct ProxyChannel {
     outbox: Arc<Outbox>,
     /// Consumers attached through it: (vhost, queue, tag).
     consumers: Mutex<Vec<(String, String, Arc<str>)>>,
-    /// Deliveries sent and not settled: (vhost, queue, seq).
-    unacked: Mutex<BTreeSet<(String, String, u64)>>,
-    /// The latest gets with acks it answered: (request, vhost, queue, seq), for an
-    /// abandonment to name.
-    gets: Mutex<VecDeque<(u64, String, String, u64)>>,
+    /// Deliveries sent and not settled.
+    unacked: Mutex<BTreeSet<Held>>,
+    /// The latest gets with acks it answered: (request, the message), for an abandonment
+    /// to name.
+    gets: Mutex<VecDeque<(u64, Held)>>,
 }
 
 /// Gets a proxy channel remembers for [`RelayMsg::GetAbandoned`] (a channel has one get
@@ -165,6 +165,9 @@ struct Inner {
     /// Per channel, consumers this node took away from a queue's node (declared down, or it
     /// handed the queue over): (tag, that node). Deliveries it sent before are stale.
     retired: Mutex<BTreeMap<ChannelKey, Retired>>,
+    /// Drawn at each start and mixed into the instance of every queue this node runs
+    /// ([`Held::instance`]): a settle sent to this node's last life names none of them.
+    instance_salt: u64,
     /// The number of this node's next get ([`RelayMsg::Get`]'s `request`).
     next_get: std::sync::atomic::AtomicU64,
     /// Gets other nodes abandoned before they arrived here: (node, request).
@@ -236,6 +239,7 @@ impl Relay {
                 orphans: Mutex::new(Vec::new()),
                 retired: Mutex::new(BTreeMap::new()),
                 serving: std::sync::atomic::AtomicBool::new(false),
+                instance_salt: rand::random(),
                 // Not from 1: a restarted node must not reuse the numbers of its last life.
                 next_get: std::sync::atomic::AtomicU64::new(rand::random::<u64>() >> 1),
                 abandoned_gets: Mutex::new(VecDeque::new()),

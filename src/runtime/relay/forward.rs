@@ -42,17 +42,14 @@ pub(super) async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify:
                 match item {
                     OutItem::Deliver(d) => {
                         bytes += d.message.size() as usize;
-                        let (vhost, queue) = d.queue.name();
+                        let held = inner.held(&d);
                         if d.ack_required {
-                            lock(&proxy.unacked).insert((
-                                vhost.to_string(),
-                                queue.to_string(),
-                                d.seq,
-                            ));
+                            lock(&proxy.unacked).insert(held.clone());
                         }
                         deliveries.push(WireDelivery {
-                            vhost: vhost.to_string(),
-                            queue: queue.to_string(),
+                            vhost: held.vhost,
+                            queue: held.queue,
+                            instance: held.instance,
                             tag: d.consumer_tag.to_string(),
                             seq: d.seq,
                             redelivered: d.redelivered,

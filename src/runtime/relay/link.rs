@@ -189,6 +189,7 @@ impl RemoteLink for Relay {
         let msg = RelayMsg::Settle {
             vhost: queue.vhost.clone(),
             queue: queue.name.clone(),
+            instance: queue.instance,
             conn: key.conn,
             channel: key.channel,
             seqs,

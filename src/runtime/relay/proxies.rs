@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 
 use super::forward::forward;
-use super::wire::RelayMsg;
+use super::wire::{Held, RelayMsg};
 use super::{lock, Inner, ProxyChannel, Retired, PROXY_OUTBOX_BYTES};
-use crate::broker::{ChannelKey, ChannelLink, OutItem, Outbox, QueueRef, Settle};
+use crate::broker::queue::QueueHandle;
+use crate::broker::{ChannelKey, ChannelLink, Delivery, OutItem, Outbox, QueueRef, Settle};
 use crate::meta::{Command, NodeId};
 
 impl Inner {
@@ -111,10 +112,45 @@ impl Inner {
         }
     }
 
-    pub(super) fn settle_local(&self, vhost: &str, queue: &str, seqs: &[u64], how: Settle) {
+    /// The instance of queue `h` of this node ([`Held::instance`]): handles are numbered
+    /// in the order they are made, and the salt tells this life of the node from the last.
+    pub(super) fn instance(&self, h: &QueueHandle) -> u64 {
+        self.instance_salt ^ h.generation
+    }
+
+    /// What delivery `d`, of a queue here, holds while it goes to another node's channel.
+    pub(super) fn held(&self, d: &Delivery) -> Held {
+        let (vhost, queue) = d.queue.name();
+        let instance = match &d.queue {
+            QueueRef::Local(h) => self.instance(h),
+            QueueRef::Remote(q) => q.instance,
+        };
+        Held {
+            vhost: vhost.to_string(),
+            queue: queue.to_string(),
+            instance,
+            seq: d.seq,
+        }
+    }
+
+    /// Settles messages `seqs` of `vhost/queue` here, if the queue running under that name
+    /// is `instance`: an earlier one's messages (deleted with it, or this node's last life)
+    /// are not this one's, whatever their seqs.
+    pub(super) fn settle_local(
+        &self,
+        vhost: &str,
+        queue: &str,
+        instance: u64,
+        seqs: &[u64],
+        how: Settle,
+    ) {
         let Some(h) = self.broker.queue(vhost, queue) else {
             return;
         };
+        if self.instance(&h) != instance {
+            tracing::debug!(queue, "settle for an earlier queue of this name ignored");
+            return;
+        }
         let now = self.clock.now();
         let dead = QueueRef::Local(h.clone()).settle(
             ChannelKey {
@@ -213,17 +249,22 @@ impl Inner {
         for item in p.outbox.close() {
             if let OutItem::Deliver(d) = item {
                 if d.ack_required {
-                    let (vhost, queue) = d.queue.name();
-                    let (vhost, queue) = (vhost.to_string(), queue.to_string());
-                    lock(&p.unacked).remove(&(vhost.clone(), queue.clone(), d.seq));
-                    self.settle_local(&vhost, &queue, &[d.seq], Settle::Nack { requeue: true });
+                    let held = self.held(&d);
+                    lock(&p.unacked).remove(&held);
+                    self.requeue_held(&held);
                 }
             }
         }
         let unacked = std::mem::take(&mut *lock(&p.unacked));
-        for (vhost, queue, seq) in unacked {
-            self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+        for held in unacked {
+            self.requeue_held(&held);
         }
+    }
+
+    /// Puts a message held for another node's channel back in its queue.
+    pub(super) fn requeue_held(&self, held: &Held) {
+        let how = Settle::Nack { requeue: true };
+        self.settle_local(&held.vhost, &held.queue, held.instance, &[held.seq], how);
     }
 
     pub(super) fn detach(

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use super::wire::{encode, encode_one, RelayMsg, RelayReply, WireSettle};
 use super::{lock, Inner, ProxyChannel, ABANDONED_GETS, RETRY_FOR, SEND_BATCH, SEND_BATCH_BYTES};
 use crate::broker::remote::{NodeReply, QueueReply, RemoteGot};
-use crate::broker::{ChannelKey, RemoteQueue, Settle};
+use crate::broker::{ChannelKey, RemoteQueue};
 use crate::cluster::NodeOutbox;
 use crate::meta::NodeId;
 use crate::runtime::node_link::wire::RemoteFailure;
@@ -157,17 +157,19 @@ impl Inner {
         }
         if let Some(tx) = out.reply_to {
             let answer = match reply {
-                Some(RelayReply::Got(got)) => {
-                    QueueReply::Got(got.as_ref().and_then(|(seq, redelivered, m, remaining)| {
-                        Some(RemoteGot {
-                            seq: *seq,
-                            redelivered: *redelivered,
-                            message: Arc::new(m.message()?),
-                            remaining: *remaining,
-                            source: out.source.clone(),
-                        })
-                    }))
-                }
+                Some(RelayReply::Got(got)) => QueueReply::Got(got.as_ref().and_then(|g| {
+                    Some(RemoteGot {
+                        seq: g.seq,
+                        redelivered: g.redelivered,
+                        message: Arc::new(g.message.message()?),
+                        remaining: g.remaining,
+                        // Its settle names the queue's instance the message came from.
+                        source: out
+                            .source
+                            .as_ref()
+                            .map(|q| Arc::new(q.of_instance(g.instance))),
+                    })
+                })),
                 Some(RelayReply::Counts(messages, consumers, unacked)) => QueueReply::Counts {
                     messages: *messages,
                     consumers: *consumers,
@@ -184,6 +186,7 @@ impl Inner {
                     let settle = RelayMsg::Settle {
                         vhost: q.vhost.clone(),
                         queue: q.name.clone(),
+                        instance: q.instance,
                         conn: *conn,
                         channel: *channel,
                         seqs: vec![got.seq],
@@ -204,9 +207,9 @@ impl Inner {
         if let Some(proxy) = out.after {
             if let Some(RelayReply::Undelivered(list)) = reply {
                 // The consumer's connection went away before they reached it.
-                for (vhost, queue, seq) in list {
-                    lock(&proxy.unacked).remove(&(vhost.clone(), queue.clone(), *seq));
-                    self.settle_local(vhost, queue, &[*seq], Settle::Nack { requeue: true });
+                for held in list {
+                    lock(&proxy.unacked).remove(held);
+                    self.requeue_held(held);
                 }
             }
             self.release(&proxy, out.released);
@@ -296,14 +299,14 @@ impl Inner {
         let found = proxy.and_then(|p| {
             let mut gets = lock(&p.gets);
             let i = gets.iter().position(|g| g.0 == request)?;
-            let (_, vhost, queue, seq) = gets.remove(i)?;
-            let held = lock(&p.unacked).remove(&(vhost.clone(), queue.clone(), seq));
-            Some((vhost, queue, seq, held))
+            let (_, held) = gets.remove(i)?;
+            let unsettled = lock(&p.unacked).remove(&held);
+            Some((held, unsettled))
         });
         match found {
-            Some((vhost, queue, seq, true)) => {
-                tracing::debug!(node, queue = %queue, seq, "abandoned get: its message requeued");
-                self.settle_local(&vhost, &queue, &[seq], Settle::Nack { requeue: true });
+            Some((held, true)) => {
+                tracing::debug!(node, queue = %held.queue, seq = held.seq, "abandoned get: its message requeued");
+                self.requeue_held(&held);
             }
             // Settled already, or requeued with its proxy channel.
             Some(_) => {}

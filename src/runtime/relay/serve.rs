@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use super::wire::{encode, RelayMsg, RelayReply, WireMessage, WireSettle};
+use super::wire::{encode, Held, RelayMsg, RelayReply, WireGot, WireMessage, WireSettle};
 use super::{lock, Inner, Orphan, ADOPTION_WAIT, ORPHAN_RETRY_MS, PROXY_GETS};
 use crate::broker::direct_reply::{is_reply_name, ReplyAddress};
 use crate::broker::{
@@ -188,6 +188,7 @@ impl Inner {
             RelayMsg::Settle {
                 vhost,
                 queue,
+                instance,
                 conn,
                 channel,
                 seqs,
@@ -196,8 +197,15 @@ impl Inner {
                 let key = ChannelKey { conn, channel };
                 if let Some(p) = lock(&self.proxies).get(&(from, key)).cloned() {
                     let mut u = lock(&p.unacked);
+                    let mut held = Held {
+                        vhost: vhost.clone(),
+                        queue: queue.clone(),
+                        instance,
+                        seq: 0,
+                    };
                     for s in &seqs {
-                        u.remove(&(vhost.clone(), queue.clone(), *s));
+                        held.seq = *s;
+                        u.remove(&held);
                     }
                 }
                 let how = match how {
@@ -205,7 +213,7 @@ impl Inner {
                     WireSettle::Requeue => Settle::Nack { requeue: true },
                     WireSettle::Drop => Settle::Nack { requeue: false },
                 };
-                self.settle_local(&vhost, &queue, &seqs, how);
+                self.settle_local(&vhost, &queue, instance, &seqs, how);
                 (RelayReply::Done, 0)
             }
             RelayMsg::Get {
@@ -232,23 +240,31 @@ impl Inner {
                 if !dead.is_empty() {
                     self.broker.dead_letter(&h, dead, now);
                 }
+                let instance = self.instance(&h);
                 let got = got.map(|(entry, remaining)| {
                     if !no_ack {
                         // Its ack (or the channel's end) comes back through the proxy channel.
                         let proxy = self.proxy(from, ChannelKey { conn, channel }, 0);
-                        lock(&proxy.unacked).insert((vhost.clone(), queue.clone(), entry.seq));
+                        let held = Held {
+                            vhost: vhost.clone(),
+                            queue: queue.clone(),
+                            instance,
+                            seq: entry.seq,
+                        };
+                        lock(&proxy.unacked).insert(held.clone());
                         let mut gets = lock(&proxy.gets);
                         if gets.len() == PROXY_GETS {
                             gets.pop_front();
                         }
-                        gets.push_back((request, vhost.clone(), queue.clone(), entry.seq));
+                        gets.push_back((request, held));
                     }
-                    (
-                        entry.seq,
-                        entry.redelivered,
-                        WireMessage::of(&entry.message),
+                    WireGot {
+                        seq: entry.seq,
+                        instance,
+                        redelivered: entry.redelivered,
+                        message: WireMessage::of(&entry.message),
                         remaining,
-                    )
+                    }
                 });
                 (RelayReply::Got(got), 0)
             }
@@ -328,7 +344,7 @@ impl Inner {
                 let mut undelivered = Vec::new();
                 let Some(outbox) = outbox else {
                     for d in deliveries.into_iter().filter(|d| d.ack_required) {
-                        undelivered.push((d.vhost, d.queue, d.seq));
+                        undelivered.push(d.held());
                     }
                     return (RelayReply::Undelivered(undelivered), 0);
                 };
@@ -344,7 +360,7 @@ impl Inner {
                         // still runs the queue.
                         tracing::debug!(node = from, tag = %d.tag, "stale delivery dropped");
                         if d.ack_required {
-                            undelivered.push((d.vhost, d.queue, d.seq));
+                            undelivered.push(d.held());
                         }
                         continue;
                     }
@@ -355,6 +371,7 @@ impl Inner {
                         node: from,
                         vhost: d.vhost.clone(),
                         name: d.queue.clone(),
+                        instance: d.instance,
                         link: link.clone(),
                     });
                     let item = OutItem::Deliver(Delivery {
@@ -367,7 +384,7 @@ impl Inner {
                         ack_required: d.ack_required,
                     });
                     if outbox.push(item).is_err() && d.ack_required {
-                        undelivered.push((d.vhost, d.queue, d.seq));
+                        undelivered.push(d.held());
                     }
                 }
                 let state = self.broker.snapshot();

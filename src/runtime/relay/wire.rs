@@ -40,11 +40,41 @@ impl WireMessage {
 pub(super) struct WireDelivery {
     pub(super) vhost: String,
     pub(super) queue: String,
+    /// The queue's instance ([`Held::instance`]): its settle names it.
+    pub(super) instance: u64,
     pub(super) tag: String,
     pub(super) seq: u64,
     pub(super) redelivered: bool,
     pub(super) ack_required: bool,
     pub(super) message: WireMessage,
+}
+
+/// A message a queue's node delivered to another node's channel and holds until it is
+/// settled there.
+///
+/// Seqs start again at 0 in a queue declared again after a delete, so the name and the
+/// seq alone could name a message of the new queue: a late ack of the old queue's
+/// delivery would take a message nobody got (mirror simulation seed 833, bug 36). The
+/// instance tells the queues apart: it is drawn per queue handle and per start of the
+/// node (`Inner::instance`), and a settle of another instance is ignored.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(super) struct Held {
+    pub(super) vhost: String,
+    pub(super) queue: String,
+    pub(super) instance: u64,
+    pub(super) seq: u64,
+}
+
+impl WireDelivery {
+    /// What the queue's node holds for this delivery.
+    pub(super) fn held(&self) -> Held {
+        Held {
+            vhost: self.vhost.clone(),
+            queue: self.queue.clone(),
+            instance: self.instance,
+            seq: self.seq,
+        }
+    }
 }
 
 /// How a settle travels.
@@ -53,6 +83,18 @@ pub(super) enum WireSettle {
     Ack,
     Requeue,
     Drop,
+}
+
+/// A message basic.get took from a queue of another node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct WireGot {
+    pub(super) seq: u64,
+    /// The queue's instance ([`Held::instance`]).
+    pub(super) instance: u64,
+    pub(super) redelivered: bool,
+    pub(super) message: WireMessage,
+    /// Messages left in the queue.
+    pub(super) remaining: u32,
 }
 
 /// What crosses the node link for the broker.
@@ -85,10 +127,12 @@ pub(super) enum RelayMsg {
         channel: u16,
         tag: String,
     },
-    /// To the queue's node: ack, nack or requeue deliveries of channel `key`.
+    /// To the queue's node: ack, nack or requeue deliveries of channel `key` (from the
+    /// queue's `instance`).
     Settle {
         vhost: String,
         queue: String,
+        instance: u64,
         conn: u64,
         channel: u16,
         seqs: Vec<u64>,
@@ -169,11 +213,11 @@ pub(super) enum RelayReply {
     Done,
     /// A publish: whether every queue took it.
     Published(bool),
-    /// A delivery batch: the (queue, seq) of deliveries the consumer's connection was gone
-    /// for; the home node requeues them.
-    Undelivered(Vec<(String, String, u64)>),
-    /// basic.get: (seq, redelivered, message, messages left), or empty.
-    Got(Option<(u64, bool, WireMessage, u32)>),
+    /// A delivery batch: the deliveries the consumer's connection was gone for; the home
+    /// node requeues them.
+    Undelivered(Vec<Held>),
+    /// basic.get: the message taken, or none.
+    Got(Option<WireGot>),
     /// Ready messages, consumers, unacknowledged messages.
     Counts(u32, u32, u32),
     /// Messages purged.

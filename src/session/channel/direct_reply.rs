@@ -140,6 +140,7 @@ impl Channel {
                                 node: a.node,
                                 vhost: c.vhost.clone(),
                                 name: name.clone(),
+                                instance: 0,
                                 link,
                             });
                             c.park_call(

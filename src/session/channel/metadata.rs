@@ -468,6 +468,8 @@ impl Channel {
         match (then, reply) {
             (_, QueueReply::Unavailable(text)) => Err(not_found(text)),
             (Then::BasicGet { queue, no_ack }, QueueReply::Got(got)) => {
+                // The queue as the reply named it: its settle must name the same instance.
+                let queue = got.as_ref().and_then(|g| g.source.clone()).unwrap_or(queue);
                 self.send_get_reply(c, QueueRef::Remote(queue), got, no_ack);
                 Ok(())
             }

@@ -45,6 +45,7 @@ use crate::gm::MemberId;
 use crate::meta::state::MirrorSet;
 use crate::meta::HaPolicy;
 use crate::meta::{Command, MetaState};
+use crate::mirror::confirm;
 use crate::mirror::message::{group_name, MirrorMsg};
 use crate::mirror::ops;
 use crate::mirror::role::MirrorRole;
@@ -347,43 +348,30 @@ impl<N: GmNet + Clone, D: StorageDisk> Inner<N, D> {
             .collect();
         let (raft, me, key, epoch) = (self.raft.clone(), self.node, key.clone(), shipping.epoch);
         Some(Box::pin(async move {
-            let mut all = true;
+            let mut laps_done = true;
             for lap in laps {
-                all &= lap.await.is_ok();
+                laps_done &= lap.await.is_ok();
             }
-            // A lap completes without a member that died meanwhile: if a promotion committed
-            // while it ran (the new master may be the one that died), the round is not
-            // confirmed, since the copy that now is the queue may lack it.
-            let state = raft.snapshot();
-            let still_master = state
-                .mirror_sets
-                .get(&key)
-                .is_some_and(|s| s.epoch == epoch)
-                && state
-                    .vhosts
-                    .get(&key.0)
-                    .and_then(|v| v.queues.get(&key.1))
-                    .is_some_and(|d| d.home == me);
-            let handing = handing_over.load(std::sync::atomic::Ordering::Acquire);
-            if !(all && still_master) || handing {
-                tracing::debug!(queue = %key.1, laps_done = all, still_master, handing_over = handing, "a round is not confirmed");
+            let shipped = confirm::Shipped {
+                node: me,
+                epoch,
+                laps_done,
+                handing_over: handing_over.load(std::sync::atomic::Ordering::Acquire),
+            };
+            let confirmed = confirm::confirms(&raft.snapshot(), &key.0, &key.1, &shipped);
+            if !confirmed {
+                tracing::debug!(queue = %key.1, ?shipped, "a round is not confirmed");
             }
-            all && still_master && !handing
+            confirmed
         }))
     }
 
     /// The tap's answer for a round of a queue this node does not ship for (yet, or any
-    /// more): while the metadata counts a mirror as synchronised it could be promoted, so
-    /// nothing is confirmed that it does not have; and a node the queue moved away from (a
-    /// deposed master whose broker has not dropped the queue yet) confirms nothing at all.
+    /// more): refused or confirmed on the node's own disk, as `mirror::confirm` rules.
     fn not_shipping(&self, key: &Key) -> Option<LapWait> {
         let state = self.raft.snapshot();
         let fenced = lock(&self.fenced).get(key).copied();
-        let refuse = state.mirror_sets.get(key).is_some_and(|s| {
-            s.mirrors.iter().any(|m| m.synchronised)
-                || self.home_of(&state, key) != Some(self.node)
-                || fenced == Some((s.incarnation, s.epoch))
-        });
+        let refuse = confirm::refuse_unshipped(&state, &key.0, &key.1, self.node, fenced);
         if refuse {
             tracing::debug!(queue = %key.1, "not shipping for the queue: its round is refused");
         }

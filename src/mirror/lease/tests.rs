@@ -82,7 +82,7 @@ pub(in crate::mirror) fn mirrored(slots: Vec<Slot>) -> (MetaState, u64) {
     (s, incarnation)
 }
 
-fn synchronise(s: &mut MetaState, incarnation: u64, member: MemberId) {
+pub(in crate::mirror) fn synchronise(s: &mut MetaState, incarnation: u64, member: MemberId) {
     let epoch = s.mirror_sets[&("/".to_string(), "ha.q".to_string())].epoch;
     apply(
         s,

@@ -47,11 +47,8 @@ pub(super) async fn forward(inner: Arc<Inner>, proxy: Arc<ProxyChannel>, notify:
                             lock(&proxy.unacked).insert(held.clone());
                         }
                         deliveries.push(WireDelivery {
-                            vhost: held.vhost,
-                            queue: held.queue,
-                            instance: held.instance,
+                            held,
                             tag: d.consumer_tag.to_string(),
-                            seq: d.seq,
                             redelivered: d.redelivered,
                             ack_required: d.ack_required,
                             message: WireMessage::of(&d.message),

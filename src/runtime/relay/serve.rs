@@ -344,7 +344,7 @@ impl Inner {
                 let mut undelivered = Vec::new();
                 let Some(outbox) = outbox else {
                     for d in deliveries.into_iter().filter(|d| d.ack_required) {
-                        undelivered.push(d.held());
+                        undelivered.push(d.held);
                     }
                     return (RelayReply::Undelivered(undelivered), 0);
                 };
@@ -360,7 +360,7 @@ impl Inner {
                         // still runs the queue.
                         tracing::debug!(node = from, tag = %d.tag, "stale delivery dropped");
                         if d.ack_required {
-                            undelivered.push(d.held());
+                            undelivered.push(d.held);
                         }
                         continue;
                     }
@@ -369,22 +369,22 @@ impl Inner {
                     };
                     let queue = Arc::new(RemoteQueue {
                         node: from,
-                        vhost: d.vhost.clone(),
-                        name: d.queue.clone(),
-                        instance: d.instance,
+                        vhost: d.held.vhost.clone(),
+                        name: d.held.queue.clone(),
+                        instance: d.held.instance,
                         link: link.clone(),
                     });
                     let item = OutItem::Deliver(Delivery {
                         channel,
                         consumer_tag: Arc::from(d.tag.as_str()),
                         queue: QueueRef::Remote(queue),
-                        seq: d.seq,
+                        seq: d.held.seq,
                         message: Arc::new(message),
                         redelivered: d.redelivered,
                         ack_required: d.ack_required,
                     });
                     if outbox.push(item).is_err() && d.ack_required {
-                        undelivered.push(d.held());
+                        undelivered.push(d.held);
                     }
                 }
                 let state = self.broker.snapshot();

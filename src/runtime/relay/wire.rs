@@ -38,12 +38,9 @@ impl WireMessage {
 /// One delivery sent back to the consumer's node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct WireDelivery {
-    pub(super) vhost: String,
-    pub(super) queue: String,
-    /// The queue's instance ([`Held::instance`]): its settle names it.
-    pub(super) instance: u64,
+    /// The message as the queue's node holds it until settled (its settle names it).
+    pub(super) held: Held,
     pub(super) tag: String,
-    pub(super) seq: u64,
     pub(super) redelivered: bool,
     pub(super) ack_required: bool,
     pub(super) message: WireMessage,
@@ -63,18 +60,6 @@ pub(super) struct Held {
     pub(super) queue: String,
     pub(super) instance: u64,
     pub(super) seq: u64,
-}
-
-impl WireDelivery {
-    /// What the queue's node holds for this delivery.
-    pub(super) fn held(&self) -> Held {
-        Held {
-            vhost: self.vhost.clone(),
-            queue: self.queue.clone(),
-            instance: self.instance,
-            seq: self.seq,
-        }
-    }
 }
 
 /// How a settle travels.

@@ -2129,3 +2129,94 @@ async fn a_late_ack_for_a_deleted_queue_takes_nothing_from_the_queue_declared_ag
     common::close_connection(&c2).await;
     common::close_connection(&c1).await;
 }
+
+/// queue.bind and queue.unbind of a queue another node runs work through any node, as in
+/// a RabbitMQ cluster (they were refused 404 before), and a queue exclusive to a
+/// connection on another node is refused 405 there as it is on its own node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_another_node_is_bound_through_any_node() {
+    let cluster = Cluster::start("bind").await;
+    let c1 = connect(&cluster.node(1).amqp_uri()).await;
+    let ch1 = channel(&c1).await;
+    declare(&ch1, "bind.q", true, locator("client-local"))
+        .await
+        .expect("declare on node 1");
+    within(
+        "queue.declare",
+        ch1.queue_declare(
+            "bind.x".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            locator("client-local"),
+        ),
+    )
+    .await
+    .expect("exclusive declare on node 1");
+
+    let c2 = connect(&cluster.node(2).amqp_uri()).await;
+    let ch2 = channel(&c2).await;
+    let bind = |ch: &Channel, queue: &'static str| {
+        let ch = ch.clone();
+        async move {
+            within(
+                "queue.bind",
+                ch.queue_bind(
+                    queue.into(),
+                    "amq.direct".into(),
+                    "b".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
+            .await
+        }
+    };
+    bind(&ch2, "bind.q").await.expect("bind through node 2");
+    within(
+        "confirm.select",
+        ch2.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    assert!(publish_acked(&ch2, "amq.direct", "b", b"via-binding").await);
+    let got = within(
+        "basic.get",
+        ch1.basic_get("bind.q".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("basic.get");
+    assert_eq!(got.map(|m| m.delivery.data), Some(b"via-binding".to_vec()));
+
+    within(
+        "queue.unbind",
+        ch2.queue_unbind(
+            "bind.q".into(),
+            "amq.direct".into(),
+            "b".into(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("unbind through node 2");
+    let rows = cluster
+        .ctl_rows(1, &["list_bindings", "source_name", "destination_name"])
+        .await;
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.first().map(String::as_str) == Some("amq.direct")),
+        "amq.direct still bound after the unbind: {rows:?}"
+    );
+
+    let c3 = connect(&cluster.node(3).amqp_uri()).await;
+    let ch3 = channel(&c3).await;
+    let err = bind(&ch3, "bind.x")
+        .await
+        .expect_err("bind of another connection's exclusive queue");
+    assert_eq!(reply_code(&err), Some(405), "{err:?}");
+    common::close_connection(&c1).await;
+    common::close_connection(&c2).await;
+    common::close_connection(&c3).await;
+}

@@ -153,8 +153,19 @@ pub(super) fn unavailable_queue(c: &Connection, name: &str) -> AmqpError {
             "home node '{node}' of durable queue '{name}' in vhost '{vhost}' is down or inaccessible"
         ));
     }
+    // Every method reaches a queue of another live node through the relay; this is left
+    // for a queue this node cannot reach at the moment (its own, still recovering; or one
+    // whose node the relay cannot serve yet).
     not_found(format!(
-        "queue '{name}' in vhost '{vhost}' runs on node '{node}'; basic.get and queue.purge of a queue of another node are not supported yet: connect to '{node}'"
+        "queue '{name}' in vhost '{vhost}' on node '{node}' cannot be reached from this node now"
+    ))
+}
+
+/// 405 for a queue exclusive to another connection, in RabbitMQ's words.
+pub(super) fn locked_queue(c: &Connection, name: &str) -> AmqpError {
+    resource_locked(format!(
+        "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+        c.vhost
     ))
 }
 
@@ -354,10 +365,7 @@ impl Channel {
             .queue(&c.vhost, name)
             .ok_or_else(|| unavailable_queue(c, name))?;
         if h.lock().exclusive_owner().is_some_and(|o| o != c.id) {
-            return Err(resource_locked(format!(
-                "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
-                c.vhost
-            )));
+            return Err(locked_queue(c, name));
         }
         Ok(h)
     }

@@ -342,13 +342,16 @@ impl Channel {
         if bind {
             check_headers_binding(c, exchange, &arguments)?;
         }
-        // Existence and exclusivity of the queue first, as RabbitMQ reports them; an unbind
-        // of a queue that is gone is a no-op there (the metadata's answer), not 404.
-        match self.queue_handle(c, queue) {
+        // Existence and exclusivity of the queue first, as RabbitMQ reports them, whichever
+        // node runs it; an unbind of a queue that is gone is a no-op there (the metadata's
+        // answer), not 404.
+        let usable = match remote_of(c, queue) {
+            Some(_) => remote_exclusive_check(c, queue),
+            None => self.queue_handle(c, queue).map(|_| ()),
+        };
+        match usable {
             Err(e) if !bind && e.code == crate::amqp::ReplyCode::NotFound => {}
-            other => {
-                other?;
-            }
+            other => other?,
         }
         let b = Binding {
             vhost: c.vhost.clone(),
@@ -600,6 +603,20 @@ fn remote_of(c: &Connection, name: &str) -> Option<Arc<RemoteQueue>> {
         return None;
     }
     c.broker.remote_queue(&c.vhost, name)
+}
+
+/// A queue another live node runs is usable by this connection unless it is exclusive to
+/// another one (405, as for a local queue).
+fn remote_exclusive_check(c: &Connection, name: &str) -> Result<(), AmqpError> {
+    let snapshot = c.broker.snapshot();
+    let owner = snapshot
+        .vhost(&c.vhost)
+        .and_then(|v| v.queues.get(name))
+        .and_then(|q| q.exclusive_owner);
+    match owner {
+        Some(o) if o != c.id => Err(super::locked_queue(c, name)),
+        _ => Ok(()),
+    }
 }
 
 /// The bind or unbind command between exchanges, after the permission checks.

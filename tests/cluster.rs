@@ -2220,3 +2220,146 @@ async fn a_queue_of_another_node_is_bound_through_any_node() {
     common::close_connection(&c2).await;
     common::close_connection(&c3).await;
 }
+
+/// A routing change committed through a node that has given another node up is not
+/// answered while that node may still route by what it had. Node V is cut off from node C
+/// (both ways), so C's failure detector gives it up, but V still hears the leader L and
+/// keeps its routing lease with reads through L. Then L's packets to V are dropped for a
+/// moment, so V has not applied the next entry, and a client binds a queue through C and
+/// at once publishes through V. Before the leader named the nodes it had served reads to
+/// (`cluster::read_log`), C stopped waiting for V a lapse after it gave V up: bind-ok came
+/// at once, and V, its lease still running, confirmed the publishes it could not route
+/// (no binding yet): confirmed and lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_through_a_node_that_gave_another_up_waits_while_that_node_may_route_by_what_it_had()
+{
+    use lapin::options::BasicPublishOptions;
+    if !common::faults::available() {
+        return;
+    }
+    // A long election timeout: V, not hearing the leader for a moment, calls no election.
+    let cluster =
+        Cluster::start_with_keys("readers", TEST_TIMEOUTS, "election_timeout_ms = 3000").await;
+    let (leader, _) = cluster.wait_leader(1, |_| true).await;
+    let committer = (1..=3).find(|&n| n != leader).expect("a follower");
+    let victim = (1..=3)
+        .find(|&n| n != leader && n != committer)
+        .expect("another follower");
+    cluster.wait_leader(committer, |l| l == leader).await;
+    cluster.wait_leader(victim, |l| l == leader).await;
+    let name = "readers.q";
+    let cl = connect(&cluster.node(leader).amqp_uri()).await;
+    let chl = channel(&cl).await;
+    declare(&chl, name, true, locator("client-local"))
+        .await
+        .expect("declare on the leader's node");
+
+    let ip = |id: u64| cluster.node(id).ip.as_str();
+    let _cut = common::faults::Partition::cut(&[ip(committer)], &[ip(victim)]);
+    // The committer gives the victim up...
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = cluster.ctl_rows(committer, &["cluster_status"]).await;
+        let id = victim.to_string();
+        if rows
+            .iter()
+            .any(|r| r.get(1) == Some(&id) && r.get(2).map(String::as_str) == Some("false"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {committer} still counts node {victim} running 30 s after the cut: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ...and a whole lapse of the routing lease (2.5 × 1,500 ms + 100 ms) passes: the old
+    // wait counted the victim's lease from here.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+
+    let cv = connect(&cluster.node(victim).amqp_uri()).await;
+    let chv = channel(&cv).await;
+    within(
+        "confirm.select",
+        chv.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let cc = connect(&cluster.node(committer).amqp_uri()).await;
+    let chc = channel(&cc).await;
+
+    // The victim misses the leader's next entries for 400 ms (TCP sends them again after).
+    let stall = common::faults::Partition::one_way(&[ip(leader)], &[ip(victim)]);
+    let heal = async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        drop(stall);
+    };
+    let bind_then_publish = async {
+        let started = Instant::now();
+        within(
+            "queue.bind",
+            chc.queue_bind(
+                name.into(),
+                "amq.direct".into(),
+                "k".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .expect("queue.bind through the committer");
+        let took = started.elapsed();
+        let mut confirms = Vec::new();
+        for i in 0..20u32 {
+            let confirm = within(
+                "basic.publish",
+                chv.basic_publish(
+                    "amq.direct".into(),
+                    "k".into(),
+                    BasicPublishOptions::default(),
+                    format!("m{i}").as_bytes(),
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .expect("publish through the victim");
+            confirms.push((format!("m{i}"), confirm));
+        }
+        let mut acked = Vec::new();
+        for (body, confirm) in confirms {
+            if within("confirm", confirm).await.expect("confirm").is_ack() {
+                acked.push(body);
+            }
+        }
+        (took, acked)
+    };
+    let ((took, acked), ()) = tokio::join!(bind_then_publish, heal);
+    eprintln!(
+        "bind-ok after {took:?}; {} of 20 publishes acked",
+        acked.len()
+    );
+
+    let mut got = BTreeSet::new();
+    while let Some(m) = within(
+        "basic.get",
+        chl.basic_get(name.into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("basic.get")
+    {
+        got.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    let lost: Vec<&String> = acked.iter().filter(|m| !got.contains(*m)).collect();
+    assert!(
+        lost.is_empty(),
+        "confirmed through node {victim} and never in {name}: {lost:?} (got {got:?})"
+    );
+    assert_eq!(
+        acked.len(),
+        20,
+        "node {victim} nacked publishes once it followed the bind"
+    );
+    common::close_connection(&cl).await;
+    common::close_connection(&cv).await;
+    common::close_connection(&cc).await;
+}

@@ -12,6 +12,7 @@ use rand::Rng;
 use tokio::sync::watch;
 
 use crate::broker::Broker;
+use crate::cluster::read_log::Readers;
 use crate::meta::state::{Applied, Removed};
 use crate::meta::{Command, MetaError, MetaState, QueueDef};
 use crate::runtime::clock::Clock;
@@ -210,13 +211,19 @@ impl MetaCommit for RaftMeta {
             )
         });
         Box::pin(async move {
-            let response = raft
-                .propose(command)
-                .await
-                .map_err(|e| MetaError::Unavailable {
-                    maybe_applied: e.outcome_unknown(),
-                    reason: e.to_string(),
-                })?;
+            // A routing change asks the leader which nodes it served reads to within the
+            // lapse (`cluster::read_log`): no other node can route by what it had.
+            let proposed = match lapse.filter(|_| routing) {
+                Some((lapse_ms, _)) => {
+                    let window = Duration::from_millis(lapse_ms);
+                    raft.propose_routing(command, window).await
+                }
+                None => raft.propose(command).await.map(|r| (r, Readers::Unknown)),
+            };
+            let (response, readers) = proposed.map_err(|e| MetaError::Unavailable {
+                maybe_applied: e.outcome_unknown(),
+                reason: e.to_string(),
+            })?;
             // This node's broker follows the entry before the session reads it (declare-ok
             // counts, the consumer a basic.consume adds to the new queue).
             let _ = tokio::time::timeout(timeout, applied.wait_for(|i| *i >= response.index)).await;
@@ -228,8 +235,9 @@ impl MetaCommit for RaftMeta {
                 // the message as unroutable (simulation seeds 108, 274) or, into a deleted
                 // queue it mastered alone, confirm it. With the routing lease, a node that
                 // has not followed within `lapse` of the commit routes nothing until it
-                // does (`cluster::routing_lease`), so the wait ends there. The commit
-                // timeout bounds it all.
+                // does (`cluster::routing_lease`), so the wait ends there; and a node the
+                // leader has served no read within the lapse holds no lease now, so it is
+                // not waited for at all. The commit timeout bounds it all.
                 let committed = lapse.map(|(_, clock)| clock.now());
                 let changed = response.outcome.as_ref().is_ok_and(|s| {
                     binds
@@ -259,6 +267,7 @@ impl MetaCommit for RaftMeta {
                     let lease = lapse
                         .zip(committed)
                         .filter(|_| !remote_homes.contains(&node));
+                    let may_hold_lease = readers.may_hold_lease(node);
                     barriers.spawn(async move {
                         // A barrier that fails at once (the link to a node that is cut off
                         // one way cannot be opened) is asked again while the detector still
@@ -277,15 +286,11 @@ impl MetaCommit for RaftMeta {
                                 continue;
                             };
                             // The lease the node may hold from before the commit lapses
-                            // `lapse_ms` after it. One given up earlier, cut off from
-                            // everyone, renewed nothing since: `lapse_ms` after that. (One
-                            // given up here but still heard by the leader follows the log
-                            // from it.)
-                            let from = broker
-                                .down_since(node)
-                                .map_or(committed, |d| d.min(committed));
-                            let lapsed = from.plus_millis(lapse_ms);
-                            if clock.now() >= lapsed {
+                            // `lapse_ms` after it; one the leader has not served within
+                            // the lapse holds none. Whether this node's failure detector
+                            // gave it up says nothing: the leader may still hear it.
+                            let lapsed = committed.plus_millis(lapse_ms);
+                            if !may_hold_lease || clock.now() >= lapsed {
                                 tracing::debug!(
                                     node,
                                     "a node has not followed a routing change: its routing \

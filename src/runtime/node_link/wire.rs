@@ -22,8 +22,9 @@ use crate::runtime::raft::NodeId;
 /// start time and socket counters. 6: a queue's listed figures carry its head message's
 /// timestamp and its exclusive or single active consumer's tag; a node's figures carry its
 /// listeners, storage I/O and node links. 7: the relay's deliveries, gets and settles name
-/// the queue's instance.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// the queue's instance. 8: a forwarded proposal asks for, and its answer names, the nodes
+/// the leader served reads to (`cluster::read_log`).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Which local service a request is for. Only Raft exists today; GM activity, forwarded
 /// publishes and deliveries get their own variants so they share the one connection.

@@ -13,11 +13,13 @@
 //!
 //! # Wire
 //!
-//! `RpcRequest::Forward(ForwardRequest { origin, budget_ms, request })` and
-//! `RpcReply::Forward(ForwardReply)`, bincode behind the format byte like every Raft RPC
+//! `RpcRequest::Forward(ForwardRequest { origin, budget_ms, request, readers_window_ms })`
+//! and `RpcReply::Forward(ForwardReply)`, bincode behind the format byte like every Raft RPC
 //! frame. `request` is the [`MetaRequest`] the leader appends to its log, unchanged;
 //! `budget_ms` is how long the sender still waits, so the leader stops waiting (and answers
-//! `Timeout`) a little before the sender gives up. A `Malformed` answer (the leader could
+//! `Timeout`) a little before the sender gives up. With a `readers_window_ms`, the leader's
+//! `Applied` answer names the nodes it served reads to within that window
+//! (`cluster::read_log`); a routing change waits for exactly those. A `Malformed` answer (the leader could
 //! not decode the frame: a node of another version) fails the proposal with
 //! [`ProposeError::ForwardFailed`].
 //!
@@ -59,7 +61,7 @@
 //! retries would need a proposer id and sequence number deduplicated by the state machine
 //! (and kept in snapshots); that is not built.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -70,6 +72,7 @@ use tokio::time::Instant;
 use super::errors::ProposeError;
 use super::network::{self, DynTransport, RpcReply, RpcRequest, TransportError};
 use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
+use crate::cluster::read_log::{ReadLog, Readers};
 
 /// The most attempts one proposal makes (each bounded by the deadline anyway).
 pub const ATTEMPTS_MAX: u32 = 4096;
@@ -92,13 +95,17 @@ pub struct ForwardRequest {
     pub budget_ms: u64,
     /// The log entry's data, as the leader will append it.
     pub request: MetaRequest,
+    /// Name the nodes served reads within this many milliseconds before the commit (0:
+    /// not asked, [`Readers::Unknown`]).
+    pub readers_window_ms: u64,
 }
 
 /// A leader's answer to a forwarded proposal (also the outcome of a local one).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ForwardReply {
-    /// Committed and applied; the outcome may be the state machine's refusal.
-    Applied(MetaResponse),
+    /// Committed and applied; the outcome may be the state machine's refusal. With it, the
+    /// nodes that may still route by metadata from before it (`cluster::read_log`).
+    Applied(MetaResponse, Readers),
     /// The receiver does not lead and did not propose the command; its view of the leader.
     NotLeader {
         /// The leader's id, if known (never the receiver itself).
@@ -147,16 +154,77 @@ pub enum ReadIndexReply {
     },
 }
 
+/// What a leader served reads to (`cluster::read_log`), shared by the RPC server, which
+/// serves other nodes' reads, and the forwarder, which serves this node's own and commits.
+/// Time is the runtime's monotonic clock (the simulation's virtual one).
+#[derive(Clone, Debug)]
+pub struct SharedReads {
+    log: Arc<Mutex<ReadLog>>,
+    origin: Instant,
+}
+
+impl Default for SharedReads {
+    fn default() -> SharedReads {
+        SharedReads {
+            log: Arc::default(),
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl SharedReads {
+    fn now(&self) -> crate::time::Instant {
+        crate::time::Instant::from_millis(millis(self.origin.elapsed()))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ReadLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read from `origin` arrived while this node leads in `term`.
+    fn read(&self, term: u64, origin: NodeId) {
+        let now = self.now();
+        self.lock().handle_read(term, origin, now);
+    }
+
+    /// The nodes that may route by metadata from before what this node, leading in
+    /// `term` (if it still does), committed just now.
+    fn readers(&self, leading: Option<u64>, window_ms: u64) -> Readers {
+        match leading {
+            Some(term) if window_ms > 0 => {
+                let now = self.now();
+                self.lock().readers(term, now, window_ms)
+            }
+            _ => Readers::Unknown,
+        }
+    }
+}
+
+/// The term this node leads in, if it leads.
+fn leading_term(m: &RaftMetrics<NodeId, BasicNode>) -> Option<u64> {
+    (m.state == ServerState::Leader && m.running_state.is_ok()).then_some(m.current_term)
+}
+
 /// The leader side of a read index: confirms the leadership with a quorum (heartbeats sent
-/// after the call) and answers the index up to which a reader must have applied.
+/// after the call) and answers the index up to which a reader must have applied. The read
+/// is logged for `origin` before the index is taken (`cluster::read_log`).
 pub(super) async fn read_index_as_leader(
     raft: &Raft<TypeConfig>,
     budget: Duration,
+    reads: &SharedReads,
+    origin: NodeId,
 ) -> ReadIndexReply {
+    let refused = {
+        let m = raft.metrics().borrow().clone();
+        if let Some(term) = leading_term(&m) {
+            reads.read(term, origin);
+        }
+        refuse_unless_leader(&m)
+    };
     if let Some(ForwardReply::NotLeader {
         leader,
         leader_addr,
-    }) = refuse_unless_leader(&raft.metrics().borrow())
+    }) = refused
     {
         return ReadIndexReply::NotLeader {
             leader,
@@ -186,12 +254,15 @@ fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
-/// Commits `request` if this node leads, answering as to a forward. The leadership check
-/// comes first, so `NotLeader` always means "not proposed".
+/// Commits `request` if this node leads, answering as to a forward, with the nodes served
+/// reads within `readers_window_ms` (0: not asked). The leadership check comes first, so
+/// `NotLeader` always means "not proposed".
 pub(super) async fn write_as_leader(
     raft: &Raft<TypeConfig>,
     request: MetaRequest,
     budget: Duration,
+    reads: &SharedReads,
+    readers_window_ms: u64,
 ) -> ForwardReply {
     if let Some(not_leader) = refuse_unless_leader(&raft.metrics().borrow()) {
         return not_leader;
@@ -203,7 +274,10 @@ pub(super) async fn write_as_leader(
         Err(_) => ForwardReply::Timeout {
             budget_ms: millis(budget),
         },
-        Ok(Ok(resp)) => ForwardReply::Applied(resp.data),
+        Ok(Ok(resp)) => {
+            let leading = leading_term(&raft.metrics().borrow());
+            ForwardReply::Applied(resp.data, reads.readers(leading, readers_window_ms))
+        }
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
             ForwardReply::Unknown {
                 reason: format!(
@@ -247,11 +321,12 @@ pub(super) async fn serve(
     raft: &Raft<TypeConfig>,
     req: ForwardRequest,
     propose_timeout: Duration,
+    reads: &SharedReads,
 ) -> ForwardReply {
     let budget = Duration::from_millis(req.budget_ms).min(propose_timeout);
-    let reply = write_as_leader(raft, req.request, budget).await;
+    let reply = write_as_leader(raft, req.request, budget, reads, req.readers_window_ms).await;
     match &reply {
-        ForwardReply::Applied(r) => {
+        ForwardReply::Applied(r, _) => {
             tracing::debug!(
                 origin = req.origin,
                 index = r.index,
@@ -298,7 +373,7 @@ fn route(me: NodeId, m: &RaftMetrics<NodeId, BasicNode>) -> Route {
 
 /// What one attempt came to.
 enum Attempt {
-    Done(Result<MetaResponse, ProposeError>),
+    Done(Result<(MetaResponse, Readers), ProposeError>),
     /// Nothing was proposed; try again (at `hint` if the receiver named a leader).
     Retry {
         hint: Option<(NodeId, String)>,
@@ -313,6 +388,7 @@ pub(super) struct Forwarder {
     raft: Raft<TypeConfig>,
     transport: Arc<dyn DynTransport>,
     timeout: Duration,
+    reads: SharedReads,
 }
 
 impl Forwarder {
@@ -321,17 +397,24 @@ impl Forwarder {
         raft: Raft<TypeConfig>,
         transport: Arc<dyn DynTransport>,
         timeout: Duration,
+        reads: SharedReads,
     ) -> Forwarder {
         Forwarder {
             me,
             raft,
             transport,
             timeout,
+            reads,
         }
     }
 
-    /// Commits `request` through whichever node leads, within the propose timeout.
-    pub(super) async fn propose(&self, request: MetaRequest) -> Result<MetaResponse, ProposeError> {
+    /// Commits `request` through whichever node leads, within the propose timeout; with
+    /// the nodes the leader served reads within `readers_window_ms` (0: not asked).
+    pub(super) async fn propose(
+        &self,
+        request: MetaRequest,
+        readers_window_ms: u64,
+    ) -> Result<(MetaResponse, Readers), ProposeError> {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let mut hint: Option<(NodeId, String)> = None;
@@ -347,7 +430,14 @@ impl Forwarder {
                 Route::Stopped(reason) => return Err(ProposeError::Stopped(reason)),
                 Route::Local => {
                     let budget = deadline.saturating_duration_since(Instant::now());
-                    let reply = write_as_leader(&self.raft, request.clone(), budget).await;
+                    let reply = write_as_leader(
+                        &self.raft,
+                        request.clone(),
+                        budget,
+                        &self.reads,
+                        readers_window_ms,
+                    )
+                    .await;
                     self.settle(reply, self.me)
                 }
                 Route::Unknown => {
@@ -357,7 +447,8 @@ impl Forwarder {
                     break;
                 }
                 Route::Remote { leader, addr } => {
-                    self.forward(leader, &addr, &request, deadline).await
+                    self.forward(leader, &addr, &request, readers_window_ms, deadline)
+                        .await
                 }
             };
             match attempt {
@@ -400,10 +491,10 @@ impl Forwarder {
         request: MetaRequest,
     ) -> Result<MetaResponse, ProposeError> {
         match self.settle(
-            write_as_leader(&self.raft, request, self.timeout).await,
+            write_as_leader(&self.raft, request, self.timeout, &self.reads, 0).await,
             self.me,
         ) {
-            Attempt::Done(outcome) => outcome,
+            Attempt::Done(outcome) => outcome.map(|(r, _)| r),
             Attempt::Retry { hint, .. } => {
                 let (leader, leader_addr) = hint.unzip();
                 Err(ProposeError::NotLeader {
@@ -435,7 +526,7 @@ impl Forwarder {
             }
             Route::Local => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                read_index_as_leader(&self.raft, left).await
+                read_index_as_leader(&self.raft, left, &self.reads, self.me).await
             }
             Route::Remote { leader, addr } => {
                 let frame = network::encode_request(&RpcRequest::ReadIndex { origin: self.me })
@@ -495,6 +586,7 @@ impl Forwarder {
         leader: NodeId,
         addr: &str,
         request: &MetaRequest,
+        readers_window_ms: u64,
         deadline: Instant,
     ) -> Attempt {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -509,6 +601,7 @@ impl Forwarder {
             origin: self.me,
             budget_ms: millis(budget),
             request: request.clone(),
+            readers_window_ms,
         });
         let frame = match network::encode_request(&req) {
             Ok(f) => f,
@@ -551,7 +644,7 @@ impl Forwarder {
     fn settle(&self, reply: ForwardReply, leader: NodeId) -> Attempt {
         let local = leader == self.me;
         match reply {
-            ForwardReply::Applied(r) => Attempt::Done(Ok(r)),
+            ForwardReply::Applied(r, readers) => Attempt::Done(Ok((r, readers))),
             ForwardReply::NotLeader {
                 leader: next,
                 leader_addr,

@@ -49,7 +49,7 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
 use serde::{Deserialize, Serialize};
 
-use super::forward::{self, ForwardReply, ForwardRequest, ReadIndexReply};
+use super::forward::{self, ForwardReply, ForwardRequest, ReadIndexReply, SharedReads};
 use super::persist::{self, PersistError};
 use super::state_machine::SharedFence;
 use super::types::{NodeId, TypeConfig};
@@ -321,6 +321,8 @@ pub struct RpcServer {
     /// is usually shorter).
     propose_timeout: Duration,
     fence: SharedFence,
+    /// What this node served reads to as leader (`cluster::read_log`).
+    reads: SharedReads,
 }
 
 impl RpcServer {
@@ -328,11 +330,13 @@ impl RpcServer {
         raft: Raft<TypeConfig>,
         propose_timeout: Duration,
         fence: SharedFence,
+        reads: SharedReads,
     ) -> RpcServer {
         RpcServer {
             raft,
             propose_timeout,
             fence,
+            reads,
         }
     }
 
@@ -355,9 +359,9 @@ impl RpcServer {
             Ok(RpcRequest::Append(r)) => RpcReply::Append(self.raft.append_entries(r).await),
             Ok(RpcRequest::Vote(r)) => RpcReply::Vote(self.raft.vote(r).await),
             Ok(RpcRequest::Snapshot(r)) => RpcReply::Snapshot(self.raft.install_snapshot(r).await),
-            Ok(RpcRequest::Forward(r)) => {
-                RpcReply::Forward(forward::serve(&self.raft, r, self.propose_timeout).await)
-            }
+            Ok(RpcRequest::Forward(r)) => RpcReply::Forward(
+                forward::serve(&self.raft, r, self.propose_timeout, &self.reads).await,
+            ),
             Ok(RpcRequest::ReadIndex { origin }) => {
                 // Checked before and after: a fence set while the quorum round ran also
                 // refuses (the index was taken before the decision, and may predate the
@@ -365,8 +369,13 @@ impl RpcServer {
                 let reply = if self.fenced(origin) {
                     self.refusal(origin)
                 } else {
-                    let reply =
-                        forward::read_index_as_leader(&self.raft, self.propose_timeout).await;
+                    let reply = forward::read_index_as_leader(
+                        &self.raft,
+                        self.propose_timeout,
+                        &self.reads,
+                        origin,
+                    )
+                    .await;
                     if self.fenced(origin) {
                         self.refusal(origin)
                     } else {

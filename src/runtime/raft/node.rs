@@ -16,12 +16,13 @@ use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy
 use tokio::sync::watch;
 
 use super::errors::{InitError, ProposeError, StartError, StopError};
-use super::forward::Forwarder;
+use super::forward::{Forwarder, SharedReads};
 use super::log_store::LogStore;
 use super::network::{DynTransport, NetworkFactory, RaftTransport, RpcServer};
 use super::rt;
 use super::state_machine::{MetaStateMachine, MetaView, SharedFence};
 use super::types::{MetaRequest, MetaResponse, NodeId, TypeConfig};
+use crate::cluster::read_log::Readers;
 use crate::meta::{Command, MetaState};
 use crate::store::Disk;
 
@@ -140,6 +141,8 @@ pub struct MetaRaft {
     forwarder: Forwarder,
     /// Readers the leader refuses while it records them down (`cluster::read_fence`).
     fence: SharedFence,
+    /// The reads this node served as leader (`cluster::read_log`).
+    reads: SharedReads,
 }
 
 impl MetaRaft {
@@ -164,7 +167,14 @@ impl MetaRaft {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         let transport: Arc<dyn DynTransport> = transport;
-        let forwarder = Forwarder::new(id, raft.clone(), transport, config.propose_timeout);
+        let reads = SharedReads::default();
+        let forwarder = Forwarder::new(
+            id,
+            raft.clone(),
+            transport,
+            config.propose_timeout,
+            reads.clone(),
+        );
         Ok(MetaRaft {
             id,
             raft,
@@ -174,6 +184,7 @@ impl MetaRaft {
             heartbeat: config.heartbeat,
             forwarder,
             fence,
+            reads,
         })
     }
 
@@ -222,7 +233,23 @@ impl MetaRaft {
     /// `propose_timeout`. On error, [`ProposeError::outcome_unknown`] says whether the
     /// command may still be applied.
     pub async fn propose(&self, command: Command) -> Result<MetaResponse, ProposeError> {
-        self.forwarder.propose(MetaRequest { command }).await
+        let proposed = self.forwarder.propose(MetaRequest { command }, 0).await;
+        proposed.map(|(response, _)| response)
+    }
+
+    /// [`MetaRaft::propose`], with the nodes the leader served reads to within `window`
+    /// before the commit: the only ones that may still route by metadata from before it
+    /// (`cluster::read_log`), where a routing lease lasts at most `window` on the leader's
+    /// clock.
+    pub async fn propose_routing(
+        &self,
+        command: Command,
+        window: Duration,
+    ) -> Result<(MetaResponse, Readers), ProposeError> {
+        let window_ms = window.as_millis().try_into().unwrap_or(u64::MAX).max(1);
+        self.forwarder
+            .propose(MetaRequest { command }, window_ms)
+            .await
     }
 
     /// The metadata as this node has applied it.
@@ -478,7 +505,12 @@ impl MetaRaft {
 
     /// The handler a transport feeds this node's incoming Raft requests to.
     pub fn rpc_server(&self) -> RpcServer {
-        RpcServer::new(self.raft.clone(), self.propose_timeout, self.fence.clone())
+        RpcServer::new(
+            self.raft.clone(),
+            self.propose_timeout,
+            self.fence.clone(),
+            self.reads.clone(),
+        )
     }
 
     /// The failure detector's tick (`cluster::read_fence`): `deciding` are the nodes it

@@ -10,6 +10,7 @@ use openraft::Vote;
 use rand::{Rng, SeedableRng};
 
 use super::harness::{add_vhost, bind, bounded, declare_queue, fast_config, Cluster, DIR};
+use crate::cluster::read_log::Readers;
 use crate::runtime::raft::forward::{ForwardReply, ForwardRequest};
 use crate::runtime::raft::network::{
     decode_reply, decode_request, encode_reply, encode_request, RpcReply, RpcRequest,
@@ -28,6 +29,7 @@ fn forward_request() -> ForwardRequest {
         request: MetaRequest {
             command: declare_queue("forwarded"),
         },
+        readers_window_ms: 3_850,
     }
 }
 
@@ -61,20 +63,26 @@ fn a_forward_request_round_trips_behind_the_existing_rpc_kinds() {
 #[test]
 fn every_forward_reply_round_trips() {
     let replies = [
-        ForwardReply::Applied(MetaResponse {
-            index: 7,
-            outcome: Ok(AppliedSummary {
-                created: true,
-                ..AppliedSummary::default()
-            }),
-        }),
-        ForwardReply::Applied(MetaResponse {
-            index: 8,
-            outcome: Err(Rejected {
-                code: 404,
-                text: "NOT_FOUND - no queue 'q' in vhost '/'".into(),
-            }),
-        }),
+        ForwardReply::Applied(
+            MetaResponse {
+                index: 7,
+                outcome: Ok(AppliedSummary {
+                    created: true,
+                    ..AppliedSummary::default()
+                }),
+            },
+            Readers::Known([1, 3].into()),
+        ),
+        ForwardReply::Applied(
+            MetaResponse {
+                index: 8,
+                outcome: Err(Rejected {
+                    code: 404,
+                    text: "NOT_FOUND - no queue 'q' in vhost '/'".into(),
+                }),
+            },
+            Readers::Unknown,
+        ),
         ForwardReply::NotLeader {
             leader: Some(3),
             leader_addr: Some("10.0.0.3:25672".into()),
@@ -315,6 +323,52 @@ async fn a_follower_forwards_to_the_leader_and_gets_its_response_and_refusal() {
         assert_eq!(on_follower.outcome, on_leader.outcome);
         assert_eq!(on_follower.outcome.expect_err("refused").code, 404);
         assert_eq!(faults.lock().expect("faults").delivered, 2);
+    })
+    .await;
+}
+
+/// A routing change proposed on a follower comes back with the nodes the leader served
+/// reads to within the window (`cluster::read_log`): none known for sure in the leader's
+/// first window, then exactly the recent readers.
+#[tokio::test]
+async fn a_routing_proposal_names_the_nodes_the_leader_served_reads_to_within_the_window() {
+    bounded(async {
+        let c = Cluster::new(3, fast_config()).await;
+        let leader = c.leader(&[], Duration::from_secs(10)).await;
+        let mut others = c.ids().into_iter().filter(|&n| n != leader);
+        let (proposer, reader) = (others.next().expect("one"), others.next().expect("two"));
+        let window = Duration::from_millis(300);
+        let routing = |name: &str| {
+            let (node, command) = (c.nodes[&proposer].clone(), declare_queue(name));
+            async move {
+                node.propose_routing(command, window)
+                    .await
+                    .expect("committed")
+            }
+        };
+        c.nodes[&reader]
+            .read_index(Duration::from_secs(2))
+            .await
+            .expect("read index");
+        let (_, readers) = routing("first").await;
+        assert_eq!(readers, Readers::Unknown, "the leader's first window");
+
+        // A window later: the reader read again just before, the proposer never did.
+        tokio::time::sleep(window + Duration::from_millis(50)).await;
+        c.nodes[&reader]
+            .read_index(Duration::from_secs(2))
+            .await
+            .expect("read index");
+        let (_, readers) = routing("second").await;
+        assert_eq!(readers, Readers::Known([reader].into()));
+
+        tokio::time::sleep(window + Duration::from_millis(50)).await;
+        let (_, readers) = routing("third").await;
+        assert_eq!(
+            readers,
+            Readers::Known([].into()),
+            "no read within the window"
+        );
     })
     .await;
 }

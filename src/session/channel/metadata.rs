@@ -693,8 +693,9 @@ fn check_queue_delete(
         if c.broker.node_is_down(def.home) {
             return Err(super::unavailable_queue(c, name));
         }
-        // Another node runs it: the deletion is committed like any other; its count and
-        // the if-unused / if-empty checks are that node's, not forwarded yet (reported 0).
+        // A queue of another live node was asked for its counts before this (`remote_of`);
+        // what is left is one no node can count now (this node's own, not open yet): the
+        // deletion is committed like any other, its count reported 0.
         return Ok(Some(0));
     };
     let q = handle.lock();

@@ -1962,22 +1962,28 @@ async fn a_node_cut_off_confirms_nothing_into_its_queue_the_cluster_deleted_mean
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     acked.push("after".to_string());
-    let mut got = BTreeSet::new();
-    while let Some(m) = within(
-        "basic.get",
-        ch2.basic_get(name.into(), BasicGetOptions { no_ack: true }),
-    )
-    .await
-    .expect("basic.get")
-    {
-        got.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
-    }
+    let got = drain_bodies(&ch2, name).await;
     let lost: Vec<&String> = acked.iter().filter(|m| !got.contains(*m)).collect();
     assert!(
         lost.is_empty(),
         "confirmed through node 1 and never in the new {name}: {lost:?} (got {got:?})"
     );
     common::close_connection(&c2).await;
+}
+
+/// Takes every message of `queue` with `basic.get` (no ack): their bodies, as text.
+async fn drain_bodies(ch: &Channel, queue: &str) -> BTreeSet<String> {
+    let mut got = BTreeSet::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .expect("basic.get")
+    {
+        got.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    got
 }
 
 /// One confirmed publish through a new connection to `uri`: whether it was acked (false
@@ -2339,16 +2345,7 @@ async fn a_bind_through_a_node_that_gave_another_up_waits_while_that_node_may_ro
         acked.len()
     );
 
-    let mut got = BTreeSet::new();
-    while let Some(m) = within(
-        "basic.get",
-        chl.basic_get(name.into(), BasicGetOptions { no_ack: true }),
-    )
-    .await
-    .expect("basic.get")
-    {
-        got.insert(String::from_utf8_lossy(&m.delivery.data).into_owned());
-    }
+    let got = drain_bodies(&chl, name).await;
     let lost: Vec<&String> = acked.iter().filter(|m| !got.contains(*m)).collect();
     assert!(
         lost.is_empty(),

@@ -19,9 +19,9 @@
 //! `budget_ms` is how long the sender still waits, so the leader stops waiting (and answers
 //! `Timeout`) a little before the sender gives up. With a `readers_window_ms`, the leader's
 //! `Applied` answer names the nodes it served reads to within that window
-//! (`cluster::read_log`); a routing change waits for exactly those. A `Malformed` answer (the leader could
-//! not decode the frame: a node of another version) fails the proposal with
-//! [`ProposeError::ForwardFailed`].
+//! (`cluster::read_log`); a routing change waits for exactly those. A `Malformed` answer
+//! (the leader could not decode the frame: a node of another version) fails the proposal
+//! with [`ProposeError::ForwardFailed`].
 //!
 //! # Deadline
 //!

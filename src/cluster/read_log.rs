@@ -70,7 +70,7 @@ impl ReadLog {
 
     /// A read index request from `origin` arrived at `now` while this node leads in `term`.
     pub fn handle_read(&mut self, term: u64, origin: NodeId, now: Instant) {
-        if self.enter(term, now) {
+        if self.enter(term, now).is_some() {
             let at = self.arrived.entry(origin).or_insert(now);
             *at = (*at).max(now);
         }
@@ -80,14 +80,9 @@ impl ReadLog {
     /// node, leading in `term`, at or before `now`, where a lease can last `window_ms` on
     /// this node's clock.
     pub fn readers(&mut self, term: u64, now: Instant, window_ms: u64) -> Readers {
-        if !self.enter(term, now) {
-            return Readers::Unknown;
-        }
-        let Some((_, since)) = self.term else {
-            return Readers::Unknown;
-        };
-        if now.millis_since(since) < window_ms {
-            return Readers::Unknown;
+        match self.enter(term, now) {
+            Some(since) if now.millis_since(since) >= window_ms => {}
+            _ => return Readers::Unknown,
         }
         Readers::Known(
             self.arrived
@@ -98,16 +93,16 @@ impl ReadLog {
         )
     }
 
-    /// Moves the log to `term` (a later one starts afresh); false for an earlier term,
-    /// whose reports are stale.
-    fn enter(&mut self, term: u64, now: Instant) -> bool {
+    /// Moves the log to `term` (a later one starts afresh) and says since when this node
+    /// has seen itself lead in it; `None` for an earlier term, whose reports are stale.
+    fn enter(&mut self, term: u64, now: Instant) -> Option<Instant> {
         match self.term {
-            Some((t, _)) if t == term => true,
-            Some((t, _)) if t > term => false,
+            Some((t, since)) if t == term => Some(since),
+            Some((t, _)) if t > term => None,
             _ => {
                 self.term = Some((term, now));
                 self.arrived.clear();
-                true
+                Some(now)
             }
         }
     }

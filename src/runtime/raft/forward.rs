@@ -214,8 +214,9 @@ pub(super) async fn read_index_as_leader(
     reads: &SharedReads,
     origin: NodeId,
 ) -> ReadIndexReply {
+    let metrics = raft.metrics();
     let refused = {
-        let m = raft.metrics().borrow().clone();
+        let m = metrics.borrow();
         if let Some(term) = leading_term(&m) {
             reads.read(term, origin);
         }
